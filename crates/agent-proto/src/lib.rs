@@ -1,0 +1,353 @@
+//! The wire contract between `belljard` and `belljar-agent`.
+//!
+//! The agent serves HTTP/2 (cleartext, prior knowledge) over one stream transport: a Unix
+//! socket for the namespace backend, AF_VSOCK port [`AGENT_VSOCK_PORT`] inside a microVM (the
+//! host reaches it through the VMM's hybrid vsock socket with `CONNECT 1024\n`). Using HTTP/2
+//! keeps the framing standard and lets many commands, file transfers and watches share one
+//! connection.
+//!
+//! Routes (JSON bodies unless noted; every error is an [`ErrorBody`] with a fitting status):
+//!
+//! | method | path | request | response |
+//! |---|---|---|---|
+//! | GET | `/v1/health` | | [`AgentInfo`] |
+//! | POST | `/v1/commands` | [`StartCommand`] | [`CommandInfo`] |
+//! | GET | `/v1/commands` | | `Vec<CommandInfo>` |
+//! | GET | `/v1/commands/{id}` | `?wait=true` blocks until exit | [`CommandInfo`] |
+//! | GET | `/v1/commands/{id}/output` | `?follow=true&skip=N` | NDJSON of [`OutputLine`] |
+//! | POST | `/v1/commands/{id}/stdin` | raw bytes, streamed; `?close=true` closes stdin at body end | 204 |
+//! | POST | `/v1/commands/{id}/signal` | [`SignalRequest`] | 204 |
+//! | POST | `/v1/commands/{id}/resize` | [`PtySize`] | 204 |
+//! | GET | `/v1/files/read` | `?path=` | raw bytes, streamed, with `content-length` |
+//! | PUT | `/v1/files/write` | `?path=&mode=644&user=` raw bytes, streamed | [`FileEntry`] |
+//! | POST | `/v1/files/mkdir` | [`MkdirRequest`] | [`FileEntry`] |
+//! | GET | `/v1/files/list` | `?path=` | `Vec<FileEntry>` sorted by name |
+//! | GET | `/v1/files/stat` | `?path=` | [`FileEntry`] |
+//! | POST | `/v1/files/remove` | [`RemoveRequest`] | 204 |
+//! | POST | `/v1/files/move` | [`MoveRequest`] | [`FileEntry`] |
+//! | GET | `/v1/files/tar` | `?path=` | tar stream (`application/x-tar`) of the tree |
+//! | PUT | `/v1/files/tar` | `?path=&user=` tar stream, extracted under `path` | 204 |
+//! | GET | `/v1/watch` | `?path=&recursive=true` | NDJSON of [`WatchEvent`] |
+//! | GET | `/v1/metrics` | | [`Metrics`] |
+//! | POST | `/v1/shutdown` | [`ShutdownRequest`] | 204, then the agent ends the sandbox |
+//!
+//! Output of a command is kept by the agent on disk (bounded per command) so that a client that
+//! connects later, or reconnects after a daemon restart, can read it again from line `skip`.
+//! A followed output stream ends when the command has exited and all its output was sent.
+//! Files written through the API belong to the command user (`belljar` unless `user=root`).
+
+#![forbid(unsafe_code)]
+
+use std::collections::BTreeMap;
+
+use base64::Engine;
+use serde::{Deserialize, Serialize};
+
+/// The vsock port the agent listens on inside a microVM.
+pub const AGENT_VSOCK_PORT: u32 = 1024;
+
+/// The unprivileged user that commands run as unless they ask for root.
+pub const DEFAULT_USER: &str = "belljar";
+
+/// The working directory of commands that name none.
+pub const DEFAULT_CWD: &str = "/workspace";
+
+/// The body of every error response, the same shape as the daemon's public errors.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ErrorBody {
+    pub error: ErrorDetail,
+}
+
+/// A stable machine-readable code and a human message.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ErrorDetail {
+    /// One of the `code` constants in [`codes`].
+    pub code: String,
+    pub message: String,
+}
+
+/// Stable error codes. The daemon passes these through to its own clients unchanged.
+pub mod codes {
+    pub const BAD_REQUEST: &str = "bad_request";
+    pub const NOT_FOUND: &str = "not_found";
+    pub const NOT_A_DIRECTORY: &str = "not_a_directory";
+    pub const IS_A_DIRECTORY: &str = "is_a_directory";
+    pub const PERMISSION_DENIED: &str = "permission_denied";
+    pub const EXISTS: &str = "exists";
+    pub const NOT_EMPTY: &str = "not_empty";
+    pub const NO_SPACE: &str = "no_space";
+    pub const INVALID_PATH: &str = "invalid_path";
+    pub const COMMAND_NOT_FOUND: &str = "command_not_found";
+    pub const COMMAND_FINISHED: &str = "command_finished";
+    pub const EXEC_FAILED: &str = "exec_failed";
+    pub const UNKNOWN_USER: &str = "unknown_user";
+    pub const INTERNAL: &str = "internal";
+}
+
+/// What `/v1/health` answers.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct AgentInfo {
+    pub version: String,
+    pub hostname: String,
+    /// The agent's own pid as it sees it (1 when it is init).
+    pub pid: u32,
+    /// Unix milliseconds when the agent started.
+    pub started_at: i64,
+}
+
+/// Rows and columns of a pseudo-terminal.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+pub struct PtySize {
+    pub rows: u16,
+    pub cols: u16,
+}
+
+/// Start a command.
+#[derive(Debug, Clone, PartialEq, Eq, Default, Serialize, Deserialize)]
+pub struct StartCommand {
+    /// Program and arguments; the program is looked up in `PATH` when it has no slash.
+    pub argv: Vec<String>,
+    /// Working directory; [`DEFAULT_CWD`] when absent.
+    #[serde(default)]
+    pub cwd: Option<String>,
+    /// Added to (and overriding) the agent's base environment for this user.
+    #[serde(default)]
+    pub env: BTreeMap<String, String>,
+    /// `belljar` when absent; `root` for sudo.
+    #[serde(default)]
+    pub user: Option<String>,
+    /// Run on a pseudo-terminal of this size (stdout and stderr merge into `pty`).
+    #[serde(default)]
+    pub pty: Option<PtySize>,
+    /// Keep stdin open for `/stdin` writes; otherwise stdin is `/dev/null`.
+    #[serde(default)]
+    pub stdin: bool,
+}
+
+/// Where a command is in its life.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum CommandStatus {
+    Running,
+    Exited,
+}
+
+/// A command as the agent knows it.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct CommandInfo {
+    /// Assigned by the agent; unique within the sandbox's life.
+    pub id: String,
+    pub argv: Vec<String>,
+    pub cwd: String,
+    pub user: String,
+    pub pty: bool,
+    pub pid: u32,
+    pub status: CommandStatus,
+    /// The exit code when the command exited normally.
+    pub exit_code: Option<i32>,
+    /// The signal number when the command was killed by a signal.
+    pub signal: Option<i32>,
+    /// Unix milliseconds.
+    pub started_at: i64,
+    pub finished_at: Option<i64>,
+    /// Bytes of output dropped because the command exceeded the kept-output bound.
+    #[serde(default)]
+    pub output_truncated_bytes: u64,
+}
+
+/// Which stream a chunk of output came from. A PTY command's output is all `stdout`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Stream {
+    Stdout,
+    Stderr,
+}
+
+/// One NDJSON line of command output.
+///
+/// `data` holds the chunk when it is valid UTF-8 (the agent never splits a UTF-8 sequence
+/// across lines); otherwise `data` is absent and `data_base64` holds the raw bytes.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct OutputLine {
+    pub stream: Stream,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub data: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub data_base64: Option<String>,
+    /// Unix milliseconds when the chunk was read.
+    pub ts: i64,
+}
+
+impl OutputLine {
+    /// Builds a line from raw bytes, choosing text or base64.
+    pub fn new(stream: Stream, bytes: &[u8], ts: i64) -> Self {
+        match std::str::from_utf8(bytes) {
+            Ok(text) => Self { stream, data: Some(text.to_owned()), data_base64: None, ts },
+            Err(_) => Self {
+                stream,
+                data: None,
+                data_base64: Some(base64::engine::general_purpose::STANDARD.encode(bytes)),
+                ts,
+            },
+        }
+    }
+
+    /// The raw bytes of this chunk, whichever way they were carried.
+    pub fn bytes(&self) -> Vec<u8> {
+        if let Some(text) = &self.data {
+            return text.as_bytes().to_vec();
+        }
+        self.data_base64
+            .as_deref()
+            .and_then(|b| base64::engine::general_purpose::STANDARD.decode(b).ok())
+            .unwrap_or_default()
+    }
+}
+
+/// Send a signal to a command's process group.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct SignalRequest {
+    /// A number (`9`) or a name with or without `SIG` (`TERM`, `SIGKILL`).
+    pub signal: String,
+}
+
+/// The kind of a directory entry.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum FileKind {
+    File,
+    Directory,
+    Symlink,
+    Other,
+}
+
+/// A file's metadata, as `list` and `stat` report it.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct FileEntry {
+    /// The base name (for `stat`, the last path component).
+    pub name: String,
+    /// The absolute path inside the sandbox.
+    pub path: String,
+    pub kind: FileKind,
+    pub size: u64,
+    /// Permission bits, e.g. `0o644`.
+    pub mode: u32,
+    /// Unix milliseconds.
+    pub mtime: i64,
+    /// The target, for symlinks.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub link_target: Option<String>,
+}
+
+/// `mkdir -p` unless `parents` is false.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct MkdirRequest {
+    pub path: String,
+    #[serde(default = "yes")]
+    pub parents: bool,
+    /// Permission bits; 0o755 when absent.
+    #[serde(default)]
+    pub mode: Option<u32>,
+    #[serde(default)]
+    pub user: Option<String>,
+}
+
+fn yes() -> bool {
+    true
+}
+
+/// Remove a file, or a directory (`recursive` for a non-empty one).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct RemoveRequest {
+    pub path: String,
+    #[serde(default)]
+    pub recursive: bool,
+}
+
+/// Rename `from` to `to`; refused with `exists` when `to` exists and `overwrite` is false.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct MoveRequest {
+    pub from: String,
+    pub to: String,
+    #[serde(default)]
+    pub overwrite: bool,
+}
+
+/// What happened to a watched path.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum WatchKind {
+    Create,
+    Modify,
+    Remove,
+    Rename,
+}
+
+/// One NDJSON line of a watch stream.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct WatchEvent {
+    pub kind: WatchKind,
+    pub path: String,
+    /// The new path, for renames whose both ends are known.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub to: Option<String>,
+    /// Whether the path is a directory, when known.
+    #[serde(default)]
+    pub is_dir: bool,
+    pub ts: i64,
+}
+
+/// Resource use of the whole sandbox, as seen from inside.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct Metrics {
+    /// CPU time used since boot (or since the sandbox started), microseconds.
+    pub cpu_usage_usec: u64,
+    pub cpu_count: u32,
+    pub memory_used_bytes: u64,
+    pub memory_total_bytes: u64,
+    /// Of the filesystem holding `/workspace`.
+    pub disk_used_bytes: u64,
+    pub disk_total_bytes: u64,
+    pub process_count: u32,
+    pub uptime_ms: u64,
+}
+
+/// How the sandbox should end.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum ShutdownAction {
+    Poweroff,
+    Reboot,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ShutdownRequest {
+    pub action: ShutdownAction,
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn output_line_keeps_text_as_text_and_binary_as_base64() {
+        let text = OutputLine::new(Stream::Stdout, "héllo\n".as_bytes(), 1);
+        assert_eq!(text.data.as_deref(), Some("héllo\n"));
+        assert!(text.data_base64.is_none());
+        let json = serde_json::to_string(&text).unwrap();
+        assert_eq!(json, r#"{"stream":"stdout","data":"héllo\n","ts":1}"#);
+
+        let raw = [0xff, 0x00, 0xfe];
+        let bin = OutputLine::new(Stream::Stderr, &raw, 2);
+        assert!(bin.data.is_none());
+        let back: OutputLine = serde_json::from_str(&serde_json::to_string(&bin).unwrap()).unwrap();
+        assert_eq!(back.bytes(), raw);
+    }
+
+    #[test]
+    fn start_command_defaults() {
+        let cmd: StartCommand = serde_json::from_str(r#"{"argv":["true"]}"#).unwrap();
+        assert_eq!(cmd.argv, ["true"]);
+        assert!(cmd.pty.is_none() && !cmd.stdin && cmd.user.is_none());
+    }
+}
