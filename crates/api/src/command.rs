@@ -1,0 +1,132 @@
+//! Commands run inside a sandbox, and their output.
+
+use std::collections::BTreeMap;
+
+use serde::{Deserialize, Serialize};
+use ts_rs::TS;
+use utoipa::ToSchema;
+
+/// Rows and columns of a terminal.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, ToSchema, TS)]
+pub struct PtySize {
+    pub rows: u16,
+    pub cols: u16,
+}
+
+/// `POST /v1/sandboxes/{id}/commands`.
+#[derive(Debug, Clone, PartialEq, Eq, Default, Serialize, Deserialize, ToSchema, TS)]
+#[serde(deny_unknown_fields)]
+pub struct RunCommand {
+    /// Program and arguments. Must not be empty.
+    pub argv: Vec<String>,
+    /// Default `/workspace`.
+    #[serde(default)]
+    #[ts(optional)]
+    pub cwd: Option<String>,
+    /// Merged over the sandbox's env.
+    #[serde(default)]
+    #[ts(optional)]
+    pub env: Option<BTreeMap<String, String>>,
+    /// Run as root instead of `belljar`.
+    #[serde(default)]
+    pub sudo: bool,
+    /// Return at once with the running command instead of waiting for it to exit.
+    #[serde(default)]
+    pub detached: bool,
+    /// Run on a pseudo-terminal of this size.
+    #[serde(default)]
+    #[ts(optional)]
+    pub pty: Option<PtySize>,
+    /// Keep stdin open for `POST .../stdin`.
+    #[serde(default)]
+    pub stdin: bool,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, ToSchema, TS)]
+#[serde(rename_all = "snake_case")]
+pub enum CommandStatus {
+    Running,
+    Exited,
+    /// The sandbox ended while the command ran.
+    Lost,
+}
+
+/// A command as every client sees it.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, ToSchema, TS)]
+pub struct Command {
+    /// `cmd_` followed by lowercase letters and digits.
+    pub id: String,
+    pub sandbox_id: String,
+    pub argv: Vec<String>,
+    pub cwd: String,
+    pub user: String,
+    pub pty: bool,
+    pub status: CommandStatus,
+    #[ts(optional)]
+    pub exit_code: Option<i32>,
+    /// The signal that killed it.
+    #[ts(optional)]
+    pub signal: Option<i32>,
+    pub started_at: i64,
+    #[ts(optional)]
+    pub finished_at: Option<i64>,
+}
+
+/// One page of commands, newest first.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, ToSchema, TS)]
+pub struct CommandList {
+    pub commands: Vec<Command>,
+}
+
+/// Which stream a chunk of output came from; a PTY command's output is all `stdout`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize, ToSchema, TS)]
+#[serde(rename_all = "snake_case")]
+pub enum Stream {
+    Stdout,
+    Stderr,
+}
+
+/// One NDJSON line of `GET .../commands/{cid}/logs`.
+///
+/// `data` carries UTF-8 text; a chunk that is not valid UTF-8 comes as `data_base64` instead.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, ToSchema, TS)]
+pub struct LogLine {
+    pub stream: Stream,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[ts(optional)]
+    pub data: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[ts(optional)]
+    pub data_base64: Option<String>,
+    pub ts: i64,
+}
+
+/// `POST .../commands/{cid}/kill`.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, ToSchema, TS)]
+#[serde(deny_unknown_fields)]
+pub struct KillCommand {
+    /// A number or a name (`TERM`, `SIGKILL`); default `TERM`.
+    #[serde(default)]
+    #[ts(optional)]
+    pub signal: Option<String>,
+}
+
+/// A control message on a terminal WebSocket (text frames). Binary frames carry raw terminal
+/// bytes in both directions.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, ToSchema, TS)]
+#[serde(tag = "type", rename_all = "snake_case")]
+pub enum TerminalMessage {
+    /// Client → daemon: the terminal's new size.
+    Resize { rows: u16, cols: u16 },
+    /// Daemon → client: the shell started; `command_id` names it.
+    Started { command_id: String },
+    /// Daemon → client: the shell exited.
+    Exit {
+        #[ts(optional)]
+        exit_code: Option<i32>,
+        #[ts(optional)]
+        signal: Option<i32>,
+    },
+    /// Daemon → client: something went wrong; the socket closes after it.
+    Error { code: String, message: String },
+}

@@ -1,0 +1,57 @@
+//! The one error shape every client sees: `{"error":{"code":"...","message":"..."}}`.
+
+use serde::{Deserialize, Serialize};
+use ts_rs::TS;
+use utoipa::ToSchema;
+
+/// The body of every error response.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, ToSchema, TS)]
+pub struct ErrorBody {
+    pub error: ErrorDetail,
+}
+
+/// A stable machine-readable `code` and a message for people.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, ToSchema, TS)]
+pub struct ErrorDetail {
+    pub code: String,
+    pub message: String,
+}
+
+impl ErrorBody {
+    pub fn new(code: impl Into<String>, message: impl Into<String>) -> Self {
+        Self {
+            error: ErrorDetail {
+                code: code.into(),
+                message: message.into(),
+            },
+        }
+    }
+}
+
+/// Stable error codes of the daemon. Codes from the agent (`not_found`, `is_a_directory`,
+/// `not_a_directory`, `permission_denied`, `exists`, ...) pass through unchanged; see
+/// `belljar_agent_proto::codes`.
+pub mod codes {
+    /// 400: the request is malformed; the message names the field.
+    pub const BAD_REQUEST: &str = "bad_request";
+    /// 401: no or wrong bearer token.
+    pub const UNAUTHORIZED: &str = "unauthorized";
+    /// 403: a foreign `Origin` or a non-loopback `Host`.
+    pub const FORBIDDEN: &str = "forbidden";
+    /// 404: no such sandbox, command, image or file.
+    pub const NOT_FOUND: &str = "not_found";
+    /// 409: the sandbox is not in a state that allows this (e.g. exec on a stopped one).
+    pub const SANDBOX_NOT_RUNNING: &str = "sandbox_not_running";
+    /// 409: the operation conflicts with the current state.
+    pub const CONFLICT: &str = "conflict";
+    /// 507: not enough free host memory (or disk) for the sandbox.
+    pub const INSUFFICIENT_RESOURCES: &str = "insufficient_resources";
+    /// 400: the image is unknown or not built yet.
+    pub const IMAGE_NOT_AVAILABLE: &str = "image_not_available";
+    /// 503: the requested backend cannot run on this host.
+    pub const BACKEND_UNAVAILABLE: &str = "backend_unavailable";
+    /// 502: the sandbox's agent did not answer.
+    pub const AGENT_UNAVAILABLE: &str = "agent_unavailable";
+    /// 500: a bug or an unexpected host failure; details are in the daemon's log.
+    pub const INTERNAL: &str = "internal";
+}

@@ -1,0 +1,27 @@
+//! Wire types of the daemon's public API, shared by the daemon, the CLI, the SDKs and the UI.
+//!
+//! Everything that crosses the daemon's HTTP boundary is defined here once, so the OpenAPI
+//! document (utoipa) and the TypeScript types in `ui/src/generated/api.ts` (ts-rs) are both
+//! generated from the same Rust types. The route table lives in [`routes`].
+//!
+//! Conventions: JSON field names are `snake_case`; times are Unix milliseconds (`i64`);
+//! durations are milliseconds; sizes are MiB where a person picks them (memory, disk) and
+//! bytes where a machine measured them.
+
+#![forbid(unsafe_code)]
+
+pub mod command;
+pub mod error;
+pub mod event;
+pub mod file;
+pub mod info;
+pub mod routes;
+pub mod sandbox;
+pub mod typescript;
+
+pub use command::*;
+pub use error::*;
+pub use event::*;
+pub use file::*;
+pub use info::*;
+pub use sandbox::*;

@@ -1,0 +1,217 @@
+// Generated from crates/api by `BELLJAR_WRITE_TS=1 cargo test -p belljar-api`. Do not edit.
+
+export type ErrorBody = { error: ErrorDetail, };
+
+export type ErrorDetail = { code: string, message: string, };
+
+export type SandboxStatus = "pending" | "running" | "paused" | "stopping" | "stopped" | "failed";
+
+export type Backend = "microvm" | "namespace";
+
+export type BackendChoice = "auto" | "microvm" | "namespace";
+
+export type Source = { "type": "path", path: string, } | { "type": "git", url: string, revision?: string, };
+
+export type CreateSandbox = { 
+/**
+ * `base` (default), `python3.13`, `node24` or `node22`.
+ */
+image?: string, backend?: BackendChoice, 
+/**
+ * Default 2.
+ */
+vcpus?: number, 
+/**
+ * Default 1024.
+ */
+memory_mib?: number, 
+/**
+ * Size of the writable layer. Default 4096.
+ */
+disk_mib?: number, 
+/**
+ * Milliseconds until the sandbox stops by itself. Default 5 minutes.
+ */
+timeout_ms?: number, 
+/**
+ * Environment of every command, overridden per command.
+ */
+env?: { [key in string]: string }, tags?: { [key in string]: string }, name?: string, source?: Source, };
+
+export type LimitsReport = { memory: LimitState, cpu: LimitState, pids: LimitState, };
+
+export type LimitState = { enforced: boolean, 
+/**
+ * How it is enforced (`cgroup v2`, `cgroup v1`, `hypervisor`) or why it is not.
+ */
+detail: string, };
+
+export type Sandbox = { 
+/**
+ * `sbx_` followed by lowercase letters and digits.
+ */
+id: string, name?: string, status: SandboxStatus, 
+/**
+ * Why the sandbox failed or stopped (`timeout`, `stopped by user`, an error message).
+ */
+status_reason?: string, image: string, backend: Backend, 
+/**
+ * Why this backend was chosen, e.g. "KVM is software-based (PVM) here".
+ */
+backend_reason: string, vcpus: number, memory_mib: number, disk_mib: number, env: { [key in string]: string }, tags: { [key in string]: string }, source?: Source, created_at: number, started_at?: number, stopped_at?: number, 
+/**
+ * The sandbox's total allowed run time, extended by `extend`.
+ */
+timeout_ms: number, 
+/**
+ * When the sandbox will stop by itself, while it runs.
+ */
+expires_at?: number, limits: LimitsReport, };
+
+export type ListSandboxesQuery = { 
+/**
+ * Only sandboxes in this status.
+ */
+status: SandboxStatus | null, 
+/**
+ * `key=value`; only sandboxes carrying this tag.
+ */
+tag: string | null, 
+/**
+ * Created at or after this time (Unix ms).
+ */
+since: number | null, 
+/**
+ * Created before this time (Unix ms).
+ */
+until: number | null, 
+/**
+ * Page size, 1..=200, default 50.
+ */
+limit: number | null, 
+/**
+ * `next_cursor` of the previous page.
+ */
+cursor: string | null, };
+
+export type SandboxList = { sandboxes: Array<Sandbox>, next_cursor?: string, };
+
+export type UpdateSandbox = { 
+/**
+ * Replaces all tags.
+ */
+tags?: { [key in string]: string }, name?: string, };
+
+export type ExtendSandbox = { 
+/**
+ * Milliseconds added to the timeout; must be positive.
+ */
+duration_ms: number, };
+
+export type PtySize = { rows: number, cols: number, };
+
+export type RunCommand = { 
+/**
+ * Program and arguments. Must not be empty.
+ */
+argv: Array<string>, 
+/**
+ * Default `/workspace`.
+ */
+cwd?: string, 
+/**
+ * Merged over the sandbox's env.
+ */
+env?: { [key in string]: string }, 
+/**
+ * Run as root instead of `belljar`.
+ */
+sudo: boolean, 
+/**
+ * Return at once with the running command instead of waiting for it to exit.
+ */
+detached: boolean, 
+/**
+ * Run on a pseudo-terminal of this size.
+ */
+pty?: PtySize, 
+/**
+ * Keep stdin open for `POST .../stdin`.
+ */
+stdin: boolean, };
+
+export type CommandStatus = "running" | "exited" | "lost";
+
+export type Command = { 
+/**
+ * `cmd_` followed by lowercase letters and digits.
+ */
+id: string, sandbox_id: string, argv: Array<string>, cwd: string, user: string, pty: boolean, status: CommandStatus, exit_code?: number, 
+/**
+ * The signal that killed it.
+ */
+signal?: number, started_at: number, finished_at?: number, };
+
+export type CommandList = { commands: Array<Command>, };
+
+export type Stream = "stdout" | "stderr";
+
+export type LogLine = { stream: Stream, data?: string, data_base64?: string, ts: number, };
+
+export type KillCommand = { 
+/**
+ * A number or a name (`TERM`, `SIGKILL`); default `TERM`.
+ */
+signal?: string, };
+
+export type TerminalMessage = { "type": "resize", rows: number, cols: number, } | { "type": "started", command_id: string, } | { "type": "exit", exit_code?: number, signal?: number, } | { "type": "error", code: string, message: string, };
+
+export type FileKind = "file" | "directory" | "symlink" | "other";
+
+export type FileEntry = { name: string, 
+/**
+ * Absolute path inside the sandbox.
+ */
+path: string, kind: FileKind, size: number, 
+/**
+ * Permission bits, e.g. 420 (0o644).
+ */
+mode: number, mtime: number, link_target?: string, };
+
+export type FileList = { path: string, entries: Array<FileEntry>, };
+
+export type MkdirRequest = { path: string, };
+
+export type MoveRequest = { from: string, to: string, overwrite: boolean, };
+
+export type WatchKind = "create" | "modify" | "remove" | "rename";
+
+export type WatchEvent = { kind: WatchKind, path: string, to?: string, is_dir: boolean, ts: number, };
+
+export type Event = { "type": "sandbox", seq: number, ts: number, sandbox: Sandbox, } | { "type": "sandbox_deleted", seq: number, ts: number, sandbox_id: string, } | { "type": "command", seq: number, ts: number, command: Command, };
+
+export type BackendInfo = { backend: Backend, available: boolean, reason: string, };
+
+export type Info = { version: string, 
+/**
+ * The backend `auto` resolves to on this host.
+ */
+default_backend: Backend, 
+/**
+ * Why, e.g. "KVM is software-based (PVM) here: guest kernels would run emulated".
+ */
+default_backend_reason: string, backends: Array<BackendInfo>, images: Array<Image>, 
+/**
+ * Host memory available to new sandboxes, MiB.
+ */
+free_memory_mib: number, };
+
+export type ImageStatus = "ready" | "missing" | "building";
+
+export type Image = { 
+/**
+ * `base`, `python3.13`, `node24`, `node22`.
+ */
+name: string, status: ImageStatus, digest?: string, size_bytes?: number, built_at?: number, };
+
+export type ImageBuildEvent = { "type": "progress", message: string, } | { "type": "done", image: Image, } | { "type": "error", code: string, message: string, };
