@@ -11,7 +11,11 @@ use crate::{Command, Sandbox};
 #[serde(tag = "type", rename_all = "snake_case")]
 pub enum Event {
     /// A sandbox was created or changed (status, tags, timeout); carries its new state.
-    Sandbox { seq: u64, ts: i64, sandbox: Sandbox },
+    Sandbox {
+        seq: u64,
+        ts: i64,
+        sandbox: Box<Sandbox>,
+    },
     /// A sandbox record was deleted.
     SandboxDeleted {
         seq: u64,
@@ -19,5 +23,9 @@ pub enum Event {
         sandbox_id: String,
     },
     /// A command started or finished.
-    Command { seq: u64, ts: i64, command: Command },
+    Command {
+        seq: u64,
+        ts: i64,
+        command: Box<Command>,
+    },
 }
