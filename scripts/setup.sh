@@ -1,0 +1,48 @@
+#!/usr/bin/env bash
+# Installs everything Belljar needs on a Debian 12 machine (run as root, or with sudo available):
+# Debian packages, the UI's npm packages, the Rust binaries, and the guest kernel and images.
+# Every step is idempotent and cached, so a second run takes seconds.
+set -euo pipefail
+here=$(cd "$(dirname "$0")/.." && pwd)
+cd "$here"
+
+# shellcheck source=scripts/env.sh
+. "$here/scripts/env.sh"
+
+packages=(
+  # guest kernel and images
+  linux-source bc flex bison libelf-dev libssl-dev cpio xz-utils e2fsprogs debootstrap
+  qemu-system-x86 uidmap busybox-static git curl ca-certificates pkg-config build-essential
+  # desktop app (Tauri 2)
+  libwebkit2gtk-4.1-dev libgtk-3-dev libayatana-appindicator3-dev librsvg2-dev libsoup-3.0-dev
+  libxdo-dev librsvg2-bin
+  # UI tests
+  chromium xvfb webkit2gtk-driver
+)
+
+missing=()
+for p in "${packages[@]}"; do
+  dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "ok installed" || missing+=("$p")
+done
+if [ ${#missing[@]} -gt 0 ]; then
+  step "installing Debian packages: ${missing[*]}"
+  sudo_cmd=""
+  [ "$(id -u)" -eq 0 ] || sudo_cmd="sudo"
+  $sudo_cmd apt-get update -q
+  DEBIAN_FRONTEND=noninteractive $sudo_cmd apt-get install -y -q --no-install-recommends "${missing[@]}"
+fi
+
+step "installing npm packages"
+(cd ui && npm ci --no-audit --no-fund --loglevel=error)
+if [ -f tests/ui/package.json ]; then
+  (cd tests/ui && npm ci --no-audit --no-fund --loglevel=error)
+fi
+
+step "building the web UI"
+(cd ui && npm run build --silent)
+
+step "building the Rust binaries"
+cargo build --workspace --bins --quiet
+
+step "building the guest kernel, agent and images (cached under $BELLJAR_CACHE)"
+guest-images/build-all.sh

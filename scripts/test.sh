@@ -1,0 +1,24 @@
+#!/usr/bin/env bash
+# Sets up everything (scripts/setup.sh) and runs every test: formatting and lints, the Rust
+# workspace (unit, KVM tiny-guest, QEMU boot, namespace escape and end-to-end tests), and the
+# UI in a real browser and in the real desktop app.
+set -euo pipefail
+here=$(cd "$(dirname "$0")/.." && pwd)
+cd "$here"
+. "$here/scripts/env.sh"
+
+"$here/scripts/setup.sh"
+
+step "cargo fmt --check"
+cargo fmt --all --check
+
+step "cargo clippy -D warnings"
+cargo clippy --workspace --all-targets --quiet -- -D warnings
+
+step "cargo test --workspace"
+cargo test --workspace --no-fail-fast 2>&1 | tee "$BELLJAR_CACHE/last-cargo-test.log"
+
+if [ -x tests/ui/run.sh ]; then
+  step "UI tests (Playwright in Chromium, WebDriver in the desktop app)"
+  tests/ui/run.sh
+fi
