@@ -35,8 +35,20 @@
 //! connects later, or reconnects after a daemon restart, can read it again from line `skip`.
 //! A followed output stream ends when the command has exited and all its output was sent.
 //! Files written through the API belong to the command user (`belljar` unless `user=root`).
+//!
+//! Query parameters are percent-encoded UTF-8 ([`query`] has the helpers both ends use).
+//! Paths must be absolute (`invalid_path` otherwise). Starting a program that does not exist or
+//! cannot be executed fails with `exec_failed` (HTTP 400); an unknown command id is
+//! `command_not_found` (HTTP 404).
+//!
+//! With the `client` feature, [`client::AgentClient`] speaks these routes over a Unix socket or
+//! the VMM's hybrid vsock socket.
 
 #![forbid(unsafe_code)]
+
+#[cfg(feature = "client")]
+pub mod client;
+pub mod query;
 
 use std::collections::BTreeMap;
 
@@ -182,7 +194,12 @@ impl OutputLine {
     /// Builds a line from raw bytes, choosing text or base64.
     pub fn new(stream: Stream, bytes: &[u8], ts: i64) -> Self {
         match std::str::from_utf8(bytes) {
-            Ok(text) => Self { stream, data: Some(text.to_owned()), data_base64: None, ts },
+            Ok(text) => Self {
+                stream,
+                data: Some(text.to_owned()),
+                data_base64: None,
+                ts,
+            },
             Err(_) => Self {
                 stream,
                 data: None,

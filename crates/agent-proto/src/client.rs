@@ -1,0 +1,575 @@
+//! An async client for the agent's routes, so that the daemon and the agent's own tests drive
+//! the agent through the same code: one HTTP/2 connection (Unix socket or the VMM's hybrid
+//! vsock socket), typed calls for the JSON routes and streams for the byte and NDJSON routes.
+
+use std::io;
+use std::path::Path;
+use std::pin::Pin;
+
+use bytes::Bytes;
+use futures::{Stream, StreamExt, TryStreamExt};
+use http_body_util::combinators::UnsyncBoxBody;
+use http_body_util::{BodyExt, BodyStream, Empty, Full, StreamBody};
+use hyper::body::{Frame, Incoming};
+use hyper::client::conn::http2::SendRequest;
+use hyper::{Method, Request, Response, StatusCode};
+use hyper_util::rt::{TokioExecutor, TokioIo};
+use serde::Serialize;
+use serde::de::DeserializeOwned;
+use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt};
+use tokio::net::UnixStream;
+
+use crate::{
+    AgentInfo, CommandInfo, ErrorBody, FileEntry, Metrics, MkdirRequest, MoveRequest, OutputLine,
+    PtySize, RemoveRequest, ShutdownAction, ShutdownRequest, SignalRequest, StartCommand,
+    WatchEvent, query,
+};
+
+/// The body type of every request the client sends.
+pub type RequestBody = UnsyncBoxBody<Bytes, io::Error>;
+
+/// A streamed response body.
+pub type ByteStream = Pin<Box<dyn Stream<Item = Result<Bytes, ClientError>> + Send>>;
+
+/// A stream of parsed NDJSON values.
+pub type JsonStream<T> = Pin<Box<dyn Stream<Item = Result<T, ClientError>> + Send>>;
+
+/// Longest NDJSON line the client accepts; the agent's lines are far shorter.
+const MAX_LINE: usize = 16 << 20;
+
+#[derive(Debug, thiserror::Error)]
+pub enum ClientError {
+    /// The agent answered with an error body.
+    #[error("Agent error {code} ({status}): {message}")]
+    Api {
+        status: u16,
+        code: String,
+        message: String,
+    },
+    /// The HTTP/2 connection failed.
+    #[error("Agent connection failed")]
+    Http(#[from] hyper::Error),
+    /// A request could not be built.
+    #[error("Bad request")]
+    Request(#[from] hyper::http::Error),
+    /// Reading or writing the transport failed.
+    #[error("Agent transport I/O failed")]
+    Io(#[from] io::Error),
+    /// The agent sent JSON the client does not understand.
+    #[error("Bad JSON from the agent")]
+    Json(#[from] serde_json::Error),
+    /// The hybrid vsock socket refused the connection.
+    #[error("Hybrid vsock handshake failed: {0}")]
+    Handshake(String),
+    /// An NDJSON line exceeded the client's bound.
+    #[error("NDJSON line too long")]
+    LineTooLong,
+}
+
+impl ClientError {
+    /// The agent's stable error code, when the agent answered with one.
+    pub fn code(&self) -> Option<&str> {
+        match self {
+            ClientError::Api { code, .. } => Some(code),
+            _ => None,
+        }
+    }
+}
+
+/// A body from bytes in memory.
+pub fn body_from_bytes(bytes: impl Into<Bytes>) -> RequestBody {
+    Full::new(bytes.into())
+        .map_err(|never| match never {})
+        .boxed_unsync()
+}
+
+/// A streamed body from a stream of chunks.
+pub fn body_from_stream<S>(stream: S) -> RequestBody
+where
+    S: Stream<Item = Result<Bytes, io::Error>> + Send + 'static,
+{
+    StreamBody::new(stream.map_ok(Frame::data)).boxed_unsync()
+}
+
+/// A streamed body read from `reader` in 64 KiB chunks.
+pub fn body_from_reader<R>(reader: R) -> RequestBody
+where
+    R: AsyncRead + Send + Unpin + 'static,
+{
+    let stream = futures::stream::try_unfold(reader, |mut reader| async move {
+        let mut buf = vec![0u8; 64 * 1024];
+        let n = reader.read(&mut buf).await?;
+        if n == 0 {
+            return Ok(None);
+        }
+        buf.truncate(n);
+        Ok(Some((Bytes::from(buf), reader)))
+    });
+    body_from_stream(stream)
+}
+
+fn empty_body() -> RequestBody {
+    Empty::new().map_err(|never| match never {}).boxed_unsync()
+}
+
+/// One connection to an agent. Cheap to clone; clones share the connection.
+#[derive(Clone, Debug)]
+pub struct AgentClient {
+    sender: SendRequest<RequestBody>,
+}
+
+impl AgentClient {
+    /// Connects to an agent listening on a Unix socket (the namespace backend, tests).
+    pub async fn connect_unix(path: impl AsRef<Path>) -> Result<Self, ClientError> {
+        let stream = UnixStream::connect(path).await?;
+        Self::handshake(stream).await
+    }
+
+    /// Connects through a VMM's hybrid vsock socket: `CONNECT <port>\n`, `OK <n>\n`, then HTTP/2.
+    pub async fn connect_hybrid_vsock(
+        path: impl AsRef<Path>,
+        port: u32,
+    ) -> Result<Self, ClientError> {
+        let mut stream = UnixStream::connect(path).await?;
+        stream
+            .write_all(format!("CONNECT {port}\n").as_bytes())
+            .await?;
+        // Byte by byte, so that no HTTP/2 byte after the reply line is consumed here.
+        let mut line = Vec::new();
+        loop {
+            let mut byte = [0u8; 1];
+            if stream.read(&mut byte).await? == 0 {
+                return Err(ClientError::Handshake("connection closed".into()));
+            }
+            if byte[0] == b'\n' {
+                break;
+            }
+            line.push(byte[0]);
+            if line.len() > 256 {
+                return Err(ClientError::Handshake("reply line too long".into()));
+            }
+        }
+        let line = String::from_utf8_lossy(&line).into_owned();
+        if !line.starts_with("OK ") {
+            return Err(ClientError::Handshake(line));
+        }
+        Self::handshake(stream).await
+    }
+
+    /// Speaks HTTP/2 over an already connected byte stream.
+    pub async fn handshake<IO>(io: IO) -> Result<Self, ClientError>
+    where
+        IO: AsyncRead + AsyncWrite + Unpin + Send + 'static,
+    {
+        let (sender, conn) = hyper::client::conn::http2::Builder::new(TokioExecutor::new())
+            .initial_stream_window_size(1 << 20)
+            .initial_connection_window_size(16 << 20)
+            .max_concurrent_reset_streams(1024)
+            .handshake(TokioIo::new(io))
+            .await?;
+        tokio::spawn(async move {
+            let _ = conn.await;
+        });
+        Ok(Self { sender })
+    }
+
+    async fn send(
+        &self,
+        method: Method,
+        path: &str,
+        content_type: Option<&str>,
+        body: RequestBody,
+    ) -> Result<Response<Incoming>, ClientError> {
+        let mut req = Request::builder()
+            .method(method)
+            .uri(format!("http://agent{path}"));
+        if let Some(ct) = content_type {
+            req = req.header(hyper::header::CONTENT_TYPE, ct);
+        }
+        let req = req.body(body)?;
+        let mut sender = self.sender.clone();
+        sender.ready().await?;
+        let resp = sender.send_request(req).await?;
+        if resp.status().is_success() {
+            return Ok(resp);
+        }
+        Err(error_from(resp).await)
+    }
+
+    async fn json<T: DeserializeOwned>(
+        &self,
+        method: Method,
+        path: &str,
+        body: Option<&impl Serialize>,
+    ) -> Result<T, ClientError> {
+        let resp = self.send_json(method, path, body).await?;
+        let bytes = resp.into_body().collect().await?.to_bytes();
+        Ok(serde_json::from_slice(&bytes)?)
+    }
+
+    async fn send_json(
+        &self,
+        method: Method,
+        path: &str,
+        body: Option<&impl Serialize>,
+    ) -> Result<Response<Incoming>, ClientError> {
+        match body {
+            Some(body) => {
+                let bytes = serde_json::to_vec(body)?;
+                self.send(
+                    method,
+                    path,
+                    Some("application/json"),
+                    body_from_bytes(bytes),
+                )
+                .await
+            }
+            None => self.send(method, path, None, empty_body()).await,
+        }
+    }
+
+    async fn no_content(
+        &self,
+        method: Method,
+        path: &str,
+        body: &impl Serialize,
+    ) -> Result<(), ClientError> {
+        let resp = self.send_json(method, path, Some(body)).await?;
+        drain(resp).await
+    }
+
+    /// `GET /v1/health`.
+    pub async fn health(&self) -> Result<AgentInfo, ClientError> {
+        self.json(Method::GET, "/v1/health", None::<&()>).await
+    }
+
+    /// `POST /v1/commands`: starts a command and returns at once.
+    pub async fn start_command(&self, start: &StartCommand) -> Result<CommandInfo, ClientError> {
+        self.json(Method::POST, "/v1/commands", Some(start)).await
+    }
+
+    /// `GET /v1/commands`.
+    pub async fn list_commands(&self) -> Result<Vec<CommandInfo>, ClientError> {
+        self.json(Method::GET, "/v1/commands", None::<&()>).await
+    }
+
+    /// `GET /v1/commands/{id}`.
+    pub async fn command(&self, id: &str) -> Result<CommandInfo, ClientError> {
+        let path = format!("/v1/commands/{}", query::encode(id));
+        self.json(Method::GET, &path, None::<&()>).await
+    }
+
+    /// `GET /v1/commands/{id}?wait=true`: blocks until the command exits.
+    pub async fn wait_command(&self, id: &str) -> Result<CommandInfo, ClientError> {
+        let path = format!("/v1/commands/{}?wait=true", query::encode(id));
+        self.json(Method::GET, &path, None::<&()>).await
+    }
+
+    /// `GET /v1/commands/{id}/output`: the output from line `skip`, followed until the command
+    /// ends when `follow` is set.
+    pub async fn output(
+        &self,
+        id: &str,
+        skip: u64,
+        follow: bool,
+    ) -> Result<JsonStream<OutputLine>, ClientError> {
+        let skip = skip.to_string();
+        let path = format!(
+            "/v1/commands/{}/output{}",
+            query::encode(id),
+            query::build(&[
+                ("follow", if follow { "true" } else { "false" }),
+                ("skip", &skip)
+            ])
+        );
+        let resp = self.send(Method::GET, &path, None, empty_body()).await?;
+        Ok(ndjson(body_stream(resp)))
+    }
+
+    /// `POST /v1/commands/{id}/stdin`: streams `body` to the command's stdin, closing it at the
+    /// end when `close` is set.
+    pub async fn write_stdin(
+        &self,
+        id: &str,
+        body: RequestBody,
+        close: bool,
+    ) -> Result<(), ClientError> {
+        let path = format!(
+            "/v1/commands/{}/stdin{}",
+            query::encode(id),
+            query::build(&[("close", if close { "true" } else { "false" })])
+        );
+        let resp = self
+            .send(Method::POST, &path, Some("application/octet-stream"), body)
+            .await?;
+        drain(resp).await
+    }
+
+    /// `POST /v1/commands/{id}/signal`.
+    pub async fn signal(&self, id: &str, signal: &str) -> Result<(), ClientError> {
+        let path = format!("/v1/commands/{}/signal", query::encode(id));
+        let body = SignalRequest {
+            signal: signal.to_owned(),
+        };
+        self.no_content(Method::POST, &path, &body).await
+    }
+
+    /// `POST /v1/commands/{id}/resize`.
+    pub async fn resize(&self, id: &str, size: PtySize) -> Result<(), ClientError> {
+        let path = format!("/v1/commands/{}/resize", query::encode(id));
+        self.no_content(Method::POST, &path, &size).await
+    }
+
+    /// `GET /v1/files/read`: the file's length and its bytes, streamed.
+    pub async fn read_file(&self, path: &str) -> Result<(Option<u64>, ByteStream), ClientError> {
+        let uri = format!("/v1/files/read{}", query::build(&[("path", path)]));
+        let resp = self.send(Method::GET, &uri, None, empty_body()).await?;
+        let len = resp
+            .headers()
+            .get(hyper::header::CONTENT_LENGTH)
+            .and_then(|v| v.to_str().ok())
+            .and_then(|v| v.parse().ok());
+        Ok((len, body_stream(resp)))
+    }
+
+    /// `PUT /v1/files/write`: streams `body` into `path` (parents are created).
+    pub async fn write_file(
+        &self,
+        path: &str,
+        mode: Option<u32>,
+        user: Option<&str>,
+        body: RequestBody,
+    ) -> Result<FileEntry, ClientError> {
+        let mode = mode.map(|m| format!("{m:o}"));
+        let mut pairs = vec![("path", path)];
+        if let Some(mode) = &mode {
+            pairs.push(("mode", mode));
+        }
+        if let Some(user) = user {
+            pairs.push(("user", user));
+        }
+        let uri = format!("/v1/files/write{}", query::build(&pairs));
+        let resp = self
+            .send(Method::PUT, &uri, Some("application/octet-stream"), body)
+            .await?;
+        let bytes = resp.into_body().collect().await?.to_bytes();
+        Ok(serde_json::from_slice(&bytes)?)
+    }
+
+    /// `POST /v1/files/mkdir`.
+    pub async fn mkdir(&self, req: &MkdirRequest) -> Result<FileEntry, ClientError> {
+        self.json(Method::POST, "/v1/files/mkdir", Some(req)).await
+    }
+
+    /// `GET /v1/files/list`.
+    pub async fn list(&self, path: &str) -> Result<Vec<FileEntry>, ClientError> {
+        let uri = format!("/v1/files/list{}", query::build(&[("path", path)]));
+        self.json(Method::GET, &uri, None::<&()>).await
+    }
+
+    /// `GET /v1/files/stat`.
+    pub async fn stat(&self, path: &str) -> Result<FileEntry, ClientError> {
+        let uri = format!("/v1/files/stat{}", query::build(&[("path", path)]));
+        self.json(Method::GET, &uri, None::<&()>).await
+    }
+
+    /// `POST /v1/files/remove`.
+    pub async fn remove(&self, path: &str, recursive: bool) -> Result<(), ClientError> {
+        let body = RemoveRequest {
+            path: path.to_owned(),
+            recursive,
+        };
+        self.no_content(Method::POST, "/v1/files/remove", &body)
+            .await
+    }
+
+    /// `POST /v1/files/move`.
+    pub async fn move_path(&self, req: &MoveRequest) -> Result<FileEntry, ClientError> {
+        self.json(Method::POST, "/v1/files/move", Some(req)).await
+    }
+
+    /// `GET /v1/files/tar`: the tree under `path` as a tar stream.
+    pub async fn download_tar(&self, path: &str) -> Result<ByteStream, ClientError> {
+        let uri = format!("/v1/files/tar{}", query::build(&[("path", path)]));
+        let resp = self.send(Method::GET, &uri, None, empty_body()).await?;
+        Ok(body_stream(resp))
+    }
+
+    /// `PUT /v1/files/tar`: extracts the tar stream `body` under `path`.
+    pub async fn upload_tar(
+        &self,
+        path: &str,
+        user: Option<&str>,
+        body: RequestBody,
+    ) -> Result<(), ClientError> {
+        let mut pairs = vec![("path", path)];
+        if let Some(user) = user {
+            pairs.push(("user", user));
+        }
+        let uri = format!("/v1/files/tar{}", query::build(&pairs));
+        let resp = self
+            .send(Method::PUT, &uri, Some("application/x-tar"), body)
+            .await?;
+        drain(resp).await
+    }
+
+    /// `GET /v1/watch`: events until the returned stream is dropped.
+    pub async fn watch(
+        &self,
+        path: &str,
+        recursive: bool,
+    ) -> Result<JsonStream<WatchEvent>, ClientError> {
+        let uri = format!(
+            "/v1/watch{}",
+            query::build(&[
+                ("path", path),
+                ("recursive", if recursive { "true" } else { "false" })
+            ])
+        );
+        let resp = self.send(Method::GET, &uri, None, empty_body()).await?;
+        Ok(ndjson(body_stream(resp)))
+    }
+
+    /// `GET /v1/metrics`.
+    pub async fn metrics(&self) -> Result<Metrics, ClientError> {
+        self.json(Method::GET, "/v1/metrics", None::<&()>).await
+    }
+
+    /// `POST /v1/shutdown`.
+    pub async fn shutdown(&self, action: ShutdownAction) -> Result<(), ClientError> {
+        self.no_content(Method::POST, "/v1/shutdown", &ShutdownRequest { action })
+            .await
+    }
+}
+
+async fn drain(resp: Response<Incoming>) -> Result<(), ClientError> {
+    resp.into_body().collect().await?;
+    Ok(())
+}
+
+async fn error_from(resp: Response<Incoming>) -> ClientError {
+    let status = resp.status();
+    let bytes = match resp.into_body().collect().await {
+        Ok(body) => body.to_bytes(),
+        Err(e) => return ClientError::Http(e),
+    };
+    match serde_json::from_slice::<ErrorBody>(&bytes) {
+        Ok(body) => ClientError::Api {
+            status: status.as_u16(),
+            code: body.error.code,
+            message: body.error.message,
+        },
+        Err(_) => ClientError::Api {
+            status: status.as_u16(),
+            code: fallback_code(status).to_owned(),
+            message: String::from_utf8_lossy(&bytes).into_owned(),
+        },
+    }
+}
+
+fn fallback_code(status: StatusCode) -> &'static str {
+    match status {
+        StatusCode::NOT_FOUND => crate::codes::NOT_FOUND,
+        StatusCode::BAD_REQUEST => crate::codes::BAD_REQUEST,
+        _ => crate::codes::INTERNAL,
+    }
+}
+
+fn body_stream(resp: Response<Incoming>) -> ByteStream {
+    Box::pin(
+        BodyStream::new(resp.into_body())
+            .try_filter_map(|frame| async move { Ok(frame.into_data().ok()) })
+            .map_err(ClientError::from),
+    )
+}
+
+/// Splits a byte stream into NDJSON lines and parses each one.
+pub fn ndjson<T: DeserializeOwned + Send + 'static>(bytes: ByteStream) -> JsonStream<T> {
+    struct State {
+        bytes: ByteStream,
+        buf: Vec<u8>,
+        done: bool,
+    }
+    let state = State {
+        bytes,
+        buf: Vec::new(),
+        done: false,
+    };
+    Box::pin(futures::stream::try_unfold(state, |mut st| async move {
+        loop {
+            if let Some(nl) = st.buf.iter().position(|&b| b == b'\n') {
+                let line: Vec<u8> = st.buf.drain(..=nl).collect();
+                let line = &line[..line.len() - 1];
+                if line.iter().all(u8::is_ascii_whitespace) {
+                    continue;
+                }
+                let value = serde_json::from_slice(line)?;
+                return Ok(Some((value, st)));
+            }
+            if st.done {
+                if st.buf.iter().all(u8::is_ascii_whitespace) {
+                    return Ok(None);
+                }
+                let value = serde_json::from_slice(&std::mem::take(&mut st.buf))?;
+                return Ok(Some((value, st)));
+            }
+            match st.bytes.next().await {
+                Some(chunk) => {
+                    st.buf.extend_from_slice(&chunk?);
+                    if st.buf.len() > MAX_LINE {
+                        return Err(ClientError::LineTooLong);
+                    }
+                }
+                None => st.done = true,
+            }
+        }
+    }))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::Stream as OutStream;
+
+    #[tokio::test]
+    async fn ndjson_splits_lines_across_chunks() {
+        let chunks: Vec<Result<Bytes, ClientError>> = vec![
+            Ok(Bytes::from_static(
+                b"{\"stream\":\"stdout\",\"data\":\"a\",",
+            )),
+            Ok(Bytes::from_static(b"\"ts\":1}\n\n{\"stream\":\"stderr\",")),
+            Ok(Bytes::from_static(b"\"data\":\"b\",\"ts\":2}")),
+        ];
+        let lines: Vec<OutputLine> = ndjson(Box::pin(futures::stream::iter(chunks)))
+            .try_collect()
+            .await
+            .unwrap();
+        assert_eq!(lines.len(), 2);
+        assert_eq!(lines[0].data.as_deref(), Some("a"));
+        assert_eq!(lines[1].stream, OutStream::Stderr);
+    }
+
+    #[tokio::test]
+    async fn hybrid_vsock_handshake_rejects_refusal() {
+        let dir = std::env::temp_dir().join(format!("belljar-proto-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let sock = dir.join("v.sock");
+        let _ = std::fs::remove_file(&sock);
+        let listener = tokio::net::UnixListener::bind(&sock).unwrap();
+        tokio::spawn(async move {
+            let (mut s, _) = listener.accept().await.unwrap();
+            let mut buf = [0u8; 13];
+            s.read_exact(&mut buf).await.unwrap();
+            assert_eq!(&buf, b"CONNECT 1024\n");
+            s.write_all(b"NO\n").await.unwrap();
+        });
+        let err = AgentClient::connect_hybrid_vsock(&sock, 1024)
+            .await
+            .unwrap_err();
+        assert!(
+            matches!(err, ClientError::Handshake(ref l) if l == "NO"),
+            "{err:?}"
+        );
+        std::fs::remove_dir_all(&dir).unwrap();
+    }
+}
