@@ -1,0 +1,68 @@
+//! The i8042 keyboard controller, reduced to reset (vm-superio's model).
+
+use std::sync::Arc;
+
+use vm_superio::I8042Device;
+
+use crate::bus::BusDevice;
+use crate::exit::{ExitLatch, ExitReason};
+
+/// Resets by ending the VMM with `ExitReason::Reset`.
+struct ResetTrigger(Arc<ExitLatch>);
+
+impl vm_superio::Trigger for ResetTrigger {
+    type E = std::convert::Infallible;
+    fn trigger(&self) -> Result<(), Self::E> {
+        tracing::info!("guest reset through the i8042 controller");
+        self.0.set(ExitReason::Reset);
+        Ok(())
+    }
+}
+
+/// i8042 at ports 0x60..0x65.
+pub struct I8042 {
+    inner: I8042Device<ResetTrigger>,
+}
+
+impl I8042 {
+    /// Bus window size (data port 0x60 through command port 0x64).
+    pub const LEN: u64 = 5;
+
+    pub fn new(exit: Arc<ExitLatch>) -> Self {
+        I8042 {
+            inner: I8042Device::new(ResetTrigger(exit)),
+        }
+    }
+}
+
+impl BusDevice for I8042 {
+    fn read(&mut self, offset: u64, data: &mut [u8]) {
+        data.fill(0);
+        if data.len() == 1 {
+            data[0] = self.inner.read(offset as u8);
+        }
+    }
+
+    fn write(&mut self, offset: u64, data: &[u8]) {
+        if data.len() == 1 {
+            let _ = self.inner.write(offset as u8, data[0]);
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn reset_command_latches_reset() {
+        let exit = Arc::new(ExitLatch::new());
+        let mut dev = I8042::new(exit.clone());
+        dev.write(0, &[0xfe]); // data port: not a command
+        assert_eq!(exit.get(), None);
+        dev.write(4, &[0xfe, 0]); // wrong width
+        assert_eq!(exit.get(), None);
+        dev.write(4, &[0xfe]);
+        assert_eq!(exit.get(), Some(ExitReason::Reset));
+    }
+}

@@ -1,0 +1,1 @@
+//! Virtio devices on the virtio-mmio transport.

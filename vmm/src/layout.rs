@@ -1,0 +1,52 @@
+//! The guest physical address map: where boot structures, RAM, devices and interrupts live.
+//!
+//! One place for these numbers, because the boot code, the e820 map, the kernel command line
+//! and the device bus must all agree on them.
+
+/// Start of the MMIO window below 4 GiB (RAM beyond it continues at 4 GiB).
+pub const MMIO_GAP_START: u64 = 0xc000_0000;
+/// End of the MMIO window.
+pub const MMIO_GAP_END: u64 = 1 << 32;
+
+/// First virtio-mmio device; each device gets `VIRTIO_MMIO_SIZE` bytes.
+pub const VIRTIO_MMIO_BASE: u64 = 0xd000_0000;
+/// Size of one virtio-mmio device window.
+pub const VIRTIO_MMIO_SIZE: u64 = 0x1000;
+/// First legacy interrupt line used by virtio devices (0-4 are PIT, keyboard, cascade, COM2, COM1).
+pub const VIRTIO_IRQ_BASE: u32 = 5;
+/// Last usable IOAPIC pin.
+pub const IRQ_MAX: u32 = 23;
+
+/// COM1.
+pub const SERIAL_PORT: u16 = 0x3f8;
+/// COM1 interrupt.
+pub const SERIAL_IRQ: u32 = 4;
+/// i8042 data port; the command port is `I8042_PORT + 4`.
+pub const I8042_PORT: u16 = 0x60;
+
+/// Boot GDT.
+pub const BOOT_GDT_START: u64 = 0x500;
+/// Boot IDT (empty).
+pub const BOOT_IDT_START: u64 = 0x520;
+/// PVH `hvm_start_info`.
+pub const PVH_INFO_START: u64 = 0x6000;
+/// PVH memory map entries.
+pub const PVH_MEMMAP_START: u64 = 0x7000;
+/// Linux zero page (`boot_params`).
+pub const ZERO_PAGE_START: u64 = 0x7000;
+/// Initial stack pointer.
+pub const BOOT_STACK_POINTER: u64 = 0x8ff0;
+/// Identity-mapping page tables: PML4, PDPT, then four PDs (0xb000..0xf000).
+pub const PML4_START: u64 = 0x9000;
+pub const PDPTE_START: u64 = 0xa000;
+pub const PDE_START: u64 = 0xb000;
+/// MP table, in the BIOS area where Linux scans for it.
+pub const MPTABLE_START: u64 = 0x9fc00;
+/// Start of the EBDA / legacy hole (RAM below it is usable).
+pub const EBDA_START: u64 = 0x9fc00;
+/// Kernel command line.
+pub const CMDLINE_START: u64 = 0x20000;
+/// Maximum kernel command line length including the NUL.
+pub const CMDLINE_MAX_SIZE: usize = 4096;
+/// Where the kernel is loaded (1 MiB).
+pub const HIMEM_START: u64 = 0x10_0000;

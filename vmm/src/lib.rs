@@ -1,0 +1,13 @@
+//! Belljar's microVM monitor: boots a Linux guest on KVM with virtio-mmio devices.
+//!
+//! The library holds all the logic (hypervisor boundary, boot, devices, control socket);
+//! `main.rs` only parses the configuration and calls `vmm::run`.
+
+pub mod arch;
+pub mod bus;
+pub mod devices;
+pub mod exit;
+pub mod hypervisor;
+pub mod layout;
+pub mod memory;
+pub mod metrics;
