@@ -55,7 +55,10 @@ impl Hypervisor for KvmHypervisor {
     }
 
     fn create_vm(&self) -> Result<Box<dyn Vm>> {
-        let fd = self.kvm.create_vm().map_err(|e| Error::CreateVm(io_err(e)))?;
+        let fd = self
+            .kvm
+            .create_vm()
+            .map_err(|e| Error::CreateVm(io_err(e)))?;
         fd.set_tss_address(KVM_TSS_ADDRESS)
             .map_err(|e| Error::CreateVm(io_err(e)))?;
         let cpuid = self

@@ -1,0 +1,252 @@
+//! virtio-mmio register file and device activation.
+
+use std::sync::{Arc, Mutex, MutexGuard};
+
+use virtio_queue::{Queue, QueueT};
+
+use super::regs;
+use super::*;
+use crate::bus::BusDevice;
+use crate::devices::Interrupt;
+use crate::devices::virtio::{VIRTIO_F_VERSION_1, VirtioDevice, VirtioInterrupt};
+use crate::memory::GuestMemory;
+
+/// One virtio-mmio device window.
+pub struct MmioTransport {
+    device: Arc<Mutex<dyn VirtioDevice>>,
+    mem: GuestMemory,
+    interrupt: Arc<VirtioInterrupt>,
+    queues: Vec<Queue>,
+    queue_sel: u32,
+    device_features_sel: u32,
+    driver_features_sel: u32,
+    driver_features: u64,
+    status: u32,
+    config_generation: u32,
+}
+
+impl MmioTransport {
+    pub fn new(
+        mem: GuestMemory,
+        device: Arc<Mutex<dyn VirtioDevice>>,
+        line: Arc<dyn Interrupt>,
+    ) -> Self {
+        let queues = Self::fresh_queues(&device);
+        MmioTransport {
+            device,
+            mem,
+            interrupt: Arc::new(VirtioInterrupt::new(line)),
+            queues,
+            queue_sel: 0,
+            device_features_sel: 0,
+            driver_features_sel: 0,
+            driver_features: 0,
+            status: 0,
+            config_generation: 0,
+        }
+    }
+
+    fn fresh_queues(device: &Arc<Mutex<dyn VirtioDevice>>) -> Vec<Queue> {
+        lock(device)
+            .queue_max_sizes()
+            .iter()
+            .filter_map(|&max| Queue::new(max).ok())
+            .collect()
+    }
+
+    /// The device behind this transport.
+    pub fn device(&self) -> &Arc<Mutex<dyn VirtioDevice>> {
+        &self.device
+    }
+
+    /// Current device status register.
+    pub fn status(&self) -> u32 {
+        self.status
+    }
+
+    fn selected_queue(&mut self) -> Option<&mut Queue> {
+        self.queues.get_mut(self.queue_sel as usize)
+    }
+
+    fn with_queue(&mut self, f: impl FnOnce(&mut Queue)) {
+        // Queue registers may only change before the device is live.
+        if self.status & STATUS_DRIVER_OK != 0 {
+            tracing::debug!("virtio-mmio: queue register write after DRIVER_OK ignored");
+            return;
+        }
+        if let Some(q) = self.selected_queue() {
+            f(q);
+        }
+    }
+
+    fn reset(&mut self) {
+        lock(&self.device).reset();
+        self.queues = Self::fresh_queues(&self.device);
+        self.queue_sel = 0;
+        self.device_features_sel = 0;
+        self.driver_features_sel = 0;
+        self.driver_features = 0;
+        self.status = 0;
+        self.interrupt.ack(u32::MAX);
+    }
+
+    fn set_status(&mut self, value: u32) {
+        if value == 0 {
+            self.reset();
+            return;
+        }
+        let old = self.status;
+        // The driver may only add bits (spec 3.1.1), except by writing 0.
+        if value & old != old {
+            tracing::debug!(old, value, "virtio-mmio: status bits cleared without reset");
+            return;
+        }
+        if value & STATUS_FEATURES_OK != 0 && old & STATUS_FEATURES_OK == 0 {
+            let avail = lock(&self.device).avail_features();
+            if self.driver_features & !avail != 0 || self.driver_features & VIRTIO_F_VERSION_1 == 0
+            {
+                // Refuse FEATURES_OK: the driver will see the bit did not stick.
+                self.status = value & !STATUS_FEATURES_OK;
+                return;
+            }
+            lock(&self.device).set_acked_features(self.driver_features);
+        }
+        self.status = value;
+        if value & STATUS_DRIVER_OK != 0 && old & STATUS_DRIVER_OK == 0 {
+            self.activate();
+        }
+    }
+
+    fn activate(&mut self) {
+        if self.status & STATUS_FEATURES_OK == 0 {
+            self.status |= STATUS_FAILED;
+            return;
+        }
+        let all_valid = self
+            .queues
+            .iter()
+            .all(|q| !q.ready() || q.is_valid(&self.mem));
+        if !all_valid {
+            tracing::warn!("virtio-mmio: driver set up an invalid queue; device not activated");
+            lock(&self.device).metrics().error();
+            self.status |= STATUS_DEVICE_NEEDS_RESET;
+            return;
+        }
+        let queues = std::mem::replace(&mut self.queues, Self::fresh_queues(&self.device));
+        let mut dev = lock(&self.device);
+        if let Err(e) = dev.activate(self.mem.clone(), self.interrupt.clone(), queues) {
+            tracing::warn!(error = %e, "virtio-mmio: activation failed");
+            dev.metrics().error();
+            self.status |= STATUS_DEVICE_NEEDS_RESET;
+        }
+    }
+
+    fn read_reg(&mut self, offset: u64) -> u32 {
+        match offset {
+            regs::MAGIC => MMIO_MAGIC,
+            regs::VERSION => MMIO_VERSION,
+            regs::DEVICE_ID => lock(&self.device).device_type(),
+            regs::VENDOR_ID => VENDOR_ID,
+            regs::DEVICE_FEATURES => {
+                let f = lock(&self.device).avail_features();
+                match self.device_features_sel {
+                    0 => f as u32,
+                    1 => (f >> 32) as u32,
+                    _ => 0,
+                }
+            }
+            regs::QUEUE_NUM_MAX => self.selected_queue().map_or(0, |q| q.max_size().into()),
+            regs::QUEUE_READY => self.selected_queue().map_or(0, |q| q.ready().into()),
+            regs::INTERRUPT_STATUS => self.interrupt.status(),
+            regs::STATUS => self.status,
+            regs::CONFIG_GENERATION => self.config_generation,
+            _ => {
+                tracing::debug!(offset, "virtio-mmio: read of unknown register");
+                0
+            }
+        }
+    }
+
+    fn write_reg(&mut self, offset: u64, value: u32) {
+        let lo =
+            |q: &mut Queue, f: fn(&mut Queue, Option<u32>, Option<u32>)| f(q, Some(value), None);
+        let hi =
+            |q: &mut Queue, f: fn(&mut Queue, Option<u32>, Option<u32>)| f(q, None, Some(value));
+        match offset {
+            regs::DEVICE_FEATURES_SEL => self.device_features_sel = value,
+            regs::DRIVER_FEATURES_SEL => self.driver_features_sel = value,
+            regs::DRIVER_FEATURES => {
+                if self.status & STATUS_FEATURES_OK != 0 {
+                    return;
+                }
+                match self.driver_features_sel {
+                    0 => {
+                        self.driver_features =
+                            (self.driver_features & !0xffff_ffff) | u64::from(value)
+                    }
+                    1 => {
+                        self.driver_features =
+                            (self.driver_features & 0xffff_ffff) | (u64::from(value) << 32)
+                    }
+                    _ => {}
+                }
+            }
+            regs::QUEUE_SEL => self.queue_sel = value,
+            regs::QUEUE_NUM => self.with_queue(|q| q.set_size(value as u16)),
+            regs::QUEUE_READY => self.with_queue(|q| q.set_ready(value == 1)),
+            regs::QUEUE_DESC_LOW => self.with_queue(|q| lo(q, Queue::set_desc_table_address)),
+            regs::QUEUE_DESC_HIGH => self.with_queue(|q| hi(q, Queue::set_desc_table_address)),
+            regs::QUEUE_AVAIL_LOW => self.with_queue(|q| lo(q, Queue::set_avail_ring_address)),
+            regs::QUEUE_AVAIL_HIGH => self.with_queue(|q| hi(q, Queue::set_avail_ring_address)),
+            regs::QUEUE_USED_LOW => self.with_queue(|q| lo(q, Queue::set_used_ring_address)),
+            regs::QUEUE_USED_HIGH => self.with_queue(|q| hi(q, Queue::set_used_ring_address)),
+            regs::QUEUE_NOTIFY => {
+                let mut dev = lock(&self.device);
+                if self.status & STATUS_DRIVER_OK != 0 && dev.is_activated() {
+                    dev.queue_notify(value as u16);
+                } else {
+                    tracing::debug!("virtio-mmio: notify before the device is live");
+                }
+            }
+            regs::INTERRUPT_ACK => self.interrupt.ack(value),
+            regs::STATUS => self.set_status(value),
+            _ => tracing::debug!(offset, "virtio-mmio: write to unknown register"),
+        }
+    }
+}
+
+fn lock(dev: &Arc<Mutex<dyn VirtioDevice>>) -> MutexGuard<'_, dyn VirtioDevice + 'static> {
+    dev.lock().unwrap_or_else(|e| e.into_inner())
+}
+
+impl BusDevice for MmioTransport {
+    fn read(&mut self, offset: u64, data: &mut [u8]) {
+        if offset >= regs::CONFIG {
+            lock(&self.device).read_config(offset - regs::CONFIG, data);
+            return;
+        }
+        if data.len() != 4 || offset % 4 != 0 {
+            tracing::debug!(offset, len = data.len(), "virtio-mmio: bad register access");
+            lock(&self.device).metrics().error();
+            data.fill(0);
+            return;
+        }
+        let v = self.read_reg(offset);
+        data.copy_from_slice(&v.to_le_bytes());
+    }
+
+    fn write(&mut self, offset: u64, data: &[u8]) {
+        if offset >= regs::CONFIG {
+            lock(&self.device).write_config(offset - regs::CONFIG, data);
+            self.config_generation = self.config_generation.wrapping_add(1);
+            return;
+        }
+        if data.len() != 4 || offset % 4 != 0 {
+            tracing::debug!(offset, len = data.len(), "virtio-mmio: bad register access");
+            lock(&self.device).metrics().error();
+            return;
+        }
+        let v = u32::from_le_bytes([data[0], data[1], data[2], data[3]]);
+        self.write_reg(offset, v);
+    }
+}
