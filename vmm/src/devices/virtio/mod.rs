@@ -7,6 +7,7 @@
 //! events (vsock sockets) are handled by the device thread through `event_handler.rs`.
 //! virtio-net will be one more directory here implementing the same trait.
 
+pub mod block;
 pub mod mmio;
 pub mod rng;
 
