@@ -1,0 +1,462 @@
+//! Commands run in the sandbox: starting them as the right user with pipes or a PTY, pumping
+//! their output to disk as it comes, stdin, signals, resizes, and waiting for their exit.
+
+pub mod output;
+pub mod spawn;
+
+use std::collections::HashMap;
+use std::os::fd::{AsRawFd, OwnedFd};
+use std::path::{Path, PathBuf};
+use std::str::FromStr;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use belljar_agent_proto::{CommandInfo, CommandStatus, PtySize, StartCommand, Stream};
+use bytes::Bytes;
+use futures::{Stream as FutStream, StreamExt};
+use nix::sys::signal::{Signal, killpg};
+use nix::unistd::Pid;
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use tokio::sync::{mpsc, watch};
+
+use crate::error::AgentError;
+use crate::fdio::FdStream;
+use crate::reaper::{Exit, Reaper};
+use crate::users::{self, User};
+use output::{Chunk, OutputLog, utf8_cut};
+
+/// How long output is still read after a command exited when nothing more arrives: a
+/// background process that kept the pipe open must not hold the stream open forever.
+const DRAIN_GRACE: Duration = Duration::from_secs(2);
+
+/// The PATH commands get unless they set their own.
+pub const DEFAULT_PATH: &str = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin";
+
+/// Unix milliseconds now.
+pub fn now_ms() -> i64 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map(|d| d.as_millis() as i64)
+        .unwrap_or(0)
+}
+
+type ExitState = Option<(Exit, i64)>;
+
+/// One started command.
+#[derive(Debug)]
+pub struct Command {
+    seq: u64,
+    id: String,
+    argv: Vec<String>,
+    cwd: String,
+    user: String,
+    pid: u32,
+    started_at: i64,
+    exit: watch::Sender<ExitState>,
+    stdin: tokio::sync::Mutex<Option<FdStream>>,
+    pty_master: Option<OwnedFd>,
+    log: Arc<OutputLog>,
+}
+
+impl Command {
+    /// The command as the API reports it.
+    pub fn info(&self) -> CommandInfo {
+        let exit = *self.exit.borrow();
+        let (exit_code, signal) = match exit {
+            Some((Exit::Code(c), _)) => (Some(c), None),
+            Some((Exit::Signal(s), _)) => (None, Some(s)),
+            None => (None, None),
+        };
+        CommandInfo {
+            id: self.id.clone(),
+            argv: self.argv.clone(),
+            cwd: self.cwd.clone(),
+            user: self.user.clone(),
+            pty: self.pty_master.is_some(),
+            pid: self.pid,
+            status: if exit.is_some() {
+                CommandStatus::Exited
+            } else {
+                CommandStatus::Running
+            },
+            exit_code,
+            signal,
+            started_at: self.started_at,
+            finished_at: exit.map(|(_, at)| at),
+            output_truncated_bytes: self.log.progress().dropped,
+        }
+    }
+
+    fn exited(&self) -> bool {
+        self.exit.borrow().is_some()
+    }
+}
+
+/// Every command of the sandbox's life.
+#[derive(Debug)]
+pub struct Commands {
+    reaper: Arc<Reaper>,
+    dir: PathBuf,
+    limit: u64,
+    next: AtomicU64,
+    map: Mutex<HashMap<String, Arc<Command>>>,
+}
+
+impl Commands {
+    /// Keeps output under `state_dir/commands`, at most `limit` bytes per command.
+    pub fn new(reaper: Arc<Reaper>, state_dir: &Path, limit: u64) -> std::io::Result<Self> {
+        let dir = state_dir.join("commands");
+        std::fs::create_dir_all(&dir)?;
+        Ok(Self {
+            reaper,
+            dir,
+            limit,
+            next: AtomicU64::new(1),
+            map: Mutex::new(HashMap::new()),
+        })
+    }
+
+    /// Starts a command and returns at once.
+    pub fn start(&self, req: StartCommand) -> Result<CommandInfo, AgentError> {
+        if req.argv.first().is_none_or(|p| p.is_empty()) {
+            return Err(AgentError::BadRequest("argv must name a program".into()));
+        }
+        if req.argv.iter().any(|a| a.contains('\0')) {
+            return Err(AgentError::BadRequest("argv must not contain NUL".into()));
+        }
+        let user = users::resolve(req.user.as_deref())?;
+        let cwd = match req.cwd {
+            Some(cwd) if !cwd.starts_with('/') => return Err(AgentError::InvalidPath(cwd)),
+            Some(cwd) => cwd,
+            None => default_cwd(&user),
+        };
+        match std::fs::metadata(&cwd) {
+            Ok(m) if m.is_dir() => {}
+            Ok(_) => return Err(AgentError::NotADirectory(cwd)),
+            Err(e) => return Err(AgentError::io(e, &cwd)),
+        }
+        let mut env = base_env(&user, req.pty.is_some());
+        env.extend(req.env);
+
+        let seq = self.next.fetch_add(1, Ordering::Relaxed);
+        let id = format!("cmd-{seq}");
+        let log = OutputLog::create(self.dir.join(format!("{id}.ndjson")))
+            .map_err(|e| AgentError::Internal(e.to_string()))?;
+        let spec = spawn::Spec {
+            argv: &req.argv,
+            cwd: &cwd,
+            env: env.into_iter().collect(),
+            user: &user,
+            switch_user: nix::unistd::geteuid().is_root(),
+            pty: req.pty,
+            stdin: req.stdin,
+        };
+        let (pid, spawned, exit_rx) = self
+            .reaper
+            .spawn(|| spawn::spawn(&spec).map(|s| (s.pid, s)))
+            .map_err(|e| AgentError::ExecFailed {
+                program: req.argv[0].clone(),
+                reason: e.to_string(),
+            })?;
+
+        let internal = |e: std::io::Error| AgentError::Internal(e.to_string());
+        let (chunks_tx, chunks_rx) = mpsc::channel::<Chunk>(16);
+        let (exit_tx, _) = watch::channel(None);
+        let mut stdin = None;
+        if let Some(master) = &spawned.pty_master {
+            let reader = FdStream::new(master.try_clone().map_err(internal)?).map_err(internal)?;
+            tokio::spawn(pump(
+                reader,
+                Stream::Stdout,
+                chunks_tx.clone(),
+                exit_tx.subscribe(),
+            ));
+            stdin = Some(FdStream::new(master.try_clone().map_err(internal)?).map_err(internal)?);
+        }
+        for (fd, stream) in [
+            (spawned.stdout, Stream::Stdout),
+            (spawned.stderr, Stream::Stderr),
+        ] {
+            if let Some(fd) = fd {
+                let reader = FdStream::new(fd).map_err(internal)?;
+                tokio::spawn(pump(reader, stream, chunks_tx.clone(), exit_tx.subscribe()));
+            }
+        }
+        drop(chunks_tx);
+        if let Some(fd) = spawned.stdin {
+            stdin = Some(FdStream::new(fd).map_err(internal)?);
+        }
+
+        let command = Arc::new(Command {
+            seq,
+            id: id.clone(),
+            argv: req.argv,
+            cwd,
+            user: user.name,
+            pid,
+            started_at: now_ms(),
+            exit: exit_tx,
+            stdin: tokio::sync::Mutex::new(stdin),
+            pty_master: spawned.pty_master,
+            log: Arc::new(log),
+        });
+        {
+            let command = command.clone();
+            tokio::spawn(async move {
+                let exit = exit_rx.await.unwrap_or(Exit::Signal(libc::SIGKILL));
+                command.exit.send_replace(Some((exit, now_ms())));
+            });
+        }
+        {
+            let log = command.log.clone();
+            let mut exited = command.exit.subscribe();
+            let limit = self.limit;
+            tokio::spawn(async move {
+                let done = async move {
+                    let _ = exited.wait_for(Option::is_some).await;
+                };
+                log.write_from(chunks_rx, limit, done).await;
+            });
+        }
+        let info = command.info();
+        self.map
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .insert(id, command);
+        Ok(info)
+    }
+
+    fn get(&self, id: &str) -> Result<Arc<Command>, AgentError> {
+        self.map
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .get(id)
+            .cloned()
+            .ok_or_else(|| AgentError::CommandNotFound(id.to_owned()))
+    }
+
+    /// Every command, in the order they were started.
+    pub fn list(&self) -> Vec<CommandInfo> {
+        let mut all: Vec<_> = self
+            .map
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .values()
+            .cloned()
+            .collect();
+        all.sort_by_key(|c| c.seq);
+        all.iter().map(|c| c.info()).collect()
+    }
+
+    /// The command now, or once it has exited when `wait` is set.
+    pub async fn info(&self, id: &str, wait: bool) -> Result<CommandInfo, AgentError> {
+        let command = self.get(id)?;
+        if wait {
+            let mut exit = command.exit.subscribe();
+            let _ = exit.wait_for(Option::is_some).await;
+        }
+        Ok(command.info())
+    }
+
+    /// The command's output as NDJSON from line `skip`, followed when `follow` is set.
+    pub fn output(
+        &self,
+        id: &str,
+        skip: u64,
+        follow: bool,
+    ) -> Result<impl FutStream<Item = std::io::Result<Bytes>> + Send + 'static, AgentError> {
+        let command = self.get(id)?;
+        let (tx, rx) = mpsc::channel(4);
+        tokio::spawn(async move {
+            if let Err(e) = command.log.read_into(skip, follow, tx.clone()).await {
+                let _ = tx.send(Err(e)).await;
+            }
+        });
+        Ok(futures::stream::unfold(rx, |mut rx| async move {
+            rx.recv().await.map(|item| (item, rx))
+        }))
+    }
+
+    /// Writes `body` to the command's stdin; at its end closes stdin (a PTY gets ^D instead).
+    pub async fn write_stdin<S, E>(&self, id: &str, body: S, close: bool) -> Result<(), AgentError>
+    where
+        S: FutStream<Item = Result<Bytes, E>> + Send,
+        E: std::fmt::Display,
+    {
+        let command = self.get(id)?;
+        let mut stdin = command.stdin.lock().await;
+        let Some(pipe) = stdin.as_mut() else {
+            return Err(if command.exited() {
+                AgentError::CommandFinished(id.to_owned())
+            } else {
+                AgentError::BadRequest(format!("{id} has no open stdin"))
+            });
+        };
+        let broken = |e: std::io::Error| match e.raw_os_error() {
+            Some(libc::EPIPE) => AgentError::CommandFinished(id.to_owned()),
+            _ => AgentError::Internal(e.to_string()),
+        };
+        let mut body = std::pin::pin!(body);
+        while let Some(chunk) = body.next().await {
+            let chunk = chunk.map_err(|e| AgentError::BadRequest(e.to_string()))?;
+            pipe.write_all(&chunk).await.map_err(broken)?;
+        }
+        if close {
+            if command.pty_master.is_some() {
+                pipe.write_all(&[4]).await.map_err(broken)?;
+            } else {
+                *stdin = None;
+            }
+        }
+        Ok(())
+    }
+
+    /// Sends `signal` (a number or a name, with or without `SIG`) to the command's group.
+    pub fn signal(&self, id: &str, signal: &str) -> Result<(), AgentError> {
+        let command = self.get(id)?;
+        let signal = parse_signal(signal)?;
+        if command.exited() {
+            return Err(AgentError::CommandFinished(id.to_owned()));
+        }
+        killpg(Pid::from_raw(command.pid as i32), signal).map_err(|e| match e {
+            nix::errno::Errno::ESRCH => AgentError::CommandFinished(id.to_owned()),
+            e => AgentError::Internal(e.to_string()),
+        })
+    }
+
+    /// Resizes the command's PTY; its foreground process group gets SIGWINCH.
+    pub fn resize(&self, id: &str, size: PtySize) -> Result<(), AgentError> {
+        let command = self.get(id)?;
+        let Some(master) = &command.pty_master else {
+            return Err(AgentError::BadRequest(format!("{id} has no terminal")));
+        };
+        let ws = spawn::winsize(size);
+        // SAFETY: TIOCSWINSZ reads one `winsize` from the pointer, which points at `ws`, and
+        // `master` is an open PTY master owned by the command.
+        let rc = unsafe { libc::ioctl(master.as_raw_fd(), libc::TIOCSWINSZ, &ws) };
+        if rc < 0 {
+            return Err(AgentError::Internal(
+                std::io::Error::last_os_error().to_string(),
+            ));
+        }
+        Ok(())
+    }
+
+    /// Sends `signal` to every command still running (shutdown).
+    pub fn signal_all(&self, signal: Signal) {
+        for command in self.map.lock().unwrap_or_else(|e| e.into_inner()).values() {
+            if !command.exited() {
+                let _ = killpg(Pid::from_raw(command.pid as i32), signal);
+            }
+        }
+    }
+}
+
+/// Reads `fd` until EOF (or until the command exited and the pipe stayed quiet for
+/// [`DRAIN_GRACE`]), sending chunks that never end inside a UTF-8 sequence.
+async fn pump(
+    mut fd: FdStream,
+    stream: Stream,
+    tx: mpsc::Sender<Chunk>,
+    mut exit: watch::Receiver<ExitState>,
+) {
+    let mut buf = vec![0u8; 32 * 1024];
+    let mut carry = 0;
+    let mut exited = false;
+    loop {
+        exited |= exit.borrow().is_some();
+        let read = if exited {
+            match tokio::time::timeout(DRAIN_GRACE, fd.read(&mut buf[carry..])).await {
+                Ok(r) => r,
+                Err(_) => break,
+            }
+        } else {
+            tokio::select! {
+                r = fd.read(&mut buf[carry..]) => r,
+                changed = exit.changed() => {
+                    exited |= changed.is_err();
+                    continue;
+                }
+            }
+        };
+        let n = match read {
+            Ok(0) | Err(_) => break,
+            Ok(n) => n,
+        };
+        let ts = now_ms();
+        let total = carry + n;
+        let cut = utf8_cut(&buf[..total]);
+        if cut > 0 {
+            let data = Bytes::copy_from_slice(&buf[..cut]);
+            buf.copy_within(cut..total, 0);
+            carry = total - cut;
+            if tx.send(Chunk { stream, data, ts }).await.is_err() {
+                return;
+            }
+        } else {
+            carry = total;
+        }
+    }
+    if carry > 0 {
+        let data = Bytes::copy_from_slice(&buf[..carry]);
+        let _ = tx
+            .send(Chunk {
+                stream,
+                data,
+                ts: now_ms(),
+            })
+            .await;
+    }
+}
+
+fn default_cwd(user: &User) -> String {
+    [belljar_agent_proto::DEFAULT_CWD, &user.home]
+        .into_iter()
+        .find(|dir| Path::new(dir).is_dir())
+        .unwrap_or("/")
+        .to_owned()
+}
+
+fn base_env(user: &User, pty: bool) -> std::collections::BTreeMap<String, String> {
+    let mut env = std::collections::BTreeMap::new();
+    env.insert("PATH".into(), DEFAULT_PATH.into());
+    env.insert("HOME".into(), user.home.clone());
+    env.insert("USER".into(), user.name.clone());
+    env.insert("LOGNAME".into(), user.name.clone());
+    env.insert("SHELL".into(), user.shell.clone());
+    env.insert("LANG".into(), "C.UTF-8".into());
+    if pty {
+        env.insert("TERM".into(), "xterm-256color".into());
+    }
+    env
+}
+
+/// `9`, `KILL` or `SIGKILL`.
+pub fn parse_signal(name: &str) -> Result<Signal, AgentError> {
+    let bad = || AgentError::BadRequest(format!("unknown signal {name}"));
+    if let Ok(n) = name.parse::<i32>() {
+        return Signal::try_from(n).map_err(|_| bad());
+    }
+    let upper = name.to_ascii_uppercase();
+    let full = if upper.starts_with("SIG") {
+        upper
+    } else {
+        format!("SIG{upper}")
+    };
+    Signal::from_str(&full).map_err(|_| bad())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn parses_signals_by_number_and_name() {
+        assert_eq!(parse_signal("9").unwrap(), Signal::SIGKILL);
+        assert_eq!(parse_signal("TERM").unwrap(), Signal::SIGTERM);
+        assert_eq!(parse_signal("sigint").unwrap(), Signal::SIGINT);
+        assert!(parse_signal("NOPE").is_err());
+        assert!(parse_signal("999").is_err());
+    }
+}

@@ -1,0 +1,236 @@
+//! A command's output, kept on disk as NDJSON [`OutputLine`]s so that memory stays constant
+//! whatever a command prints, and so that a client that connects later can read it again from
+//! any line and follow it live. The file is bounded; bytes beyond the bound are counted, not
+//! kept.
+
+use std::io;
+use std::path::{Path, PathBuf};
+
+use belljar_agent_proto::{OutputLine, Stream};
+use bytes::Bytes;
+use tokio::io::{AsyncReadExt, AsyncSeekExt, AsyncWriteExt};
+use tokio::sync::{mpsc, watch};
+
+/// How far the output file has been written.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct Progress {
+    /// Bytes of complete NDJSON lines in the file.
+    pub committed: u64,
+    /// Raw output bytes kept.
+    pub kept: u64,
+    /// Raw output bytes dropped because of the bound.
+    pub dropped: u64,
+    /// No more output will come.
+    pub closed: bool,
+}
+
+/// One chunk read from a command, before it is written down.
+#[derive(Debug)]
+pub struct Chunk {
+    pub stream: Stream,
+    pub data: Bytes,
+    pub ts: i64,
+}
+
+#[derive(Debug, thiserror::Error)]
+pub enum OutputError {
+    /// The output file cannot be created or written.
+    #[error("Cannot write command output to {path}")]
+    Write {
+        path: String,
+        #[source]
+        source: io::Error,
+    },
+}
+
+/// The on-disk output of one command.
+#[derive(Debug)]
+pub struct OutputLog {
+    path: PathBuf,
+    progress: watch::Sender<Progress>,
+}
+
+impl OutputLog {
+    /// Creates the (empty) output file.
+    pub fn create(path: PathBuf) -> Result<Self, OutputError> {
+        std::fs::File::create(&path).map_err(|source| OutputError::Write {
+            path: path.display().to_string(),
+            source,
+        })?;
+        Ok(Self {
+            path,
+            progress: watch::Sender::new(Progress::default()),
+        })
+    }
+
+    pub fn path(&self) -> &Path {
+        &self.path
+    }
+
+    pub fn progress(&self) -> Progress {
+        *self.progress.borrow()
+    }
+
+    /// Writes chunks from `rx` until every sender is gone, keeping at most `limit` raw bytes.
+    /// The log is closed once `rx` ends and `done` resolves (the command has exited).
+    pub async fn write_from(
+        &self,
+        mut rx: mpsc::Receiver<Chunk>,
+        limit: u64,
+        done: impl Future<Output = ()>,
+    ) {
+        let result = async {
+            let mut file = tokio::fs::OpenOptions::new()
+                .append(true)
+                .open(&self.path)
+                .await?;
+            while let Some(chunk) = rx.recv().await {
+                let p = self.progress();
+                let room = limit.saturating_sub(p.kept) as usize;
+                let keep = chunk.data.len().min(room);
+                let dropped = (chunk.data.len() - keep) as u64;
+                let mut committed = 0;
+                if keep > 0 {
+                    let line = OutputLine::new(chunk.stream, &chunk.data[..keep], chunk.ts);
+                    let mut json = serde_json::to_vec(&line).map_err(io::Error::other)?;
+                    json.push(b'\n');
+                    file.write_all(&json).await?;
+                    file.flush().await?;
+                    committed = json.len() as u64;
+                }
+                self.progress.send_modify(|p| {
+                    p.committed += committed;
+                    p.kept += keep as u64;
+                    p.dropped += dropped;
+                });
+            }
+            Ok::<_, io::Error>(())
+        }
+        .await;
+        if let Err(e) = result {
+            tracing::warn!(path = %self.path.display(), "command output not kept: {e}");
+            // Keep draining so the command never blocks on a full pipe.
+            while let Some(chunk) = rx.recv().await {
+                self.progress
+                    .send_modify(|p| p.dropped += chunk.data.len() as u64);
+            }
+        }
+        done.await;
+        self.progress.send_modify(|p| p.closed = true);
+    }
+
+    /// Streams the NDJSON from line `skip` into `tx`: what is there now, or, with `follow`,
+    /// everything until the log closes. Ends early when the receiver goes away.
+    pub async fn read_into(
+        &self,
+        skip: u64,
+        follow: bool,
+        tx: mpsc::Sender<io::Result<Bytes>>,
+    ) -> io::Result<()> {
+        let mut progress = self.progress.subscribe();
+        let mut file = tokio::fs::File::open(&self.path).await?;
+        let mut offset = 0u64;
+        let mut skipped = 0u64;
+        let mut buf = vec![0u8; 64 * 1024];
+        loop {
+            let p = *progress.borrow_and_update();
+            if offset < p.committed {
+                let want = ((p.committed - offset) as usize).min(buf.len());
+                file.seek(io::SeekFrom::Start(offset)).await?;
+                file.read_exact(&mut buf[..want]).await?;
+                offset += want as u64;
+                let mut start = 0;
+                while skipped < skip && start < want {
+                    match buf[start..want].iter().position(|&b| b == b'\n') {
+                        Some(nl) => {
+                            start += nl + 1;
+                            skipped += 1;
+                        }
+                        None => start = want,
+                    }
+                }
+                if start < want
+                    && tx
+                        .send(Ok(Bytes::copy_from_slice(&buf[start..want])))
+                        .await
+                        .is_err()
+                {
+                    return Ok(());
+                }
+                continue;
+            }
+            if p.closed || !follow {
+                return Ok(());
+            }
+            tokio::select! {
+                changed = progress.changed() => if changed.is_err() { return Ok(()) },
+                _ = tx.closed() => return Ok(()),
+            }
+        }
+    }
+}
+
+/// Splits off the longest prefix of `buf` that does not end inside a UTF-8 sequence, so that a
+/// multi-byte character split across two reads is sent whole. Returns the prefix length; when
+/// `buf` is not UTF-8 at all, the whole buffer goes (as base64).
+pub fn utf8_cut(buf: &[u8]) -> usize {
+    match std::str::from_utf8(buf) {
+        Ok(_) => buf.len(),
+        Err(e) if e.error_len().is_none() && buf.len() - e.valid_up_to() < 4 => e.valid_up_to(),
+        Err(_) => buf.len(),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn utf8_cut_keeps_sequences_whole() {
+        let text = "aé€😀".as_bytes();
+        assert_eq!(utf8_cut(text), text.len());
+        // "😀" is 4 bytes; cutting inside it leaves it for the next read.
+        assert_eq!(utf8_cut(&text[..text.len() - 1]), text.len() - 4);
+        assert_eq!(utf8_cut(&text[..2]), 1);
+        assert_eq!(utf8_cut(&[0xff, 0x00]), 2);
+        assert_eq!(utf8_cut(&[0xe2]), 0);
+    }
+
+    #[tokio::test]
+    async fn keeps_output_bounded_and_reads_from_a_line() {
+        let dir = tempfile::tempdir().unwrap();
+        let log = std::sync::Arc::new(OutputLog::create(dir.path().join("c.ndjson")).unwrap());
+        let (tx, rx) = mpsc::channel(4);
+        let writer = {
+            let log = log.clone();
+            tokio::spawn(async move { log.write_from(rx, 10, async {}).await })
+        };
+        for word in ["abcd", "efgh", "ijkl"] {
+            let chunk = Chunk {
+                stream: Stream::Stdout,
+                data: Bytes::from(word),
+                ts: 1,
+            };
+            tx.send(chunk).await.unwrap();
+        }
+        drop(tx);
+        writer.await.unwrap();
+        let p = log.progress();
+        assert_eq!((p.kept, p.dropped, p.closed), (10, 2, true));
+
+        let (btx, mut brx) = mpsc::channel(4);
+        log.read_into(1, true, btx).await.unwrap();
+        let mut out = Vec::new();
+        while let Some(b) = brx.recv().await {
+            out.extend_from_slice(&b.unwrap());
+        }
+        let lines: Vec<OutputLine> = out
+            .split(|&b| b == b'\n')
+            .filter(|l| !l.is_empty())
+            .map(|l| serde_json::from_slice(l).unwrap())
+            .collect();
+        assert_eq!(lines.len(), 2);
+        assert_eq!(lines[0].data.as_deref(), Some("efgh"));
+        assert_eq!(lines[1].data.as_deref(), Some("ij"));
+    }
+}

@@ -1,0 +1,125 @@
+//! Forking a command: its own session and process group, a controlling terminal when it runs
+//! on a PTY, the requested user's uid, gid and groups, and a clean environment. Everything the
+//! child does between fork and exec is a raw async-signal-safe syscall on memory prepared
+//! before the fork.
+
+use std::ffi::CString;
+use std::io;
+use std::os::fd::{AsRawFd, OwnedFd};
+use std::os::unix::ffi::OsStrExt;
+use std::os::unix::process::CommandExt;
+use std::process::Stdio;
+
+use belljar_agent_proto::PtySize;
+use nix::pty::{Winsize, openpty};
+
+use crate::fdio::set_cloexec;
+use crate::users::User;
+
+/// What to start.
+#[derive(Debug)]
+pub struct Spec<'a> {
+    pub argv: &'a [String],
+    pub cwd: &'a str,
+    pub env: Vec<(String, String)>,
+    pub user: &'a User,
+    /// Switch to `user` (only possible, and only done, when the agent is root).
+    pub switch_user: bool,
+    pub pty: Option<PtySize>,
+    pub stdin: bool,
+}
+
+/// The parent's ends of a started command.
+#[derive(Debug)]
+pub struct Spawned {
+    pub pid: u32,
+    pub stdin: Option<OwnedFd>,
+    pub stdout: Option<OwnedFd>,
+    pub stderr: Option<OwnedFd>,
+    pub pty_master: Option<OwnedFd>,
+}
+
+/// The kernel's window size record for `size`.
+pub fn winsize(size: PtySize) -> Winsize {
+    Winsize {
+        ws_row: size.rows,
+        ws_col: size.cols,
+        ws_xpixel: 0,
+        ws_ypixel: 0,
+    }
+}
+
+/// Forks and execs `spec`. Errors from `exec` (no such program) and from the setup in the
+/// child come back as the `io::Error` of the failing call.
+pub fn spawn(spec: &Spec<'_>) -> io::Result<Spawned> {
+    let mut cmd = std::process::Command::new(&spec.argv[0]);
+    cmd.args(&spec.argv[1..])
+        .env_clear()
+        .envs(spec.env.iter().cloned());
+
+    let mut master = None;
+    if let Some(size) = spec.pty {
+        let pty = openpty(Some(&winsize(size)), None).map_err(io::Error::from)?;
+        set_cloexec(pty.master.as_raw_fd())?;
+        set_cloexec(pty.slave.as_raw_fd())?;
+        cmd.stdin(Stdio::from(pty.slave.try_clone()?))
+            .stdout(Stdio::from(pty.slave.try_clone()?))
+            .stderr(Stdio::from(pty.slave));
+        master = Some(pty.master);
+    } else {
+        cmd.stdin(if spec.stdin {
+            Stdio::piped()
+        } else {
+            Stdio::null()
+        })
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped());
+    }
+
+    let cwd = CString::new(std::ffi::OsStr::new(spec.cwd).as_bytes())
+        .map_err(|_| io::Error::from_raw_os_error(libc::EINVAL))?;
+    let groups: Vec<libc::gid_t> = spec.user.groups.clone();
+    let (uid, gid) = (spec.user.uid, spec.user.gid);
+    let switch_user = spec.switch_user;
+    let pty = spec.pty.is_some();
+    let setup = move || -> io::Result<()> {
+        // SAFETY: only async-signal-safe syscalls on memory (`groups`, `cwd`) that was
+        // allocated before the fork and is not touched by anyone else in the child.
+        unsafe {
+            if libc::setsid() < 0 {
+                return Err(io::Error::last_os_error());
+            }
+            if pty && libc::ioctl(0, libc::TIOCSCTTY, 0) < 0 {
+                return Err(io::Error::last_os_error());
+            }
+            if switch_user {
+                if libc::setgroups(groups.len(), groups.as_ptr()) < 0
+                    || libc::setgid(gid) < 0
+                    || libc::setuid(uid) < 0
+                {
+                    return Err(io::Error::last_os_error());
+                }
+            }
+            if libc::chdir(cwd.as_ptr()) < 0 {
+                return Err(io::Error::last_os_error());
+            }
+        }
+        Ok(())
+    };
+    // SAFETY: `setup` only makes async-signal-safe syscalls (see above), as `pre_exec`
+    // requires of code that runs between fork and exec.
+    unsafe {
+        cmd.pre_exec(setup);
+    }
+    let mut child = cmd.spawn()?;
+    // The child has its copies of the PTY slave; dropping `cmd` closes ours, so the master
+    // sees EOF when the command and its descendants are done with the terminal.
+    drop(cmd);
+    Ok(Spawned {
+        pid: child.id(),
+        stdin: child.stdin.take().map(OwnedFd::from),
+        stdout: child.stdout.take().map(OwnedFd::from),
+        stderr: child.stderr.take().map(OwnedFd::from),
+        pty_master: master,
+    })
+}

@@ -1,0 +1,167 @@
+//! The agent's configuration, from its command line and from `BELLJAR_*` environment
+//! variables (the kernel hands `KEY=value` parameters of its command line to init as
+//! environment), so one binary serves a microVM, a namespace sandbox and the tests.
+
+use std::path::PathBuf;
+use std::str::FromStr;
+
+use clap::{Parser, ValueEnum};
+
+/// Where the agent listens.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum ListenAddr {
+    /// A Unix socket path (namespace backend, tests).
+    Unix(PathBuf),
+    /// An AF_VSOCK port on any CID (inside a microVM).
+    Vsock(u32),
+}
+
+#[derive(Debug, thiserror::Error)]
+pub enum ConfigError {
+    /// The listen address has neither a `unix:` nor a `vsock:` prefix.
+    #[error("Listen address must be unix:PATH or vsock:PORT, not {0}")]
+    BadListen(String),
+    /// No listen address for a mode that has no default.
+    #[error("--listen (BELLJAR_LISTEN) is required in {0:?} mode")]
+    NoListen(Mode),
+}
+
+impl FromStr for ListenAddr {
+    type Err = ConfigError;
+
+    fn from_str(s: &str) -> Result<Self, Self::Err> {
+        if let Some(path) = s.strip_prefix("unix:") {
+            if !path.is_empty() {
+                return Ok(ListenAddr::Unix(PathBuf::from(path)));
+            }
+        } else if let Some(port) = s.strip_prefix("vsock:") {
+            if let Ok(port) = port.parse() {
+                return Ok(ListenAddr::Vsock(port));
+            }
+        }
+        Err(ConfigError::BadListen(s.to_owned()))
+    }
+}
+
+/// What the agent is running inside, which decides its mount plan and PID 1 duties.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
+pub enum Mode {
+    /// PID 1 of a microVM: mounts everything, the overlay, pivots into it, powers off.
+    Microvm,
+    /// PID 1 of a namespace sandbox whose root is already set up.
+    Namespace,
+    /// An ordinary process (tests): no mounts, no PID 1 duties.
+    Plain,
+}
+
+/// The agent inside a Belljar sandbox.
+#[derive(Debug, Clone, Parser)]
+#[command(name = "belljar-agent", version)]
+pub struct Config {
+    /// unix:PATH or vsock:PORT (vsock:1024 by default in microvm mode).
+    #[arg(long, env = "BELLJAR_LISTEN")]
+    pub listen: Option<String>,
+    /// microvm, namespace or plain (microvm when PID 1, else plain).
+    #[arg(long, env = "BELLJAR_MODE", value_enum)]
+    pub mode: Option<Mode>,
+    /// Where detached command output is kept (/run/belljar, or a temp dir in plain mode).
+    #[arg(long, env = "BELLJAR_STATE_DIR")]
+    pub state_dir: Option<PathBuf>,
+    /// The sandbox's hostname (set in microvm and namespace modes).
+    #[arg(long, env = "BELLJAR_HOSTNAME")]
+    pub hostname: Option<String>,
+    /// Mount, run one command, print BELLJAR-SELFCHECK-OK or -FAILED, power off.
+    #[arg(long, env = "BELLJAR_SELFCHECK")]
+    pub selfcheck: bool,
+    /// Bytes of output kept per command; the rest is dropped and counted.
+    #[arg(long, env = "BELLJAR_OUTPUT_LIMIT", default_value_t = 64 << 20)]
+    pub output_limit: u64,
+    /// The block device holding the sandbox's writable layer (microvm mode); a tmpfs layer is
+    /// used when it does not exist.
+    #[arg(long, env = "BELLJAR_LAYER_DEVICE", default_value = "/dev/vdb")]
+    pub layer_device: PathBuf,
+    /// Unix milliseconds to set the clock to at boot (microvm mode), when the VMM knows better
+    /// than the RTC.
+    #[arg(long, env = "BELLJAR_CLOCK_MS")]
+    pub clock_ms: Option<i64>,
+}
+
+impl Config {
+    /// Parses the command line; as PID 1, arguments the kernel passed through that the agent
+    /// does not know are ignored and only the environment counts.
+    pub fn load() -> Result<Self, clap::Error> {
+        match Config::try_parse() {
+            Ok(config) => Ok(config),
+            Err(e) if std::process::id() == 1 && e.use_stderr() => {
+                eprintln!("belljar-agent: ignoring the command line: {e}");
+                Config::try_parse_from(["belljar-agent"])
+            }
+            Err(e) => Err(e),
+        }
+    }
+
+    /// The mode, defaulting on whether the agent is PID 1.
+    pub fn mode(&self) -> Mode {
+        self.mode.unwrap_or(if std::process::id() == 1 {
+            Mode::Microvm
+        } else {
+            Mode::Plain
+        })
+    }
+
+    /// The listen address, defaulting to vsock in microvm mode.
+    pub fn listen_addr(&self) -> Result<ListenAddr, ConfigError> {
+        match (&self.listen, self.mode()) {
+            (Some(addr), _) => addr.parse(),
+            (None, Mode::Microvm) => Ok(ListenAddr::Vsock(belljar_agent_proto::AGENT_VSOCK_PORT)),
+            (None, mode) => Err(ConfigError::NoListen(mode)),
+        }
+    }
+
+    /// Where state (command output) lives.
+    pub fn state_dir(&self) -> PathBuf {
+        match (&self.state_dir, self.mode()) {
+            (Some(dir), _) => dir.clone(),
+            (None, Mode::Plain) => {
+                std::env::temp_dir().join(format!("belljar-agent-{}", std::process::id()))
+            }
+            (None, _) => PathBuf::from("/run/belljar"),
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn parses_listen_addresses() {
+        assert_eq!(
+            "unix:/tmp/a.sock".parse::<ListenAddr>().unwrap(),
+            ListenAddr::Unix("/tmp/a.sock".into())
+        );
+        assert_eq!(
+            "vsock:1024".parse::<ListenAddr>().unwrap(),
+            ListenAddr::Vsock(1024)
+        );
+        assert!("tcp:1".parse::<ListenAddr>().is_err());
+        assert!("vsock:x".parse::<ListenAddr>().is_err());
+        assert!("unix:".parse::<ListenAddr>().is_err());
+    }
+
+    #[test]
+    fn flags_parse() {
+        let c = Config::try_parse_from([
+            "belljar-agent",
+            "--mode",
+            "plain",
+            "--listen",
+            "unix:/x",
+            "--selfcheck",
+        ])
+        .unwrap();
+        assert_eq!(c.mode(), Mode::Plain);
+        assert!(c.selfcheck);
+        assert_eq!(c.output_limit, 64 << 20);
+    }
+}

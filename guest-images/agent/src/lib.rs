@@ -1,0 +1,9 @@
+//! `belljar-agent`'s internals: the agent that runs inside every sandbox (PID 1 of a microVM
+//! or of a namespace sandbox) and serves the daemon the routes of `belljar-agent-proto`.
+
+pub mod commands;
+pub mod config;
+pub mod error;
+pub mod fdio;
+pub mod reaper;
+pub mod users;
