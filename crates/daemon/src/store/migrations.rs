@@ -1,0 +1,112 @@
+//! Versioned schema migrations, applied in order at start and recorded in `user_version`.
+//!
+//! A migration is never edited once shipped; a schema change is a new entry at the end.
+
+use rusqlite::Connection;
+
+use super::StoreError;
+
+const MIGRATIONS: &[&str] = &[
+    // 1: the first schema.
+    r#"
+    CREATE TABLE sandboxes (
+        id              TEXT PRIMARY KEY,
+        name            TEXT,
+        status          TEXT NOT NULL,
+        status_reason   TEXT,
+        image           TEXT NOT NULL,
+        backend         TEXT NOT NULL,
+        backend_reason  TEXT NOT NULL,
+        vcpus           INTEGER NOT NULL,
+        memory_mib      INTEGER NOT NULL,
+        disk_mib        INTEGER NOT NULL,
+        env             TEXT NOT NULL,
+        tags            TEXT NOT NULL,
+        source          TEXT,
+        created_at      INTEGER NOT NULL,
+        started_at      INTEGER,
+        stopped_at      INTEGER,
+        timeout_ms      INTEGER NOT NULL,
+        expires_at      INTEGER,
+        limits          TEXT NOT NULL
+    );
+    CREATE INDEX sandboxes_created ON sandboxes (created_at DESC, id DESC);
+    CREATE INDEX sandboxes_status ON sandboxes (status);
+
+    CREATE TABLE commands (
+        id              TEXT PRIMARY KEY,
+        sandbox_id      TEXT NOT NULL REFERENCES sandboxes (id) ON DELETE CASCADE,
+        agent_id        TEXT,
+        argv            TEXT NOT NULL,
+        cwd             TEXT NOT NULL,
+        user            TEXT NOT NULL,
+        pty             INTEGER NOT NULL,
+        status          TEXT NOT NULL,
+        exit_code       INTEGER,
+        signal          INTEGER,
+        started_at      INTEGER NOT NULL,
+        finished_at     INTEGER,
+        log_path        TEXT NOT NULL
+    );
+    CREATE INDEX commands_sandbox ON commands (sandbox_id, started_at DESC);
+
+    CREATE TABLE images (
+        name            TEXT PRIMARY KEY,
+        digest          TEXT,
+        size_bytes      INTEGER,
+        built_at        INTEGER,
+        seen_at         INTEGER NOT NULL
+    );
+
+    CREATE TABLE events (
+        seq             INTEGER PRIMARY KEY,
+        ts              INTEGER NOT NULL,
+        sandbox_id      TEXT,
+        body            TEXT NOT NULL
+    );
+    "#,
+];
+
+/// The schema version this daemon writes.
+pub fn latest() -> i64 {
+    MIGRATIONS.len() as i64
+}
+
+/// Applies every migration newer than the database's `user_version`, each in a transaction.
+pub fn migrate(conn: &mut Connection) -> Result<(), StoreError> {
+    let current: i64 = conn.pragma_query_value(None, "user_version", |r| r.get(0))?;
+    if current > latest() {
+        return Err(StoreError::TooNew {
+            found: current,
+            supported: latest(),
+        });
+    }
+    for (i, sql) in MIGRATIONS.iter().enumerate().skip(current as usize) {
+        let tx = conn.transaction()?;
+        tx.execute_batch(sql)?;
+        tx.pragma_update(None, "user_version", (i + 1) as i64)?;
+        tx.commit()?;
+    }
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn migrating_twice_is_a_no_op_and_newer_schemas_are_refused() {
+        let mut conn = Connection::open_in_memory().unwrap();
+        migrate(&mut conn).unwrap();
+        migrate(&mut conn).unwrap();
+        let v: i64 = conn
+            .pragma_query_value(None, "user_version", |r| r.get(0))
+            .unwrap();
+        assert_eq!(v, latest());
+        conn.pragma_update(None, "user_version", latest() + 1).unwrap();
+        assert!(matches!(
+            migrate(&mut conn),
+            Err(StoreError::TooNew { .. })
+        ));
+    }
+}

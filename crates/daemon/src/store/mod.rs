@@ -1,0 +1,96 @@
+//! The daemon's durable state in SQLite: sandboxes, commands (and where their logs are),
+//! images and events.
+//!
+//! The daemon is the only writer. WAL mode plus `synchronous=NORMAL` keeps every committed
+//! transaction across a `kill -9` of the daemon (only a power loss can drop the last ones).
+//! One connection behind a mutex: every statement is short, so the lock is never held long.
+
+mod commands;
+mod events;
+mod images;
+mod migrations;
+mod sandboxes;
+
+use std::path::Path;
+use std::sync::{Arc, Mutex, MutexGuard};
+
+use rusqlite::Connection;
+use serde::Serialize;
+use serde::de::DeserializeOwned;
+
+pub use commands::CommandRecord;
+pub use events::EventBody;
+pub use sandboxes::SandboxPage;
+
+#[derive(Debug, thiserror::Error)]
+pub enum StoreError {
+    /// SQLite failed.
+    #[error("Database error")]
+    Sqlite(#[from] rusqlite::Error),
+    /// A JSON column could not be read or written.
+    #[error("Bad JSON in the database")]
+    Json(#[from] serde_json::Error),
+    /// The database was written by a newer daemon.
+    #[error("Database schema version {found} is newer than this daemon's {supported}")]
+    TooNew { found: i64, supported: i64 },
+    /// A pagination cursor did not come from this daemon.
+    #[error("Malformed cursor")]
+    BadCursor,
+}
+
+/// A handle on the database; cheap to clone.
+#[derive(Clone)]
+pub struct Store {
+    conn: Arc<Mutex<Connection>>,
+}
+
+impl Store {
+    /// Opens (creating if needed) the database at `path` and brings its schema up to date.
+    pub fn open(path: &Path) -> Result<Self, StoreError> {
+        let conn = Connection::open(path)?;
+        Self::setup(conn)
+    }
+
+    /// An in-memory database, for tests.
+    pub fn open_in_memory() -> Result<Self, StoreError> {
+        Self::setup(Connection::open_in_memory()?)
+    }
+
+    fn setup(mut conn: Connection) -> Result<Self, StoreError> {
+        conn.pragma_update(None, "journal_mode", "WAL")?;
+        conn.pragma_update(None, "synchronous", "NORMAL")?;
+        conn.pragma_update(None, "foreign_keys", "ON")?;
+        conn.busy_timeout(std::time::Duration::from_secs(5))?;
+        migrations::migrate(&mut conn)?;
+        Ok(Self {
+            conn: Arc::new(Mutex::new(conn)),
+        })
+    }
+
+    fn conn(&self) -> MutexGuard<'_, Connection> {
+        // A panic while holding the lock cannot leave SQLite half-written (statements are
+        // atomic), so a poisoned lock is still safe to use.
+        self.conn.lock().unwrap_or_else(|e| e.into_inner())
+    }
+}
+
+/// The `snake_case` name serde gives a unit enum variant, for TEXT columns.
+pub(crate) fn enum_to_sql<T: Serialize>(value: &T) -> Result<String, StoreError> {
+    match serde_json::to_value(value)? {
+        serde_json::Value::String(s) => Ok(s),
+        other => Ok(other.to_string()),
+    }
+}
+
+/// Maps a JSON decoding error inside a row mapper to a rusqlite error.
+pub(crate) fn json_col<T: DeserializeOwned>(idx: usize, text: &str) -> rusqlite::Result<T> {
+    serde_json::from_str(text).map_err(|e| {
+        rusqlite::Error::FromSqlConversionFailure(idx, rusqlite::types::Type::Text, Box::new(e))
+    })
+}
+
+pub(crate) fn enum_col<T: DeserializeOwned>(idx: usize, text: &str) -> rusqlite::Result<T> {
+    serde_json::from_value(serde_json::Value::String(text.to_owned())).map_err(|e| {
+        rusqlite::Error::FromSqlConversionFailure(idx, rusqlite::types::Type::Text, Box::new(e))
+    })
+}
