@@ -10,6 +10,7 @@
 pub mod block;
 pub mod mmio;
 pub mod rng;
+pub mod vsock;
 
 #[cfg(test)]
 pub(crate) mod test_utils;
