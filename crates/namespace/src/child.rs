@@ -1,0 +1,443 @@
+//! Starting the sandbox's processes: everything between `fork` and the agent's `execve`.
+//!
+//! The daemon is multi-threaded, so the work after `fork` is prepared beforehand as a
+//! [`Plan`] of C strings, fds and a BPF program, and the forked processes only walk it with
+//! plain system calls. Two processes are involved:
+//!
+//! 1. the *starter*, forked from the daemon: starts a new session (so the sandbox never gets
+//!    the daemon's terminal signals), joins the sandbox's cgroups, joins the prepared user
+//!    namespace, becomes root in it, unshares mount/UTS/IPC/network/PID/cgroup namespaces,
+//!    forks the sandbox's PID 1, reports its host pid and exits — so PID 1 is reparented to
+//!    the host's init and outlives the daemon;
+//! 2. *PID 1*: mounts the root (overlay on the idmapped image) and the pseudo filesystems,
+//!    pivots into it, sets the hostname, brings `lo` up, drops capabilities, installs the
+//!    seccomp filter and execs the agent.
+//!
+//! Failures are written as text to an error pipe that closes on a successful `execve`.
+
+use std::ffi::CString;
+use std::os::fd::{AsRawFd, OwnedFd, RawFd};
+
+use libc::{c_char, c_ulong, c_void};
+
+/// Errors starting the sandbox's processes.
+#[derive(Debug, thiserror::Error)]
+pub enum Error {
+    #[error("Cannot fork the sandbox starter")]
+    Fork(#[source] nix::Error),
+    #[error("Cannot create a pipe")]
+    Pipe(#[source] nix::Error),
+    #[error("The sandbox failed to start: {0}")]
+    Setup(String),
+    #[error("The sandbox starter exited without starting the sandbox")]
+    NoPid,
+}
+
+/// One step of PID 1's mount plan.
+#[derive(Debug)]
+pub(crate) enum Step {
+    /// Stop mount events from propagating back to the host.
+    MakePrivate,
+    /// Attach the idmapped image tree (an `open_tree` fd) at a path.
+    Attach {
+        fd: RawFd,
+        target: CString,
+    },
+    Mount {
+        source: Option<CString>,
+        target: CString,
+        fstype: Option<CString>,
+        flags: c_ulong,
+        data: Option<CString>,
+    },
+    /// Make a mount read-only without touching its other (possibly locked) flags.
+    ReadOnly {
+        target: CString,
+    },
+    Mkdir {
+        path: CString,
+        mode: u32,
+    },
+    /// Create an empty file to bind-mount onto, unless something is there.
+    Touch {
+        path: CString,
+    },
+    Symlink {
+        target: CString,
+        link: CString,
+    },
+    /// Bind-mount the agent (opened by PID 1 before it dropped the host identity) here.
+    BindAgent {
+        target: CString,
+    },
+    /// `pivot_root` into this directory and detach the old root.
+    Pivot {
+        new_root: CString,
+    },
+}
+
+/// Everything the starter and PID 1 need, prepared before `fork`.
+pub(crate) struct Plan {
+    pub cgroup_procs: Vec<CString>,
+    /// PID 1 changes into this directory while it still has the starter's host identity
+    /// (so it can pass directories only root may search) and resolves the mount plan's
+    /// relative paths from it after becoming the namespace's root.
+    pub workdir: CString,
+    /// Host path of the agent binary, opened by PID 1 while it may still search any
+    /// directory root owns.
+    pub agent: CString,
+    pub userns: OwnedFd,
+    /// `setgroups` is denied in this user namespace (rootless without subordinate ids).
+    pub setgroups_denied: bool,
+    pub steps: Vec<Step>,
+    pub hostname: CString,
+    pub drop_caps: Vec<u32>,
+    pub filter: Vec<libc::sock_filter>,
+    pub exec: CString,
+    pub argv: Vec<CString>,
+    pub envp: Vec<CString>,
+    pub stdin: OwnedFd,
+    pub stdout: OwnedFd,
+    /// Keeps the `open_tree` fd of the idmapped image alive until the fork.
+    pub _lower_tree: Option<OwnedFd>,
+}
+
+/// The sandbox's PID 1, as the daemon learns it.
+pub(crate) struct Started {
+    pub pid: u32,
+}
+
+const MOVE_MOUNT_F_EMPTY_PATH: u32 = 0x4;
+const MOUNT_ATTR_RDONLY: u64 = 0x1;
+const CLOSE_RANGE_CLOEXEC: u32 = 1 << 2;
+
+/// `struct mount_attr` for `mount_setattr(2)`.
+#[repr(C)]
+pub(crate) struct MountAttr {
+    pub attr_set: u64,
+    pub attr_clr: u64,
+    pub propagation: u64,
+    pub userns_fd: u64,
+}
+
+/// Forks the starter and waits until PID 1 has exec'd the agent (or failed).
+pub(crate) fn start(plan: &Plan) -> Result<Started, Error> {
+    use nix::fcntl::OFlag;
+    use std::io::Read;
+    let (pid_r, pid_w) = nix::unistd::pipe2(OFlag::O_CLOEXEC).map_err(Error::Pipe)?;
+    let (err_r, err_w) = nix::unistd::pipe2(OFlag::O_CLOEXEC).map_err(Error::Pipe)?;
+    // SAFETY: the child runs `starter`, which only makes system calls on data prepared in
+    // `plan` (plus small formatting allocations on error paths, which glibc's fork-aware
+    // malloc allows) and never returns: it ends in `_exit` or `execve`.
+    match unsafe { nix::unistd::fork() }.map_err(Error::Fork)? {
+        nix::unistd::ForkResult::Child => {
+            drop(pid_r);
+            drop(err_r);
+            starter(plan, pid_w.as_raw_fd(), err_w.as_raw_fd())
+        }
+        nix::unistd::ForkResult::Parent { child } => {
+            drop(pid_w);
+            drop(err_w);
+            let mut pid_text = String::new();
+            let _ = std::fs::File::from(pid_r).read_to_string(&mut pid_text);
+            let _ = nix::sys::wait::waitpid(child, None);
+            let mut err_text = String::new();
+            let _ = std::fs::File::from(err_r).read_to_string(&mut err_text);
+            if !err_text.is_empty() {
+                return Err(Error::Setup(err_text));
+            }
+            let pid = pid_text.trim().parse().map_err(|_| Error::NoPid)?;
+            Ok(Started { pid })
+        }
+    }
+}
+
+/// Writes `what: <errno text>` to the error pipe and exits.
+fn fail(err_fd: RawFd, what: &str) -> ! {
+    let errno = std::io::Error::last_os_error();
+    let msg = format!("{what}: {errno}");
+    // SAFETY: writing a valid buffer to an fd we own; `_exit` never returns.
+    unsafe {
+        libc::write(err_fd, msg.as_ptr().cast::<c_void>(), msg.len());
+        libc::_exit(127)
+    }
+}
+
+fn check(ret: libc::c_int, err_fd: RawFd, what: &str) {
+    if ret < 0 {
+        fail(err_fd, what);
+    }
+}
+
+fn starter(plan: &Plan, pid_fd: RawFd, err_fd: RawFd) -> ! {
+    // SAFETY (for every block in this function): plain system calls on fds and C strings
+    // owned by `plan`, which outlives the calls; pointers passed are valid for the call.
+    unsafe {
+        check(libc::setsid(), err_fd, "setsid");
+        for procs in &plan.cgroup_procs {
+            let fd = libc::open(procs.as_ptr(), libc::O_WRONLY | libc::O_CLOEXEC);
+            check(fd, err_fd, "open cgroup.procs");
+            let ret = libc::write(fd, b"0".as_ptr().cast::<c_void>(), 1);
+            check(ret as libc::c_int, err_fd, "join cgroup");
+            libc::close(fd);
+        }
+        check(
+            libc::setns(plan.userns.as_raw_fd(), libc::CLONE_NEWUSER),
+            err_fd,
+            "setns user",
+        );
+        let flags = libc::CLONE_NEWNS
+            | libc::CLONE_NEWUTS
+            | libc::CLONE_NEWIPC
+            | libc::CLONE_NEWNET
+            | libc::CLONE_NEWPID
+            | libc::CLONE_NEWCGROUP;
+        check(libc::unshare(flags), err_fd, "unshare");
+        let pid = libc::fork();
+        check(pid, err_fd, "fork");
+        if pid == 0 {
+            libc::close(pid_fd);
+            pid1(plan, err_fd);
+        }
+        let text = format!("{pid}\n");
+        libc::write(pid_fd, text.as_ptr().cast::<c_void>(), text.len());
+        libc::_exit(0)
+    }
+}
+
+fn pid1(plan: &Plan, err_fd: RawFd) -> ! {
+    // SAFETY (for every block in this function): plain system calls on fds, C strings and a
+    // BPF program owned by `plan`, which outlives the calls; all pointers are valid for the
+    // duration of each call and the structs passed are fully initialised.
+    unsafe {
+        check(
+            libc::chdir(plan.workdir.as_ptr()),
+            err_fd,
+            "chdir to the state directory",
+        );
+        let agent_fd = libc::open(plan.agent.as_ptr(), libc::O_PATH | libc::O_CLOEXEC);
+        check(agent_fd, err_fd, "open the agent binary");
+        if !plan.setgroups_denied {
+            check(libc::setgroups(0, std::ptr::null()), err_fd, "setgroups");
+        }
+        check(libc::setresgid(0, 0, 0), err_fd, "setresgid");
+        check(libc::setresuid(0, 0, 0), err_fd, "setresuid");
+        for step in &plan.steps {
+            run_step(step, agent_fd, err_fd);
+        }
+        let name = plan.hostname.as_bytes();
+        check(
+            libc::sethostname(name.as_ptr().cast::<c_char>(), name.len()),
+            err_fd,
+            "sethostname",
+        );
+        loopback_up(err_fd);
+        for cap in &plan.drop_caps {
+            let ret = libc::prctl(libc::PR_CAPBSET_DROP, *cap as c_ulong, 0, 0, 0);
+            check(ret, err_fd, "drop capability");
+        }
+        // The filter is installed while CAP_SYS_ADMIN is still effective in the namespace,
+        // so no_new_privs is not needed and setuid programs (sudo) keep working inside.
+        let prog = libc::sock_fprog {
+            len: plan.filter.len() as u16,
+            filter: plan.filter.as_ptr().cast_mut(),
+        };
+        let ret = libc::syscall(
+            libc::SYS_seccomp,
+            1 as c_ulong, // SECCOMP_SET_MODE_FILTER
+            0 as c_ulong,
+            &prog as *const libc::sock_fprog,
+        );
+        check(ret as libc::c_int, err_fd, "seccomp");
+        check(libc::dup2(plan.stdin.as_raw_fd(), 0), err_fd, "dup2 stdin");
+        check(
+            libc::dup2(plan.stdout.as_raw_fd(), 1),
+            err_fd,
+            "dup2 stdout",
+        );
+        check(
+            libc::dup2(plan.stdout.as_raw_fd(), 2),
+            err_fd,
+            "dup2 stderr",
+        );
+        // Whatever the daemon had open must not leak into the sandbox.
+        libc::syscall(
+            libc::SYS_close_range,
+            3 as c_ulong,
+            !0 as c_ulong,
+            CLOSE_RANGE_CLOEXEC,
+        );
+        // Dispositions and the mask survive execve; the daemon may ignore SIGPIPE or block
+        // signals for its runtime.
+        for sig in 1..32 {
+            if sig != libc::SIGKILL && sig != libc::SIGSTOP {
+                libc::signal(sig, libc::SIG_DFL);
+            }
+        }
+        let mut empty: libc::sigset_t = std::mem::zeroed();
+        libc::sigemptyset(&mut empty);
+        libc::sigprocmask(libc::SIG_SETMASK, &empty, std::ptr::null_mut());
+        let mut argv: Vec<*const c_char> = plan.argv.iter().map(|a| a.as_ptr()).collect();
+        argv.push(std::ptr::null());
+        let mut envp: Vec<*const c_char> = plan.envp.iter().map(|a| a.as_ptr()).collect();
+        envp.push(std::ptr::null());
+        libc::execve(plan.exec.as_ptr(), argv.as_ptr(), envp.as_ptr());
+        fail(err_fd, "exec the agent")
+    }
+}
+
+/// # Safety
+/// The C strings in `step` must be valid (they are, being `CString`s).
+unsafe fn run_step(step: &Step, agent_fd: RawFd, err_fd: RawFd) {
+    let opt = |s: &Option<CString>| s.as_ref().map_or(std::ptr::null(), |s| s.as_ptr());
+    // SAFETY: see the function's contract; all pointers are valid C strings or null.
+    unsafe {
+        match step {
+            Step::MakePrivate => {
+                let ret = libc::mount(
+                    std::ptr::null(),
+                    c"/".as_ptr(),
+                    std::ptr::null(),
+                    libc::MS_REC | libc::MS_PRIVATE,
+                    std::ptr::null(),
+                );
+                check(ret, err_fd, "make / private");
+            }
+            Step::Attach { fd, target } => {
+                let ret = libc::syscall(
+                    libc::SYS_move_mount,
+                    *fd,
+                    c"".as_ptr(),
+                    libc::AT_FDCWD,
+                    target.as_ptr(),
+                    MOVE_MOUNT_F_EMPTY_PATH,
+                );
+                if ret < 0 {
+                    fail(err_fd, &format!("attach the image at {target:?}"));
+                }
+            }
+            Step::Mount {
+                source,
+                target,
+                fstype,
+                flags,
+                data,
+            } => {
+                let ret = libc::mount(
+                    opt(source),
+                    target.as_ptr(),
+                    opt(fstype),
+                    *flags,
+                    opt(data).cast::<c_void>(),
+                );
+                if ret < 0 {
+                    fail(
+                        err_fd,
+                        &format!("mount {fstype:?} {source:?} on {target:?}"),
+                    );
+                }
+            }
+            Step::ReadOnly { target } => {
+                let attr = MountAttr {
+                    attr_set: MOUNT_ATTR_RDONLY,
+                    attr_clr: 0,
+                    propagation: 0,
+                    userns_fd: 0,
+                };
+                let ret = libc::syscall(
+                    libc::SYS_mount_setattr,
+                    libc::AT_FDCWD,
+                    target.as_ptr(),
+                    0,
+                    &attr as *const MountAttr,
+                    std::mem::size_of::<MountAttr>(),
+                );
+                if ret < 0 {
+                    fail(err_fd, &format!("make {target:?} read-only"));
+                }
+            }
+            Step::Mkdir { path, mode } => {
+                if libc::mkdir(path.as_ptr(), *mode) < 0
+                    && std::io::Error::last_os_error().raw_os_error() != Some(libc::EEXIST)
+                {
+                    fail(err_fd, &format!("mkdir {path:?}"));
+                }
+            }
+            Step::Touch { path } => {
+                let fd = libc::open(
+                    path.as_ptr(),
+                    libc::O_WRONLY | libc::O_CREAT | libc::O_CLOEXEC | libc::O_NOFOLLOW,
+                    0o644,
+                );
+                if fd >= 0 {
+                    libc::close(fd);
+                } else {
+                    let e = std::io::Error::last_os_error().raw_os_error();
+                    // A directory (or an executable being replaced) is there already: fine,
+                    // the bind mount decides.
+                    if !matches!(
+                        e,
+                        Some(libc::EISDIR) | Some(libc::ETXTBSY) | Some(libc::EACCES)
+                    ) {
+                        fail(err_fd, &format!("create {path:?}"));
+                    }
+                }
+            }
+            Step::Symlink { target, link } => {
+                if libc::symlink(target.as_ptr(), link.as_ptr()) < 0
+                    && std::io::Error::last_os_error().raw_os_error() != Some(libc::EEXIST)
+                {
+                    fail(err_fd, &format!("symlink {link:?}"));
+                }
+            }
+            Step::BindAgent { target } => {
+                let source = CString::new(format!("/proc/self/fd/{agent_fd}")).unwrap_or_default();
+                let ret = libc::mount(
+                    source.as_ptr(),
+                    target.as_ptr(),
+                    std::ptr::null(),
+                    libc::MS_BIND,
+                    std::ptr::null(),
+                );
+                if ret < 0 {
+                    fail(err_fd, &format!("bind the agent on {target:?}"));
+                }
+            }
+            Step::Pivot { new_root } => {
+                check(
+                    libc::chdir(new_root.as_ptr()),
+                    err_fd,
+                    "chdir to the new root",
+                );
+                let ret = libc::syscall(libc::SYS_pivot_root, c".".as_ptr(), c".".as_ptr());
+                check(ret as libc::c_int, err_fd, "pivot_root");
+                check(
+                    libc::umount2(c".".as_ptr(), libc::MNT_DETACH),
+                    err_fd,
+                    "detach old root",
+                );
+                check(libc::chdir(c"/".as_ptr()), err_fd, "chdir /");
+            }
+        }
+    }
+}
+
+/// Brings `lo` up in the sandbox's network namespace.
+fn loopback_up(err_fd: RawFd) {
+    // SAFETY: an ioctl on a socket we own with a zeroed, then filled, `ifreq`.
+    unsafe {
+        let sock = libc::socket(libc::AF_INET, libc::SOCK_DGRAM | libc::SOCK_CLOEXEC, 0);
+        check(sock, err_fd, "socket for lo");
+        let mut req: libc::ifreq = std::mem::zeroed();
+        for (dst, src) in req.ifr_name.iter_mut().zip(b"lo\0") {
+            *dst = *src as c_char;
+        }
+        req.ifr_ifru.ifru_flags = (libc::IFF_UP | libc::IFF_RUNNING) as libc::c_short;
+        check(
+            libc::ioctl(sock, libc::SIOCSIFFLAGS, &req),
+            err_fd,
+            "bring lo up",
+        );
+        libc::close(sock);
+    }
+}

@@ -1,0 +1,303 @@
+//! The sandbox's user namespace: which host uids and gids its ids map to.
+//!
+//! As root every sandbox gets its own block of 65536 host ids (sandbox root is host uid
+//! `base`), so processes of one sandbox own nothing of the host or of another sandbox. The
+//! image tree is then shown through an idmapped mount (see `child`). Rootless, the invoking
+//! user becomes root inside and, through `newuidmap`/`newgidmap` and `/etc/subuid`,
+//! `/etc/subgid`, ids 1..=65535 map onto the user's subordinate range.
+//!
+//! The namespace is made first, by a short-lived helper process, and kept alive by an fd;
+//! the sandbox then joins it with `setns` before unsharing everything else, so every other
+//! namespace of the sandbox is owned by it.
+
+use std::fs;
+use std::io::{Read, Write};
+use std::os::fd::{AsRawFd, OwnedFd};
+use std::path::Path;
+use std::process::Command;
+
+use nix::sched::CloneFlags;
+use nix::sys::wait::waitpid;
+use nix::unistd::{ForkResult, Gid, Uid, User, fork};
+
+/// Errors making a user namespace.
+#[derive(Debug, thiserror::Error)]
+pub enum Error {
+    #[error("Cannot start the user-namespace helper")]
+    Fork(#[source] nix::Error),
+    #[error("Cannot create a user namespace (are unprivileged user namespaces disabled?)")]
+    Unshare,
+    #[error("Cannot write {what} for the sandbox's user namespace")]
+    Map {
+        what: String,
+        #[source]
+        source: std::io::Error,
+    },
+    #[error("{tool} failed: {stderr}")]
+    Helper { tool: &'static str, stderr: String },
+    #[error("Cannot open the user namespace")]
+    Open(#[source] std::io::Error),
+}
+
+/// One line of a uid or gid map: `inside outside count`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Extent {
+    pub inside: u32,
+    pub outside: u32,
+    pub count: u32,
+}
+
+/// How a sandbox's ids map to the host's.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct IdMap {
+    pub uids: Vec<Extent>,
+    pub gids: Vec<Extent>,
+    /// Write the maps through `newuidmap`/`newgidmap` (rootless with subordinate ids).
+    pub use_helpers: bool,
+    /// Rootless without subordinate ids: `setgroups` must be denied to write the gid map.
+    pub deny_setgroups: bool,
+}
+
+/// Ids per sandbox.
+pub const RANGE: u32 = 65536;
+
+impl IdMap {
+    /// Root: sandbox ids `0..65536` are host ids `base..base+65536`.
+    pub fn shifted(base: u32) -> Self {
+        let e = vec![Extent {
+            inside: 0,
+            outside: base,
+            count: RANGE,
+        }];
+        Self {
+            uids: e.clone(),
+            gids: e,
+            use_helpers: false,
+            deny_setgroups: false,
+        }
+    }
+
+    /// Rootless: the invoking user is root inside; subordinate ids fill 1..65536 if any.
+    pub fn rootless() -> Self {
+        let (uid, gid) = (Uid::current().as_raw(), Gid::current().as_raw());
+        let name = User::from_uid(Uid::current())
+            .ok()
+            .flatten()
+            .map(|u| u.name);
+        let sub_u = subid_range(Path::new("/etc/subuid"), name.as_deref(), uid);
+        let sub_g = subid_range(Path::new("/etc/subgid"), name.as_deref(), uid);
+        let helpers = which("newuidmap") && which("newgidmap");
+        match (sub_u, sub_g, helpers) {
+            (Some(su), Some(sg), true) => {
+                let ext = |own, (start, count): (u32, u32)| {
+                    vec![
+                        Extent {
+                            inside: 0,
+                            outside: own,
+                            count: 1,
+                        },
+                        Extent {
+                            inside: 1,
+                            outside: start,
+                            count: count.min(RANGE - 1),
+                        },
+                    ]
+                };
+                Self {
+                    uids: ext(uid, su),
+                    gids: ext(gid, sg),
+                    use_helpers: true,
+                    deny_setgroups: false,
+                }
+            }
+            _ => Self {
+                uids: vec![Extent {
+                    inside: 0,
+                    outside: uid,
+                    count: 1,
+                }],
+                gids: vec![Extent {
+                    inside: 0,
+                    outside: gid,
+                    count: 1,
+                }],
+                use_helpers: false,
+                deny_setgroups: true,
+            },
+        }
+    }
+
+    /// The host uid that is root inside.
+    pub fn root_uid(&self) -> u32 {
+        self.uids
+            .iter()
+            .find(|e| e.inside == 0)
+            .map_or(0, |e| e.outside)
+    }
+
+    /// The host gid that is root's group inside.
+    pub fn root_gid(&self) -> u32 {
+        self.gids
+            .iter()
+            .find(|e| e.inside == 0)
+            .map_or(0, |e| e.outside)
+    }
+
+    /// Whether sandbox id `inside` exists (is mapped).
+    pub fn maps_gid(&self, inside: u32) -> bool {
+        self.gids
+            .iter()
+            .any(|e| inside >= e.inside && inside - e.inside < e.count)
+    }
+
+    /// The host uid of sandbox uid `inside`, if mapped.
+    pub fn host_uid(&self, inside: u32) -> Option<u32> {
+        let e = self
+            .uids
+            .iter()
+            .find(|e| inside >= e.inside && inside - e.inside < e.count)?;
+        Some(e.outside + (inside - e.inside))
+    }
+
+    /// Makes a user namespace with this mapping, held by the returned fd.
+    pub fn create_namespace(&self) -> Result<OwnedFd, Error> {
+        let (ready_r, ready_w) =
+            nix::unistd::pipe2(nix::fcntl::OFlag::O_CLOEXEC).map_err(Error::Fork)?;
+        let (done_r, done_w) =
+            nix::unistd::pipe2(nix::fcntl::OFlag::O_CLOEXEC).map_err(Error::Fork)?;
+        // SAFETY: the child only calls async-signal-safe functions (unshare, write, read,
+        // _exit) on fds that exist before the fork, then exits without returning.
+        let child = match unsafe { fork() }.map_err(Error::Fork)? {
+            ForkResult::Child => {
+                drop(ready_r);
+                drop(done_w);
+                let ok = nix::sched::unshare(CloneFlags::CLONE_NEWUSER).is_ok();
+                let _ = nix::unistd::write(&ready_w, &[u8::from(ok)]);
+                let mut b = [0u8; 1];
+                let _ = nix::unistd::read(done_r.as_raw_fd(), &mut b);
+                // SAFETY: _exit is always safe; it skips atexit handlers of the parent's copy.
+                unsafe { libc::_exit(0) }
+            }
+            ForkResult::Parent { child } => child,
+        };
+        drop(ready_w);
+        drop(done_r);
+        let mut ok = [0u8; 1];
+        let unshared = fs::File::from(ready_r)
+            .read(&mut ok)
+            .map(|n| n == 1 && ok[0] == 1);
+        let result = match unshared {
+            Ok(true) => self.write_maps(child.as_raw() as u32).and_then(|()| {
+                fs::File::open(format!("/proc/{}/ns/user", child.as_raw()))
+                    .map(OwnedFd::from)
+                    .map_err(Error::Open)
+            }),
+            _ => Err(Error::Unshare),
+        };
+        drop(done_w);
+        let _ = waitpid(child, None);
+        result
+    }
+
+    fn write_maps(&self, pid: u32) -> Result<(), Error> {
+        let lines = |ext: &[Extent]| {
+            ext.iter()
+                .map(|e| format!("{} {} {}\n", e.inside, e.outside, e.count))
+                .collect::<String>()
+        };
+        if self.use_helpers {
+            for (tool, ext) in [("newuidmap", &self.uids), ("newgidmap", &self.gids)] {
+                let mut cmd = Command::new(tool);
+                cmd.arg(pid.to_string());
+                for e in ext {
+                    cmd.args([e.inside, e.outside, e.count].map(|v| v.to_string()));
+                }
+                let out = cmd.output().map_err(|e| Error::Helper {
+                    tool,
+                    stderr: e.to_string(),
+                })?;
+                if !out.status.success() {
+                    let stderr = String::from_utf8_lossy(&out.stderr).trim().to_owned();
+                    return Err(Error::Helper { tool, stderr });
+                }
+            }
+            return Ok(());
+        }
+        let write = |file: &str, text: &str| {
+            fs::OpenOptions::new()
+                .write(true)
+                .open(format!("/proc/{pid}/{file}"))
+                .and_then(|mut f| f.write_all(text.as_bytes()))
+                .map_err(|source| Error::Map {
+                    what: file.to_owned(),
+                    source,
+                })
+        };
+        if self.deny_setgroups {
+            write("setgroups", "deny")?;
+        }
+        write("uid_map", &lines(&self.uids))?;
+        write("gid_map", &lines(&self.gids))
+    }
+}
+
+/// The `start:count` range of `/etc/subuid`-style `file` for a user, by name or uid.
+fn subid_range(file: &Path, name: Option<&str>, uid: u32) -> Option<(u32, u32)> {
+    let text = fs::read_to_string(file).ok()?;
+    parse_subid(&text, name, uid)
+}
+
+fn parse_subid(text: &str, name: Option<&str>, uid: u32) -> Option<(u32, u32)> {
+    text.lines().find_map(|l| {
+        let mut f = l.trim().split(':');
+        let (who, start, count) = (f.next()?, f.next()?, f.next()?);
+        let me = Some(who) == name || who.parse() == Ok(uid);
+        let (start, count) = (start.parse().ok()?, count.parse().ok()?);
+        (me && count > 0).then_some((start, count))
+    })
+}
+
+fn which(tool: &str) -> bool {
+    std::env::var_os("PATH")
+        .map(|p| std::env::split_paths(&p).any(|d| d.join(tool).is_file()))
+        .unwrap_or(false)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn subid_by_name_or_uid() {
+        let text = "alice:100000:65536\n1001:200000:1000\n";
+        assert_eq!(
+            parse_subid(text, Some("alice"), 1000),
+            Some((100000, 65536))
+        );
+        assert_eq!(parse_subid(text, Some("bob"), 1001), Some((200000, 1000)));
+        assert_eq!(parse_subid(text, Some("carol"), 1002), None);
+    }
+
+    #[test]
+    fn shifted_map_lookups() {
+        let m = IdMap::shifted(1_000_000_000);
+        assert_eq!(m.root_uid(), 1_000_000_000);
+        assert_eq!(m.host_uid(1000), Some(1_000_001_000));
+        assert_eq!(m.host_uid(65536), None);
+        assert!(m.maps_gid(5));
+    }
+
+    #[test]
+    fn namespace_is_created_with_the_map() {
+        if !Uid::effective().is_root() {
+            return;
+        }
+        let m = IdMap::shifted(1_500_000_000);
+        let fd = m.create_namespace().unwrap();
+        // The fd names a user namespace different from ours.
+        let ours = fs::metadata("/proc/self/ns/user").unwrap();
+        let theirs = fs::metadata(format!("/proc/self/fd/{}", fd.as_raw_fd())).unwrap();
+        use std::os::unix::fs::MetadataExt;
+        assert_ne!(ours.ino(), theirs.ino());
+    }
+}

@@ -1,0 +1,120 @@
+//! The namespace backend: a Belljar sandbox as Linux namespaces instead of a microVM.
+//!
+//! Hosts without usable hardware virtualization (cloud VMs without nested virtualization, CI
+//! runners, PVM machines) run each sandbox as the same image and the same `belljar-agent` as
+//! PID 1 of a user/mount/PID/network/UTS/IPC/cgroup namespace sandbox. Isolation is weaker than
+//! a microVM's (one shared kernel) and must be labelled as such by the daemon.
+//!
+//! # API (what the daemon's `Backend` wraps)
+//!
+//! - [`probe`] → [`Probe`]: can this host run namespace sandboxes, rootless or not, which cgroup
+//!   version enforces limits.
+//! - [`launch`]`(&`[`SandboxSpec`]`)` → [`Running`]: returns once the agent has been exec'd as
+//!   PID 1 (not once it listens: poll [`Running::socket`], e.g. with [`wait_ready`]).
+//! - [`adopt`]`(state_dir)` → `Option<Running>`: after a daemon restart, find the live sandbox
+//!   again (pid + start time in `state_dir/sandbox.json` are checked against `/proc`).
+//! - [`stop`]`(state_dir, grace)`: SIGTERM to PID 1, SIGKILL after `grace`; waits for the exit
+//!   and removes the sandbox's cgroups. Mounts live only in the sandbox's mount namespace and
+//!   vanish with it. The writable layer stays (a stopped sandbox can be launched again).
+//! - [`destroy`]`(state_dir)`: stop if needed, then delete the writable layer and all state.
+//! - [`ExitWatch`]: a pidfd (works for non-children, i.e. after [`adopt`]) to learn that the
+//!   sandbox ended: blocking [`ExitWatch::wait`] or poll its fd (`AsFd`) from an event loop.
+//! - [`freeze`] / [`thaw`] (freezer cgroup, v1 or v2) and [`usage`] (memory, CPU, PIDs).
+//!
+//! # What runs inside
+//!
+//! PID 1 is `/sbin/belljar-agent --mode namespace --listen unix:/run/belljar/agent.sock`, with
+//! `BELLJAR_MODE`, `BELLJAR_LISTEN`, `BELLJAR_HOSTNAME`, `PATH`, `HOME` and the spec's `env` in
+//! its environment. The agent binary is bind-mounted read-only from [`SandboxSpec::agent`]. Its
+//! stdout and stderr go to `state_dir/agent.log`.
+//!
+//! Before the exec this crate has already: mounted the overlay root (lower: the image tree,
+//! upper/work: `state_dir/upper`, `state_dir/work`) and pivoted into it with the old root
+//! detached; mounted `/proc` (this PID namespace's), `/sys` (read-only), a `/dev` tmpfs with
+//! `null zero full random urandom tty`, `/dev/pts` (newinstance, ptmxmode=0666) with the
+//! `/dev/ptmx` symlink, `/dev/shm`, `/tmp` and `/run` (tmpfs); bind-mounted `state_dir/run` at
+//! `/run/belljar` (so the agent's socket is `state_dir/run/agent.sock` on the host); set the
+//! hostname; brought `lo` up. The agent does not need to mount anything in namespace mode.
+//!
+//! # Identity mapping
+//!
+//! As root, each sandbox gets its own range of 65536 host uids/gids (see [`SandboxSpec`]):
+//! sandbox uid 0 is host uid `base`, so sandbox root owns nothing on the host. The read-only
+//! image tree (owned by host root and 1000) is seen through an idmapped mount, so inside it
+//! is owned by root and 1000 as built. Rootless, the invoking user becomes root inside and,
+//! when `newuidmap`/`newgidmap` and an `/etc/subuid` + `/etc/subgid` entry exist, sandbox uids
+//! 1..65536 map onto the subordinate range (so `belljar`, uid 1000, exists); otherwise only
+//! uid 0 exists inside and commands can only run as root.
+//!
+//! # Confinement
+//!
+//! Capabilities (inside the user namespace) are cut to [`caps::KEPT`], a seccomp filter
+//! ([`seccomp`]) refuses what a sandbox has no business doing, cgroups ([`cgroup`]) enforce
+//! memory, CPU and PID limits, and the network namespace has only `lo`.
+
+pub mod caps;
+pub mod cgroup;
+mod child;
+pub mod idmap;
+mod lifecycle;
+pub mod probe;
+pub mod seccomp;
+mod state;
+pub mod testing;
+
+use std::path::PathBuf;
+
+use serde::{Deserialize, Serialize};
+
+pub use cgroup::{LimitStatus, LimitsReport, Usage};
+pub use lifecycle::{
+    Error, ExitWatch, adopt, destroy, freeze, launch, stop, thaw, usage, wait_ready,
+};
+pub use probe::{CgroupMode, Probe, probe};
+
+/// Where the agent listens, as seen inside the sandbox.
+pub const AGENT_SOCKET_IN_SANDBOX: &str = "/run/belljar/agent.sock";
+
+/// Where the agent binary is bind-mounted inside the sandbox.
+pub const AGENT_PATH_IN_SANDBOX: &str = "/sbin/belljar-agent";
+
+/// Everything needed to start one sandbox.
+#[derive(Debug, Clone, PartialEq)]
+pub struct SandboxSpec {
+    /// `[a-z0-9-]`, at most 63 characters; names the cgroups (`belljar/<id>`).
+    pub id: String,
+    /// The image's directory tree: the read-only lower layer, shared by many sandboxes.
+    pub rootfs: PathBuf,
+    /// A directory owned by this sandbox: `upper/`, `work/`, `run/` (the agent socket),
+    /// `sandbox.json` + `sandbox.pid`, `agent.log`. Its path must be short enough for a Unix
+    /// socket path (`state_dir/run/agent.sock` under 108 bytes) and must not contain `,` `:`.
+    pub state_dir: PathBuf,
+    /// Host path of the `belljar-agent` binary (statically linked).
+    pub agent: PathBuf,
+    pub hostname: String,
+    pub limits: Limits,
+    /// Extra environment for the agent (`BELLJAR_*` configuration).
+    pub env: Vec<(String, String)>,
+}
+
+/// Resource limits; `None` means unlimited.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Serialize, Deserialize)]
+pub struct Limits {
+    pub memory_bytes: Option<u64>,
+    /// vCPUs, as a CPU time quota (1.5 = 150 ms of CPU per 100 ms).
+    pub cpu: Option<f64>,
+    pub pids: Option<u64>,
+}
+
+/// A live sandbox.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct Running {
+    /// Host pid of the sandbox's PID 1 (the agent).
+    pub pid: u32,
+    /// Host path of the agent's Unix socket.
+    pub socket: PathBuf,
+    /// Per limit: enforced, and how, or why not.
+    pub limits: LimitsReport,
+    /// Host uid/gid that is root inside the sandbox.
+    pub root_uid: u32,
+}

@@ -1,0 +1,97 @@
+//! Can this host run namespace sandboxes? Answered quickly and without side effects that
+//! outlive the call, for `belljar info` and for choosing the backend.
+
+use std::fs;
+
+use nix::unistd::Uid;
+use serde::{Deserialize, Serialize};
+
+/// Errors of the probe (it reports them in [`Probe::reason`] rather than returning them).
+#[derive(Debug, thiserror::Error)]
+pub enum Error {
+    #[error("The kernel has no overlay filesystem")]
+    NoOverlay,
+}
+
+/// Which cgroup version enforces sandbox limits here.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum CgroupMode {
+    V1,
+    V2,
+    /// No usable controllers: limits cannot be enforced.
+    None,
+}
+
+/// What [`probe`] found.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Probe {
+    pub available: bool,
+    /// Why not, or a short description of how sandboxes will run.
+    pub reason: String,
+    /// Running without root: user namespaces only, limits only with a delegated v2 group.
+    pub rootless: bool,
+    pub cgroup: CgroupMode,
+}
+
+/// Checks user namespaces (by making one), overlayfs and cgroups.
+pub fn probe() -> Probe {
+    let rootless = !Uid::effective().is_root();
+    let cgroup = crate::cgroup::Hierarchies::discover().mode();
+    let unavailable = |reason: String| Probe {
+        available: false,
+        reason,
+        rootless,
+        cgroup,
+    };
+    let filesystems = fs::read_to_string("/proc/filesystems").unwrap_or_default();
+    if !filesystems
+        .lines()
+        .any(|l| l.split_whitespace().last() == Some("overlay"))
+    {
+        return unavailable(Error::NoOverlay.to_string());
+    }
+    let map = if rootless {
+        crate::idmap::IdMap::rootless()
+    } else {
+        crate::idmap::IdMap::shifted(u32::MAX - 2 * crate::idmap::RANGE)
+    };
+    if let Err(e) = map.create_namespace() {
+        let detail = std::error::Error::source(&e)
+            .map(|s| format!(": {s}"))
+            .unwrap_or_default();
+        return unavailable(format!("{e}{detail}"));
+    }
+    let limits = match cgroup {
+        CgroupMode::V2 => "limits through cgroup v2",
+        CgroupMode::V1 => "limits through cgroup v1",
+        CgroupMode::None => "no cgroup controllers: memory, CPU and PID limits are not enforced",
+    };
+    let who = if rootless {
+        if map.use_helpers {
+            "rootless with subordinate ids"
+        } else {
+            "rootless without subordinate ids: only root exists inside"
+        }
+    } else {
+        "as root, one id block per sandbox"
+    };
+    Probe {
+        available: true,
+        reason: format!("Linux namespaces ({who}; {limits}); weaker isolation than a microVM"),
+        rootless,
+        cgroup,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn probe_finds_this_host_usable() {
+        let p = probe();
+        assert!(p.available, "{}", p.reason);
+        assert!(!p.reason.is_empty());
+    }
+}
