@@ -4,6 +4,7 @@
 //! `main.rs` only parses the configuration and calls `vmm::run`.
 
 pub mod arch;
+pub mod boot;
 pub mod bus;
 pub mod devices;
 pub mod exit;
