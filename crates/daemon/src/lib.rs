@@ -3,3 +3,7 @@
 
 pub mod paths;
 pub mod store;
+pub mod events;
+pub mod images;
+pub mod sandbox;
+pub mod util;

@@ -1,0 +1,367 @@
+//! Images: finding built root filesystems in the cache and building them with
+//! `guest-images/build-image.sh`.
+//!
+//! A built image is `<cache>/images/<name>/current/` (a symlink to its digest directory) with
+//! `rootfs/` (the tree the namespace backend mounts), `rootfs.ext4` (the microVM disk) and
+//! `manifest.json`. The daemon never writes there itself; the build script does.
+
+use std::collections::HashSet;
+use std::path::{Path, PathBuf};
+use std::process::Stdio;
+use std::sync::{Arc, Mutex};
+
+use belljar_api::{Image, ImageBuildEvent, ImageStatus};
+use futures::Stream;
+use serde::Deserialize;
+use tokio::io::{AsyncBufReadExt, BufReader};
+use tokio::sync::mpsc;
+
+use crate::paths::Paths;
+use crate::store::Store;
+use crate::util::now_ms;
+
+/// The images the project's recipes provide, listed even before they are built.
+pub const KNOWN: &[&str] = &["base", "python3.13", "node24", "node22"];
+
+#[derive(Debug, thiserror::Error)]
+pub enum ImageError {
+    /// The name is not a plausible image name.
+    #[error("Invalid image name {0:?}")]
+    BadName(String),
+    /// No recipe and no built image of that name.
+    #[error("Unknown image {0:?}")]
+    Unknown(String),
+    /// The image exists as a recipe but is not built.
+    #[error("Image {name} is not built; run `belljar images build {name}`")]
+    NotBuilt { name: String },
+    /// A build of the image is already running.
+    #[error("Image {0} is already being built")]
+    Busy(String),
+    /// The build script is missing.
+    #[error("Cannot find the image build script at {0}")]
+    NoScript(PathBuf),
+}
+
+/// A built image on disk.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ResolvedImage {
+    /// `<cache>/images/<name>/current`.
+    pub dir: PathBuf,
+    pub rootfs: PathBuf,
+    pub ext4: PathBuf,
+}
+
+#[derive(Debug, Deserialize)]
+struct Manifest {
+    #[serde(default)]
+    digest: Option<String>,
+    #[serde(default)]
+    created: Option<String>,
+    #[serde(default)]
+    size_bytes: Option<u64>,
+}
+
+#[derive(Clone)]
+pub struct Images {
+    paths: Paths,
+    guest_images: PathBuf,
+    store: Store,
+    building: Arc<Mutex<HashSet<String>>>,
+}
+
+/// Image names are recipe directory names: lowercase letters, digits, `.`, `-`.
+pub fn valid_name(name: &str) -> bool {
+    !name.is_empty()
+        && name.len() <= 64
+        && !name.starts_with('.')
+        && name
+            .bytes()
+            .all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || b == b'.' || b == b'-')
+}
+
+impl Images {
+    /// `guest_images` is the `guest-images/` directory holding the build script and recipes.
+    pub fn new(paths: Paths, guest_images: PathBuf, store: Store) -> Self {
+        Self {
+            paths,
+            guest_images,
+            store,
+            building: Default::default(),
+        }
+    }
+
+    /// The built image `name`.
+    pub fn resolve(&self, name: &str) -> Result<ResolvedImage, ImageError> {
+        if !valid_name(name) {
+            return Err(ImageError::BadName(name.to_owned()));
+        }
+        let dir = self.paths.image_dir(name);
+        let rootfs = dir.join("rootfs");
+        if !rootfs.is_dir() && !dir.join("rootfs.ext4").is_file() {
+            if self.recipe(name).is_dir() || KNOWN.contains(&name) {
+                return Err(ImageError::NotBuilt {
+                    name: name.to_owned(),
+                });
+            }
+            return Err(ImageError::Unknown(name.to_owned()));
+        }
+        Ok(ResolvedImage {
+            ext4: dir.join("rootfs.ext4"),
+            rootfs,
+            dir,
+        })
+    }
+
+    fn recipe(&self, name: &str) -> PathBuf {
+        self.guest_images.join("recipes").join(name)
+    }
+
+    /// One image's state.
+    pub fn get(&self, name: &str) -> Image {
+        let dir = self.paths.image_dir(name);
+        let building = self.is_building(name);
+        let manifest: Option<Manifest> = std::fs::read(dir.join("manifest.json"))
+            .ok()
+            .and_then(|b| serde_json::from_slice(&b).ok());
+        let built = dir.join("rootfs").is_dir() || dir.join("rootfs.ext4").is_file();
+        let status = if building {
+            ImageStatus::Building
+        } else if built {
+            ImageStatus::Ready
+        } else {
+            ImageStatus::Missing
+        };
+        let mut image = Image {
+            name: name.to_owned(),
+            status,
+            digest: None,
+            size_bytes: None,
+            built_at: None,
+        };
+        if let (true, Some(m)) = (built, manifest) {
+            image.digest = m.digest;
+            image.size_bytes = m.size_bytes;
+            image.built_at = m.created.as_deref().and_then(parse_rfc3339_ms);
+            if let Err(e) = self.store.put_image(&image, now_ms()) {
+                tracing::warn!(error = %e, "cannot record image");
+            }
+        }
+        image
+    }
+
+    /// Every known image: the recipes, the cache's directories and the project's four.
+    pub fn list(&self) -> Vec<Image> {
+        let mut names: Vec<String> = KNOWN.iter().map(|s| s.to_string()).collect();
+        for dir in [self.guest_images.join("recipes"), self.paths.cache.join("images")] {
+            if let Ok(entries) = std::fs::read_dir(dir) {
+                for e in entries.flatten() {
+                    let n = e.file_name().to_string_lossy().into_owned();
+                    if valid_name(&n) && e.path().is_dir() && !names.contains(&n) {
+                        names.push(n);
+                    }
+                }
+            }
+        }
+        names.sort();
+        names.iter().map(|n| self.get(n)).collect()
+    }
+
+    fn is_building(&self, name: &str) -> bool {
+        self.building
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .contains(name)
+    }
+
+    /// Starts `build-image.sh NAME`; its output lines arrive as `progress`, then `done` or
+    /// `error`. The build goes on if the receiver is dropped.
+    pub fn build(&self, name: &str) -> Result<impl Stream<Item = ImageBuildEvent> + use<>, ImageError> {
+        if !valid_name(name) {
+            return Err(ImageError::BadName(name.to_owned()));
+        }
+        if !self.recipe(name).is_dir() {
+            return Err(ImageError::Unknown(name.to_owned()));
+        }
+        let script = self.guest_images.join("build-image.sh");
+        if !script.is_file() {
+            return Err(ImageError::NoScript(script));
+        }
+        if !self
+            .building
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .insert(name.to_owned())
+        {
+            return Err(ImageError::Busy(name.to_owned()));
+        }
+        let (tx, rx) = mpsc::channel(256);
+        let this = self.clone();
+        let name = name.to_owned();
+        tokio::spawn(async move {
+            let last = this.run_build(&script, &name, &tx).await;
+            this.building
+                .lock()
+                .unwrap_or_else(|e| e.into_inner())
+                .remove(&name);
+            let end = match last {
+                Ok(()) => ImageBuildEvent::Done {
+                    image: this.get(&name),
+                },
+                Err(message) => ImageBuildEvent::Error {
+                    code: "build_failed".into(),
+                    message,
+                },
+            };
+            let _ = tx.send(end).await;
+        });
+        Ok(tokio_stream_from(rx))
+    }
+
+    async fn run_build(
+        &self,
+        script: &Path,
+        name: &str,
+        tx: &mpsc::Sender<ImageBuildEvent>,
+    ) -> Result<(), String> {
+        let mut child = tokio::process::Command::new("bash")
+            .arg(script)
+            .arg(name)
+            .env("BELLJAR_CACHE", &self.paths.cache)
+            .stdin(Stdio::null())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped())
+            .kill_on_drop(false)
+            .spawn()
+            .map_err(|e| format!("cannot start {}: {e}", script.display()))?;
+        let stdout = child.stdout.take().map(|s| BufReader::new(s).lines());
+        let stderr = child.stderr.take().map(|s| BufReader::new(s).lines());
+        let last_err = Arc::new(Mutex::new(String::new()));
+        let forward = |lines: Option<tokio::io::Lines<_>>, keep: Option<Arc<Mutex<String>>>| {
+            let tx = tx.clone();
+            async move {
+                let Some(mut lines) = lines else { return };
+                while let Ok(Some(line)) = lines.next_line().await {
+                    if let Some(k) = &keep {
+                        *k.lock().unwrap_or_else(|e| e.into_inner()) = line.clone();
+                    }
+                    // A slow or gone reader must not stall the build.
+                    let _ = tx.try_send(ImageBuildEvent::Progress { message: line });
+                }
+            }
+        };
+        let out = forward_lines(stdout, tx.clone());
+        let err = forward(stderr, Some(last_err.clone()));
+        let ((), ()) = tokio::join!(out, err);
+        let status = child.wait().await.map_err(|e| e.to_string())?;
+        if status.success() {
+            Ok(())
+        } else {
+            let last = last_err.lock().unwrap_or_else(|e| e.into_inner()).clone();
+            Err(format!("build-image.sh {name} failed ({status}): {last}"))
+        }
+    }
+}
+
+async fn forward_lines(
+    lines: Option<tokio::io::Lines<BufReader<tokio::process::ChildStdout>>>,
+    tx: mpsc::Sender<ImageBuildEvent>,
+) {
+    let Some(mut lines) = lines else { return };
+    while let Ok(Some(line)) = lines.next_line().await {
+        let _ = tx.try_send(ImageBuildEvent::Progress { message: line });
+    }
+}
+
+fn tokio_stream_from<T: Send + 'static>(mut rx: mpsc::Receiver<T>) -> impl Stream<Item = T> {
+    futures::stream::poll_fn(move |cx| rx.poll_recv(cx))
+}
+
+/// Parses `YYYY-MM-DDTHH:MM:SSZ` (what the build script writes) to Unix milliseconds.
+pub fn parse_rfc3339_ms(text: &str) -> Option<i64> {
+    let b = text.as_bytes();
+    if b.len() < 20 || b[4] != b'-' || b[7] != b'-' || b[10] != b'T' || !text.ends_with('Z') {
+        return None;
+    }
+    let num = |r: std::ops::Range<usize>| text.get(r)?.parse::<i64>().ok();
+    let (y, m, d) = (num(0..4)?, num(5..7)?, num(8..10)?);
+    let (hh, mm, ss) = (num(11..13)?, num(14..16)?, num(17..19)?);
+    // Days from the civil date (Howard Hinnant's algorithm).
+    let y = if m <= 2 { y - 1 } else { y };
+    let era = y.div_euclid(400);
+    let yoe = y - era * 400;
+    let mp = (m + 9) % 12;
+    let doy = (153 * mp + 2) / 5 + d - 1;
+    let doe = yoe * 365 + yoe / 4 - yoe / 100 + doy;
+    let days = era * 146_097 + doe - 719_468;
+    Some(((days * 24 + hh) * 60 + mm) * 60_000 + ss * 1000)
+}
+
+#[cfg(test)]
+mod tests {
+    use futures::StreamExt;
+
+    use super::*;
+
+    fn setup() -> (tempfile::TempDir, Images) {
+        let dir = tempfile::tempdir().unwrap();
+        let paths = Paths::resolve(Some(&dir.path().join("home")), Some(&dir.path().join("cache")))
+            .unwrap();
+        paths.create().unwrap();
+        let gi = dir.path().join("guest-images");
+        std::fs::create_dir_all(gi.join("recipes/base")).unwrap();
+        let images = Images::new(paths, gi, Store::open_in_memory().unwrap());
+        (dir, images)
+    }
+
+    #[test]
+    fn parses_build_timestamps() {
+        assert_eq!(parse_rfc3339_ms("1970-01-01T00:00:00Z"), Some(0));
+        assert_eq!(parse_rfc3339_ms("2024-03-01T12:30:05Z"), Some(1_709_296_205_000));
+        assert_eq!(parse_rfc3339_ms("yesterday"), None);
+    }
+
+    #[test]
+    fn resolves_built_images_and_explains_missing_ones() {
+        let (dir, images) = setup();
+        assert!(matches!(images.resolve("base"), Err(ImageError::NotBuilt { .. })));
+        assert!(matches!(images.resolve("nope"), Err(ImageError::Unknown(_))));
+        assert!(matches!(images.resolve("../x"), Err(ImageError::BadName(_))));
+        let cur = dir.path().join("cache/images/base/current");
+        std::fs::create_dir_all(cur.join("rootfs")).unwrap();
+        std::fs::write(
+            cur.join("manifest.json"),
+            r#"{"name":"base","digest":"abc","created":"1970-01-01T00:00:01Z","size_bytes":7}"#,
+        )
+        .unwrap();
+        assert_eq!(images.resolve("base").unwrap().rootfs, cur.join("rootfs"));
+        let list = images.list();
+        let base = list.iter().find(|i| i.name == "base").unwrap();
+        assert_eq!(base.status, ImageStatus::Ready);
+        assert_eq!(base.digest.as_deref(), Some("abc"));
+        assert_eq!(base.built_at, Some(1000));
+        let node = list.iter().find(|i| i.name == "node24").unwrap();
+        assert_eq!(node.status, ImageStatus::Missing);
+    }
+
+    #[tokio::test]
+    async fn build_streams_the_script_output_and_reports_failure() {
+        let (dir, images) = setup();
+        std::fs::write(
+            dir.path().join("guest-images/build-image.sh"),
+            "echo step one >&2\necho \"building $1\"\nexit 3\n",
+        )
+        .unwrap();
+        let events: Vec<_> = images.build("base").unwrap().collect().await;
+        assert!(events.contains(&ImageBuildEvent::Progress {
+            message: "step one".into()
+        }));
+        assert!(events.contains(&ImageBuildEvent::Progress {
+            message: "building base".into()
+        }));
+        match events.last().unwrap() {
+            ImageBuildEvent::Error { message, .. } => assert!(message.contains("step one")),
+            other => panic!("{other:?}"),
+        }
+        assert!(matches!(images.build("python9"), Err(ImageError::Unknown(_))));
+    }
+}

@@ -1,0 +1,243 @@
+//! The one trait every sandbox backend implements, and how `auto` picks one.
+//!
+//! Backend calls block (they fork, mount, wait for processes), so the daemon runs them on
+//! tokio's blocking pool. Everything a backend needs to find a sandbox again after a daemon
+//! restart lives in the sandbox's state directory, never in the daemon's memory.
+
+use std::path::{Path, PathBuf};
+use std::time::Duration;
+
+use belljar_api::{Backend as BackendKind, BackendChoice, BackendInfo, LimitsReport};
+
+#[derive(Debug, thiserror::Error)]
+pub enum BackendError {
+    /// The backend cannot run on this host.
+    #[error("The {backend} backend is unavailable: {reason}")]
+    Unavailable { backend: &'static str, reason: String },
+    /// Starting the sandbox failed.
+    #[error("Launching the sandbox failed: {0}")]
+    Launch(String),
+    /// Stopping or deleting the sandbox failed.
+    #[error("Stopping the sandbox failed: {0}")]
+    Stop(String),
+}
+
+/// How the daemon reaches a sandbox's agent.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum AgentAddress {
+    /// The agent listens on this Unix socket (namespace backend).
+    Unix(PathBuf),
+    /// The VMM's hybrid vsock socket; connect with `CONNECT <port>`.
+    HybridVsock { socket: PathBuf, port: u32 },
+}
+
+/// Everything a backend needs to start one sandbox.
+#[derive(Debug, Clone, PartialEq)]
+pub struct LaunchSpec {
+    /// The sandbox id (`sbx_...`).
+    pub id: String,
+    /// The sandbox's own directory for backend state.
+    pub state_dir: PathBuf,
+    /// The image directory (`<cache>/images/<name>/current`).
+    pub image_dir: PathBuf,
+    /// The agent binary on the host, when the backend injects it.
+    pub agent: PathBuf,
+    pub vcpus: u32,
+    pub memory_mib: u64,
+    pub disk_mib: u64,
+    /// Extra environment for the agent.
+    pub agent_env: Vec<(String, String)>,
+}
+
+/// A sandbox that runs.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Launched {
+    pub agent: AgentAddress,
+    pub limits: LimitsReport,
+}
+
+/// Whether a backend can run here, and why (not).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Probe {
+    pub available: bool,
+    pub reason: String,
+}
+
+/// One way to run sandboxes. All methods block.
+pub trait Backend: Send + Sync {
+    fn kind(&self) -> BackendKind;
+    /// Whether the backend can run on this host; cheap after the first call.
+    fn probe(&self) -> Probe;
+    /// Starts the sandbox; returns once its agent has been started (it may not listen yet).
+    fn launch(&self, spec: &LaunchSpec) -> Result<Launched, BackendError>;
+    /// Finds the sandbox again after a daemon restart; `None` when it no longer runs.
+    fn adopt(&self, state_dir: &Path) -> Result<Option<Launched>, BackendError>;
+    /// Whether the sandbox still runs.
+    fn alive(&self, state_dir: &Path) -> bool {
+        matches!(self.adopt(state_dir), Ok(Some(_)))
+    }
+    /// Stops the sandbox: a graceful end, then a forced one after `grace`.
+    fn stop(&self, state_dir: &Path, grace: Duration) -> Result<(), BackendError>;
+    /// Stops the sandbox if needed and deletes its writable layer and state.
+    fn destroy(&self, state_dir: &Path) -> Result<(), BackendError>;
+    /// Where the sandbox's agent listens.
+    fn agent_address(&self, state_dir: &Path) -> AgentAddress;
+}
+
+/// The backends of this daemon, probed once at start.
+pub struct Backends {
+    all: Vec<(Box<dyn Backend>, Probe)>,
+    /// What `auto` resolves to.
+    pub default: BackendKind,
+    pub default_reason: String,
+}
+
+impl Backends {
+    /// Probes every backend and decides what `auto` means here: `microvm` when usable, else
+    /// `namespace`, with the microVM probe's reason.
+    pub fn new(backends: Vec<Box<dyn Backend>>) -> Self {
+        let all: Vec<_> = backends
+            .into_iter()
+            .map(|b| {
+                let p = b.probe();
+                (b, p)
+            })
+            .collect();
+        let find = |k: BackendKind| all.iter().find(|(b, _)| b.kind() == k);
+        let (default, default_reason) = match (find(BackendKind::Microvm), find(BackendKind::Namespace)) {
+            (Some((_, p)), _) if p.available => (BackendKind::Microvm, p.reason.clone()),
+            (vm, Some((_, ns))) => {
+                let why_not_vm = vm
+                    .map(|(_, p)| p.reason.clone())
+                    .unwrap_or_else(|| "the microvm backend is not built in".into());
+                let reason = if ns.available {
+                    why_not_vm
+                } else {
+                    format!("{why_not_vm}; and namespaces are unusable too: {}", ns.reason)
+                };
+                (BackendKind::Namespace, reason)
+            }
+            _ => (
+                BackendKind::Namespace,
+                "no backend is usable on this host".into(),
+            ),
+        };
+        Self {
+            all,
+            default,
+            default_reason,
+        }
+    }
+
+    /// The backend of an existing sandbox.
+    pub fn get(&self, kind: BackendKind) -> Option<&dyn Backend> {
+        self.all
+            .iter()
+            .find(|(b, _)| b.kind() == kind)
+            .map(|(b, _)| b.as_ref())
+    }
+
+    /// Resolves a creation request's choice to a usable backend and the reason for it.
+    pub fn choose(
+        &self,
+        choice: BackendChoice,
+    ) -> Result<(&dyn Backend, String), BackendError> {
+        let (kind, reason) = match choice {
+            BackendChoice::Auto => (self.default, self.default_reason.clone()),
+            BackendChoice::Microvm => (BackendKind::Microvm, "requested".to_owned()),
+            BackendChoice::Namespace => (BackendKind::Namespace, "requested".to_owned()),
+        };
+        let name = kind_name(kind);
+        let (backend, probe) = self
+            .all
+            .iter()
+            .find(|(b, _)| b.kind() == kind)
+            .ok_or_else(|| BackendError::Unavailable {
+                backend: name,
+                reason: "not built into this daemon".into(),
+            })?;
+        if !probe.available {
+            return Err(BackendError::Unavailable {
+                backend: name,
+                reason: probe.reason.clone(),
+            });
+        }
+        Ok((backend.as_ref(), reason))
+    }
+
+    /// What `GET /v1/info` reports per backend.
+    pub fn info(&self) -> Vec<BackendInfo> {
+        self.all
+            .iter()
+            .map(|(b, p)| BackendInfo {
+                backend: b.kind(),
+                available: p.available,
+                reason: p.reason.clone(),
+            })
+            .collect()
+    }
+}
+
+pub fn kind_name(kind: BackendKind) -> &'static str {
+    match kind {
+        BackendKind::Microvm => "microvm",
+        BackendKind::Namespace => "namespace",
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A backend with a fixed probe result, to test the choice logic alone.
+    struct Fixed(BackendKind, bool, &'static str);
+
+    impl Backend for Fixed {
+        fn kind(&self) -> BackendKind {
+            self.0
+        }
+        fn probe(&self) -> Probe {
+            Probe {
+                available: self.1,
+                reason: self.2.into(),
+            }
+        }
+        fn launch(&self, _: &LaunchSpec) -> Result<Launched, BackendError> {
+            Err(BackendError::Launch("not in this test".into()))
+        }
+        fn adopt(&self, _: &Path) -> Result<Option<Launched>, BackendError> {
+            Ok(None)
+        }
+        fn stop(&self, _: &Path, _: Duration) -> Result<(), BackendError> {
+            Ok(())
+        }
+        fn destroy(&self, _: &Path) -> Result<(), BackendError> {
+            Ok(())
+        }
+        fn agent_address(&self, p: &Path) -> AgentAddress {
+            AgentAddress::Unix(p.to_path_buf())
+        }
+    }
+
+    #[test]
+    fn auto_prefers_a_usable_microvm_and_explains_a_fallback() {
+        let b = Backends::new(vec![
+            Box::new(Fixed(BackendKind::Microvm, false, "KVM is software-based (PVM) here")),
+            Box::new(Fixed(BackendKind::Namespace, true, "ok")),
+        ]);
+        assert_eq!(b.default, BackendKind::Namespace);
+        assert_eq!(b.default_reason, "KVM is software-based (PVM) here");
+        let (chosen, reason) = b.choose(BackendChoice::Auto).unwrap();
+        assert_eq!(chosen.kind(), BackendKind::Namespace);
+        assert!(reason.contains("PVM"));
+        let err = b.choose(BackendChoice::Microvm).err().unwrap();
+        assert!(err.to_string().contains("PVM"), "{err}");
+
+        let b = Backends::new(vec![
+            Box::new(Fixed(BackendKind::Microvm, true, "KVM with hardware virtualization")),
+            Box::new(Fixed(BackendKind::Namespace, true, "ok")),
+        ]);
+        assert_eq!(b.default, BackendKind::Microvm);
+        assert_eq!(b.info().len(), 2);
+    }
+}

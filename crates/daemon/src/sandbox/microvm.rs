@@ -1,0 +1,203 @@
+//! The `microvm` backend: one `belljar-vmm` process per sandbox on hardware KVM.
+//!
+//! Only the probe is here so far: it decides whether microVMs are usable at all, which is what
+//! `auto` needs. A microVM is usable only with `/dev/kvm` that this user can open, a CPU with
+//! the `vmx` or `svm` flag, KVM that is not the software PVM flavour (which runs guest kernel
+//! code emulated, far too slowly for a Linux guest), and a successful tiny probe guest run by
+//! `belljar-vmm --probe`. Launching through `belljar-vmm --config` is not wired up yet.
+
+use std::path::{Path, PathBuf};
+use std::process::Command;
+use std::time::Duration;
+
+use belljar_api::Backend as BackendKind;
+
+use super::backend::{AgentAddress, Backend, BackendError, LaunchSpec, Launched, Probe};
+
+/// What the probe looks at, gathered from the host so the decision itself is testable.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct HostFacts {
+    /// `None` when `/dev/kvm` is missing; the open error when it cannot be opened.
+    pub kvm: Option<Result<(), String>>,
+    /// The `flags` of `/proc/cpuinfo`.
+    pub cpu_flags: String,
+    /// `/sys/module/kvm_pvm` exists: KVM is the software PVM flavour.
+    pub pvm: bool,
+}
+
+impl HostFacts {
+    pub fn gather() -> Self {
+        let kvm = Path::new("/dev/kvm").exists().then(|| {
+            std::fs::OpenOptions::new()
+                .read(true)
+                .write(true)
+                .open("/dev/kvm")
+                .map(drop)
+                .map_err(|e| e.to_string())
+        });
+        let cpu_flags = std::fs::read_to_string("/proc/cpuinfo")
+            .unwrap_or_default()
+            .lines()
+            .find(|l| l.starts_with("flags"))
+            .unwrap_or_default()
+            .to_owned();
+        Self {
+            kvm,
+            cpu_flags,
+            pvm: Path::new("/sys/module/kvm_pvm").exists(),
+        }
+    }
+}
+
+/// The host-side verdict before the tiny probe guest: `Err(reason)` when microVMs cannot work.
+pub fn host_verdict(facts: &HostFacts) -> Result<&'static str, String> {
+    match &facts.kvm {
+        None => return Err("no /dev/kvm: hardware virtualization is not exposed to this host".into()),
+        Some(Err(e)) => return Err(format!("cannot open /dev/kvm: {e}")),
+        Some(Ok(())) => {}
+    }
+    if facts.pvm {
+        return Err("KVM is software-based (PVM) here: guest kernels would run emulated".into());
+    }
+    let has = |flag: &str| facts.cpu_flags.split_whitespace().any(|f| f == flag);
+    if has("vmx") {
+        Ok("vmx")
+    } else if has("svm") {
+        Ok("svm")
+    } else {
+        Err("the CPU has no vmx or svm flag: KVM here is not hardware-accelerated".into())
+    }
+}
+
+pub struct Microvm {
+    vmm: Option<PathBuf>,
+}
+
+impl Microvm {
+    /// `vmm` is the `belljar-vmm` binary, when one was found.
+    pub fn new(vmm: Option<PathBuf>) -> Self {
+        Self { vmm }
+    }
+
+    fn probe_guest(&self) -> Result<(), String> {
+        let vmm = self
+            .vmm
+            .as_ref()
+            .ok_or("belljar-vmm was not found (set BELLJAR_VMM)")?;
+        let mut child = Command::new(vmm)
+            .arg("--probe")
+            .stdin(std::process::Stdio::null())
+            .stdout(std::process::Stdio::null())
+            .stderr(std::process::Stdio::piped())
+            .spawn()
+            .map_err(|e| format!("cannot run {}: {e}", vmm.display()))?;
+        let deadline = std::time::Instant::now() + Duration::from_secs(10);
+        loop {
+            match child.try_wait() {
+                Ok(Some(status)) if status.success() => return Ok(()),
+                Ok(Some(status)) => return Err(format!("the tiny probe guest failed ({status})")),
+                Ok(None) if std::time::Instant::now() > deadline => {
+                    let _ = child.kill();
+                    let _ = child.wait();
+                    return Err("the tiny probe guest did not finish in 10 s".into());
+                }
+                Ok(None) => std::thread::sleep(Duration::from_millis(20)),
+                Err(e) => return Err(e.to_string()),
+            }
+        }
+    }
+}
+
+impl Backend for Microvm {
+    fn kind(&self) -> BackendKind {
+        BackendKind::Microvm
+    }
+
+    fn probe(&self) -> Probe {
+        let verdict = host_verdict(&HostFacts::gather()).and_then(|flag| {
+            self.probe_guest()
+                .map(|()| format!("KVM with hardware virtualization ({flag})"))
+        });
+        match verdict {
+            Ok(reason) => Probe {
+                available: true,
+                reason,
+            },
+            Err(reason) => Probe {
+                available: false,
+                reason,
+            },
+        }
+    }
+
+    fn launch(&self, _spec: &LaunchSpec) -> Result<Launched, BackendError> {
+        Err(BackendError::Unavailable {
+            backend: "microvm",
+            reason: "launching microVMs is not wired into belljard yet".into(),
+        })
+    }
+
+    fn adopt(&self, _state_dir: &Path) -> Result<Option<Launched>, BackendError> {
+        Ok(None)
+    }
+
+    fn stop(&self, _state_dir: &Path, _grace: Duration) -> Result<(), BackendError> {
+        Ok(())
+    }
+
+    fn destroy(&self, state_dir: &Path) -> Result<(), BackendError> {
+        match std::fs::remove_dir_all(state_dir) {
+            Err(e) if e.kind() != std::io::ErrorKind::NotFound => {
+                Err(BackendError::Stop(e.to_string()))
+            }
+            _ => Ok(()),
+        }
+    }
+
+    fn agent_address(&self, state_dir: &Path) -> AgentAddress {
+        AgentAddress::HybridVsock {
+            socket: state_dir.join("vsock.sock"),
+            port: belljar_agent_proto::AGENT_VSOCK_PORT,
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn facts(kvm: Option<Result<(), String>>, flags: &str, pvm: bool) -> HostFacts {
+        HostFacts {
+            kvm,
+            cpu_flags: format!("flags\t\t: fpu {flags} sse"),
+            pvm,
+        }
+    }
+
+    #[test]
+    fn pvm_and_missing_flags_rule_microvms_out() {
+        let pvm = host_verdict(&facts(Some(Ok(())), "vmx", true)).unwrap_err();
+        assert_eq!(
+            pvm,
+            "KVM is software-based (PVM) here: guest kernels would run emulated"
+        );
+        assert!(host_verdict(&facts(None, "vmx", false)).unwrap_err().contains("/dev/kvm"));
+        assert!(
+            host_verdict(&facts(Some(Err("denied".into())), "vmx", false))
+                .unwrap_err()
+                .contains("denied")
+        );
+        assert!(host_verdict(&facts(Some(Ok(())), "hypervisor", false)).is_err());
+        assert_eq!(host_verdict(&facts(Some(Ok(())), "svm", false)), Ok("svm"));
+        assert_eq!(host_verdict(&facts(Some(Ok(())), "vmx", false)), Ok("vmx"));
+    }
+
+    #[test]
+    fn this_host_is_described_truthfully() {
+        // Whatever the host is, a usable verdict needs KVM and a virtualization flag.
+        let f = HostFacts::gather();
+        if let Ok(flag) = host_verdict(&f) {
+            assert!(f.cpu_flags.contains(flag) && !f.pvm);
+        }
+    }
+}
