@@ -5,10 +5,13 @@
 
 pub mod arch;
 pub mod boot;
+pub mod builder;
 pub mod bus;
+pub mod config;
 pub mod devices;
 pub mod exit;
 pub mod hypervisor;
 pub mod layout;
 pub mod memory;
 pub mod metrics;
+pub mod vcpu;
