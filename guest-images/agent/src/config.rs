@@ -71,7 +71,8 @@ pub struct Config {
     #[arg(long, env = "BELLJAR_HOSTNAME")]
     pub hostname: Option<String>,
     /// Mount, run one command, print BELLJAR-SELFCHECK-OK or -FAILED, power off.
-    #[arg(long, env = "BELLJAR_SELFCHECK")]
+    #[arg(long, env = "BELLJAR_SELFCHECK", action = clap::ArgAction::SetTrue,
+          value_parser = clap::builder::BoolishValueParser::new())]
     pub selfcheck: bool,
     /// Bytes of output kept per command; the rest is dropped and counted.
     #[arg(long, env = "BELLJAR_OUTPUT_LIMIT", default_value_t = 64 << 20)]
@@ -163,5 +164,7 @@ mod tests {
         assert_eq!(c.mode(), Mode::Plain);
         assert!(c.selfcheck);
         assert_eq!(c.output_limit, 64 << 20);
+        let c = Config::try_parse_from(["belljar-agent"]).unwrap();
+        assert!(!c.selfcheck);
     }
 }

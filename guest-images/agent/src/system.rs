@@ -1,0 +1,264 @@
+//! What the agent does to the system it runs: the mount plan of each mode, hostname, clock,
+//! loopback, and ending the sandbox. Plain mode (tests, any user) never calls into this
+//! module's mounting or rebooting code.
+
+use std::path::Path;
+use std::time::Duration;
+
+use nix::mount::{MntFlags, MsFlags, mount, umount2};
+use nix::sys::signal::{Signal, kill};
+use nix::unistd::Pid;
+
+use crate::config::{Config, Mode};
+
+/// Where the microVM's writable layer and the overlay root are assembled before pivoting.
+const LAYER: &str = "/run/belljar/layer";
+const NEW_ROOT: &str = "/run/belljar/root";
+
+#[derive(Debug, thiserror::Error)]
+pub enum SystemError {
+    /// A mount failed.
+    #[error("Cannot mount {fstype} on {target}")]
+    Mount {
+        fstype: String,
+        target: String,
+        #[source]
+        source: nix::Error,
+    },
+    /// Another system call failed.
+    #[error("Cannot {what}")]
+    Sys {
+        what: &'static str,
+        #[source]
+        source: nix::Error,
+    },
+}
+
+fn sys(what: &'static str) -> impl FnOnce(nix::Error) -> SystemError {
+    move |source| SystemError::Sys { what, source }
+}
+
+fn mount_fs(
+    source: &str,
+    target: &str,
+    fstype: &str,
+    flags: MsFlags,
+    data: Option<&str>,
+) -> Result<(), SystemError> {
+    let _ = std::fs::create_dir_all(target);
+    match mount(Some(source), target, Some(fstype), flags, data) {
+        // The kernel may have mounted devtmpfs already (CONFIG_DEVTMPFS_MOUNT).
+        Err(nix::errno::Errno::EBUSY) => Ok(()),
+        r => r.map_err(|source| SystemError::Mount {
+            fstype: fstype.into(),
+            target: target.into(),
+            source,
+        }),
+    }
+}
+
+/// /proc, /sys, /dev, /dev/pts, /dev/shm, /tmp and /run, as a microVM's init mounts them.
+fn mount_pseudo() -> Result<(), SystemError> {
+    let secure = MsFlags::MS_NOSUID | MsFlags::MS_NODEV | MsFlags::MS_NOEXEC;
+    mount_fs("proc", "/proc", "proc", secure, None)?;
+    mount_fs("sysfs", "/sys", "sysfs", secure, None)?;
+    mount_fs(
+        "devtmpfs",
+        "/dev",
+        "devtmpfs",
+        MsFlags::MS_NOSUID,
+        Some("mode=0755"),
+    )?;
+    mount_fs(
+        "devpts",
+        "/dev/pts",
+        "devpts",
+        MsFlags::MS_NOSUID | MsFlags::MS_NOEXEC,
+        Some("gid=5,mode=0620,ptmxmode=0666"),
+    )?;
+    mount_fs(
+        "shm",
+        "/dev/shm",
+        "tmpfs",
+        MsFlags::MS_NOSUID | MsFlags::MS_NODEV,
+        Some("mode=1777"),
+    )?;
+    mount_fs(
+        "tmpfs",
+        "/tmp",
+        "tmpfs",
+        MsFlags::MS_NOSUID | MsFlags::MS_NODEV,
+        Some("mode=1777"),
+    )?;
+    mount_fs(
+        "tmpfs",
+        "/run",
+        "tmpfs",
+        MsFlags::MS_NOSUID | MsFlags::MS_NODEV,
+        Some("mode=0755"),
+    )?;
+    let _ = std::os::unix::fs::symlink("/proc/self/fd", "/dev/fd");
+    Ok(())
+}
+
+/// The microVM's mount plan: pseudo filesystems, the writable layer (`layer_device`, or a
+/// tmpfs when the VM has none), the overlay of the read-only image and the layer, a pivot into
+/// it, and the pseudo filesystems again inside.
+pub fn microvm_init(config: &Config) -> Result<(), SystemError> {
+    mount::<str, str, str, str>(None, "/", None, MsFlags::MS_REC | MsFlags::MS_PRIVATE, None)
+        .map_err(sys("make / private"))?;
+    mount_pseudo()?;
+    if let Some(ms) = config.clock_ms {
+        set_clock(ms)?;
+    }
+    let device = config.layer_device.to_string_lossy().into_owned();
+    let on_disk = Path::new(&device).exists()
+        && mount_fs(&device, LAYER, "ext4", MsFlags::MS_NOATIME, None)
+            .inspect_err(|e| eprintln!("belljar-agent: {e}: {:?}; using a tmpfs layer", e))
+            .is_ok();
+    if !on_disk {
+        mount_fs("layer", LAYER, "tmpfs", MsFlags::empty(), Some("mode=0755"))?;
+    }
+    for dir in ["upper", "work"] {
+        let _ = std::fs::create_dir_all(Path::new(LAYER).join(dir));
+    }
+    let data = format!("lowerdir=/,upperdir={LAYER}/upper,workdir={LAYER}/work");
+    mount_fs(
+        "overlay",
+        NEW_ROOT,
+        "overlay",
+        MsFlags::empty(),
+        Some(&data),
+    )?;
+    nix::unistd::chdir(NEW_ROOT).map_err(sys("enter the new root"))?;
+    nix::unistd::pivot_root(".", ".").map_err(sys("pivot_root"))?;
+    // The old root is stacked under the new one at "."; detaching it drops its mounts too.
+    umount2(".", MntFlags::MNT_DETACH).map_err(sys("detach the old root"))?;
+    nix::unistd::chdir("/").map_err(sys("enter /"))?;
+    mount_pseudo()?;
+    finish_init(config)
+}
+
+/// The namespace sandbox's mount plan: its root is already in place, so only what a fresh
+/// PID namespace needs: /proc, a private /dev/pts, /dev/shm, and /tmp when it is not writable.
+pub fn namespace_init(config: &Config) -> Result<(), SystemError> {
+    let secure = MsFlags::MS_NOSUID | MsFlags::MS_NODEV | MsFlags::MS_NOEXEC;
+    mount_fs("proc", "/proc", "proc", secure, None)?;
+    mount_fs(
+        "devpts",
+        "/dev/pts",
+        "devpts",
+        MsFlags::MS_NOSUID | MsFlags::MS_NOEXEC,
+        Some("newinstance,ptmxmode=0666,mode=0620"),
+    )?;
+    if !Path::new("/dev/ptmx").exists() {
+        let _ = std::os::unix::fs::symlink("pts/ptmx", "/dev/ptmx");
+    }
+    mount_fs(
+        "shm",
+        "/dev/shm",
+        "tmpfs",
+        MsFlags::MS_NOSUID | MsFlags::MS_NODEV,
+        Some("mode=1777"),
+    )?;
+    if nix::unistd::access("/tmp", nix::unistd::AccessFlags::W_OK).is_err() {
+        mount_fs(
+            "tmpfs",
+            "/tmp",
+            "tmpfs",
+            MsFlags::MS_NOSUID | MsFlags::MS_NODEV,
+            Some("mode=1777"),
+        )?;
+    }
+    finish_init(config)
+}
+
+fn finish_init(config: &Config) -> Result<(), SystemError> {
+    if let Some(name) = &config.hostname {
+        nix::unistd::sethostname(name).map_err(sys("set the hostname"))?;
+    }
+    loopback_up()?;
+    let _ = std::fs::create_dir_all("/run/belljar");
+    Ok(())
+}
+
+fn set_clock(unix_ms: i64) -> Result<(), SystemError> {
+    let ts = nix::sys::time::TimeSpec::new(unix_ms / 1000, (unix_ms % 1000) * 1_000_000);
+    nix::time::clock_settime(nix::time::ClockId::CLOCK_REALTIME, ts).map_err(sys("set the clock"))
+}
+
+/// Brings `lo` up with the SIOCSIFFLAGS ioctl, so no `ip` binary is needed.
+pub fn loopback_up() -> Result<(), SystemError> {
+    use nix::sys::socket::{AddressFamily, SockFlag, SockType, socket};
+    use std::os::fd::AsRawFd;
+    let sock = socket(
+        AddressFamily::Inet,
+        SockType::Datagram,
+        SockFlag::SOCK_CLOEXEC,
+        None,
+    )
+    .map_err(sys("open a socket for lo"))?;
+    // SAFETY: `ifreq` is plain old data; all zeroes is a valid value.
+    let mut ifr: libc::ifreq = unsafe { std::mem::zeroed() };
+    for (dst, src) in ifr.ifr_name.iter_mut().zip(b"lo\0") {
+        *dst = *src as libc::c_char;
+    }
+    // SAFETY: SIOCGIFFLAGS reads the name from and writes the flags into `ifr`, a valid ifreq.
+    if unsafe { libc::ioctl(sock.as_raw_fd(), libc::SIOCGIFFLAGS, &mut ifr) } < 0 {
+        return Err(SystemError::Sys {
+            what: "read the flags of lo",
+            source: nix::Error::last(),
+        });
+    }
+    // SAFETY: after SIOCGIFFLAGS the `ifru_flags` member of the union is the initialised one.
+    unsafe {
+        ifr.ifr_ifru.ifru_flags |= (libc::IFF_UP | libc::IFF_RUNNING) as libc::c_short;
+    }
+    // SAFETY: SIOCSIFFLAGS reads the name and flags from `ifr`, a valid ifreq.
+    if unsafe { libc::ioctl(sock.as_raw_fd(), libc::SIOCSIFFLAGS, &ifr) } < 0 {
+        return Err(SystemError::Sys {
+            what: "bring lo up",
+            source: nix::Error::last(),
+        });
+    }
+    Ok(())
+}
+
+/// Prepares the system for `config`'s mode; nothing in plain mode.
+pub fn init(config: &Config) -> Result<(), SystemError> {
+    match config.mode() {
+        Mode::Microvm if std::process::id() == 1 => microvm_init(config),
+        Mode::Namespace => namespace_init(config),
+        _ => Ok(()),
+    }
+}
+
+/// Ends the sandbox as its mode wants: a microVM's init stops every process, syncs and powers
+/// off or reboots; a namespace sandbox's init kills everything in its PID namespace and exits.
+/// Elsewhere only the agent itself exits (its commands are killed by the caller).
+pub fn end(mode: Mode, reboot: bool) -> ! {
+    let pid1 = std::process::id() == 1;
+    if pid1 {
+        let _ = kill(Pid::from_raw(-1), Signal::SIGTERM);
+        std::thread::sleep(Duration::from_millis(if mode == Mode::Microvm {
+            500
+        } else {
+            100
+        }));
+        let _ = kill(Pid::from_raw(-1), Signal::SIGKILL);
+    }
+    nix::unistd::sync();
+    if pid1 && mode == Mode::Microvm {
+        let how = if reboot {
+            nix::sys::reboot::RebootMode::RB_AUTOBOOT
+        } else {
+            nix::sys::reboot::RebootMode::RB_POWER_OFF
+        };
+        let _ = nix::sys::reboot::reboot(how);
+        // Only reached if reboot(2) failed; init must not exit, so wait for the end.
+        loop {
+            std::thread::sleep(Duration::from_secs(60));
+        }
+    }
+    std::process::exit(0)
+}
