@@ -187,12 +187,13 @@ fn unescape(s: &str) -> String {
     let mut out = Vec::with_capacity(bytes.len());
     let mut i = 0;
     while i < bytes.len() {
-        if bytes[i] == b'\\' && i + 4 <= bytes.len() {
-            if let Ok(v) = u8::from_str_radix(s.get(i + 1..i + 4).unwrap_or(""), 8) {
-                out.push(v);
-                i += 4;
-                continue;
-            }
+        let octal = (bytes[i] == b'\\' && i + 4 <= bytes.len())
+            .then(|| u8::from_str_radix(s.get(i + 1..i + 4).unwrap_or(""), 8).ok())
+            .flatten();
+        if let Some(v) = octal {
+            out.push(v);
+            i += 4;
+            continue;
         }
         out.push(bytes[i]);
         i += 1;
@@ -236,6 +237,18 @@ fn keyed(path: &Path, key: &str) -> Option<u64> {
 }
 
 impl Groups {
+    /// A `belljar/<id>` group that already holds processes: another sandbox has this id.
+    pub fn in_use(id: &str, h: &Hierarchies) -> Option<PathBuf> {
+        let parents = h.v2.iter().map(|(base, _)| base.clone());
+        let parents = parents.chain(
+            h.v1.values()
+                .flat_map(|(base, root)| [base.clone(), root.clone()]),
+        );
+        parents.map(|p| p.join("belljar").join(id)).find(|dir| {
+            fs::read_to_string(dir.join("cgroup.procs")).is_ok_and(|t| !t.trim().is_empty())
+        })
+    }
+
     /// Makes the sandbox's groups and writes its limits. Failures become `NotEnforced`.
     pub fn create(id: &str, limits: &crate::Limits, h: &Hierarchies) -> (Self, LimitsReport) {
         let mut groups = Groups::default();

@@ -210,6 +210,8 @@ fn pid1(plan: &Plan, err_fd: RawFd) -> ! {
     // BPF program owned by `plan`, which outlives the calls; all pointers are valid for the
     // duration of each call and the structs passed are fully initialised.
     unsafe {
+        // Its own session, so nothing ties it to the starter that is about to exit.
+        check(libc::setsid(), err_fd, "setsid");
         check(
             libc::chdir(plan.workdir.as_ptr()),
             err_fd,

@@ -110,7 +110,15 @@ pub fn launch(spec: &SandboxSpec) -> Result<Running, Error> {
     let fs_dir = dir.join("fs");
     for sub in ["", "upper", "work", "merged", "lower", "run"] {
         let path = fs_dir.join(sub);
-        mkdir(&path, if sub == "run" { 0o755 } else { 0o700 })?;
+        // The overlay's root takes the upper directory's mode: `/` must be 0755.
+        mkdir(
+            &path,
+            if matches!(sub, "run" | "upper") {
+                0o755
+            } else {
+                0o700
+            },
+        )?;
         if !rootless {
             std::os::unix::fs::chown(&path, Some(root_uid), Some(root_gid)).map_err(|source| {
                 Error::Prepare {
@@ -131,6 +139,13 @@ pub fn launch(spec: &SandboxSpec) -> Result<Running, Error> {
     let _ = fs::remove_file(&socket);
 
     let hierarchies = Hierarchies::discover();
+    if let Some(dir) = Groups::in_use(&spec.id, &hierarchies) {
+        return Err(Error::Spec(format!(
+            "id {} is in use: {} has processes",
+            spec.id,
+            dir.display()
+        )));
+    }
     let (groups, limits) = Groups::create(&spec.id, &spec.limits, &hierarchies);
     let result = start(spec, &map, rootless, &groups).and_then(|pid| {
         let start_time = start_time(pid).ok_or(Error::Start(child::Error::NoPid))?;

@@ -1,8 +1,11 @@
 //! Launch, adopt, stop and destroy real namespace sandboxes (as root here), with the stand-in
 //! agent from `belljar_namespace::testing` as PID 1.
 
-use std::path::{Path, PathBuf};
-use std::time::{Duration, Instant};
+use std::io::BufRead;
+use std::os::unix::fs::MetadataExt;
+use std::path::Path;
+use std::process::{Command, Stdio};
+use std::time::Duration;
 
 use belljar_namespace::testing::{self, Output};
 use belljar_namespace::{Limits, SandboxSpec};
@@ -26,6 +29,15 @@ fn sh(socket: &Path, cmd: &str) -> Output {
     testing::shell(socket, cmd, T).unwrap_or_else(|e| panic!("{cmd}: {e}"))
 }
 
+/// Destroys the sandbox even when an assertion fails, so no test leaves one running.
+struct Guard(std::path::PathBuf);
+
+impl Drop for Guard {
+    fn drop(&mut self) {
+        let _ = belljar_namespace::destroy(&self.0);
+    }
+}
+
 fn tmpdir() -> tempfile::TempDir {
     tempfile::Builder::new()
         .prefix("bjns")
@@ -37,6 +49,7 @@ fn tmpdir() -> tempfile::TempDir {
 fn launch_run_stop_destroy() {
     let tmp = tmpdir();
     let spec = spec(tmp.path(), "life", Limits::default());
+    let _guard = Guard(spec.state_dir.clone());
     let running = belljar_namespace::launch(&spec).expect("launch");
     assert_eq!(running.socket, spec.state_dir.join("run/agent.sock"));
     belljar_namespace::wait_ready(&running.socket, T).unwrap();
@@ -60,4 +73,225 @@ fn launch_run_stop_destroy() {
     assert!(belljar_namespace::adopt(&spec.state_dir).unwrap().is_none());
     belljar_namespace::destroy(&spec.state_dir).unwrap();
     assert!(!spec.state_dir.exists());
+}
+
+#[test]
+fn survives_the_death_of_the_launching_process_and_is_adopted() {
+    let tmp = tmpdir();
+    let spec = spec(tmp.path(), "orphan", Limits::default());
+    let _guard = Guard(spec.state_dir.clone());
+    // The "daemon": a separate process that launches and then waits to be killed.
+    let mut daemon = Command::new(env!("CARGO_BIN_EXE_belljar-ns"))
+        .arg("launch")
+        .arg(&spec.id)
+        .arg(&spec.rootfs)
+        .arg(&spec.state_dir)
+        .arg(&spec.agent)
+        .arg("--hold")
+        .stdout(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let mut line = String::new();
+    std::io::BufReader::new(daemon.stdout.take().unwrap())
+        .read_line(&mut line)
+        .unwrap();
+    let launched: belljar_namespace::Running = serde_json::from_str(&line).expect(&line);
+    daemon.kill().unwrap(); // SIGKILL
+    daemon.wait().unwrap();
+    let adopted = belljar_namespace::adopt(&spec.state_dir)
+        .unwrap()
+        .expect("still running");
+    assert_eq!(adopted.pid, launched.pid);
+    // Reparented away from the dead daemon, in its own session.
+    let stat = std::fs::read_to_string(format!("/proc/{}/stat", adopted.pid)).unwrap();
+    let fields: Vec<&str> = stat[stat.rfind(')').unwrap() + 2..].split(' ').collect();
+    assert_ne!(fields[1], daemon.id().to_string(), "ppid");
+    assert_eq!(
+        fields[3],
+        adopted.pid.to_string(),
+        "PID 1 leads its own session"
+    );
+    belljar_namespace::wait_ready(&adopted.socket, T).unwrap();
+    assert_eq!(sh(&adopted.socket, "echo alive").text, "alive\n");
+    // The exit watch works for a process that is not our child.
+    let watch = belljar_namespace::ExitWatch::for_sandbox(&spec.state_dir)
+        .unwrap()
+        .unwrap();
+    assert!(!watch.has_exited());
+    belljar_namespace::stop(&spec.state_dir, Duration::from_secs(2)).unwrap();
+    assert!(watch.wait(Some(T)));
+    assert!(belljar_namespace::adopt(&spec.state_dir).unwrap().is_none());
+    belljar_namespace::destroy(&spec.state_dir).unwrap();
+}
+
+#[test]
+fn exit_from_inside_is_seen_and_relaunch_keeps_the_writable_layer() {
+    let tmp = tmpdir();
+    let spec = spec(tmp.path(), "relaunch", Limits::default());
+    let _guard = Guard(spec.state_dir.clone());
+    let running = belljar_namespace::launch(&spec).unwrap();
+    belljar_namespace::wait_ready(&running.socket, T).unwrap();
+    assert!(matches!(
+        belljar_namespace::launch(&spec),
+        Err(belljar_namespace::Error::AlreadyRunning(pid)) if pid == running.pid
+    ));
+    let out = sh(
+        &running.socket,
+        "echo kept > /workspace/kept.txt && mkdir -p /etc/new && touch /etc/new/f && rm /workspace/hello.txt",
+    );
+    assert_eq!(out.code, 0, "{}", out.text);
+    // Files written by root inside belong to the sandbox's root uid on the host, not root.
+    let upper = spec.state_dir.join("fs/upper");
+    let meta = std::fs::metadata(upper.join("workspace/kept.txt")).unwrap();
+    // The file was created by root inside (the stand-in runs commands as root).
+    assert_eq!(meta.uid(), running.root_uid);
+    assert_ne!(running.root_uid, 0);
+    let watch = belljar_namespace::ExitWatch::for_sandbox(&spec.state_dir)
+        .unwrap()
+        .unwrap();
+    // PID 1 ends itself (SIGTERM from inside reaches the stand-in's handler).
+    let _ = testing::shell(&running.socket, "kill -TERM 1", T);
+    assert!(watch.wait(Some(T)), "PID 1 exited");
+    assert!(belljar_namespace::adopt(&spec.state_dir).unwrap().is_none());
+    belljar_namespace::stop(&spec.state_dir, Duration::from_secs(1)).unwrap();
+    let again = belljar_namespace::launch(&spec).unwrap();
+    belljar_namespace::wait_ready(&again.socket, T).unwrap();
+    assert_eq!(
+        again.root_uid, running.root_uid,
+        "same id block for the same layer"
+    );
+    let out = sh(
+        &again.socket,
+        "cat /workspace/kept.txt; ls /etc/new; ls /workspace",
+    );
+    assert_eq!(out.text, "kept\nf\nkept.txt\n");
+    belljar_namespace::destroy(&spec.state_dir).unwrap();
+    assert!(!spec.state_dir.exists());
+}
+
+#[test]
+fn image_ownership_namespaces_and_confinement() {
+    let tmp = tmpdir();
+    let spec = spec(tmp.path(), "confined", Limits::default());
+    let _guard = Guard(spec.state_dir.clone());
+    let running = belljar_namespace::launch(&spec).unwrap();
+    belljar_namespace::wait_ready(&running.socket, T).unwrap();
+    let check = |cmd: &str, want: &str| {
+        let out = sh(&running.socket, cmd);
+        assert_eq!(out.text.trim(), want, "{cmd}");
+    };
+    // The image's owners show through the idmapped lower layer.
+    check(
+        "stat -c '%u:%g %a' /workspace /etc/passwd /root",
+        "1000:1000 755\n0:0 644\n0:0 700",
+    );
+    check(
+        "su belljar -s /bin/sh -c 'id -u; touch /workspace/mine && stat -c %u /workspace/mine'",
+        "1000\n1000",
+    );
+    // Only loopback, and it is up.
+    check("ls /sys/class/net", "lo");
+    check("ping -c1 -W2 127.0.0.1 >/dev/null && echo ok", "ok");
+    // Own PID namespace: few processes, PID 1 is the agent.
+    check(
+        "ls /proc | grep -c '^[0-9]*$' | awk '{print ($1 < 10)}'",
+        "1",
+    );
+    // Mount points and the agent binary.
+    check("grep -c ' / overlay' /proc/self/mounts", "1");
+    check("touch /sbin/belljar-agent >/dev/null 2>&1; echo $?", "1");
+    check("test -S /run/belljar/agent.sock && echo sock", "sock");
+    // Capabilities are cut down; these need CAP_SYS_ADMIN or are refused by seccomp.
+    check("grep CapBnd /proc/self/status", "CapBnd:\t00000000a80425fb");
+    let refused = |cmd: &str| {
+        check(
+            &format!("({cmd}) >/dev/null 2>&1 && echo allowed || echo refused"),
+            "refused",
+        )
+    };
+    refused("mount -t tmpfs t /tmp");
+    refused("umount /proc");
+    refused("unshare -U true");
+    refused("unshare -n true");
+    refused("nsenter -t 1 -m true");
+    refused("swapoff -a");
+    refused("mknod /tmp/sda b 8 0 && head -c1 /tmp/sda");
+    check("hostname evil 2>/dev/null; hostname", "confined-host");
+    check(
+        "reboot -f 2>/dev/null; sleep 0.2; echo still here",
+        "still here",
+    );
+    // Host clock is not settable.
+    check(
+        "date -s 2000-01-01 >/dev/null 2>&1; date +%Y | awk '{print ($1 > 2020)}'",
+        "1",
+    );
+    belljar_namespace::destroy(&spec.state_dir).unwrap();
+}
+
+#[test]
+fn limits_are_enforced_with_cgroups() {
+    let tmp = tmpdir();
+    let limits = Limits {
+        memory_bytes: Some(64 << 20),
+        cpu: Some(0.25),
+        pids: Some(40),
+    };
+    let spec = spec(tmp.path(), "limited", limits);
+    let _guard = Guard(spec.state_dir.clone());
+    let running = belljar_namespace::launch(&spec).unwrap();
+    assert!(running.limits.memory.is_enforced(), "{:?}", running.limits);
+    assert!(running.limits.cpu.is_enforced(), "{:?}", running.limits);
+    assert!(running.limits.pids.is_enforced(), "{:?}", running.limits);
+    belljar_namespace::wait_ready(&running.socket, T).unwrap();
+    // Memory: a hog is OOM-killed inside the sandbox's cgroup; PID 1 survives.
+    let out = sh(
+        &running.socket,
+        "a=xxxxxxxxxxxxxxxx; while true; do a=$a$a; done",
+    );
+    assert_eq!(out.code, 137, "killed by SIGKILL: {}", out.text);
+    let usage = belljar_namespace::usage(&spec.state_dir).unwrap();
+    assert!(usage.oom_kills.unwrap_or(1) >= 1, "{usage:?}");
+    assert!(usage.memory_peak_bytes.unwrap() <= 64 << 20, "{usage:?}");
+    assert_eq!(sh(&running.socket, "echo alive").text, "alive\n");
+    // PIDs: forks beyond the limit fail.
+    let out = sh(
+        &running.socket,
+        "for i in $(seq 60); do sleep 30 >/dev/null 2>&1 & done 2>&1 | grep -c fork; kill -9 -1; true",
+    );
+    assert!(
+        out.text.trim().parse::<u32>().unwrap_or(0) > 0,
+        "{}",
+        out.text
+    );
+    // CPU: a busy loop for one second of wall time gets about a quarter of a CPU.
+    let before = belljar_namespace::usage(&spec.state_dir)
+        .unwrap()
+        .cpu_usec
+        .unwrap();
+    sh(&running.socket, "timeout 1 sh -c 'while :; do :; done'");
+    let used = belljar_namespace::usage(&spec.state_dir)
+        .unwrap()
+        .cpu_usec
+        .unwrap()
+        - before;
+    assert!(
+        used < 600_000,
+        "used {used} us of CPU in 1 s with a 0.25 CPU quota"
+    );
+    // Freeze and thaw.
+    belljar_namespace::freeze(&spec.state_dir).unwrap();
+    let frozen = testing::shell(&running.socket, "echo thawed", Duration::from_millis(300));
+    assert!(frozen.is_err(), "frozen sandbox answered: {frozen:?}");
+    belljar_namespace::thaw(&spec.state_dir).unwrap();
+    assert_eq!(sh(&running.socket, "echo thawed").text, "thawed\n");
+    belljar_namespace::destroy(&spec.state_dir).unwrap();
+}
+
+#[test]
+fn probe_reports_this_host() {
+    let p = belljar_namespace::probe();
+    assert!(p.available, "{}", p.reason);
+    assert!(!p.rootless);
+    assert_eq!(p.cgroup, belljar_namespace::CgroupMode::V1);
 }
