@@ -1,0 +1,272 @@
+//! The command line of `belljar`, as the issue lists it, parsed by clap.
+
+use clap::{Args, Parser, Subcommand};
+
+/// Local, disposable Linux sandboxes.
+#[derive(Debug, Parser)]
+#[command(name = "belljar", version, about, propagate_version = true)]
+pub struct Cli {
+    /// Print the API's JSON instead of tables (read commands).
+    #[arg(long, global = true)]
+    pub json: bool,
+    #[command(subcommand)]
+    pub command: Cmd,
+}
+
+#[derive(Debug, Subcommand)]
+pub enum Cmd {
+    /// Create a sandbox and print its id.
+    Create(CreateArgs),
+    /// List sandboxes.
+    Ls(LsArgs),
+    /// Show one sandbox.
+    Info {
+        /// Sandbox id or name.
+        id: String,
+    },
+    /// Run a command in a sandbox; exits with the command's exit status.
+    Exec(ExecArgs),
+    /// Create a sandbox, run one command in it, then delete it.
+    Run(RunArgs),
+    /// Open an interactive shell in a sandbox.
+    Sh {
+        /// Sandbox id or name.
+        id: String,
+        /// Working directory of the shell.
+        #[arg(long)]
+        cwd: Option<String>,
+        /// Run the shell as root.
+        #[arg(long)]
+        sudo: bool,
+    },
+    /// Copy files or directories; either side may be ID:/path.
+    Cp {
+        src: String,
+        dst: String,
+        /// Do not show a progress bar.
+        #[arg(short, long)]
+        quiet: bool,
+    },
+    /// Print the output of a sandbox's commands (all of them, or CMD_ID).
+    Logs {
+        /// Sandbox id or name.
+        id: String,
+        /// One command; default: every command, oldest first.
+        cmd_id: Option<String>,
+        /// Keep printing output until the (last) command exits.
+        #[arg(short, long)]
+        follow: bool,
+    },
+    /// Add time to a sandbox's timeout (e.g. 10m, 90s, 1h).
+    Extend {
+        /// Sandbox id or name.
+        id: String,
+        duration: String,
+    },
+    /// Stop a sandbox (its record, logs and files stay until `rm`).
+    Stop {
+        /// Sandbox ids or names.
+        #[arg(required = true)]
+        ids: Vec<String>,
+    },
+    /// Delete sandboxes, stopping them first.
+    Rm {
+        /// Sandbox ids or names.
+        #[arg(required = true)]
+        ids: Vec<String>,
+    },
+    /// List images, or build one.
+    Images {
+        #[command(subcommand)]
+        action: Option<ImagesCmd>,
+    },
+    /// Start, stop or inspect the daemon.
+    Daemon {
+        #[command(subcommand)]
+        action: DaemonCmd,
+    },
+    /// Open the web UI in a browser (prints its one-time URL).
+    Ui {
+        /// Only print the URL.
+        #[arg(long)]
+        no_open: bool,
+    },
+    /// Print a shell completion script.
+    Completions { shell: clap_complete::Shell },
+}
+
+#[derive(Debug, Args, Clone, Default)]
+pub struct SandboxOpts {
+    /// Number of vCPUs (default 2).
+    #[arg(long)]
+    pub vcpus: Option<u32>,
+    /// Memory in MiB (default 1024).
+    #[arg(long, value_name = "MiB")]
+    pub memory: Option<u64>,
+    /// Size of the writable disk layer in MiB (default 4096).
+    #[arg(long, value_name = "MiB")]
+    pub disk: Option<u64>,
+    /// Environment of every command, K=V; repeatable.
+    #[arg(long = "env", short = 'e', value_name = "K=V")]
+    pub env: Vec<String>,
+    /// Time until the sandbox stops by itself, e.g. 10m (default 5m).
+    #[arg(long)]
+    pub timeout: Option<String>,
+    /// A tag k=v; repeatable.
+    #[arg(long = "tag", value_name = "k=v")]
+    pub tags: Vec<String>,
+    #[arg(long)]
+    pub name: Option<String>,
+    /// A directory or tarball unpacked into /workspace, or a git URL cloned there.
+    #[arg(long, value_name = "PATH|GIT_URL")]
+    pub source: Option<String>,
+    /// auto (default), microvm or namespace.
+    #[arg(long)]
+    pub backend: Option<String>,
+}
+
+#[derive(Debug, Args)]
+pub struct CreateArgs {
+    /// base (default), python3.13, node24 or node22.
+    #[arg(long)]
+    pub image: Option<String>,
+    #[command(flatten)]
+    pub opts: SandboxOpts,
+}
+
+#[derive(Debug, Args)]
+pub struct LsArgs {
+    /// Only sandboxes in this status (running, stopped, ...).
+    #[arg(long)]
+    pub status: Option<String>,
+    /// Only sandboxes with this tag, k=v.
+    #[arg(long)]
+    pub tag: Option<String>,
+}
+
+#[derive(Debug, Args)]
+pub struct ExecArgs {
+    /// Working directory (default /workspace).
+    #[arg(long)]
+    pub cwd: Option<String>,
+    /// Environment, K=V; repeatable.
+    #[arg(long = "env", short = 'e', value_name = "K=V")]
+    pub env: Vec<String>,
+    /// Run as root.
+    #[arg(long)]
+    pub sudo: bool,
+    /// Start the command and print its id without waiting.
+    #[arg(long, short = 'd')]
+    pub detach: bool,
+    /// Run on a pseudo-terminal (raw local terminal, resized with it).
+    #[arg(short = 't', long = "tty")]
+    pub tty: bool,
+    /// Forward local stdin to the command.
+    #[arg(short = 'i', long)]
+    pub interactive: bool,
+    /// Sandbox id or name.
+    pub id: String,
+    /// The command and its arguments.
+    #[arg(last = true, required = true)]
+    pub argv: Vec<String>,
+}
+
+#[derive(Debug, Args)]
+pub struct RunArgs {
+    #[command(flatten)]
+    pub opts: SandboxOpts,
+    /// Working directory (default /workspace).
+    #[arg(long)]
+    pub cwd: Option<String>,
+    /// Run as root.
+    #[arg(long)]
+    pub sudo: bool,
+    /// Run on a pseudo-terminal.
+    #[arg(short = 't', long = "tty")]
+    pub tty: bool,
+    /// Forward local stdin to the command.
+    #[arg(short = 'i', long)]
+    pub interactive: bool,
+    /// Keep the sandbox instead of deleting it afterwards.
+    #[arg(long)]
+    pub keep: bool,
+    /// The image: base, python3.13, node24 or node22.
+    pub image: String,
+    /// The command and its arguments.
+    #[arg(last = true, required = true)]
+    pub argv: Vec<String>,
+}
+
+#[derive(Debug, Subcommand)]
+pub enum ImagesCmd {
+    /// Build (or rebuild) an image; prints progress.
+    Build { name: String },
+}
+
+#[derive(Debug, Subcommand)]
+pub enum DaemonCmd {
+    /// Start the daemon in the background.
+    Start {
+        /// TCP port on 127.0.0.1 (0 picks a free one).
+        #[arg(long)]
+        port: Option<u16>,
+    },
+    /// Stop the daemon; running sandboxes keep running.
+    Stop,
+    /// Whether the daemon runs, and how it is set up.
+    Status,
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use clap::CommandFactory;
+
+    #[test]
+    fn command_line_is_consistent() {
+        Cli::command().debug_assert();
+    }
+
+    #[test]
+    fn exec_takes_command_after_double_dash() {
+        let cli = Cli::try_parse_from([
+            "belljar", "exec", "-t", "--env", "A=1", "sbx_1", "--", "ls", "-la",
+        ])
+        .unwrap();
+        let Cmd::Exec(e) = cli.command else {
+            panic!("not exec")
+        };
+        assert!(e.tty);
+        assert_eq!(e.id, "sbx_1");
+        assert_eq!(e.argv, ["ls", "-la"]);
+        assert_eq!(e.env, ["A=1"]);
+    }
+
+    #[test]
+    fn json_is_global_and_run_takes_image() {
+        let cli = Cli::try_parse_from(["belljar", "ls", "--json"]).unwrap();
+        assert!(cli.json);
+        let cli = Cli::try_parse_from([
+            "belljar",
+            "run",
+            "--timeout",
+            "1m",
+            "base",
+            "--",
+            "echo",
+            "hi",
+        ])
+        .unwrap();
+        let Cmd::Run(r) = cli.command else {
+            panic!("not run")
+        };
+        assert_eq!(r.image, "base");
+        assert_eq!(r.opts.timeout.as_deref(), Some("1m"));
+    }
+
+    #[test]
+    fn usage_errors_are_exit_status_2() {
+        let err = Cli::try_parse_from(["belljar", "exec", "sbx_1"]).unwrap_err();
+        assert_eq!(err.exit_code(), 2);
+    }
+}

@@ -1,0 +1,607 @@
+//! What each `belljar` subcommand does: turn its arguments into API calls and print the
+//! answer, as a table or (`--json`) the API's JSON.
+
+use std::collections::BTreeMap;
+use std::io::{IsTerminal, Write};
+
+use anyhow::{Context, Result};
+use belljar_api::{
+    BackendChoice, CommandList, CreateSandbox, ExtendSandbox, Image, ImageBuildEvent, Info,
+    Sandbox, SandboxList, SandboxStatus, Source, Stream,
+};
+use belljar_cli::client::{self, Client, ClientError};
+use belljar_cli::cp::{self, Location};
+use belljar_cli::duration::parse_ms;
+use belljar_cli::exec::{self, ExecOptions};
+use belljar_cli::launcher;
+use belljar_cli::logs::{self, LogSink};
+use belljar_cli::ndjson::Lines;
+use belljar_cli::output::{self, now_ms};
+use belljar_cli::paths::Paths;
+use belljar_cli::query::{encode, with_query};
+use belljar_cli::terminal::{self, ShellOptions};
+use clap::CommandFactory;
+use http::Method;
+use serde::Deserialize;
+
+use crate::args::{
+    Cli, Cmd, CreateArgs, DaemonCmd, ExecArgs, ImagesCmd, LsArgs, RunArgs, SandboxOpts,
+};
+
+/// A command-line value the daemon would reject anyway, caught before asking it.
+#[derive(Debug, thiserror::Error)]
+pub enum InputError {
+    /// `K=V` without `=`.
+    #[error("{flag} {value:?}: expected KEY=VALUE")]
+    KeyValue { flag: &'static str, value: String },
+    /// An unknown status or backend name.
+    #[error("{flag} {value:?}: expected one of {allowed}")]
+    Choice {
+        flag: &'static str,
+        value: String,
+        allowed: &'static str,
+    },
+    /// A name that matches no sandbox.
+    #[error("No sandbox with id or name {0:?}")]
+    UnknownSandbox(String),
+    /// A name that matches several sandboxes.
+    #[error("Several sandboxes are named {0:?}; use the id")]
+    AmbiguousName(String),
+}
+
+/// Runs one command; returns the process exit status.
+pub async fn run(cli: Cli) -> Result<i32> {
+    let json = cli.json;
+    let paths = Paths::from_env()?;
+    match cli.command {
+        Cmd::Completions { shell } => {
+            clap_complete::generate(
+                shell,
+                &mut Cli::command(),
+                "belljar",
+                &mut std::io::stdout(),
+            );
+            Ok(0)
+        }
+        Cmd::Daemon { action } => daemon(&paths, action, json).await,
+        command => {
+            let client = launcher::ensure_running(&paths).await?;
+            dispatch(&client, &paths, command, json).await
+        }
+    }
+}
+
+async fn dispatch(client: &Client, paths: &Paths, command: Cmd, json: bool) -> Result<i32> {
+    match command {
+        Cmd::Create(a) => create(client, a, json).await,
+        Cmd::Ls(a) => ls(client, a, json).await,
+        Cmd::Info { id } => {
+            let id = resolve(client, &id).await?;
+            let s: Sandbox = client.get(&format!("/v1/sandboxes/{id}")).await?;
+            if json {
+                print_json(&s)?;
+            } else {
+                print!("{}", output::sandbox(&s, now_ms()));
+                let cmds: CommandList = client.get(&format!("/v1/sandboxes/{id}/commands")).await?;
+                if !cmds.commands.is_empty() {
+                    println!(
+                        "\n{}",
+                        output::commands(&cmds.commands, now_ms()).trim_end()
+                    );
+                }
+            }
+            Ok(0)
+        }
+        Cmd::Exec(a) => exec_cmd(client, a, json).await,
+        Cmd::Run(a) => run_cmd(client, a).await,
+        Cmd::Sh { id, cwd, sudo } => {
+            let id = resolve(client, &id).await?;
+            Ok(terminal::shell(client, &id, &ShellOptions { cwd, sudo }).await?)
+        }
+        Cmd::Cp { src, dst, quiet } => {
+            let mut src = Location::parse(&src);
+            let mut dst = Location::parse(&dst);
+            for loc in [&mut src, &mut dst] {
+                if let Location::Sandbox { id, .. } = loc {
+                    *id = resolve(client, id).await?;
+                }
+            }
+            let progress = !quiet && !json && std::io::stderr().is_terminal();
+            let report = cp::copy(client, &src, &dst, progress).await?;
+            if json {
+                print_json(&serde_json::json!({
+                    "destination": report.destination,
+                    "bytes": report.bytes,
+                    "directory": report.directory,
+                }))?;
+            }
+            Ok(0)
+        }
+        Cmd::Logs { id, cmd_id, follow } => {
+            let id = resolve(client, &id).await?;
+            let mut out = |stream: Stream, data: &[u8]| write_stream(stream, data);
+            let mut raw = |line: &[u8]| write_stream(Stream::Stdout, line);
+            let mut sink = if json {
+                LogSink::Json(&mut raw)
+            } else {
+                LogSink::Output(&mut out)
+            };
+            logs::logs(client, &id, cmd_id.as_deref(), follow, &mut sink).await?;
+            Ok(0)
+        }
+        Cmd::Extend { id, duration } => {
+            let id = resolve(client, &id).await?;
+            let duration_ms = parse_ms(&duration)?;
+            let s: Sandbox = client
+                .call(
+                    Method::POST,
+                    &format!("/v1/sandboxes/{id}/extend"),
+                    &ExtendSandbox { duration_ms },
+                )
+                .await?;
+            if json {
+                print_json(&s)?;
+            } else if let Some(at) = s.expires_at {
+                println!(
+                    "{id} now expires in {}",
+                    belljar_cli::duration::format_ms((at - now_ms()).max(0))
+                );
+            }
+            Ok(0)
+        }
+        Cmd::Stop { ids } => {
+            for id in ids {
+                let id = resolve(client, &id).await?;
+                let s: Sandbox = client
+                    .call_empty(Method::POST, &format!("/v1/sandboxes/{id}/stop"))
+                    .await?;
+                if json {
+                    print_json(&s)?;
+                }
+            }
+            Ok(0)
+        }
+        Cmd::Rm { ids } => {
+            for id in ids {
+                let id = resolve(client, &id).await?;
+                client
+                    .call_no_content(
+                        Method::DELETE,
+                        &format!("/v1/sandboxes/{id}"),
+                        client::empty(),
+                        None,
+                    )
+                    .await?;
+            }
+            Ok(0)
+        }
+        Cmd::Images { action: None } => {
+            let images: Vec<Image> = client.get("/v1/images").await?;
+            if json {
+                print_json(&images)?;
+            } else {
+                print!("{}", output::images(&images));
+            }
+            Ok(0)
+        }
+        Cmd::Images {
+            action: Some(ImagesCmd::Build { name }),
+        } => build_image(client, &name, json).await,
+        Cmd::Ui { no_open } => ui(client, paths, no_open).await,
+        Cmd::Daemon { .. } | Cmd::Completions { .. } => unreachable!("handled before"),
+    }
+}
+
+fn print_json<T: serde::Serialize>(value: &T) -> Result<()> {
+    let mut out = std::io::stdout().lock();
+    serde_json::to_writer_pretty(&mut out, value)?;
+    writeln!(out)?;
+    Ok(())
+}
+
+fn write_stream(stream: Stream, data: &[u8]) -> std::io::Result<()> {
+    match stream {
+        Stream::Stdout => {
+            let mut out = std::io::stdout().lock();
+            out.write_all(data)?;
+            out.flush()
+        }
+        Stream::Stderr => {
+            let mut err = std::io::stderr().lock();
+            err.write_all(data)?;
+            err.flush()
+        }
+    }
+}
+
+/// An id as given, or the id of the one sandbox with that name.
+async fn resolve(client: &Client, id_or_name: &str) -> Result<String> {
+    if id_or_name.starts_with("sbx_") {
+        return Ok(id_or_name.to_string());
+    }
+    let mut cursor: Option<String> = None;
+    let mut found = Vec::new();
+    loop {
+        let url = with_query(
+            "/v1/sandboxes",
+            &[("limit", Some("200".into())), ("cursor", cursor.clone())],
+        );
+        let page: SandboxList = client.get(&url).await?;
+        found.extend(
+            page.sandboxes
+                .into_iter()
+                .filter(|s| s.name.as_deref() == Some(id_or_name))
+                .map(|s| s.id),
+        );
+        match page.next_cursor {
+            Some(c) => cursor = Some(c),
+            None => break,
+        }
+    }
+    match found.len() {
+        0 => Err(InputError::UnknownSandbox(id_or_name.to_string()).into()),
+        1 => Ok(found.remove(0)),
+        _ => Err(InputError::AmbiguousName(id_or_name.to_string()).into()),
+    }
+}
+
+fn key_values(flag: &'static str, items: &[String]) -> Result<BTreeMap<String, String>> {
+    let mut map = BTreeMap::new();
+    for item in items {
+        let (k, v) = item.split_once('=').ok_or_else(|| InputError::KeyValue {
+            flag,
+            value: item.clone(),
+        })?;
+        if k.is_empty() {
+            return Err(InputError::KeyValue {
+                flag,
+                value: item.clone(),
+            }
+            .into());
+        }
+        map.insert(k.to_string(), v.to_string());
+    }
+    Ok(map)
+}
+
+fn source(text: &str) -> Result<Source> {
+    let looks_remote = text.contains("://") || text.starts_with("git@");
+    if looks_remote {
+        return Ok(Source::Git {
+            url: text.to_string(),
+            revision: None,
+        });
+    }
+    let path = std::fs::canonicalize(text).with_context(|| format!("--source {text}"))?;
+    if path.join(".git").exists() || text.ends_with(".git") {
+        return Ok(Source::Git {
+            url: path.display().to_string(),
+            revision: None,
+        });
+    }
+    Ok(Source::Path {
+        path: path.display().to_string(),
+    })
+}
+
+fn create_request(image: Option<String>, o: &SandboxOpts) -> Result<CreateSandbox> {
+    let backend = match o.backend.as_deref() {
+        None => None,
+        Some("auto") => Some(BackendChoice::Auto),
+        Some("microvm") => Some(BackendChoice::Microvm),
+        Some("namespace") => Some(BackendChoice::Namespace),
+        Some(other) => {
+            return Err(InputError::Choice {
+                flag: "--backend",
+                value: other.to_string(),
+                allowed: "auto, microvm, namespace",
+            }
+            .into());
+        }
+    };
+    let env = key_values("--env", &o.env)?;
+    let tags = key_values("--tag", &o.tags)?;
+    Ok(CreateSandbox {
+        image,
+        backend,
+        vcpus: o.vcpus,
+        memory_mib: o.memory,
+        disk_mib: o.disk,
+        timeout_ms: o.timeout.as_deref().map(parse_ms).transpose()?,
+        env: (!env.is_empty()).then_some(env),
+        tags: (!tags.is_empty()).then_some(tags),
+        name: o.name.clone(),
+        source: o.source.as_deref().map(source).transpose()?,
+    })
+}
+
+async fn create(client: &Client, a: CreateArgs, json: bool) -> Result<i32> {
+    let req = create_request(a.image, &a.opts)?;
+    let s: Sandbox = client.call(Method::POST, "/v1/sandboxes", &req).await?;
+    if json {
+        print_json(&s)?;
+    } else {
+        println!("{}", s.id);
+    }
+    Ok(0)
+}
+
+async fn ls(client: &Client, a: LsArgs, json: bool) -> Result<i32> {
+    let status = match a.status.as_deref() {
+        None => None,
+        Some(s) => Some(
+            serde_json::from_value::<SandboxStatus>(serde_json::Value::String(s.to_string()))
+                .map_err(|_| InputError::Choice {
+                    flag: "--status",
+                    value: s.to_string(),
+                    allowed: "pending, running, paused, stopping, stopped, failed",
+                })?,
+        ),
+    };
+    let mut all = Vec::new();
+    let mut cursor: Option<String> = None;
+    loop {
+        let url = with_query(
+            "/v1/sandboxes",
+            &[
+                ("status", status.map(|s| s.as_str().to_string())),
+                ("tag", a.tag.clone()),
+                ("limit", Some("200".into())),
+                ("cursor", cursor.clone()),
+            ],
+        );
+        let page: SandboxList = client.get(&url).await?;
+        all.extend(page.sandboxes);
+        match page.next_cursor {
+            Some(c) => cursor = Some(c),
+            None => break,
+        }
+    }
+    if json {
+        print_json(&all)?;
+    } else {
+        print!("{}", output::sandboxes(&all, now_ms()));
+    }
+    Ok(0)
+}
+
+async fn exec_cmd(client: &Client, a: ExecArgs, json: bool) -> Result<i32> {
+    let id = resolve(client, &a.id).await?;
+    let opts = ExecOptions {
+        argv: a.argv,
+        cwd: a.cwd,
+        env: key_values("--env", &a.env)?,
+        sudo: a.sudo,
+        detach: a.detach,
+        tty: a.tty,
+        stdin: a.interactive,
+    };
+    let mut sink = |stream: Stream, data: &[u8]| write_stream(stream, data);
+    let cmd = exec::exec(client, &id, &opts, &mut sink).await?;
+    if a.detach {
+        if json {
+            print_json(&cmd)?;
+        } else {
+            println!("{}", cmd.id);
+        }
+        return Ok(0);
+    }
+    Ok(exec::exit_status(&cmd))
+}
+
+async fn run_cmd(client: &Client, a: RunArgs) -> Result<i32> {
+    let req = create_request(Some(a.image.clone()), &a.opts)?;
+    let s: Sandbox = client.call(Method::POST, "/v1/sandboxes", &req).await?;
+    let opts = ExecOptions {
+        argv: a.argv,
+        cwd: a.cwd,
+        env: BTreeMap::new(),
+        sudo: a.sudo,
+        detach: false,
+        tty: a.tty,
+        stdin: a.interactive,
+    };
+    let mut sink = |stream: Stream, data: &[u8]| write_stream(stream, data);
+    let result = tokio::select! {
+        r = exec::exec(client, &s.id, &opts, &mut sink) => r.map(|c| exec::exit_status(&c)).map_err(anyhow::Error::from),
+        _ = tokio::signal::ctrl_c() => Ok(130),
+    };
+    if !a.keep {
+        let deleted = client
+            .call_no_content(
+                Method::DELETE,
+                &format!("/v1/sandboxes/{}", s.id),
+                client::empty(),
+                None,
+            )
+            .await;
+        if let (Ok(_), Err(e)) = (&result, deleted) {
+            return Err(e.into());
+        }
+    } else {
+        eprintln!("sandbox {} kept", s.id);
+    }
+    result
+}
+
+async fn build_image(client: &Client, name: &str, json: bool) -> Result<i32> {
+    let resp = client
+        .request(
+            Method::POST,
+            &format!("/v1/images/{}/build", encode(name)),
+            client::empty(),
+            None,
+        )
+        .await?;
+    let mut lines = Lines::new(resp.into_body());
+    while let Some(event) = lines.next::<ImageBuildEvent>().await? {
+        if json {
+            println!("{}", serde_json::to_string(&event)?);
+        }
+        match event {
+            ImageBuildEvent::Progress { message } => {
+                if !json {
+                    eprintln!("{message}");
+                }
+            }
+            ImageBuildEvent::Done { image } => {
+                if !json {
+                    println!(
+                        "{} built{}",
+                        image.name,
+                        image.digest.map(|d| format!(" ({d})")).unwrap_or_default()
+                    );
+                }
+                return Ok(0);
+            }
+            ImageBuildEvent::Error { code, message } => {
+                return Err(ClientError::Api {
+                    status: 500,
+                    code,
+                    message,
+                }
+                .into());
+            }
+        }
+    }
+    anyhow::bail!("The image build stream ended without a result")
+}
+
+#[derive(Deserialize)]
+struct SessionToken {
+    token: String,
+}
+
+async fn ui(client: &Client, paths: &Paths, no_open: bool) -> Result<i32> {
+    let t: SessionToken = client.call_empty(Method::POST, "/v1/session/token").await?;
+    let port = paths
+        .port()
+        .context("The daemon has not written its TCP port")?;
+    let url = format!("http://127.0.0.1:{port}/ui?token={}", encode(&t.token));
+    println!("{url}");
+    let has_display =
+        std::env::var_os("DISPLAY").is_some() || std::env::var_os("WAYLAND_DISPLAY").is_some();
+    if !no_open && has_display {
+        let _ = std::process::Command::new("xdg-open")
+            .arg(&url)
+            .stdout(std::process::Stdio::null())
+            .stderr(std::process::Stdio::null())
+            .spawn();
+    }
+    Ok(0)
+}
+
+async fn daemon(paths: &Paths, action: DaemonCmd, json: bool) -> Result<i32> {
+    let client = Client::unix(&paths.socket);
+    match action {
+        DaemonCmd::Start { port } => {
+            if launcher::is_running(&client).await {
+                eprintln!("belljard is already running");
+                return Ok(0);
+            }
+            let args: Vec<String> = port
+                .map(|p| vec!["--port".to_string(), p.to_string()])
+                .unwrap_or_default();
+            let pid = launcher::start(paths, &args).await?;
+            if json {
+                print_json(&serde_json::json!({"pid": pid, "socket": paths.socket}))?;
+            } else {
+                println!(
+                    "belljard started (pid {pid}), log: {}",
+                    paths.log_file.display()
+                );
+            }
+            Ok(0)
+        }
+        DaemonCmd::Stop => {
+            let pid = launcher::stop(paths).await?;
+            if !json {
+                println!("belljard stopped (pid {pid})");
+            }
+            Ok(0)
+        }
+        DaemonCmd::Status => {
+            if !launcher::is_running(&client).await {
+                if json {
+                    print_json(&serde_json::json!({"running": false}))?;
+                } else {
+                    println!("running:   no");
+                }
+                return Ok(1);
+            }
+            let info: Info = client.get("/v1/info").await?;
+            let pid = paths.pid();
+            let port = paths.port();
+            if json {
+                print_json(&serde_json::json!({
+                    "running": true,
+                    "pid": pid,
+                    "socket": paths.socket,
+                    "port": port,
+                    "info": info,
+                }))?;
+            } else {
+                print!(
+                    "{}",
+                    output::daemon(&info, pid, &paths.socket.display().to_string(), port)
+                );
+            }
+            Ok(0)
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn key_values_need_an_equals_sign() {
+        let m = key_values("--env", &["A=1".into(), "B=x=y".into(), "C=".into()]).unwrap();
+        assert_eq!(m["A"], "1");
+        assert_eq!(m["B"], "x=y");
+        assert_eq!(m["C"], "");
+        assert!(key_values("--env", &["nope".into()]).is_err());
+        assert!(key_values("--tag", &["=v".into()]).is_err());
+    }
+
+    #[test]
+    fn create_request_maps_flags() {
+        let o = SandboxOpts {
+            timeout: Some("10m".into()),
+            env: vec!["A=1".into()],
+            backend: Some("namespace".into()),
+            memory: Some(512),
+            ..Default::default()
+        };
+        let r = create_request(Some("base".into()), &o).unwrap();
+        assert_eq!(r.timeout_ms, Some(600_000));
+        assert_eq!(r.backend, Some(BackendChoice::Namespace));
+        assert_eq!(r.memory_mib, Some(512));
+        assert!(r.tags.is_none());
+        let bad = SandboxOpts {
+            backend: Some("docker".into()),
+            ..Default::default()
+        };
+        assert!(create_request(None, &bad).is_err());
+    }
+
+    #[test]
+    fn sources_are_git_urls_or_local_paths() {
+        assert!(matches!(
+            source("https://example.invalid/r.git").unwrap(),
+            Source::Git { .. }
+        ));
+        let dir = tempfile::tempdir().unwrap();
+        assert!(matches!(
+            source(dir.path().to_str().unwrap()).unwrap(),
+            Source::Path { .. }
+        ));
+        std::fs::create_dir(dir.path().join(".git")).unwrap();
+        assert!(matches!(
+            source(dir.path().to_str().unwrap()).unwrap(),
+            Source::Git { .. }
+        ));
+        assert!(source("/definitely/not/here").is_err());
+    }
+}

@@ -1,0 +1,214 @@
+//! Runs a command in a sandbox the way a local one runs: output streams as it comes, stdin and
+//! the terminal size follow, and the caller gets the command's exit status.
+//!
+//! The command is started detached and its logs are followed, so output appears at once
+//! instead of when the command ends.
+
+use std::collections::BTreeMap;
+
+use base64::Engine;
+use belljar_api::{Command, LogLine, PtySize, RunCommand, Stream};
+use http::Method;
+
+use crate::client::{self, Client, ClientError};
+use crate::ndjson::{Lines, NdjsonError};
+use crate::query::with_query;
+use crate::terminal::{self, RawMode, TerminalError};
+
+#[derive(Debug, thiserror::Error)]
+pub enum ExecError {
+    #[error(transparent)]
+    Client(#[from] ClientError),
+    #[error(transparent)]
+    Stream(#[from] NdjsonError),
+    #[error(transparent)]
+    Terminal(#[from] TerminalError),
+    /// Writing the command's output locally failed.
+    #[error("Cannot write output: {0}")]
+    Output(#[from] std::io::Error),
+}
+
+impl ExecError {
+    pub fn code(&self) -> &str {
+        match self {
+            Self::Client(e) => e.code(),
+            Self::Stream(_) => "connection_lost",
+            Self::Terminal(e) => e.code(),
+            Self::Output(_) => "io",
+        }
+    }
+}
+
+/// What to run and how.
+#[derive(Debug, Clone, Default)]
+pub struct ExecOptions {
+    pub argv: Vec<String>,
+    pub cwd: Option<String>,
+    pub env: BTreeMap<String, String>,
+    pub sudo: bool,
+    /// Return once the command started, without following it.
+    pub detach: bool,
+    /// Run on a PTY the size of the local terminal, in raw mode.
+    pub tty: bool,
+    /// Forward local stdin to the command.
+    pub stdin: bool,
+}
+
+impl ExecOptions {
+    pub fn new(argv: impl IntoIterator<Item = impl Into<String>>) -> Self {
+        Self {
+            argv: argv.into_iter().map(Into::into).collect(),
+            ..Self::default()
+        }
+    }
+
+    fn request(&self) -> RunCommand {
+        RunCommand {
+            argv: self.argv.clone(),
+            cwd: self.cwd.clone(),
+            env: (!self.env.is_empty()).then(|| self.env.clone()),
+            sudo: self.sudo,
+            detached: true,
+            pty: self.tty.then(terminal::size),
+            stdin: self.stdin || self.tty,
+        }
+    }
+}
+
+/// The decoded bytes of one log line.
+pub fn log_bytes(line: &LogLine) -> Vec<u8> {
+    if let Some(b64) = &line.data_base64 {
+        return base64::engine::general_purpose::STANDARD
+            .decode(b64)
+            .unwrap_or_default();
+    }
+    line.data.clone().unwrap_or_default().into_bytes()
+}
+
+/// Starts a command; with `detach`, returns it running. Otherwise streams its output into
+/// `sink` as it comes and returns it exited.
+pub async fn exec(
+    client: &Client,
+    sandbox: &str,
+    opts: &ExecOptions,
+    sink: &mut (dyn FnMut(Stream, &[u8]) -> std::io::Result<()> + Send),
+) -> Result<Command, ExecError> {
+    let base = format!("/v1/sandboxes/{sandbox}/commands");
+    let cmd: Command = client.call(Method::POST, &base, &opts.request()).await?;
+    if opts.detach {
+        return Ok(cmd);
+    }
+    let cmd_path = format!("{base}/{}", cmd.id);
+    let _raw = if opts.tty {
+        Some(RawMode::enable()?)
+    } else {
+        None
+    };
+    let forwarder = (opts.stdin || opts.tty).then(|| {
+        let client = client.clone();
+        let cmd_path = cmd_path.clone();
+        let tty = opts.tty;
+        tokio::spawn(async move { forward_input(&client, &cmd_path, tty).await })
+    });
+    let result = follow(client, &cmd_path, sink).await;
+    if let Some(f) = forwarder {
+        f.abort();
+    }
+    result?;
+    let done: Command = client
+        .get(&with_query(&cmd_path, &[("wait", Some("true".into()))]))
+        .await?;
+    Ok(done)
+}
+
+/// Writes every log line of a command into `sink` until the command's output ends.
+pub async fn follow(
+    client: &Client,
+    cmd_path: &str,
+    sink: &mut (dyn FnMut(Stream, &[u8]) -> std::io::Result<()> + Send),
+) -> Result<(), ExecError> {
+    let logs = with_query(
+        &format!("{cmd_path}/logs"),
+        &[("follow", Some("true".into()))],
+    );
+    let resp = client
+        .request(Method::GET, &logs, client::empty(), None)
+        .await?;
+    let mut lines = Lines::new(resp.into_body());
+    while let Some(line) = lines.next::<LogLine>().await? {
+        sink(line.stream, &log_bytes(&line))?;
+    }
+    Ok(())
+}
+
+/// Sends local stdin (and, on a PTY, size changes) to the command until stdin ends.
+async fn forward_input(client: &Client, cmd_path: &str, tty: bool) -> Result<(), ClientError> {
+    let mut input = terminal::stdin_chunks();
+    let mut winch = if tty { Some(terminal::resizes()) } else { None };
+    let stdin_path = format!("{cmd_path}/stdin");
+    loop {
+        tokio::select! {
+            chunk = input.recv() => match chunk {
+                Some(bytes) => {
+                    client
+                        .call_no_content(Method::POST, &stdin_path, client::full(bytes), Some("application/octet-stream"))
+                        .await?;
+                }
+                None => {
+                    let close = with_query(&stdin_path, &[("close", Some("true".into()))]);
+                    return client.call_no_content(Method::POST, &close, client::empty(), None).await;
+                }
+            },
+            Some(sz) = async { match winch.as_mut() { Some(w) => w.recv().await, None => None } } => {
+                let _: Result<(), _> = client
+                    .call_no_content(
+                        Method::POST,
+                        &format!("{cmd_path}/resize"),
+                        client::json(&PtySize { rows: sz.rows, cols: sz.cols }),
+                        Some("application/json"),
+                    )
+                    .await;
+            }
+        }
+    }
+}
+
+/// The shell-style exit status of a finished command.
+pub fn exit_status(cmd: &Command) -> i32 {
+    terminal::exit_status(cmd.exit_code, cmd.signal)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn request_is_always_detached_and_pty_implies_stdin() {
+        let mut o = ExecOptions::new(["echo", "hi"]);
+        let r = o.request();
+        assert!(r.detached && !r.stdin && r.pty.is_none() && r.env.is_none());
+        o.tty = true;
+        o.env.insert("A".into(), "1".into());
+        let r = o.request();
+        assert!(r.stdin && r.pty.is_some());
+        assert_eq!(r.env.unwrap()["A"], "1");
+    }
+
+    #[test]
+    fn log_bytes_decodes_text_and_base64() {
+        let text = LogLine {
+            stream: Stream::Stdout,
+            data: Some("héllo".into()),
+            data_base64: None,
+            ts: 0,
+        };
+        assert_eq!(log_bytes(&text), "héllo".as_bytes());
+        let bin = LogLine {
+            stream: Stream::Stderr,
+            data: None,
+            data_base64: Some("/wA=".into()),
+            ts: 0,
+        };
+        assert_eq!(log_bytes(&bin), vec![0xff, 0x00]);
+    }
+}

@@ -1,0 +1,259 @@
+//! Finds, starts and stops the daemon, so that `belljar` works on a machine where nobody
+//! started `belljard` yet: the first command starts it in the background.
+
+use std::fs::OpenOptions;
+use std::os::unix::process::CommandExt;
+use std::path::{Path, PathBuf};
+use std::process::{Command, Stdio};
+use std::time::{Duration, Instant};
+
+use http::Method;
+use nix::errno::Errno;
+use nix::sys::signal::{Signal, kill};
+use nix::unistd::Pid;
+
+use crate::client::{self, Client};
+use crate::paths::Paths;
+
+/// How long a freshly started daemon may take to answer on its socket.
+pub const START_TIMEOUT: Duration = Duration::from_secs(30);
+
+/// How long `daemon stop` waits for the daemon to exit before it gives up.
+pub const STOP_TIMEOUT: Duration = Duration::from_secs(20);
+
+#[derive(Debug, thiserror::Error)]
+pub enum LauncherError {
+    /// `belljard` is neither next to `belljar` nor on `PATH`.
+    #[error("Cannot find belljard next to {exe} or on PATH; set BELLJARD to its path")]
+    NotFound { exe: String },
+    /// Creating the log file or spawning the process failed.
+    #[error("Cannot start {bin}: {source}")]
+    Spawn { bin: String, source: std::io::Error },
+    /// The daemon exited before it answered.
+    #[error("belljard exited with {status} before it was ready; see {log}{tail}")]
+    Exited {
+        status: String,
+        log: String,
+        tail: String,
+    },
+    /// The daemon did not answer in time.
+    #[error("belljard did not answer on {socket} within {secs}s; see {log}")]
+    Timeout {
+        socket: String,
+        log: String,
+        secs: u64,
+    },
+    /// There is no daemon to stop.
+    #[error("The daemon is not running")]
+    NotRunning,
+    /// The daemon ignored SIGTERM.
+    #[error("The daemon (pid {pid}) did not exit within {secs}s")]
+    StopTimeout { pid: i32, secs: u64 },
+    /// Sending a signal failed.
+    #[error("Cannot signal the daemon (pid {pid}): {source}")]
+    Signal { pid: i32, source: Errno },
+}
+
+impl LauncherError {
+    pub fn code(&self) -> &'static str {
+        match self {
+            Self::NotRunning => "not_running",
+            _ => "daemon_unavailable",
+        }
+    }
+}
+
+/// Where `belljard` is: `$BELLJARD`, next to the running executable, or on `PATH`.
+pub fn daemon_binary() -> Result<PathBuf, LauncherError> {
+    if let Some(p) = std::env::var_os("BELLJARD").filter(|p| !p.is_empty()) {
+        return Ok(PathBuf::from(p));
+    }
+    let exe = std::env::current_exe().unwrap_or_default();
+    if let Some(dir) = exe.parent() {
+        let beside = dir.join("belljard");
+        if beside.is_file() {
+            return Ok(beside);
+        }
+        // `cargo test` runs from target/<profile>/deps, one level below the binaries.
+        if let Some(up) = dir.parent().map(|d| d.join("belljard"))
+            && dir.ends_with("deps")
+            && up.is_file()
+        {
+            return Ok(up);
+        }
+    }
+    if let Some(path) = std::env::var_os("PATH") {
+        for dir in std::env::split_paths(&path) {
+            let candidate = dir.join("belljard");
+            if candidate.is_file() {
+                return Ok(candidate);
+            }
+        }
+    }
+    Err(LauncherError::NotFound {
+        exe: exe.display().to_string(),
+    })
+}
+
+/// Whether something answers HTTP on the daemon's socket.
+pub async fn is_running(client: &Client) -> bool {
+    let Ok(req) = client
+        .builder(Method::GET, "/v1/info")
+        .body(client::empty())
+    else {
+        return false;
+    };
+    client.send(req).await.is_ok()
+}
+
+/// A client of the daemon, starting the daemon first if nothing answers on its socket.
+pub async fn ensure_running(paths: &Paths) -> Result<Client, LauncherError> {
+    let client = Client::unix(&paths.socket);
+    if !is_running(&client).await {
+        start(paths, &[]).await?;
+    }
+    Ok(client)
+}
+
+/// Starts `belljard` detached (its own session, output to the log file) and waits until it
+/// answers on its socket. Returns its process id.
+pub async fn start(paths: &Paths, args: &[String]) -> Result<u32, LauncherError> {
+    let bin = daemon_binary()?;
+    let spawn_err = |source| LauncherError::Spawn {
+        bin: bin.display().to_string(),
+        source,
+    };
+    if let Some(dir) = paths.log_file.parent() {
+        std::fs::create_dir_all(dir).map_err(spawn_err)?;
+    }
+    let log = OpenOptions::new()
+        .create(true)
+        .append(true)
+        .open(&paths.log_file)
+        .map_err(spawn_err)?;
+    let log2 = log.try_clone().map_err(spawn_err)?;
+    let mut cmd = Command::new(&bin);
+    cmd.args(args).stdin(Stdio::null()).stdout(log).stderr(log2);
+    detach(&mut cmd);
+    let mut child = cmd.spawn().map_err(spawn_err)?;
+    let pid = child.id();
+    let client = Client::unix(&paths.socket);
+    let deadline = Instant::now() + START_TIMEOUT;
+    loop {
+        if is_running(&client).await {
+            return Ok(pid);
+        }
+        if let Ok(Some(status)) = child.try_wait() {
+            return Err(LauncherError::Exited {
+                status: status.to_string(),
+                log: paths.log_file.display().to_string(),
+                tail: log_tail(&paths.log_file),
+            });
+        }
+        if Instant::now() > deadline {
+            return Err(LauncherError::Timeout {
+                socket: paths.socket.display().to_string(),
+                log: paths.log_file.display().to_string(),
+                secs: START_TIMEOUT.as_secs(),
+            });
+        }
+        tokio::time::sleep(Duration::from_millis(25)).await;
+    }
+}
+
+/// Puts the child in its own session so that closing the terminal does not end the daemon.
+#[allow(unsafe_code)]
+fn detach(cmd: &mut Command) {
+    // SAFETY: the closure runs between fork and exec and only calls setsid(2), which is
+    // async-signal-safe and touches no memory of the parent.
+    unsafe {
+        cmd.pre_exec(|| {
+            nix::unistd::setsid().map_err(std::io::Error::from)?;
+            Ok(())
+        });
+    }
+}
+
+/// The last lines of the daemon's log, to show why it did not start.
+fn log_tail(log: &Path) -> String {
+    let text = std::fs::read_to_string(log).unwrap_or_default();
+    let lines: Vec<&str> = text.lines().rev().take(5).collect();
+    if lines.is_empty() {
+        return String::new();
+    }
+    let tail: Vec<&str> = lines.into_iter().rev().collect();
+    format!(": {}", tail.join(" | "))
+}
+
+/// Whether a process with this id exists.
+pub fn alive(pid: i32) -> bool {
+    matches!(kill(Pid::from_raw(pid), None), Ok(()) | Err(Errno::EPERM))
+}
+
+/// Asks the daemon to exit (SIGTERM; its sandboxes keep running) and waits until it has.
+pub async fn stop(paths: &Paths) -> Result<i32, LauncherError> {
+    let pid = match paths.pid() {
+        Some(pid) if alive(pid) => pid,
+        _ => return Err(LauncherError::NotRunning),
+    };
+    kill(Pid::from_raw(pid), Signal::SIGTERM)
+        .map_err(|source| LauncherError::Signal { pid, source })?;
+    let deadline = Instant::now() + STOP_TIMEOUT;
+    while alive(pid) && !is_zombie(pid) {
+        if Instant::now() > deadline {
+            return Err(LauncherError::StopTimeout {
+                pid,
+                secs: STOP_TIMEOUT.as_secs(),
+            });
+        }
+        tokio::time::sleep(Duration::from_millis(25)).await;
+    }
+    Ok(pid)
+}
+
+/// A zombie has exited; only its parent has not reaped it yet (e.g. a test harness).
+fn is_zombie(pid: i32) -> bool {
+    std::fs::read_to_string(format!("/proc/{pid}/stat"))
+        .ok()
+        .and_then(|s| {
+            s.rsplit_once(')')
+                .map(|(_, rest)| rest.trim_start().starts_with('Z'))
+        })
+        .unwrap_or(false)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn own_process_is_alive_and_not_a_zombie() {
+        let me = std::process::id() as i32;
+        assert!(alive(me));
+        assert!(!is_zombie(me));
+    }
+
+    #[test]
+    fn reaped_process_is_not_alive() {
+        let mut child = Command::new("true").spawn().unwrap();
+        let pid = child.id() as i32;
+        child.wait().unwrap();
+        assert!(!alive(pid));
+    }
+
+    #[tokio::test]
+    async fn stop_without_daemon_says_not_running() {
+        let dir = tempfile::tempdir().unwrap();
+        let paths = Paths::under_home(dir.path());
+        assert!(matches!(stop(&paths).await, Err(LauncherError::NotRunning)));
+    }
+
+    #[test]
+    fn log_tail_shows_last_lines() {
+        let dir = tempfile::tempdir().unwrap();
+        let log = dir.path().join("log");
+        std::fs::write(&log, "a\nb\nc\nd\ne\nf\n").unwrap();
+        assert_eq!(log_tail(&log), ": b | c | d | e | f");
+        assert_eq!(log_tail(&dir.path().join("none")), "");
+    }
+}

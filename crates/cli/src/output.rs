@@ -1,0 +1,261 @@
+//! How read commands print for people: aligned tables and `key: value` blocks. `--json`
+//! bypasses all of this and prints the API's own JSON.
+
+use std::fmt::Write;
+use std::time::{SystemTime, UNIX_EPOCH};
+
+use belljar_api::{Command, Image, Info, Sandbox};
+
+use crate::duration::format_ms;
+
+/// Milliseconds since the Unix epoch, now.
+pub fn now_ms() -> i64 {
+    SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .map(|d| d.as_millis() as i64)
+        .unwrap_or(0)
+}
+
+/// `3m ago`-style age of a Unix-ms time.
+pub fn ago(ms: i64, now: i64) -> String {
+    format!("{} ago", format_ms((now - ms).max(0) / 1000 * 1000))
+}
+
+/// Left-aligned columns separated by two spaces; the last column is not padded.
+pub fn table(header: &[&str], rows: &[Vec<String>]) -> String {
+    let mut widths: Vec<usize> = header.iter().map(|h| h.chars().count()).collect();
+    for row in rows {
+        for (i, cell) in row.iter().enumerate() {
+            if i < widths.len() {
+                widths[i] = widths[i].max(cell.chars().count());
+            }
+        }
+    }
+    let mut out = String::new();
+    let mut line = |cells: Vec<&str>| {
+        let n = cells.len();
+        let mut l = String::new();
+        for (i, cell) in cells.into_iter().enumerate() {
+            if i + 1 == n {
+                l.push_str(cell);
+            } else {
+                let pad = widths[i] - cell.chars().count();
+                l.push_str(cell);
+                l.push_str(&" ".repeat(pad + 2));
+            }
+        }
+        out.push_str(l.trim_end());
+        out.push('\n');
+    };
+    line(header.to_vec());
+    for row in rows {
+        line(row.iter().map(String::as_str).collect());
+    }
+    out
+}
+
+/// The `belljar ls` table.
+pub fn sandboxes(list: &[Sandbox], now: i64) -> String {
+    let rows: Vec<Vec<String>> = list
+        .iter()
+        .map(|s| {
+            vec![
+                s.id.clone(),
+                s.name.clone().unwrap_or_default(),
+                s.status.as_str().to_string(),
+                s.image.clone(),
+                backend(s),
+                ago(s.created_at, now),
+                expires(s, now),
+                tags(s),
+            ]
+        })
+        .collect();
+    table(
+        &[
+            "ID", "NAME", "STATUS", "IMAGE", "BACKEND", "CREATED", "EXPIRES", "TAGS",
+        ],
+        &rows,
+    )
+}
+
+fn backend(s: &Sandbox) -> String {
+    serde_json::to_value(s.backend)
+        .ok()
+        .and_then(|v| v.as_str().map(str::to_string))
+        .unwrap_or_default()
+}
+
+fn expires(s: &Sandbox, now: i64) -> String {
+    match s.expires_at {
+        Some(at) if !s.status.is_final() => format!("in {}", format_ms((at - now).max(0))),
+        _ => "-".to_string(),
+    }
+}
+
+fn tags(s: &Sandbox) -> String {
+    s.tags
+        .iter()
+        .map(|(k, v)| format!("{k}={v}"))
+        .collect::<Vec<_>>()
+        .join(",")
+}
+
+/// The `belljar info` block.
+pub fn sandbox(s: &Sandbox, now: i64) -> String {
+    let mut out = String::new();
+    let mut kv = |k: &str, v: String| {
+        let _ = writeln!(out, "{:<11} {v}", format!("{k}:"));
+    };
+    kv("id", s.id.clone());
+    if let Some(name) = &s.name {
+        kv("name", name.clone());
+    }
+    let mut status = s.status.as_str().to_string();
+    if let Some(reason) = &s.status_reason {
+        status.push_str(&format!(" ({reason})"));
+    }
+    kv("status", status);
+    kv("image", s.image.clone());
+    kv("backend", format!("{} ({})", backend(s), s.backend_reason));
+    kv(
+        "resources",
+        format!(
+            "{} vCPUs, {} MiB memory, {} MiB disk",
+            s.vcpus, s.memory_mib, s.disk_mib
+        ),
+    );
+    let limits = [
+        ("memory", &s.limits.memory),
+        ("cpu", &s.limits.cpu),
+        ("pids", &s.limits.pids),
+    ]
+    .iter()
+    .map(|(n, l)| {
+        format!(
+            "{n} {}{}",
+            if l.enforced {
+                "enforced"
+            } else {
+                "not enforced"
+            },
+            if l.detail.is_empty() {
+                String::new()
+            } else {
+                format!(" ({})", l.detail)
+            }
+        )
+    })
+    .collect::<Vec<_>>()
+    .join("; ");
+    kv("limits", limits);
+    kv("created", ago(s.created_at, now));
+    kv("timeout", format_ms(s.timeout_ms));
+    kv("expires", expires(s, now));
+    if !s.tags.is_empty() {
+        kv("tags", tags(s));
+    }
+    if !s.env.is_empty() {
+        kv("env", s.env.keys().cloned().collect::<Vec<_>>().join(", "));
+    }
+    out
+}
+
+/// The `belljar images` table.
+pub fn images(list: &[Image]) -> String {
+    let rows: Vec<Vec<String>> = list
+        .iter()
+        .map(|i| {
+            vec![
+                i.name.clone(),
+                serde_json::to_value(i.status)
+                    .ok()
+                    .and_then(|v| v.as_str().map(str::to_string))
+                    .unwrap_or_default(),
+                i.size_bytes
+                    .map(|b| format!("{:.0} MiB", b as f64 / 1048576.0))
+                    .unwrap_or_else(|| "-".into()),
+                i.digest
+                    .as_deref()
+                    .map(|d| d.chars().take(19).collect())
+                    .unwrap_or_else(|| "-".into()),
+            ]
+        })
+        .collect();
+    table(&["NAME", "STATUS", "SIZE", "DIGEST"], &rows)
+}
+
+/// The `belljar daemon status` block.
+pub fn daemon(info: &Info, pid: Option<i32>, socket: &str, port: Option<u16>) -> String {
+    let mut out = String::new();
+    let _ = writeln!(out, "running:   yes");
+    if let Some(pid) = pid {
+        let _ = writeln!(out, "pid:       {pid}");
+    }
+    let _ = writeln!(out, "version:   {}", info.version);
+    let _ = writeln!(out, "socket:    {socket}");
+    if let Some(port) = port {
+        let _ = writeln!(out, "http:      http://127.0.0.1:{port}");
+    }
+    let _ = writeln!(
+        out,
+        "backend:   {} ({})",
+        serde_json::to_value(info.default_backend)
+            .ok()
+            .and_then(|v| v.as_str().map(str::to_string))
+            .unwrap_or_default(),
+        info.default_backend_reason
+    );
+    let _ = writeln!(
+        out,
+        "memory:    {} MiB free for sandboxes",
+        info.free_memory_mib
+    );
+    out
+}
+
+/// One line per command of a sandbox.
+pub fn commands(list: &[Command], now: i64) -> String {
+    let rows: Vec<Vec<String>> = list
+        .iter()
+        .map(|c| {
+            vec![
+                c.id.clone(),
+                serde_json::to_value(c.status)
+                    .ok()
+                    .and_then(|v| v.as_str().map(str::to_string))
+                    .unwrap_or_default(),
+                c.exit_code.map(|e| e.to_string()).unwrap_or_default(),
+                ago(c.started_at, now),
+                c.argv.join(" "),
+            ]
+        })
+        .collect();
+    table(&["ID", "STATUS", "EXIT", "STARTED", "COMMAND"], &rows)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn table_aligns_columns() {
+        let t = table(
+            &["ID", "STATUS"],
+            &[
+                vec!["sbx_1".into(), "running".into()],
+                vec!["sbx_long".into(), "stopped".into()],
+            ],
+        );
+        assert_eq!(
+            t,
+            "ID        STATUS\nsbx_1     running\nsbx_long  stopped\n"
+        );
+    }
+
+    #[test]
+    fn ages_read_naturally() {
+        assert_eq!(ago(1_000, 61_500), "1m00s ago");
+        assert_eq!(ago(5_000, 1_000), "0ms ago");
+    }
+}
