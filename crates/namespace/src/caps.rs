@@ -2,13 +2,21 @@
 //!
 //! Inside its user namespace the sandbox's root starts with every capability over the
 //! namespace's own objects. It keeps Docker's default set, which is what package managers,
-//! `sudo`, `chown` and servers need; the rest (notably `CAP_SYS_ADMIN`: mounting, and
-//! `CAP_NET_ADMIN`) is dropped from the bounding set before the agent is exec'd, so neither the
-//! agent nor anything it starts can get them back. All mounts and `lo` are set up beforehand.
+//! `sudo`, `chown` and servers need, plus [`AGENT_NEEDS`]; the rest (`CAP_SYS_MODULE`,
+//! `CAP_SYS_PTRACE`, `CAP_SYS_TIME`, `CAP_SYS_BOOT`, `CAP_BPF`, ...) is dropped from the
+//! bounding set before the agent is exec'd, so nothing in the sandbox can get it back.
+//!
+//! Capabilities inside a user namespace only ever act on objects that namespace owns (its
+//! mounts, its network namespace, its hostname); the seccomp filter refuses the rest.
 
 use std::fs;
 
-/// Capabilities kept in the bounding set, by number (see `capability.h`).
+/// Kept because `belljar-agent --mode namespace` mounts `/proc`, `/dev/pts`, `/dev/shm`, sets
+/// the hostname and brings `lo` up itself, and treats a failure as fatal, although this crate
+/// has already done all of it. Once the agent tolerates a prepared root, empty this list.
+pub const AGENT_NEEDS: &[(u32, &str)] = &[(12, "CAP_NET_ADMIN"), (21, "CAP_SYS_ADMIN")];
+
+/// Docker's default capabilities, kept in the bounding set, by number (`capability.h`).
 pub const KEPT: &[(u32, &str)] = &[
     (0, "CAP_CHOWN"),
     (1, "CAP_DAC_OVERRIDE"),
@@ -36,9 +44,8 @@ pub fn last_cap() -> u32 {
 
 /// The capabilities to drop from the bounding set, lowest first.
 pub fn dropped() -> Vec<u32> {
-    (0..=last_cap())
-        .filter(|c| !KEPT.iter().any(|(k, _)| k == c))
-        .collect()
+    let kept = |c: &u32| KEPT.iter().chain(AGENT_NEEDS).any(|(k, _)| k == c);
+    (0..=last_cap()).filter(|c| !kept(c)).collect()
 }
 
 #[cfg(test)]
@@ -46,10 +53,11 @@ mod tests {
     use super::*;
 
     #[test]
-    fn drops_sys_admin_keeps_chown() {
+    fn drops_module_and_time_keeps_chown() {
         let d = dropped();
-        assert!(d.contains(&21), "CAP_SYS_ADMIN");
-        assert!(d.contains(&12), "CAP_NET_ADMIN");
+        assert!(d.contains(&25), "CAP_SYS_TIME");
+        assert!(d.contains(&22), "CAP_SYS_BOOT");
+        assert!(d.contains(&19), "CAP_SYS_PTRACE");
         assert!(d.contains(&16), "CAP_SYS_MODULE");
         assert!(!d.contains(&0));
         assert!(last_cap() >= 37);
