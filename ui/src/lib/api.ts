@@ -1,0 +1,103 @@
+// Typed calls of the daemon's API (crates/api/src/routes.rs), all through the one client.
+
+import type {
+  Command,
+  CommandList,
+  CreateSandbox,
+  FileEntry,
+  FileList,
+  Info,
+  LogLine,
+  Sandbox,
+  SandboxList,
+} from "../generated/api";
+import { check, client } from "./client";
+
+async function json<T>(path: string, init?: RequestInit): Promise<T> {
+  const res = await check(await client.fetch(path, init));
+  return (await res.json()) as T;
+}
+
+function body(method: string, value: unknown): RequestInit {
+  return { method, headers: { "Content-Type": "application/json" }, body: JSON.stringify(value) };
+}
+
+const sbx = (id: string) => `/v1/sandboxes/${encodeURIComponent(id)}`;
+const q = (params: Record<string, string | number | boolean>) =>
+  new URLSearchParams(Object.entries(params).map(([k, v]) => [k, String(v)])).toString();
+
+export const api = {
+  info: () => json<Info>("/v1/info"),
+
+  async listSandboxes(): Promise<Sandbox[]> {
+    const all: Sandbox[] = [];
+    let cursor: string | undefined;
+    do {
+      const page = await json<SandboxList>(
+        "/v1/sandboxes?" + q(cursor ? { limit: 200, cursor } : { limit: 200 }),
+      );
+      all.push(...page.sandboxes);
+      cursor = page.next_cursor;
+    } while (cursor);
+    return all;
+  },
+  getSandbox: (id: string) => json<Sandbox>(sbx(id)),
+  createSandbox: (req: CreateSandbox) => json<Sandbox>("/v1/sandboxes", body("POST", req)),
+  stopSandbox: (id: string) => json<Sandbox>(sbx(id) + "/stop", { method: "POST" }),
+  extendSandbox: (id: string, duration_ms: number) =>
+    json<Sandbox>(sbx(id) + "/extend", body("POST", { duration_ms })),
+  async deleteSandbox(id: string): Promise<void> {
+    await check(await client.fetch(sbx(id), { method: "DELETE" }));
+  },
+
+  listCommands: (id: string) => json<CommandList>(sbx(id) + "/commands"),
+  killCommand: (id: string, cid: string) =>
+    json<Command>(`${sbx(id)}/commands/${cid}/kill`, body("POST", {})),
+  /** Streams a command's output; returns when it ends or `signal` aborts. */
+  async logs(id: string, cid: string, follow: boolean, onLine: (l: LogLine) => void, signal?: AbortSignal) {
+    const res = await check(
+      await client.fetch(`${sbx(id)}/commands/${cid}/logs?` + q({ follow }), { signal }),
+    );
+    await readNdjson<LogLine>(res, onLine);
+  },
+
+  listFiles: (id: string, path: string) => json<FileList>(`${sbx(id)}/files/list?` + q({ path })),
+  stat: (id: string, path: string) => json<FileEntry>(`${sbx(id)}/files/stat?` + q({ path })),
+  async readFile(id: string, path: string): Promise<Blob> {
+    const res = await check(await client.fetch(`${sbx(id)}/files?` + q({ path })));
+    return res.blob();
+  },
+  async thumbnail(id: string, path: string, size = 512): Promise<Blob> {
+    const res = await check(await client.fetch(`${sbx(id)}/files/thumbnail?` + q({ path, size })));
+    return res.blob();
+  },
+  mkdir: (id: string, path: string) => json<FileEntry>(`${sbx(id)}/files/mkdir`, body("POST", { path })),
+  move: (id: string, from: string, to: string) =>
+    json<FileEntry>(`${sbx(id)}/files/move`, body("POST", { from, to, overwrite: false })),
+  async remove(id: string, path: string): Promise<void> {
+    await check(await client.fetch(`${sbx(id)}/files?` + q({ path, recursive: true }), { method: "DELETE" }));
+  },
+  /** The route an upload PUTs to. */
+  uploadPath: (id: string, path: string) => `${sbx(id)}/files?` + q({ path }),
+  watchPath: (id: string, path: string) => `${sbx(id)}/files/watch?` + q({ path, recursive: true }),
+  terminalPath: (id: string, rows: number, cols: number) => `${sbx(id)}/terminal?` + q({ rows, cols }),
+};
+
+/** Calls `onItem` for each JSON line of a streamed answer. */
+export async function readNdjson<T>(res: Response, onItem: (item: T) => void): Promise<void> {
+  if (!res.body) return;
+  const reader = res.body.pipeThrough(new TextDecoderStream()).getReader();
+  let buf = "";
+  for (;;) {
+    const { value, done } = await reader.read();
+    if (done) break;
+    buf += value;
+    let nl: number;
+    while ((nl = buf.indexOf("\n")) >= 0) {
+      const line = buf.slice(0, nl).trim();
+      buf = buf.slice(nl + 1);
+      if (line) onItem(JSON.parse(line) as T);
+    }
+  }
+  if (buf.trim()) onItem(JSON.parse(buf) as T);
+}

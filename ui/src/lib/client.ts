@@ -1,0 +1,256 @@
+// The one interface between the UI and wherever it runs. In a browser the UI is served by
+// belljard and calls it same-origin with the session cookie; inside the desktop app it calls
+// http://127.0.0.1:<port> with the bearer token the app reads from the daemon's config dir,
+// and a few things (tray, windows, native file drops) go through the app. Nothing outside this
+// file knows which of the two it is.
+
+import type { ErrorBody } from "../generated/api";
+
+/** An error answered by the daemon (or the app), with its stable code. */
+export class ApiError extends Error {
+  constructor(
+    readonly code: string,
+    message: string,
+    readonly status = 0,
+  ) {
+    super(message);
+    this.name = "ApiError";
+  }
+}
+
+/** A file dropped onto the window from the desktop (app only). */
+export interface NativeDropFile {
+  relative: string;
+  size: number;
+  read(): Promise<ArrayBuffer>;
+}
+
+export interface NativeDrop {
+  x: number;
+  y: number;
+  files: NativeDropFile[];
+  folders: string[];
+  errors: string[];
+}
+
+export interface TrayState {
+  images: string[];
+  sandboxes: { id: string; label: string }[];
+}
+
+/** What the desktop shell asks of the UI (tray clicks). */
+export type ShellRequest =
+  | { kind: "quick-launch"; image: string }
+  | { kind: "open-sandbox"; id: string }
+  | { kind: "stop-sandbox"; id: string };
+
+export interface Client {
+  /** An HTTP request to the daemon; `path` starts with `/v1/`. */
+  fetch(path: string, init?: RequestInit): Promise<Response>;
+  /** A WebSocket on a daemon route, authorised. */
+  websocket(path: string): Promise<WebSocket>;
+  /** An XMLHttpRequest opened on a daemon route, authorised (uploads report progress). */
+  xhr(method: string, path: string): Promise<XMLHttpRequest>;
+  /** Forget the daemon's address so the next call finds it again (after a daemon restart). */
+  reset(): void;
+  /** Opens a window (or tab) with one terminal on a sandbox. */
+  openTerminalWindow(sandboxId: string): Promise<void>;
+  /** Tells the tray what to show; nothing in a browser. */
+  setTray(state: TrayState): void;
+  /** Native file drops (app only); returns an unsubscribe function. */
+  onNativeDrop(
+    over: (p: { x: number; y: number } | null) => void,
+    drop: (d: NativeDrop) => void,
+  ): () => void;
+  /** Requests from the tray (app only). */
+  onShellRequest(handler: (r: ShellRequest) => void): () => void;
+  /** True when the page should show only one terminal (a terminal window). */
+  terminalOnly(): string | null;
+}
+
+declare global {
+  interface Window {
+    __TAURI_INTERNALS__?: unknown;
+    __BELLJAR_TERMINAL__?: string;
+  }
+}
+
+/** Throws an `ApiError` for a non-2xx answer. */
+export async function check(res: Response): Promise<Response> {
+  if (res.ok) return res;
+  let code = res.status === 401 ? "unauthorized" : "http_" + res.status;
+  let message = res.statusText || "Request failed";
+  try {
+    const body = (await res.json()) as ErrorBody;
+    if (body?.error) ({ code, message } = body.error);
+  } catch {
+    // Not JSON: keep the status line.
+  }
+  throw new ApiError(code, message, res.status);
+}
+
+class BrowserClient implements Client {
+  fetch(path: string, init: RequestInit = {}): Promise<Response> {
+    return fetch(path, { ...init, credentials: "same-origin" });
+  }
+  async websocket(path: string): Promise<WebSocket> {
+    const proto = location.protocol === "https:" ? "wss:" : "ws:";
+    const ws = new WebSocket(`${proto}//${location.host}${path}`);
+    ws.binaryType = "arraybuffer";
+    return ws;
+  }
+  async xhr(method: string, path: string): Promise<XMLHttpRequest> {
+    const x = new XMLHttpRequest();
+    x.open(method, path);
+    x.withCredentials = true;
+    return x;
+  }
+  reset(): void {}
+  async openTerminalWindow(sandboxId: string): Promise<void> {
+    window.open(`${location.pathname}#/terminal/${encodeURIComponent(sandboxId)}`, "_blank");
+  }
+  setTray(): void {}
+  onNativeDrop(): () => void {
+    return () => {};
+  }
+  onShellRequest(): () => void {
+    return () => {};
+  }
+  terminalOnly(): string | null {
+    const m = /^#\/terminal\/(.+)$/.exec(location.hash);
+    return m ? decodeURIComponent(m[1]) : null;
+  }
+}
+
+interface Connection {
+  base_url: string;
+  token: string;
+}
+
+class TauriClient implements Client {
+  private conn: Promise<Connection> | null = null;
+
+  private core() {
+    return import("@tauri-apps/api/core");
+  }
+  private connection(): Promise<Connection> {
+    if (!this.conn) {
+      this.conn = this.core()
+        .then((c) => c.invoke<Connection>("daemon_connection"))
+        .catch((e) => {
+          this.conn = null;
+          throw toApiError(e);
+        });
+    }
+    return this.conn;
+  }
+  async fetch(path: string, init: RequestInit = {}): Promise<Response> {
+    const c = await this.connection();
+    const headers = new Headers(init.headers);
+    headers.set("Authorization", `Bearer ${c.token}`);
+    try {
+      return await fetch(c.base_url + path, { ...init, headers });
+    } catch (e) {
+      this.reset();
+      throw e;
+    }
+  }
+  async websocket(path: string): Promise<WebSocket> {
+    // A page cannot set headers on a WebSocket; the token rides in the query instead.
+    const c = await this.connection();
+    const sep = path.includes("?") ? "&" : "?";
+    const url = c.base_url.replace(/^http/, "ws") + path + sep + "access_token=" + encodeURIComponent(c.token);
+    const ws = new WebSocket(url);
+    ws.binaryType = "arraybuffer";
+    return ws;
+  }
+  async xhr(method: string, path: string): Promise<XMLHttpRequest> {
+    const c = await this.connection();
+    const x = new XMLHttpRequest();
+    x.open(method, c.base_url + path);
+    x.setRequestHeader("Authorization", `Bearer ${c.token}`);
+    return x;
+  }
+  reset(): void {
+    this.conn = null;
+  }
+  async openTerminalWindow(sandboxId: string): Promise<void> {
+    const { invoke } = await this.core();
+    await invoke("open_terminal_window", { sandboxId }).catch((e) => {
+      throw toApiError(e);
+    });
+  }
+  setTray(state: TrayState): void {
+    void this.core().then(({ invoke }) => invoke("set_tray", { tray: state }).catch(() => {}));
+  }
+  onNativeDrop(
+    over: (p: { x: number; y: number } | null) => void,
+    drop: (d: NativeDrop) => void,
+  ): () => void {
+    const offs: (() => void)[] = [];
+    let closed = false;
+    void import("@tauri-apps/api/webviewWindow").then(async ({ getCurrentWebviewWindow }) => {
+      const { invoke } = await this.core();
+      const w = getCurrentWebviewWindow();
+      const a = await w.listen<{ x: number; y: number } | null>("belljar://drag-over", (e) => over(e.payload));
+      const b = await w.listen<RawDrop>("belljar://drop", (e) => {
+        over(null);
+        drop({
+          ...e.payload,
+          files: e.payload.files.map((f) => ({
+            relative: f.relative,
+            size: f.size,
+            read: () => invoke<ArrayBuffer>("read_dropped_file", { path: f.path }),
+          })),
+        });
+      });
+      offs.push(a, b);
+      if (closed) offs.forEach((f) => f());
+    });
+    return () => {
+      closed = true;
+      offs.forEach((f) => f());
+    };
+  }
+  onShellRequest(handler: (r: ShellRequest) => void): () => void {
+    const offs: (() => void)[] = [];
+    void import("@tauri-apps/api/webviewWindow").then(async ({ getCurrentWebviewWindow }) => {
+      const w = getCurrentWebviewWindow();
+      offs.push(
+        await w.listen<{ image: string }>("belljar://quick-launch", (e) =>
+          handler({ kind: "quick-launch", image: e.payload.image }),
+        ),
+        await w.listen<{ id: string }>("belljar://open-sandbox", (e) =>
+          handler({ kind: "open-sandbox", id: e.payload.id }),
+        ),
+        await w.listen<{ id: string }>("belljar://stop-sandbox", (e) =>
+          handler({ kind: "stop-sandbox", id: e.payload.id }),
+        ),
+      );
+    });
+    return () => offs.forEach((f) => f());
+  }
+  terminalOnly(): string | null {
+    return window.__BELLJAR_TERMINAL__ ?? null;
+  }
+}
+
+interface RawDrop {
+  x: number;
+  y: number;
+  files: { path: string; relative: string; size: number }[];
+  folders: string[];
+  errors: string[];
+}
+
+function toApiError(e: unknown): ApiError {
+  if (e instanceof ApiError) return e;
+  if (e && typeof e === "object" && "code" in e && "message" in e) {
+    const o = e as { code: string; message: string };
+    return new ApiError(o.code, o.message);
+  }
+  return new ApiError("internal", String(e));
+}
+
+/** The client for wherever this page runs. */
+export const client: Client = window.__TAURI_INTERNALS__ ? new TauriClient() : new BrowserClient();
