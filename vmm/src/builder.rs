@@ -32,27 +32,27 @@ use crate::vcpu::{self, HaltPolicy, RunState, VcpuHandle, Vcpus};
 /// Errors building or running a VM.
 #[derive(Debug, thiserror::Error, displaydoc::Display)]
 pub enum Error {
-    /// {0}
+    /// Cannot set up guest memory
     Memory(#[from] memory::Error),
-    /// {0}
+    /// Hypervisor error
     Hypervisor(#[from] crate::hypervisor::Error),
-    /// {0}
+    /// Cannot boot the kernel
     Boot(#[from] boot::Error),
-    /// {0}
+    /// Cannot set up the boot vCPU
     Cpu(#[from] crate::arch::Error),
-    /// {0}
+    /// Cannot place a device on the bus
     Bus(#[from] crate::bus::Error),
-    /// {0}
+    /// Cannot attach a disk
     Block(#[from] crate::devices::virtio::block::Error),
-    /// {0}
+    /// Cannot create the rng device
     Rng(#[from] crate::devices::virtio::rng::Error),
-    /// {0}
+    /// Cannot create the vsock device
     Vsock(#[from] crate::devices::virtio::vsock::Error),
-    /// {0}
+    /// Cannot start the vCPUs
     Vcpu(#[from] vcpu::Error),
-    /// Cannot open serial log {0}: {1}
+    /// Cannot open serial log {0}
     SerialLog(String, #[source] std::io::Error),
-    /// Cannot read raw image {0}: {1}
+    /// Cannot read raw image {0}
     RawImage(String, #[source] std::io::Error),
     /// Cannot start the device event loop: {0}
     EventLoop(String),

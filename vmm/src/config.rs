@@ -10,26 +10,24 @@ use serde::{Deserialize, Serialize};
 /// Errors in a configuration.
 #[derive(Debug, thiserror::Error, displaydoc::Display)]
 pub enum Error {
-    /// Cannot read config file {0}: {1}
+    /// Cannot read config file {0}
     Read(String, #[source] std::io::Error),
-    /// Invalid config file {0}: {1}
+    /// Invalid config file {0}
     Parse(String, #[source] serde_json::Error),
     /// No kernel given (set "kernel" or --kernel)
     NoKernel,
-    /// Kernel {0} cannot be read: {1}
+    /// Kernel {0} cannot be read
     Kernel(String, #[source] std::io::Error),
     /// Memory size must be at least 1 MiB (got {0} MiB)
     Memory(u64),
     /// vCPU count must be between 1 and {max} (got {got})
     Vcpus { got: u8, max: u8 },
-    /// Disk {0} cannot be opened: {1}
+    /// Disk {0} cannot be opened
     Disk(String, #[source] std::io::Error),
     /// Too many virtio devices ({0}); at most {1} fit the interrupt lines
     TooManyDevices(usize, usize),
     /// Vsock guest CID must be 3 or more (got {0})
     Cid(u64),
-    /// Cannot create {0}: {1}
-    Output(String, #[source] std::io::Error),
 }
 
 /// How the kernel file is interpreted.

@@ -1,1 +1,253 @@
-fn main() {}
+//! `belljar-vmm`: one microVM per process. Parses the configuration, starts the VM and
+//! turns its end into an exit status.
+
+use std::path::PathBuf;
+use std::process::ExitCode;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::time::Duration;
+
+use anyhow::Context;
+use belljar_vmm::builder::Vmm;
+use belljar_vmm::config::{BootMode, DiskConfig, SerialConfig, VmConfig, VsockConfig};
+use belljar_vmm::exit::ExitReason;
+use belljar_vmm::hypervisor::kvm::KvmHypervisor;
+use clap::Parser;
+
+const AFTER_HELP: &str = r#"CONFIG FILE (--config, JSON; flags override its fields):
+  {
+    "kernel": "/path/vmlinux",        required; vmlinux ELF (PVH or 64-bit entry) or bzImage
+    "boot": "linux",                  "linux" (default) or "raw" (flat code at 1 MiB, tests)
+    "cmdline": "console=ttyS0 ...",   kernel command line; virtio_mmio.device= entries are
+                                      appended automatically (default: console=ttyS0
+                                      reboot=k panic=1 pci=off nomodule i8042.noaux ...)
+    "memory_mib": 256,                guest RAM in MiB (>= 1)
+    "vcpus": 1,                       1..32
+    "disks": [                        virtio-blk, in order: /dev/vda, /dev/vdb, ...
+      {"path": "/img/root.ext4", "read_only": true, "id": "root"},
+      {"path": "/sbx/rw.ext4", "read_only": false}
+    ],
+    "vsock": {"guest_cid": 3, "uds_path": "/sbx/vsock.sock"},
+    "rng": true,                      virtio-rng from the host's /dev/urandom
+    "serial": {"log": "/sbx/console.log", "echo": false},
+    "control_socket": "/sbx/vmm.sock",
+    "seccomp": true                   install the seccomp filter once the VM runs
+  }
+
+VSOCK (hybrid, like Firecracker):
+  guest connects to host port P   ->  VMM connects to the Unix socket <uds_path>_P
+  host connects to <uds_path>, writes "CONNECT <port>\n"  ->  VMM answers "OK <host port>\n"
+  once the guest listener accepts; the socket then carries the stream.
+
+CONTROL SOCKET (JSON lines, one response line per request):
+  {"cmd":"status"}   -> {"ok":true,"state":"running|paused|stopped","uptime_ms":N,"exit_reason":null}
+  {"cmd":"pause"}    -> {"ok":true,"state":"paused"}
+  {"cmd":"resume"}   -> {"ok":true,"state":"running"}
+  {"cmd":"stop"}     -> {"ok":true,"state":"stopping"}   (the process then exits 0)
+  {"cmd":"metrics"}  -> {"ok":true,"metrics":{"vcpus":[{"id","exits","io_exits","halt_exits",
+                        "interrupted_exits"}],"unknown_pio","unknown_mmio","devices":[{"name",
+                        "bytes_in","bytes_out","requests","errors"}],"rss_bytes",
+                        "guest_memory_bytes"}}
+  errors             -> {"ok":false,"error":{"code":"bad_request|unknown_command|...","message":"..."}}
+
+EXIT STATUS:
+  0   stopped (control "stop", SIGTERM or SIGINT)
+  1   VMM or vCPU failure (e.g. KVM emulation error)
+  2   bad configuration or arguments (one-line message on stderr)
+  10  guest reset / reboot (i8042 reset, triple fault)
+  11  guest power-off (or hlt without an interrupt controller)
+
+A host whose /dev/kvm is software-based (no vmx/svm CPU flag) is reported in one line at
+start; guest kernel code then runs emulated and ordinary Linux kernels may not boot.
+Log verbosity: RUST_LOG (e.g. RUST_LOG=belljar_vmm=debug), to stderr."#;
+
+/// Belljar's microVM monitor: boots one Linux guest on KVM with virtio-mmio devices.
+#[derive(Parser, Debug)]
+#[command(name = "belljar-vmm", version, after_help = AFTER_HELP)]
+struct Args {
+    /// JSON configuration file (schema below).
+    #[arg(long, value_name = "FILE")]
+    config: Option<PathBuf>,
+    /// Kernel image (vmlinux or bzImage).
+    #[arg(long, value_name = "PATH")]
+    kernel: Option<PathBuf>,
+    /// Boot mode: linux or raw.
+    #[arg(long, value_parser = ["linux", "raw"])]
+    boot: Option<String>,
+    /// Kernel command line (virtio_mmio.device= entries are appended).
+    #[arg(long)]
+    cmdline: Option<String>,
+    /// Guest memory in MiB.
+    #[arg(long, value_name = "MIB")]
+    memory_mib: Option<u64>,
+    /// Number of vCPUs.
+    #[arg(long)]
+    vcpus: Option<u8>,
+    /// Disk: PATH[,ro][,id=NAME]; repeat for more disks (replaces the config's disks).
+    #[arg(long, value_name = "SPEC")]
+    disk: Vec<String>,
+    /// Hybrid vsock Unix socket path.
+    #[arg(long, value_name = "PATH")]
+    vsock_uds: Option<PathBuf>,
+    /// Guest vsock CID (default 3).
+    #[arg(long, value_name = "CID")]
+    vsock_cid: Option<u64>,
+    /// Disable virtio-rng.
+    #[arg(long)]
+    no_rng: bool,
+    /// Serial console log file.
+    #[arg(long, value_name = "PATH")]
+    serial_log: Option<PathBuf>,
+    /// Echo the serial console to stdout.
+    #[arg(long)]
+    echo: bool,
+    /// Control socket path.
+    #[arg(long, value_name = "PATH")]
+    control_socket: Option<PathBuf>,
+    /// Do not install the seccomp filter.
+    #[arg(long)]
+    no_seccomp: bool,
+}
+
+fn parse_disk(spec: &str) -> anyhow::Result<DiskConfig> {
+    let mut parts = spec.split(',');
+    let path = parts
+        .next()
+        .filter(|p| !p.is_empty())
+        .context("empty --disk")?;
+    let mut disk = DiskConfig {
+        path: PathBuf::from(path),
+        read_only: false,
+        id: String::new(),
+    };
+    for opt in parts {
+        match opt {
+            "ro" => disk.read_only = true,
+            "rw" => disk.read_only = false,
+            _ if opt.starts_with("id=") => disk.id = opt[3..].to_string(),
+            _ => anyhow::bail!("Unknown --disk option {opt:?}"),
+        }
+    }
+    Ok(disk)
+}
+
+fn build_config(args: &Args) -> anyhow::Result<VmConfig> {
+    let mut c = match &args.config {
+        Some(p) => VmConfig::from_file(p)?,
+        None => VmConfig::default(),
+    };
+    if let Some(k) = &args.kernel {
+        c.kernel = Some(k.clone());
+    }
+    if let Some(b) = &args.boot {
+        c.boot = if b == "raw" {
+            BootMode::Raw
+        } else {
+            BootMode::Linux
+        };
+    }
+    if let Some(s) = &args.cmdline {
+        c.cmdline = s.clone();
+    }
+    if let Some(m) = args.memory_mib {
+        c.memory_mib = m;
+    }
+    if let Some(v) = args.vcpus {
+        c.vcpus = v;
+    }
+    if !args.disk.is_empty() {
+        c.disks = args
+            .disk
+            .iter()
+            .map(|d| parse_disk(d))
+            .collect::<anyhow::Result<_>>()?;
+    }
+    if let Some(p) = &args.vsock_uds {
+        c.vsock = Some(VsockConfig {
+            guest_cid: args.vsock_cid.unwrap_or(3),
+            uds_path: p.clone(),
+        });
+    } else if let (Some(cid), Some(v)) = (args.vsock_cid, c.vsock.as_mut()) {
+        v.guest_cid = cid;
+    }
+    if args.no_rng {
+        c.rng = false;
+    }
+    if args.serial_log.is_some() || args.echo {
+        c.serial = SerialConfig {
+            log: args.serial_log.clone().or(c.serial.log.clone()),
+            echo: args.echo || c.serial.echo,
+        };
+    }
+    if let Some(p) = &args.control_socket {
+        c.control_socket = Some(p.clone());
+    }
+    if args.no_seccomp {
+        c.seccomp = false;
+    }
+    c.validate()?;
+    Ok(c)
+}
+
+static TERMINATE: AtomicBool = AtomicBool::new(false);
+
+extern "C" fn on_terminate(_: libc::c_int, _: *mut libc::siginfo_t, _: *mut libc::c_void) {
+    TERMINATE.store(true, Ordering::SeqCst);
+}
+
+fn run(config: &VmConfig) -> anyhow::Result<ExitReason> {
+    let hv = KvmHypervisor::new()?;
+    let vmm = Vmm::start(config, &hv)?;
+    if let Some(path) = &config.control_socket {
+        belljar_vmm::control::serve(path, Arc::clone(&vmm))?;
+    }
+    for sig in [libc::SIGTERM, libc::SIGINT] {
+        vmm_sys_util::signal::register_signal_handler(sig, on_terminate)
+            .context("Cannot install signal handlers")?;
+    }
+    if config.seccomp {
+        // Open /proc/self/statm while open() is still allowed.
+        let _ = belljar_vmm::metrics::rss_bytes();
+        belljar_vmm::seccomp::install_all_threads()?;
+    }
+    let reason = loop {
+        if let Some(r) = vmm.wait(Duration::from_millis(100)) {
+            break r;
+        }
+        if TERMINATE.load(Ordering::SeqCst) {
+            vmm.request_stop();
+        }
+    };
+    vmm.shutdown();
+    Ok(reason)
+}
+
+fn main() -> ExitCode {
+    let args = Args::parse();
+    tracing_subscriber::fmt()
+        .with_env_filter(
+            tracing_subscriber::EnvFilter::try_from_default_env()
+                .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("warn")),
+        )
+        .with_writer(std::io::stderr)
+        .init();
+    let config = match build_config(&args) {
+        Ok(c) => c,
+        Err(e) => {
+            eprintln!("belljar-vmm: {e:#}");
+            return ExitCode::from(2);
+        }
+    };
+    if belljar_vmm::hypervisor::host_has_hw_virt() == Some(false) {
+        eprintln!(
+            "belljar-vmm: this host's /dev/kvm is software-based (no vmx/svm CPU flag): guest kernel code runs emulated and ordinary Linux kernels may not boot"
+        );
+    }
+    match run(&config) {
+        Ok(reason) => ExitCode::from(reason.exit_code() as u8),
+        Err(e) => {
+            eprintln!("belljar-vmm: {e:#}");
+            ExitCode::from(1)
+        }
+    }
+}

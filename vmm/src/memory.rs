@@ -30,7 +30,7 @@ pub fn ram_ranges(size: u64) -> Vec<(GuestAddress, usize)> {
 
 /// Allocates `size` bytes of guest RAM (lazily: untouched pages cost nothing).
 pub fn create(size: u64) -> Result<GuestMemory, Error> {
-    if size < (1 << 20) || size % 4096 != 0 {
+    if size < (1 << 20) || size & 0xfff != 0 {
         return Err(Error::BadSize(size));
     }
     GuestMemory::from_ranges(&ram_ranges(size)).map_err(Error::Mmap)

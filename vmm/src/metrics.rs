@@ -133,9 +133,18 @@ impl VmmMetrics {
     }
 }
 
-/// Resident set size of this process, from `/proc/self/statm`.
+/// Resident set size of this process, from `/proc/self/statm`. The file is opened once and
+/// re-read with `pread`, so this keeps working under the seccomp filter (which denies
+/// `open`); call it once before the filter is installed.
 pub fn rss_bytes() -> Option<u64> {
-    let statm = std::fs::read_to_string("/proc/self/statm").ok()?;
+    use std::os::unix::fs::FileExt;
+    static STATM: std::sync::OnceLock<Option<std::fs::File>> = std::sync::OnceLock::new();
+    let file = STATM
+        .get_or_init(|| std::fs::File::open("/proc/self/statm").ok())
+        .as_ref()?;
+    let mut buf = [0u8; 128];
+    let n = file.read_at(&mut buf, 0).ok()?;
+    let statm = std::str::from_utf8(&buf[..n]).ok()?;
     let pages: u64 = statm.split_whitespace().nth(1)?.parse().ok()?;
     Some(pages * 4096)
 }

@@ -22,7 +22,7 @@ use crate::memory::GuestMemory;
 /// Errors booting a kernel.
 #[derive(Debug, thiserror::Error, displaydoc::Display)]
 pub enum Error {
-    /// Cannot open kernel {0}: {1}
+    /// Cannot open kernel {0}
     OpenKernel(String, #[source] std::io::Error),
     /// Kernel {0} is neither an ELF vmlinux nor a bzImage
     UnknownFormat(String),

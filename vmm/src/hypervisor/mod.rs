@@ -38,6 +38,24 @@ pub enum Error {
     Run(u8, #[source] std::io::Error),
 }
 
+/// Whether a `/proc/cpuinfo` text advertises hardware virtualization (`vmx` or `svm`).
+pub fn cpuinfo_has_hw_virt(cpuinfo: &str) -> bool {
+    cpuinfo
+        .lines()
+        .filter(|l| l.starts_with("flags"))
+        .any(|l| l.split_whitespace().any(|f| f == "vmx" || f == "svm"))
+}
+
+/// Whether this host's CPU advertises hardware virtualization; `None` if unknown.
+///
+/// A `/dev/kvm` without it is software-based (PVM and the like): guest user code runs
+/// natively but guest kernel code is emulated, and ordinary Linux kernels may not boot.
+pub fn host_has_hw_virt() -> Option<bool> {
+    std::fs::read_to_string("/proc/cpuinfo")
+        .ok()
+        .map(|c| cpuinfo_has_hw_virt(&c))
+}
+
 /// Result type of this module.
 pub type Result<T> = std::result::Result<T, Error>;
 
@@ -104,4 +122,18 @@ pub trait Vcpu: Send {
     fn special_regs(&self) -> Result<SpecialRegs>;
     /// Runs the vCPU until the next exit, dispatching I/O to `io`.
     fn run(&mut self, io: &dyn IoHandler) -> Result<VcpuExit>;
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn detects_vmx_and_svm_flags() {
+        assert!(cpuinfo_has_hw_virt(
+            "processor: 0\nflags\t\t: fpu vme vmx sse\n"
+        ));
+        assert!(cpuinfo_has_hw_virt("flags : fpu svm\n"));
+        assert!(!cpuinfo_has_hw_virt("flags : fpu vmxx sse\nvmx\n"));
+    }
 }

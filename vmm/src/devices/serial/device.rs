@@ -101,7 +101,7 @@ mod tests {
         for b in b"hi\n" {
             serial.write(0, &[*b]);
         }
-        serial.write(0, &[b'x', b'y']); // wrong width: ignored
+        serial.write(0, b"xy"); // wrong width: ignored
         assert_eq!(std::fs::read(&path).unwrap(), b"hi\n");
         assert_eq!(metrics.snapshot("serial").bytes_in, 3);
         // Line status register reports an empty transmitter.

@@ -168,9 +168,7 @@ fn handle_request(
         }
         VIRTIO_BLK_T_OUT => {
             let len = reader.available_bytes() as u64;
-            if config.read_only {
-                (VIRTIO_BLK_S_IOERR, 0)
-            } else if !in_range(sector, len, capacity) {
+            if config.read_only || !in_range(sector, len, capacity) {
                 (VIRTIO_BLK_S_IOERR, 0)
             } else {
                 match copy_guest_to_file(file, sector * SECTOR_SIZE, len, &mut reader) {
@@ -207,7 +205,7 @@ fn handle_request(
 
 /// Whether `len` bytes at `sector` are whole sectors inside the disk.
 fn in_range(sector: u64, len: u64, capacity: u64) -> bool {
-    len % SECTOR_SIZE == 0
+    len & (SECTOR_SIZE - 1) == 0
         && sector
             .checked_add(len / SECTOR_SIZE)
             .is_some_and(|end| end <= capacity)

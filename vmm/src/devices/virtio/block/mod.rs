@@ -35,7 +35,7 @@ pub const VIRTIO_BLK_F_FLUSH: u64 = 1 << 9;
 /// Errors opening a disk.
 #[derive(Debug, thiserror::Error, displaydoc::Display)]
 pub enum Error {
-    /// Cannot open disk image {0}: {1}
+    /// Cannot open disk image {0}
     Open(String, #[source] std::io::Error),
     /// Disk image {0} is smaller than one sector
     TooSmall(String),

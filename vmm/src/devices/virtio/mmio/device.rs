@@ -225,7 +225,7 @@ impl BusDevice for MmioTransport {
             lock(&self.device).read_config(offset - regs::CONFIG, data);
             return;
         }
-        if data.len() != 4 || offset % 4 != 0 {
+        if data.len() != 4 || offset & 3 != 0 {
             tracing::debug!(offset, len = data.len(), "virtio-mmio: bad register access");
             lock(&self.device).metrics().error();
             data.fill(0);
@@ -241,7 +241,7 @@ impl BusDevice for MmioTransport {
             self.config_generation = self.config_generation.wrapping_add(1);
             return;
         }
-        if data.len() != 4 || offset % 4 != 0 {
+        if data.len() != 4 || offset & 3 != 0 {
             tracing::debug!(offset, len = data.len(), "virtio-mmio: bad register access");
             lock(&self.device).metrics().error();
             return;

@@ -41,10 +41,7 @@ impl Rng {
         };
         let mut used_any = false;
         let mut buf = vec![0u8; MAX_BYTES_PER_REQUEST];
-        loop {
-            let Some(chain) = pop_chain(&mut active.queue, &active.mem, &self.metrics) else {
-                break;
-            };
+        while let Some(chain) = pop_chain(&mut active.queue, &active.mem, &self.metrics) {
             let head = chain.head_index();
             let written = match chain.writer(&active.mem) {
                 Ok(mut w) => {

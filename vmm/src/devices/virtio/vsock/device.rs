@@ -482,7 +482,7 @@ fn read_packet(
 ) -> Result<(PacketHeader, Vec<u8>), &'static str> {
     let mut reader = chain.reader(mem).map_err(|_| "bad descriptors")?;
     let hdr: PacketHeader = reader.read_obj().map_err(|_| "short header")?;
-    let len = hdr.len();
+    let len = hdr.payload_len();
     if len > MAX_PKT_DATA {
         return Err("payload too large");
     }
@@ -691,7 +691,7 @@ mod tests {
                     continue;
                 }
                 let hdr: PacketHeader = self.mem.read_obj(GuestAddress(at)).unwrap();
-                let mut data = vec![0u8; hdr.len() as usize];
+                let mut data = vec![0u8; hdr.payload_len() as usize];
                 self.mem
                     .read_slice(&mut data, GuestAddress(at + HEADER_SIZE as u64))
                     .unwrap();

@@ -51,7 +51,7 @@ pub const SHUTDOWN_SEND: u32 = 2;
 /// Errors creating the vsock device.
 #[derive(Debug, thiserror::Error, displaydoc::Display)]
 pub enum Error {
-    /// Cannot listen on vsock socket {0}: {1}
+    /// Cannot listen on vsock socket {0}
     Listen(String, #[source] std::io::Error),
     /// Cannot create the vsock event poller
     Epoll(#[source] std::io::Error),

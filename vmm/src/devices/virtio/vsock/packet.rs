@@ -28,7 +28,7 @@ impl PacketHeader {
     pub fn op(&self) -> u16 {
         self.op.to_native()
     }
-    pub fn len(&self) -> u32 {
+    pub fn payload_len(&self) -> u32 {
         self.len.to_native()
     }
     pub fn src_port(&self) -> u32 {

@@ -1,0 +1,170 @@
+//! The `belljar-vmm` binary as the daemon uses it: config file, exit statuses, control
+//! socket (with the seccomp filter installed), all with tiny raw guests.
+
+use std::io::{BufRead, BufReader, Write};
+use std::os::unix::net::UnixStream;
+use std::path::Path;
+use std::process::{Command, Stdio};
+use std::time::{Duration, Instant};
+
+const BIN: &str = env!("CARGO_BIN_EXE_belljar-vmm");
+
+fn have_kvm() -> bool {
+    let ok = Path::new("/dev/kvm").exists();
+    if !ok {
+        eprintln!("skipping: no /dev/kvm");
+    }
+    ok
+}
+
+/// print "hi", then either reset through the i8042 or wait halted (interrupts off).
+fn guest(dir: &Path, reset: bool) -> std::path::PathBuf {
+    let mut code = vec![0x66, 0xba, 0xf8, 0x03, 0xb0, b'h', 0xee, 0xb0, b'i', 0xee];
+    if reset {
+        code.extend([0xb0, 0xfe, 0xe6, 0x64]);
+    }
+    code.extend([0xfa, 0xf4]); // cli; hlt
+    let p = dir.join("guest.bin");
+    std::fs::write(&p, code).unwrap();
+    p
+}
+
+#[test]
+fn bad_configs_fail_fast_with_status_2() {
+    let dir = tempfile::tempdir().unwrap();
+    let k = guest(dir.path(), true);
+    let cases: Vec<Vec<String>> = vec![
+        vec![],
+        vec!["--kernel".into(), "/nonexistent/vmlinux".into()],
+        vec![
+            "--kernel".into(),
+            k.display().to_string(),
+            "--memory-mib".into(),
+            "0".into(),
+        ],
+        vec![
+            "--kernel".into(),
+            k.display().to_string(),
+            "--disk".into(),
+            "/nonexistent/disk.img,ro".into(),
+        ],
+    ];
+    for args in cases {
+        let t = Instant::now();
+        let out = Command::new(BIN).args(&args).output().unwrap();
+        assert_eq!(out.status.code(), Some(2), "{args:?}");
+        let err = String::from_utf8(out.stderr).unwrap();
+        assert_eq!(err.lines().count(), 1, "{err}");
+        assert!(t.elapsed() < Duration::from_secs(2));
+    }
+}
+
+#[test]
+fn guest_reset_exits_10_and_logs_console() {
+    if !have_kvm() {
+        return;
+    }
+    let dir = tempfile::tempdir().unwrap();
+    let cfg = serde_json::json!({
+        "kernel": guest(dir.path(), true),
+        "boot": "raw",
+        "memory_mib": 16,
+        "serial": {"log": dir.path().join("console.log"), "echo": true},
+    });
+    let cfg_path = dir.path().join("vm.json");
+    std::fs::write(&cfg_path, cfg.to_string()).unwrap();
+    let out = Command::new(BIN)
+        .arg("--config")
+        .arg(&cfg_path)
+        .output()
+        .unwrap();
+    assert_eq!(out.status.code(), Some(10), "{out:?}");
+    assert_eq!(out.stdout, b"hi");
+    assert_eq!(
+        std::fs::read(dir.path().join("console.log")).unwrap(),
+        b"hi"
+    );
+}
+
+fn request(stream: &mut UnixStream, reader: &mut impl BufRead, cmd: &str) -> serde_json::Value {
+    stream
+        .write_all(format!("{{\"cmd\":\"{cmd}\"}}\n").as_bytes())
+        .unwrap();
+    let mut line = String::new();
+    reader.read_line(&mut line).unwrap();
+    serde_json::from_str(&line).unwrap()
+}
+
+#[test]
+fn control_socket_pause_resume_metrics_stop() {
+    if !have_kvm() {
+        return;
+    }
+    let dir = tempfile::tempdir().unwrap();
+    let sock = dir.path().join("vmm.sock");
+    let mut child = Command::new(BIN)
+        .arg("--kernel")
+        .arg(guest(dir.path(), false))
+        .args(["--boot", "raw", "--memory-mib", "32", "--vcpus", "2"])
+        .arg("--control-socket")
+        .arg(&sock)
+        .stdout(Stdio::null())
+        .spawn()
+        .unwrap();
+    let t = Instant::now();
+    let mut stream = loop {
+        match UnixStream::connect(&sock) {
+            Ok(s) => break s,
+            Err(_) if t.elapsed() < Duration::from_secs(5) => {
+                std::thread::sleep(Duration::from_millis(10))
+            }
+            Err(e) => panic!("control socket: {e}"),
+        }
+    };
+    stream
+        .set_read_timeout(Some(Duration::from_secs(5)))
+        .unwrap();
+    let mut reader = BufReader::new(stream.try_clone().unwrap());
+
+    let s = request(&mut stream, &mut reader, "status");
+    assert_eq!(s["ok"], true);
+    assert_eq!(s["state"], "running");
+    let p = request(&mut stream, &mut reader, "pause");
+    assert_eq!(p["state"], "paused", "{p}");
+    let r = request(&mut stream, &mut reader, "resume");
+    assert_eq!(r["ok"], true);
+    let m = request(&mut stream, &mut reader, "metrics");
+    let m = &m["metrics"];
+    assert_eq!(m["vcpus"].as_array().unwrap().len(), 2);
+    assert!(m["vcpus"][0]["io_exits"].as_u64().unwrap() >= 2);
+    assert!(m["rss_bytes"].as_u64().unwrap() > 0);
+    assert_eq!(m["guest_memory_bytes"], 32u64 << 20);
+    assert_eq!(m["devices"][0]["name"], "serial");
+    assert_eq!(m["devices"][0]["bytes_in"], 2);
+    let bad = request(&mut stream, &mut reader, "fly");
+    assert_eq!(bad["error"]["code"], "unknown_command");
+    let st = request(&mut stream, &mut reader, "stop");
+    assert_eq!(st["ok"], true);
+    let status = child.wait().unwrap();
+    assert_eq!(status.code(), Some(0));
+}
+
+#[test]
+fn sigterm_stops_with_status_0() {
+    if !have_kvm() {
+        return;
+    }
+    let dir = tempfile::tempdir().unwrap();
+    let child = Command::new(BIN)
+        .arg("--kernel")
+        .arg(guest(dir.path(), false))
+        .args(["--boot", "raw", "--memory-mib", "16"])
+        .stdout(Stdio::null())
+        .spawn()
+        .unwrap();
+    std::thread::sleep(Duration::from_millis(100));
+    // SAFETY: plain kill(2) on our own child.
+    unsafe { libc::kill(child.id() as i32, libc::SIGTERM) };
+    let out = child.wait_with_output().unwrap();
+    assert_eq!(out.status.code(), Some(0));
+}
