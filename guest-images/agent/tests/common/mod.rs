@@ -1,0 +1,148 @@
+//! Starts the real `belljar-agent` binary in plain mode on a Unix socket in a temporary
+//! directory and connects the proto crate's client to it.
+
+#![allow(dead_code)]
+
+use std::path::PathBuf;
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
+
+use belljar_agent_proto::client::AgentClient;
+use belljar_agent_proto::{CommandInfo, OutputLine, StartCommand};
+use futures::TryStreamExt;
+
+pub struct Agent {
+    pub child: Child,
+    pub dir: tempfile::TempDir,
+    pub client: AgentClient,
+    pub socket: PathBuf,
+}
+
+impl Agent {
+    pub async fn start() -> Self {
+        Self::start_with(&[]).await
+    }
+
+    pub async fn start_with(extra: &[&str]) -> Self {
+        let dir = tempfile::tempdir().unwrap();
+        let socket = dir.path().join("agent.sock");
+        std::fs::create_dir(dir.path().join("files")).unwrap();
+        let child = Command::new(env!("CARGO_BIN_EXE_belljar-agent"))
+            .arg("--mode")
+            .arg("plain")
+            .arg("--listen")
+            .arg(format!("unix:{}", socket.display()))
+            .arg("--state-dir")
+            .arg(dir.path().join("state"))
+            .args(extra)
+            .env("BELLJAR_LOG", "warn")
+            .stdin(Stdio::null())
+            .spawn()
+            .unwrap();
+        let deadline = Instant::now() + Duration::from_secs(20);
+        let client = loop {
+            if let Ok(client) = AgentClient::connect_unix(&socket).await {
+                if client.health().await.is_ok() {
+                    break client;
+                }
+            }
+            assert!(Instant::now() < deadline, "agent did not come up");
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        };
+        Agent {
+            child,
+            dir,
+            client,
+            socket,
+        }
+    }
+
+    /// A fresh connection, as a daemon that restarted would open.
+    pub async fn connect(&self) -> AgentClient {
+        AgentClient::connect_unix(&self.socket).await.unwrap()
+    }
+
+    /// An absolute path under the test's scratch directory.
+    pub fn path(&self, rel: &str) -> String {
+        self.dir
+            .path()
+            .join("files")
+            .join(rel)
+            .display()
+            .to_string()
+    }
+
+    pub fn pid(&self) -> u32 {
+        self.child.id()
+    }
+
+    /// The agent's peak resident set size so far, in KiB.
+    pub fn peak_rss_kib(&self) -> u64 {
+        status_field(self.pid(), "VmHWM:")
+    }
+
+    /// Runs a command to its end and returns its final info and all its output.
+    pub async fn run(&self, start: StartCommand) -> (CommandInfo, Vec<OutputLine>) {
+        let info = self.client.start_command(&start).await.unwrap();
+        let lines: Vec<OutputLine> = self
+            .client
+            .output(&info.id, 0, true)
+            .await
+            .unwrap()
+            .try_collect()
+            .await
+            .unwrap();
+        let info = self.client.wait_command(&info.id).await.unwrap();
+        (info, lines)
+    }
+
+    /// Runs `sh -c script` and returns its info, stdout and stderr.
+    pub async fn sh(&self, script: &str) -> (CommandInfo, String, String) {
+        let (info, lines) = self.run(argv(&["/bin/sh", "-c", script])).await;
+        let (out, err) = split(&lines);
+        (
+            info,
+            String::from_utf8_lossy(&out).into_owned(),
+            String::from_utf8_lossy(&err).into_owned(),
+        )
+    }
+}
+
+impl Drop for Agent {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+pub fn argv(args: &[&str]) -> StartCommand {
+    StartCommand {
+        argv: args.iter().map(|s| s.to_string()).collect(),
+        ..Default::default()
+    }
+}
+
+/// Concatenated stdout and stderr bytes.
+pub fn split(lines: &[OutputLine]) -> (Vec<u8>, Vec<u8>) {
+    let (mut out, mut err) = (Vec::new(), Vec::new());
+    for line in lines {
+        match line.stream {
+            belljar_agent_proto::Stream::Stdout => out.extend(line.bytes()),
+            belljar_agent_proto::Stream::Stderr => err.extend(line.bytes()),
+        }
+    }
+    (out, err)
+}
+
+pub fn status_field(pid: u32, field: &str) -> u64 {
+    let status = std::fs::read_to_string(format!("/proc/{pid}/status")).unwrap();
+    status
+        .lines()
+        .find_map(|l| l.strip_prefix(field))
+        .and_then(|v| v.trim().trim_end_matches("kB").trim().parse().ok())
+        .unwrap()
+}
+
+pub fn is_root() -> bool {
+    nix::unistd::geteuid().is_root()
+}
