@@ -28,6 +28,13 @@ pub struct Info {
     pub free_memory_mib: u64,
 }
 
+/// `POST /v1/session/token`: a one-time token for `GET /ui?token=<token>`, which turns it into
+/// the browser's session cookie. Valid for one use within 60 seconds.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, ToSchema, TS)]
+pub struct SessionToken {
+    pub token: String,
+}
+
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, ToSchema, TS)]
 #[serde(rename_all = "snake_case")]
 pub enum ImageStatus {

@@ -9,6 +9,7 @@
 //! |---|---|---|---|
 //! | GET | `/v1/info` | | `Info` |
 //! | GET | `/v1/openapi.json` | | the OpenAPI document |
+//! | POST | `/v1/session/token` | | `SessionToken` (one-time, for `GET /ui?token=`) |
 //! | GET | `/v1/events` (WS) | `?since=seq` | NDJSON of `Event` |
 //! | GET | `/v1/images` | | `Vec<Image>` |
 //! | POST | `/v1/images/{name}/build` | | NDJSON of `ImageBuildEvent` |
@@ -38,6 +39,9 @@
 //! | GET | `/v1/sandboxes/{id}/files/watch` (WS) | `?path=&recursive=true` | NDJSON of `WatchEvent` |
 //! | GET | `/v1/sandboxes/{id}/files/thumbnail` | `?path=&size=128` | `image/png` |
 //! | GET | `/v1/sandboxes/{id}/terminal` (WS only) | `?rows=&cols=&cwd=&sudo=` | binary PTY bytes + `TerminalMessage` text frames |
+//!
+//! Outside `/v1`: `GET /ui?token=<one-time>` sets the `belljar_session` cookie (HttpOnly,
+//! SameSite=Strict) and redirects to `/`, where the web UI is served.
 //!
 //! Errors are `ErrorBody` with a fitting status: 400 `bad_request` (naming the field), 401,
 //! 403, 404 `not_found`, 409 `sandbox_not_running`, 507 `insufficient_resources`, 502

@@ -49,6 +49,7 @@ pub fn render() -> String {
         Event::decl(&cfg),
         BackendInfo::decl(&cfg),
         Info::decl(&cfg),
+        SessionToken::decl(&cfg),
         ImageStatus::decl(&cfg),
         Image::decl(&cfg),
         ImageBuildEvent::decl(&cfg),

@@ -206,6 +206,8 @@ default_backend_reason: string, backends: Array<BackendInfo>, images: Array<Imag
  */
 free_memory_mib: number, };
 
+export type SessionToken = { token: string, };
+
 export type ImageStatus = "ready" | "missing" | "building";
 
 export type Image = { 

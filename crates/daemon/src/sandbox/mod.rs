@@ -1,7 +1,287 @@
 //! Sandboxes: their lifecycle (`pending → running → stopping → stopped | failed`), the
 //! backends that run them, admission, commands and their logs, files, and adoption of running
 //! sandboxes after a daemon restart.
+//!
+//! [`Sandboxes`] is the one entry point the HTTP layer calls. Its state that matters lives in
+//! the store and in each sandbox's directory; what it keeps in memory (agent connections,
+//! log followers, per-sandbox locks) is rebuilt after a restart.
 
 pub mod admission;
 pub mod backend;
+mod commands;
+mod files;
+mod lifecycle;
+mod logs;
 pub mod microvm;
+mod monitor;
+// pub mod namespace; (enabled once belljar-namespace builds)
+mod source;
+
+use std::collections::HashMap;
+use std::path::PathBuf;
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use belljar_agent_proto::client::{AgentClient, ClientError};
+use belljar_api::{Sandbox, SandboxStatus};
+
+use crate::events::Events;
+use crate::images::{ImageError, Images};
+use crate::paths::Paths;
+use crate::store::{Store, StoreError};
+use admission::AdmissionError;
+use backend::{AgentAddress, BackendError, Backends};
+pub use files::Thumbnail;
+use logs::LogRegistry;
+
+#[derive(Debug, thiserror::Error)]
+pub enum SandboxError {
+    /// The request is malformed; the message names the field.
+    #[error("{0}")]
+    BadRequest(String),
+    /// No such sandbox.
+    #[error("Sandbox {0} not found")]
+    NotFound(String),
+    /// No such command in that sandbox.
+    #[error("Command {0} not found")]
+    CommandNotFound(String),
+    /// The sandbox is not running.
+    #[error("Sandbox {id} is {status}")]
+    NotRunning { id: String, status: &'static str },
+    /// The operation conflicts with the sandbox's state.
+    #[error("{0}")]
+    Conflict(String),
+    /// Not enough host memory.
+    #[error(transparent)]
+    Admission(#[from] AdmissionError),
+    /// The image is missing or unknown.
+    #[error(transparent)]
+    Image(#[from] ImageError),
+    /// The backend failed or cannot run here.
+    #[error(transparent)]
+    Backend(#[from] BackendError),
+    /// The agent answered with an error, or could not be reached.
+    #[error("{0}")]
+    Agent(#[from] ClientError),
+    /// The agent did not come up in time.
+    #[error("The sandbox's agent did not answer within {0:?}")]
+    AgentTimeout(Duration),
+    /// A thumbnail could not be made.
+    #[error("Cannot make a thumbnail: {0}")]
+    Thumbnail(String),
+    /// The store failed.
+    #[error(transparent)]
+    Store(#[from] StoreError),
+    /// A host file operation failed.
+    #[error("Host I/O failed")]
+    Io(#[from] std::io::Error),
+}
+
+/// Defaults and limits of sandboxes, from the daemon's configuration.
+#[derive(Debug, Clone)]
+pub struct Settings {
+    pub default_image: String,
+    pub default_vcpus: u32,
+    pub default_memory_mib: u64,
+    pub default_disk_mib: u64,
+    pub default_timeout_ms: i64,
+    pub max_timeout_ms: i64,
+    /// Host memory kept free of sandboxes, MiB.
+    pub memory_reserve_mib: u64,
+    /// The agent binary given by `BELLJAR_AGENT`, if any.
+    pub agent: Option<PathBuf>,
+    /// How long a sandbox gets to end by itself before it is killed.
+    pub stop_grace: Duration,
+    /// How long a new sandbox's agent gets to answer.
+    pub ready_timeout: Duration,
+}
+
+impl Default for Settings {
+    fn default() -> Self {
+        Self {
+            default_image: "base".into(),
+            default_vcpus: 2,
+            default_memory_mib: 1024,
+            default_disk_mib: 4096,
+            default_timeout_ms: 5 * 60_000,
+            max_timeout_ms: 24 * 3_600_000,
+            memory_reserve_mib: 512,
+            agent: None,
+            stop_grace: Duration::from_secs(2),
+            ready_timeout: Duration::from_secs(20),
+        }
+    }
+}
+
+/// The sandbox manager; cheap to clone.
+#[derive(Clone)]
+pub struct Sandboxes {
+    inner: Arc<Inner>,
+}
+
+struct Inner {
+    store: Store,
+    events: Arc<Events>,
+    paths: Paths,
+    backends: Backends,
+    images: Images,
+    settings: Settings,
+    agents: Mutex<HashMap<String, AgentClient>>,
+    logs: LogRegistry,
+    /// Serialises lifecycle changes of one sandbox (create, stop, delete, extend).
+    locks: Mutex<HashMap<String, Arc<tokio::sync::Mutex<()>>>>,
+    /// Serialises admission so that two creations cannot both take the last free memory.
+    admission: tokio::sync::Mutex<()>,
+}
+
+impl Sandboxes {
+    pub fn new(
+        store: Store,
+        events: Arc<Events>,
+        paths: Paths,
+        backends: Backends,
+        images: Images,
+        settings: Settings,
+    ) -> Self {
+        Self {
+            inner: Arc::new(Inner {
+                store,
+                events,
+                paths,
+                backends,
+                images,
+                settings,
+                agents: Default::default(),
+                logs: LogRegistry::default(),
+                locks: Default::default(),
+                admission: Default::default(),
+            }),
+        }
+    }
+
+    pub fn backends(&self) -> &Backends {
+        &self.inner.backends
+    }
+
+    pub fn settings(&self) -> &Settings {
+        &self.inner.settings
+    }
+
+    /// A sandbox by id.
+    pub fn get(&self, id: &str) -> Result<Sandbox, SandboxError> {
+        self.inner
+            .store
+            .sandbox(id)?
+            .ok_or_else(|| SandboxError::NotFound(id.to_owned()))
+    }
+
+    /// A sandbox that must be running.
+    fn running(&self, id: &str) -> Result<Sandbox, SandboxError> {
+        let s = self.get(id)?;
+        if s.status != SandboxStatus::Running {
+            return Err(SandboxError::NotRunning {
+                id: s.id,
+                status: s.status.as_str(),
+            });
+        }
+        Ok(s)
+    }
+
+    /// Host memory still free for sandboxes, MiB.
+    pub fn free_memory_mib(&self) -> u64 {
+        let available = admission::mem_available_mib().unwrap_or(0);
+        admission::free_for_sandboxes(
+            self.committed_memory_mib().unwrap_or(0),
+            available,
+            self.inner.settings.memory_reserve_mib,
+        )
+    }
+
+    fn committed_memory_mib(&self) -> Result<u64, SandboxError> {
+        Ok(self
+            .inner
+            .store
+            .sandboxes_with_status(&[
+                SandboxStatus::Pending,
+                SandboxStatus::Running,
+                SandboxStatus::Stopping,
+            ])?
+            .iter()
+            .map(|s| s.memory_mib)
+            .sum())
+    }
+
+    fn lock_for(&self, id: &str) -> Arc<tokio::sync::Mutex<()>> {
+        self.inner
+            .locks
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .entry(id.to_owned())
+            .or_default()
+            .clone()
+    }
+
+    fn state_dir(&self, id: &str) -> PathBuf {
+        self.inner.paths.sandbox_dir(id).join("ns")
+    }
+
+    /// The agent connection of a running sandbox, connecting when there is none.
+    async fn agent(&self, sandbox: &Sandbox) -> Result<AgentClient, SandboxError> {
+        if let Some(c) = self
+            .inner
+            .agents
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .get(&sandbox.id)
+        {
+            return Ok(c.clone());
+        }
+        let backend = self
+            .inner
+            .backends
+            .get(sandbox.backend)
+            .ok_or_else(|| BackendError::Unavailable {
+                backend: backend::kind_name(sandbox.backend),
+                reason: "not built into this daemon".into(),
+            })?;
+        let client = connect(&backend.agent_address(&self.state_dir(&sandbox.id))).await?;
+        self.inner
+            .agents
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .insert(sandbox.id.clone(), client.clone());
+        Ok(client)
+    }
+
+    /// The agent of a running sandbox by id.
+    async fn agent_of(&self, id: &str) -> Result<AgentClient, SandboxError> {
+        let s = self.running(id)?;
+        self.agent(&s).await
+    }
+
+    /// Maps an agent error, dropping the cached connection when the transport failed so that
+    /// the next call reconnects.
+    fn agent_error(&self, id: &str, e: ClientError) -> SandboxError {
+        if !matches!(e, ClientError::Api { .. }) {
+            self.forget_agent(id);
+        }
+        SandboxError::Agent(e)
+    }
+
+    fn forget_agent(&self, id: &str) {
+        self.inner
+            .agents
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .remove(id);
+    }
+}
+
+async fn connect(addr: &AgentAddress) -> Result<AgentClient, ClientError> {
+    match addr {
+        AgentAddress::Unix(path) => AgentClient::connect_unix(path).await,
+        AgentAddress::HybridVsock { socket, port } => {
+            AgentClient::connect_hybrid_vsock(socket, *port).await
+        }
+    }
+}

@@ -1,0 +1,351 @@
+//! Commands in a sandbox: start them through the agent, keep their output in the log file,
+//! record how they ended, and signal, feed and resize them.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use belljar_agent_proto::client::{AgentClient, ClientError, RequestBody};
+use belljar_agent_proto::{CommandInfo, PtySize as AgentPty, StartCommand, codes as agent_codes};
+use belljar_api::{Command, CommandStatus, KillCommand, PtySize, RunCommand, SandboxStatus};
+use bytes::Bytes;
+use futures::{Stream, StreamExt};
+use tokio::sync::watch;
+
+use super::logs::{self, LogState, LogWriter};
+use super::{SandboxError, Sandboxes};
+use crate::store::{CommandRecord, EventBody};
+use crate::util::{is_id, new_id, now_ms};
+
+/// A PTY shell started for a terminal WebSocket.
+pub struct Terminal {
+    pub command: Command,
+    pub agent: AgentClient,
+    pub agent_id: String,
+}
+
+impl Sandboxes {
+    /// Runs a command; returns at once when `detached`, else when it has exited.
+    pub async fn run_command(&self, id: &str, req: RunCommand) -> Result<Command, SandboxError> {
+        let detached = req.detached;
+        let (rec, _) = self.start_command(id, req).await?;
+        if detached {
+            return Ok(rec.command);
+        }
+        self.wait_command(id, &rec.command.id).await
+    }
+
+    /// Starts a PTY shell (`bash -l`) for an interactive terminal.
+    pub async fn start_terminal(
+        &self,
+        id: &str,
+        size: PtySize,
+        cwd: Option<String>,
+        sudo: bool,
+    ) -> Result<Terminal, SandboxError> {
+        let req = RunCommand {
+            argv: vec!["bash".into(), "-l".into()],
+            cwd,
+            sudo,
+            detached: true,
+            pty: Some(size),
+            stdin: true,
+            env: Some([("TERM".to_owned(), "xterm-256color".to_owned())].into()),
+        };
+        let (rec, agent) = self.start_command(id, req).await?;
+        Ok(Terminal {
+            agent_id: rec.agent_id.clone().unwrap_or_default(),
+            command: rec.command,
+            agent,
+        })
+    }
+
+    async fn start_command(
+        &self,
+        id: &str,
+        req: RunCommand,
+    ) -> Result<(CommandRecord, AgentClient), SandboxError> {
+        if req.argv.is_empty() || req.argv[0].is_empty() {
+            return Err(SandboxError::BadRequest("argv: must not be empty".into()));
+        }
+        if let Some(p) = req.pty
+            && (p.rows == 0 || p.cols == 0)
+        {
+            return Err(SandboxError::BadRequest(
+                "pty: rows and cols must be positive".into(),
+            ));
+        }
+        let sandbox = self.running(id)?;
+        let agent = self.agent(&sandbox).await?;
+        let mut env = sandbox.env.clone();
+        env.extend(req.env.unwrap_or_default());
+        let start = StartCommand {
+            argv: req.argv,
+            cwd: req.cwd,
+            env,
+            user: req.sudo.then(|| "root".to_owned()),
+            pty: req.pty.map(|p| AgentPty {
+                rows: p.rows,
+                cols: p.cols,
+            }),
+            stdin: req.stdin,
+        };
+        let info = agent
+            .start_command(&start)
+            .await
+            .map_err(|e| self.agent_error(id, e))?;
+        let cid = new_id("cmd");
+        let log_path = self.inner.paths.command_log(id, &cid);
+        if let Some(dir) = log_path.parent() {
+            tokio::fs::create_dir_all(dir).await?;
+        }
+        tokio::fs::write(&log_path, b"").await?;
+        let rec = CommandRecord {
+            command: Command {
+                id: cid.clone(),
+                sandbox_id: id.to_owned(),
+                argv: info.argv.clone(),
+                cwd: info.cwd.clone(),
+                user: info.user.clone(),
+                pty: info.pty,
+                status: CommandStatus::Running,
+                exit_code: None,
+                signal: None,
+                started_at: info.started_at,
+                finished_at: None,
+            },
+            agent_id: Some(info.id.clone()),
+            log_path,
+        };
+        let state = self.inner.logs.register(&cid, 0);
+        self.inner.store.put_command(&rec)?;
+        self.inner
+            .events
+            .emit(EventBody::Command(rec.command.clone()));
+        self.spawn_pump(rec.clone(), state);
+        Ok((rec, agent))
+    }
+
+    /// Follows the command's output into its log until it ends, then records how it ended.
+    pub(super) fn spawn_pump(&self, rec: CommandRecord, state: Arc<watch::Sender<LogState>>) {
+        let this = self.clone();
+        tokio::spawn(async move { this.pump(rec, state).await });
+    }
+
+    async fn pump(&self, rec: CommandRecord, state: Arc<watch::Sender<LogState>>) {
+        let sid = rec.command.sandbox_id.clone();
+        let cid = rec.command.id.clone();
+        let outcome = match (&rec.agent_id, LogWriter::open(&rec.log_path, state).await) {
+            (Some(agent_id), Ok(mut writer)) => self.follow(&sid, agent_id, &mut writer).await,
+            (_, Err(e)) => {
+                tracing::warn!(command = %cid, error = %e, "cannot open the command log");
+                None
+            }
+            (None, _) => None,
+        };
+        self.record_end(&sid, &cid, outcome);
+        self.inner.logs.finish(&cid);
+    }
+
+    /// Appends output until the agent's stream ends, reconnecting while the sandbox runs;
+    /// the command's final state, or `None` when it was lost.
+    async fn follow(
+        &self,
+        sid: &str,
+        agent_id: &str,
+        writer: &mut LogWriter,
+    ) -> Option<CommandInfo> {
+        let mut failures = 0;
+        loop {
+            let result = async {
+                let agent = self.agent_of(sid).await?;
+                let mut lines = agent
+                    .output(agent_id, writer.lines(), true)
+                    .await
+                    .map_err(|e| self.agent_error(sid, e))?;
+                while let Some(line) = lines.next().await {
+                    let line = line.map_err(|e| self.agent_error(sid, e))?;
+                    writer.append(&line).await?;
+                }
+                agent
+                    .wait_command(agent_id)
+                    .await
+                    .map_err(|e| self.agent_error(sid, e))
+            }
+            .await;
+            match result {
+                Ok(info) => return Some(info),
+                Err(SandboxError::Agent(ClientError::Api { code, .. }))
+                    if code == agent_codes::COMMAND_NOT_FOUND =>
+                {
+                    return None;
+                }
+                Err(e) => {
+                    failures += 1;
+                    let running = matches!(
+                        self.inner.store.sandbox(sid),
+                        Ok(Some(s)) if s.status == SandboxStatus::Running
+                    );
+                    if !running || failures > 20 {
+                        tracing::debug!(sandbox = %sid, error = %e, "command output lost");
+                        return None;
+                    }
+                    tokio::time::sleep(Duration::from_millis(250)).await;
+                }
+            }
+        }
+    }
+
+    /// Records that a command ended (`None`: lost with its sandbox) unless it already has.
+    pub(super) fn record_end(&self, sid: &str, cid: &str, outcome: Option<CommandInfo>) {
+        let Ok(Some(mut rec)) = self.inner.store.command(sid, cid) else {
+            return;
+        };
+        if rec.command.status != CommandStatus::Running {
+            return;
+        }
+        match outcome {
+            Some(info) => {
+                rec.command.status = CommandStatus::Exited;
+                rec.command.exit_code = info.exit_code;
+                rec.command.signal = info.signal;
+                rec.command.finished_at = info.finished_at.or(Some(now_ms()));
+            }
+            None => {
+                rec.command.status = CommandStatus::Lost;
+                rec.command.finished_at = Some(now_ms());
+            }
+        }
+        if let Err(e) = self.inner.store.put_command(&rec) {
+            tracing::warn!(command = %cid, error = %e, "cannot record the end of a command");
+        }
+        self.inner.events.emit(EventBody::Command(rec.command));
+    }
+
+    fn command_record(&self, id: &str, cid: &str) -> Result<CommandRecord, SandboxError> {
+        self.get(id)?;
+        if !is_id("cmd", cid) {
+            return Err(SandboxError::CommandNotFound(cid.to_owned()));
+        }
+        self.inner
+            .store
+            .command(id, cid)?
+            .ok_or_else(|| SandboxError::CommandNotFound(cid.to_owned()))
+    }
+
+    pub fn command(&self, id: &str, cid: &str) -> Result<Command, SandboxError> {
+        Ok(self.command_record(id, cid)?.command)
+    }
+
+    /// The sandbox's commands, newest first.
+    pub fn commands(&self, id: &str) -> Result<Vec<Command>, SandboxError> {
+        self.get(id)?;
+        Ok(self
+            .inner
+            .store
+            .commands(id)?
+            .into_iter()
+            .map(|r| r.command)
+            .collect())
+    }
+
+    /// Waits until the command has ended and its output is all in the log.
+    pub async fn wait_command(&self, id: &str, cid: &str) -> Result<Command, SandboxError> {
+        self.command_record(id, cid)?;
+        if let Some(mut rx) = self.inner.logs.subscribe(cid) {
+            while !rx.borrow_and_update().done {
+                if rx.changed().await.is_err() {
+                    break;
+                }
+            }
+        }
+        self.command(id, cid)
+    }
+
+    /// Sends a signal (default `TERM`); answers once the command ended, or after 2 s.
+    pub async fn kill_command(
+        &self,
+        id: &str,
+        cid: &str,
+        req: KillCommand,
+    ) -> Result<Command, SandboxError> {
+        let (rec, agent) = self.live_command(id, cid).await?;
+        let signal = req.signal.unwrap_or_else(|| "TERM".into());
+        if signal.is_empty() {
+            return Err(SandboxError::BadRequest("signal: must not be empty".into()));
+        }
+        let agent_id = rec.agent_id.as_deref().unwrap_or_default();
+        match agent.signal(agent_id, &signal).await {
+            Err(ClientError::Api { code, .. }) if code == agent_codes::COMMAND_FINISHED => {}
+            Err(e) => return Err(self.agent_error(id, e)),
+            Ok(()) => {}
+        }
+        let _ = tokio::time::timeout(Duration::from_secs(2), self.wait_command(id, cid)).await;
+        self.command(id, cid)
+    }
+
+    /// Streams `body` to the command's stdin, closing it at the end when `close`.
+    pub async fn write_stdin(
+        &self,
+        id: &str,
+        cid: &str,
+        body: RequestBody,
+        close: bool,
+    ) -> Result<(), SandboxError> {
+        let (rec, agent) = self.live_command(id, cid).await?;
+        agent
+            .write_stdin(rec.agent_id.as_deref().unwrap_or_default(), body, close)
+            .await
+            .map_err(|e| self.agent_error(id, e))
+    }
+
+    pub async fn resize_command(
+        &self,
+        id: &str,
+        cid: &str,
+        size: PtySize,
+    ) -> Result<(), SandboxError> {
+        if size.rows == 0 || size.cols == 0 {
+            return Err(SandboxError::BadRequest(
+                "rows, cols: must be positive".into(),
+            ));
+        }
+        let (rec, agent) = self.live_command(id, cid).await?;
+        let pty = AgentPty {
+            rows: size.rows,
+            cols: size.cols,
+        };
+        agent
+            .resize(rec.agent_id.as_deref().unwrap_or_default(), pty)
+            .await
+            .map_err(|e| self.agent_error(id, e))
+    }
+
+    async fn live_command(
+        &self,
+        id: &str,
+        cid: &str,
+    ) -> Result<(CommandRecord, AgentClient), SandboxError> {
+        let rec = self.command_record(id, cid)?;
+        if rec.command.status != CommandStatus::Running {
+            return Err(SandboxError::Conflict(format!("Command {cid} has already ended")));
+        }
+        let agent = self.agent_of(id).await?;
+        Ok((rec, agent))
+    }
+
+    /// The command's output as NDJSON bytes, from the start; with `follow`, until it ends.
+    pub fn command_logs(
+        &self,
+        id: &str,
+        cid: &str,
+        follow: bool,
+    ) -> Result<impl Stream<Item = std::io::Result<Bytes>> + use<>, SandboxError> {
+        let rec = self.command_record(id, cid)?;
+        let state = if follow {
+            self.inner.logs.subscribe(cid)
+        } else {
+            None
+        };
+        Ok(logs::tail(rec.log_path, follow, state))
+    }
+}

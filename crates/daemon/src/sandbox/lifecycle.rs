@@ -1,0 +1,370 @@
+//! Creating, changing, stopping and deleting sandboxes.
+
+use std::time::{Duration, Instant};
+
+use belljar_api::{
+    BackendChoice, CreateSandbox, ExtendSandbox, LimitsReport, ListSandboxesQuery, Sandbox,
+    SandboxList, SandboxStatus, UpdateSandbox,
+};
+
+use super::backend::{BackendError, LaunchSpec};
+use super::{SandboxError, Sandboxes, admission, connect};
+use crate::store::EventBody;
+use crate::util::{is_id, new_id, now_ms};
+
+impl Sandboxes {
+    /// Creates a sandbox and returns it running, or the reason it could not start.
+    pub async fn create(&self, req: CreateSandbox) -> Result<Sandbox, SandboxError> {
+        let s = &self.inner.settings;
+        let timeout_ms = req.timeout_ms.unwrap_or(s.default_timeout_ms);
+        if timeout_ms <= 0 {
+            return Err(SandboxError::BadRequest("timeout_ms: must be positive".into()));
+        }
+        if timeout_ms > s.max_timeout_ms {
+            return Err(SandboxError::BadRequest(format!(
+                "timeout_ms: exceeds the maximum of {} ms",
+                s.max_timeout_ms
+            )));
+        }
+        let vcpus = req.vcpus.unwrap_or(s.default_vcpus);
+        if vcpus == 0 || vcpus > 256 {
+            return Err(SandboxError::BadRequest("vcpus: must be 1..=256".into()));
+        }
+        let memory_mib = req.memory_mib.unwrap_or(s.default_memory_mib);
+        if memory_mib < 64 {
+            return Err(SandboxError::BadRequest("memory_mib: must be at least 64".into()));
+        }
+        let disk_mib = req.disk_mib.unwrap_or(s.default_disk_mib);
+        if disk_mib < 64 {
+            return Err(SandboxError::BadRequest("disk_mib: must be at least 64".into()));
+        }
+        validate_tags(req.tags.as_ref())?;
+        validate_env(req.env.as_ref())?;
+        if let Some(source) = &req.source {
+            super::source::validate(source)?;
+        }
+        let image_name = req.image.clone().unwrap_or_else(|| s.default_image.clone());
+        let image = self.inner.images.resolve(&image_name)?;
+        let (backend, backend_reason) =
+            self.inner.backends.choose(req.backend.unwrap_or(BackendChoice::Auto))?;
+        let agent = self.agent_binary(&image.rootfs)?;
+
+        let id = new_id("sbx");
+        let now = now_ms();
+        let mut sandbox = Sandbox {
+            id: id.clone(),
+            name: req.name,
+            status: SandboxStatus::Pending,
+            status_reason: None,
+            image: image_name,
+            backend: backend.kind(),
+            backend_reason,
+            vcpus,
+            memory_mib,
+            disk_mib,
+            env: req.env.unwrap_or_default(),
+            tags: req.tags.unwrap_or_default(),
+            source: req.source,
+            created_at: now,
+            started_at: None,
+            stopped_at: None,
+            timeout_ms,
+            expires_at: None,
+            limits: LimitsReport::default(),
+        };
+        let lock = self.lock_for(&id);
+        let _guard = lock.lock().await;
+        {
+            let _admission = self.inner.admission.lock().await;
+            let available = admission::mem_available_mib()?;
+            admission::admit(
+                memory_mib,
+                self.committed_memory_mib()?,
+                available,
+                s.memory_reserve_mib,
+            )?;
+            self.save(&sandbox)?;
+        }
+
+        let state_dir = self.state_dir(&id);
+        let spec = LaunchSpec {
+            id: id.clone(),
+            state_dir: state_dir.clone(),
+            image_dir: image.dir.clone(),
+            agent,
+            vcpus,
+            memory_mib,
+            disk_mib,
+            agent_env: vec![],
+        };
+        let started = async {
+            std::fs::create_dir_all(&state_dir)?;
+            let launched = self.blocking_backend(&sandbox, move |b| b.launch(&spec)).await?;
+            sandbox.limits = launched.limits.clone();
+            let agent = self.wait_ready(&id, &launched.agent).await?;
+            if let Some(source) = sandbox.source.clone() {
+                super::source::install(&agent, &source, &sandbox.env).await?;
+            }
+            Ok::<_, SandboxError>(())
+        }
+        .await;
+        if let Err(e) = started {
+            tracing::warn!(sandbox = %id, error = %e, "sandbox failed to start");
+            let dir = state_dir.clone();
+            let grace = self.inner.settings.stop_grace;
+            let _ = self
+                .blocking_backend(&sandbox, move |b| b.stop(&dir, grace))
+                .await;
+            self.forget_agent(&id);
+            sandbox.status = SandboxStatus::Failed;
+            sandbox.status_reason = Some(e.to_string());
+            sandbox.stopped_at = Some(now_ms());
+            self.save(&sandbox)?;
+            return Err(e);
+        }
+        let now = now_ms();
+        sandbox.status = SandboxStatus::Running;
+        sandbox.started_at = Some(now);
+        sandbox.expires_at = Some(now + timeout_ms);
+        self.save(&sandbox)?;
+        Ok(sandbox)
+    }
+
+    /// The agent binary the namespace backend bind-mounts: `BELLJAR_AGENT`, else
+    /// `belljar-agent` next to this executable, else the image's own.
+    fn agent_binary(&self, rootfs: &std::path::Path) -> Result<std::path::PathBuf, SandboxError> {
+        if let Some(a) = &self.inner.settings.agent {
+            return Ok(a.clone());
+        }
+        if let Some(next) = std::env::current_exe()
+            .ok()
+            .and_then(|e| e.parent().map(|d| d.join("belljar-agent")))
+            .filter(|p| p.is_file())
+        {
+            return Ok(next);
+        }
+        Ok(rootfs.join("sbin/belljar-agent"))
+    }
+
+    async fn wait_ready(
+        &self,
+        id: &str,
+        addr: &super::backend::AgentAddress,
+    ) -> Result<belljar_agent_proto::client::AgentClient, SandboxError> {
+        let timeout = self.inner.settings.ready_timeout;
+        let deadline = Instant::now() + timeout;
+        let mut delay = Duration::from_millis(2);
+        loop {
+            if let Ok(client) = connect(addr).await
+                && client.health().await.is_ok()
+            {
+                self.inner
+                    .agents
+                    .lock()
+                    .unwrap_or_else(|e| e.into_inner())
+                    .insert(id.to_owned(), client.clone());
+                return Ok(client);
+            }
+            if Instant::now() > deadline {
+                return Err(SandboxError::AgentTimeout(timeout));
+            }
+            tokio::time::sleep(delay).await;
+            delay = (delay * 2).min(Duration::from_millis(50));
+        }
+    }
+
+    /// Runs a blocking backend call for `sandbox` off the async threads.
+    pub(super) async fn blocking_backend<T: Send + 'static>(
+        &self,
+        sandbox: &Sandbox,
+        f: impl FnOnce(&dyn super::backend::Backend) -> Result<T, BackendError> + Send + 'static,
+    ) -> Result<T, SandboxError> {
+        let this = self.clone();
+        let kind = sandbox.backend;
+        tokio::task::spawn_blocking(move || {
+            let b = this
+                .inner
+                .backends
+                .get(kind)
+                .ok_or_else(|| BackendError::Unavailable {
+                    backend: super::backend::kind_name(kind),
+                    reason: "not built into this daemon".into(),
+                })?;
+            f(b)
+        })
+        .await
+        .map_err(|e| SandboxError::Io(std::io::Error::other(e)))?
+        .map_err(SandboxError::from)
+    }
+
+    /// Writes the sandbox and tells subscribers.
+    pub(super) fn save(&self, sandbox: &Sandbox) -> Result<(), SandboxError> {
+        self.inner.store.put_sandbox(sandbox)?;
+        self.inner
+            .events
+            .emit(EventBody::Sandbox(sandbox.clone()));
+        Ok(())
+    }
+
+    pub fn list(&self, query: &ListSandboxesQuery) -> Result<SandboxList, SandboxError> {
+        if query.limit == Some(0) {
+            return Err(SandboxError::BadRequest("limit: must be 1..=200".into()));
+        }
+        let page = self.inner.store.list_sandboxes(query).map_err(|e| match e {
+            crate::store::StoreError::BadCursor => {
+                SandboxError::BadRequest("cursor: not a cursor from this daemon".into())
+            }
+            e => e.into(),
+        })?;
+        Ok(SandboxList {
+            sandboxes: page.sandboxes,
+            next_cursor: page.next_cursor,
+        })
+    }
+
+    /// Replaces tags and/or the name.
+    pub async fn update(&self, id: &str, req: UpdateSandbox) -> Result<Sandbox, SandboxError> {
+        validate_tags(req.tags.as_ref())?;
+        let lock = self.lock_for(id);
+        let _guard = lock.lock().await;
+        let mut s = self.get(id)?;
+        if let Some(tags) = req.tags {
+            s.tags = tags;
+        }
+        if let Some(name) = req.name {
+            s.name = (!name.is_empty()).then_some(name);
+        }
+        self.save(&s)?;
+        Ok(s)
+    }
+
+    /// Adds time to a running sandbox.
+    pub async fn extend(&self, id: &str, req: ExtendSandbox) -> Result<Sandbox, SandboxError> {
+        if req.duration_ms <= 0 {
+            return Err(SandboxError::BadRequest("duration_ms: must be positive".into()));
+        }
+        let lock = self.lock_for(id);
+        let _guard = lock.lock().await;
+        let mut s = self.running(id)?;
+        let max = self.inner.settings.max_timeout_ms;
+        let total = s.timeout_ms.saturating_add(req.duration_ms);
+        if total > max {
+            return Err(SandboxError::BadRequest(format!(
+                "duration_ms: the timeout would exceed the maximum of {max} ms"
+            )));
+        }
+        s.timeout_ms = total;
+        s.expires_at = s.expires_at.map(|e| e.saturating_add(req.duration_ms));
+        self.save(&s)?;
+        Ok(s)
+    }
+
+    /// Stops a sandbox (a no-op on one that has already ended).
+    pub async fn stop(&self, id: &str) -> Result<Sandbox, SandboxError> {
+        self.stop_with(id, SandboxStatus::Stopped, "stopped by user").await
+    }
+
+    /// Stops a sandbox and records `status` with `reason`.
+    pub(super) async fn stop_with(
+        &self,
+        id: &str,
+        status: SandboxStatus,
+        reason: &str,
+    ) -> Result<Sandbox, SandboxError> {
+        let lock = self.lock_for(id);
+        let _guard = lock.lock().await;
+        self.stop_locked(id, status, reason).await
+    }
+
+    async fn stop_locked(
+        &self,
+        id: &str,
+        status: SandboxStatus,
+        reason: &str,
+    ) -> Result<Sandbox, SandboxError> {
+        let mut s = self.get(id)?;
+        if s.status.is_final() {
+            return Ok(s);
+        }
+        s.status = SandboxStatus::Stopping;
+        self.save(&s)?;
+        let dir = self.state_dir(id);
+        let grace = self.inner.settings.stop_grace;
+        let stopped = self.blocking_backend(&s, move |b| b.stop(&dir, grace)).await;
+        self.forget_agent(id);
+        self.lose_running_commands(id)?;
+        match stopped {
+            Ok(()) => {
+                s.status = status;
+                s.status_reason = Some(reason.to_owned());
+            }
+            Err(e) => {
+                s.status = SandboxStatus::Failed;
+                s.status_reason = Some(format!("{reason}; then: {e}"));
+            }
+        }
+        s.stopped_at = Some(now_ms());
+        s.expires_at = None;
+        self.save(&s)?;
+        Ok(s)
+    }
+
+    /// Marks the commands still running in a sandbox that ended as lost.
+    pub(super) fn lose_running_commands(&self, id: &str) -> Result<(), SandboxError> {
+        for rec in self.inner.store.running_commands(id)? {
+            self.record_end(id, &rec.command.id, None);
+            self.inner.logs.finish(&rec.command.id);
+        }
+        Ok(())
+    }
+
+    /// Stops the sandbox if needed, then deletes it, its files and its record.
+    pub async fn delete(&self, id: &str) -> Result<(), SandboxError> {
+        if !is_id("sbx", id) {
+            return Err(SandboxError::NotFound(id.to_owned()));
+        }
+        let lock = self.lock_for(id);
+        let _guard = lock.lock().await;
+        let s = self.get(id)?;
+        self.stop_locked(id, SandboxStatus::Stopped, "deleted").await?;
+        let dir = self.state_dir(id);
+        self.blocking_backend(&s, move |b| b.destroy(&dir)).await?;
+        let all = self.inner.paths.sandbox_dir(id);
+        match tokio::fs::remove_dir_all(&all).await {
+            Err(e) if e.kind() != std::io::ErrorKind::NotFound => return Err(e.into()),
+            _ => {}
+        }
+        self.inner.store.delete_sandbox(id)?;
+        self.inner
+            .events
+            .emit(EventBody::SandboxDeleted(id.to_owned()));
+        self.inner
+            .locks
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .remove(id);
+        Ok(())
+    }
+}
+
+fn validate_tags(
+    tags: Option<&std::collections::BTreeMap<String, String>>,
+) -> Result<(), SandboxError> {
+    for k in tags.into_iter().flat_map(|t| t.keys()) {
+        if k.is_empty() || k.contains('=') {
+            return Err(SandboxError::BadRequest(format!(
+                "tags: key {k:?} must be non-empty and without '='"
+            )));
+        }
+    }
+    Ok(())
+}
+
+fn validate_env(env: Option<&std::collections::BTreeMap<String, String>>) -> Result<(), SandboxError> {
+    for k in env.into_iter().flat_map(|t| t.keys()) {
+        if k.is_empty() || k.contains('=') || k.contains('\0') {
+            return Err(SandboxError::BadRequest(format!("env: invalid name {k:?}")));
+        }
+    }
+    Ok(())
+}

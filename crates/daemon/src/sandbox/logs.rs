@@ -1,0 +1,229 @@
+//! Command output on the host: every line the agent streams is appended to the command's
+//! NDJSON file, and readers tail that file.
+//!
+//! The file is the durable copy: a finished command's output survives a `kill -9` of the
+//! daemon, and a command that still runs is re-attached from the line after the last complete
+//! one in the file. Readers wait on a watch channel instead of polling, and only ever hand
+//! out complete lines.
+
+use std::collections::HashMap;
+use std::io;
+use std::path::{Path, PathBuf};
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use belljar_agent_proto::OutputLine;
+use bytes::Bytes;
+use futures::Stream;
+use tokio::fs::{File, OpenOptions};
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use tokio::sync::watch;
+
+/// How far a command's log has got.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct LogState {
+    pub lines: u64,
+    /// No more lines will come.
+    pub done: bool,
+}
+
+/// The live logs of this daemon's followed commands, by command id.
+#[derive(Default)]
+pub struct LogRegistry {
+    map: Mutex<HashMap<String, Arc<watch::Sender<LogState>>>>,
+}
+
+impl LogRegistry {
+    /// Starts tracking a command whose log will grow.
+    pub fn register(&self, command_id: &str, lines: u64) -> Arc<watch::Sender<LogState>> {
+        let (tx, _) = watch::channel(LogState { lines, done: false });
+        let tx = Arc::new(tx);
+        self.map
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .insert(command_id.to_owned(), tx.clone());
+        tx
+    }
+
+    /// Follows a command's log; `None` when nothing is appending to it any more.
+    pub fn subscribe(&self, command_id: &str) -> Option<watch::Receiver<LogState>> {
+        self.map
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .get(command_id)
+            .map(|tx| tx.subscribe())
+    }
+
+    /// Marks the log complete and stops tracking it.
+    pub fn finish(&self, command_id: &str) {
+        if let Some(tx) = self
+            .map
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .remove(command_id)
+        {
+            tx.send_modify(|s| s.done = true);
+        }
+    }
+}
+
+/// Appends agent output lines to a command's log file.
+pub struct LogWriter {
+    file: File,
+    state: Arc<watch::Sender<LogState>>,
+}
+
+impl LogWriter {
+    pub async fn open(path: &Path, state: Arc<watch::Sender<LogState>>) -> io::Result<Self> {
+        let file = OpenOptions::new()
+            .create(true)
+            .append(true)
+            .open(path)
+            .await?;
+        Ok(Self { file, state })
+    }
+
+    /// Appends one line; it is in the file (the page cache) when this returns.
+    pub async fn append(&mut self, line: &OutputLine) -> io::Result<()> {
+        let mut buf = serde_json::to_vec(line).map_err(io::Error::other)?;
+        buf.push(b'\n');
+        self.file.write_all(&buf).await?;
+        self.file.flush().await?;
+        self.state.send_modify(|s| s.lines += 1);
+        Ok(())
+    }
+
+    pub fn lines(&self) -> u64 {
+        self.state.borrow().lines
+    }
+}
+
+/// Makes a log file end at a line boundary (a `kill -9` mid-write can leave half a line) and
+/// returns how many complete lines it holds. A missing file is created empty.
+pub fn repair(path: &Path) -> io::Result<u64> {
+    let data = match std::fs::read(path) {
+        Ok(d) => d,
+        Err(e) if e.kind() == io::ErrorKind::NotFound => {
+            std::fs::write(path, b"")?;
+            return Ok(0);
+        }
+        Err(e) => return Err(e),
+    };
+    let complete = data.iter().rposition(|&b| b == b'\n').map_or(0, |i| i + 1);
+    if complete != data.len() {
+        let f = std::fs::OpenOptions::new().write(true).open(path)?;
+        f.set_len(complete as u64)?;
+    }
+    Ok(data[..complete].iter().filter(|&&b| b == b'\n').count() as u64)
+}
+
+/// The log's complete lines as a byte stream; with `follow`, waits for more until `state`
+/// says the log is done (or until there is no `state`, i.e. nothing appends any more).
+pub fn tail(
+    path: PathBuf,
+    follow: bool,
+    state: Option<watch::Receiver<LogState>>,
+) -> impl Stream<Item = io::Result<Bytes>> {
+    struct St {
+        path: PathBuf,
+        file: Option<File>,
+        carry: Vec<u8>,
+        follow: bool,
+        state: Option<watch::Receiver<LogState>>,
+    }
+    let st = St {
+        path,
+        file: None,
+        carry: Vec::new(),
+        follow,
+        state,
+    };
+    futures::stream::try_unfold(st, |mut st| async move {
+        if st.file.is_none() {
+            st.file = Some(File::open(&st.path).await?);
+        }
+        let mut buf = vec![0u8; 64 * 1024];
+        loop {
+            // Seen before reading, so a line appended after the read is not missed.
+            let done_before = match &st.state {
+                Some(rx) => rx.borrow().done,
+                None => true,
+            };
+            let file = st.file.as_mut().expect("opened above");
+            let n = file.read(&mut buf).await?;
+            if n > 0 {
+                st.carry.extend_from_slice(&buf[..n]);
+                if let Some(end) = st.carry.iter().rposition(|&b| b == b'\n') {
+                    let rest = st.carry.split_off(end + 1);
+                    let out = std::mem::replace(&mut st.carry, rest);
+                    return Ok(Some((Bytes::from(out), st)));
+                }
+                continue;
+            }
+            if !st.follow || done_before {
+                return Ok(None);
+            }
+            let rx = st.state.as_mut().expect("not done without a state");
+            // Wake on a new line; the timeout re-checks the file in case a wake-up was missed.
+            match tokio::time::timeout(Duration::from_secs(1), rx.changed()).await {
+                Ok(Err(_)) => st.state = None,
+                Ok(Ok(())) | Err(_) => {}
+            }
+        }
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use belljar_agent_proto::Stream as Out;
+    use futures::TryStreamExt;
+
+    use super::*;
+
+    #[test]
+    fn repair_drops_a_torn_last_line() {
+        let dir = tempfile::tempdir().unwrap();
+        let p = dir.path().join("c.ndjson");
+        assert_eq!(repair(&p).unwrap(), 0);
+        std::fs::write(&p, b"{\"a\":1}\n{\"b\":2}\n{\"c\":").unwrap();
+        assert_eq!(repair(&p).unwrap(), 2);
+        assert_eq!(std::fs::read(&p).unwrap(), b"{\"a\":1}\n{\"b\":2}\n");
+    }
+
+    #[tokio::test]
+    async fn a_follower_sees_every_line_then_the_end() {
+        let dir = tempfile::tempdir().unwrap();
+        let p = dir.path().join("c.ndjson");
+        let reg = LogRegistry::default();
+        let tx = reg.register("cmd_a", 0);
+        let mut w = LogWriter::open(&p, tx).await.unwrap();
+        w.append(&OutputLine::new(Out::Stdout, b"one\n", 1))
+            .await
+            .unwrap();
+        let reader = tokio::spawn(
+            tail(p.clone(), true, reg.subscribe("cmd_a"))
+                .map_ok(|b| b.to_vec())
+                .try_concat(),
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+        w.append(&OutputLine::new(Out::Stderr, &[0xff, 0x00], 2))
+            .await
+            .unwrap();
+        assert_eq!(w.lines(), 2);
+        reg.finish("cmd_a");
+        let all = reader.await.unwrap().unwrap();
+        let lines: Vec<OutputLine> = all
+            .split(|&b| b == b'\n')
+            .filter(|l| !l.is_empty())
+            .map(|l| serde_json::from_slice(l).unwrap())
+            .collect();
+        assert_eq!(lines.len(), 2);
+        assert_eq!(lines[0].data.as_deref(), Some("one\n"));
+        assert_eq!(lines[1].bytes(), [0xff, 0x00]);
+        assert!(reg.subscribe("cmd_a").is_none());
+
+        // Without follow, a reader gets what is there and ends.
+        let now: Vec<Bytes> = tail(p, false, None).try_collect().await.unwrap();
+        assert_eq!(now.concat().iter().filter(|&&b| b == b'\n').count(), 2);
+    }
+}

@@ -1,0 +1,121 @@
+//! The `namespace` backend through `belljar-namespace`: the image tree as an overlay root,
+//! the agent as PID 1 of a user/mount/PID/net/UTS/IPC/cgroup namespace sandbox, limits in
+//! cgroups. Weaker isolation than a microVM (one shared kernel), and said so.
+
+use std::path::Path;
+use std::sync::OnceLock;
+use std::time::Duration;
+
+use belljar_api::{Backend as BackendKind, LimitState, LimitsReport};
+use belljar_namespace as ns;
+
+use super::backend::{AgentAddress, Backend, BackendError, LaunchSpec, Launched, Probe};
+
+/// PIDs a sandbox may have, so that a fork bomb stays inside it.
+const PIDS_LIMIT: u64 = 8192;
+
+#[derive(Default)]
+pub struct Namespace {
+    probe: OnceLock<Probe>,
+}
+
+fn limit_state(s: &ns::LimitStatus) -> LimitState {
+    match s {
+        ns::LimitStatus::Enforced { how } => LimitState {
+            enforced: true,
+            detail: how.clone(),
+        },
+        ns::LimitStatus::NotEnforced { reason } => LimitState {
+            enforced: false,
+            detail: reason.clone(),
+        },
+        ns::LimitStatus::NotRequested => LimitState {
+            enforced: false,
+            detail: "not requested".into(),
+        },
+    }
+}
+
+fn launched(r: &ns::Running) -> Launched {
+    Launched {
+        agent: AgentAddress::Unix(r.socket.clone()),
+        limits: LimitsReport {
+            memory: limit_state(&r.limits.memory),
+            cpu: limit_state(&r.limits.cpu),
+            pids: limit_state(&r.limits.pids),
+        },
+    }
+}
+
+impl Backend for Namespace {
+    fn kind(&self) -> BackendKind {
+        BackendKind::Namespace
+    }
+
+    fn probe(&self) -> Probe {
+        self.probe
+            .get_or_init(|| {
+                let p = ns::probe();
+                Probe {
+                    available: p.available,
+                    reason: if p.available {
+                        format!(
+                            "Linux namespaces{}: weaker isolation than a microVM (one shared kernel); {}",
+                            if p.rootless { ", rootless" } else { "" },
+                            p.reason
+                        )
+                    } else {
+                        p.reason
+                    },
+                }
+            })
+            .clone()
+    }
+
+    fn launch(&self, spec: &LaunchSpec) -> Result<Launched, BackendError> {
+        let ns_id = spec.id.replace('_', "-");
+        let spec = ns::SandboxSpec {
+            id: ns_id.clone(),
+            rootfs: spec.image_dir.join("rootfs"),
+            state_dir: spec.state_dir.clone(),
+            agent: spec.agent.clone(),
+            hostname: ns_id,
+            limits: ns::Limits {
+                memory_bytes: Some(spec.memory_mib << 20),
+                cpu: Some(f64::from(spec.vcpus)),
+                pids: Some(PIDS_LIMIT),
+            },
+            env: spec.agent_env.clone(),
+        };
+        ns::launch(&spec)
+            .map(|r| launched(&r))
+            .map_err(|e| BackendError::Launch(e.to_string()))
+    }
+
+    fn adopt(&self, state_dir: &Path) -> Result<Option<Launched>, BackendError> {
+        if !state_dir.exists() {
+            return Ok(None);
+        }
+        ns::adopt(state_dir)
+            .map(|r| r.as_ref().map(launched))
+            .map_err(|e| BackendError::Launch(e.to_string()))
+    }
+
+    fn stop(&self, state_dir: &Path, grace: Duration) -> Result<(), BackendError> {
+        if !state_dir.exists() {
+            return Ok(());
+        }
+        ns::stop(state_dir, grace).map_err(|e| BackendError::Stop(e.to_string()))
+    }
+
+    fn destroy(&self, state_dir: &Path) -> Result<(), BackendError> {
+        if !state_dir.exists() {
+            return Ok(());
+        }
+        ns::destroy(state_dir).map_err(|e| BackendError::Stop(e.to_string()))
+    }
+
+    fn agent_address(&self, state_dir: &Path) -> AgentAddress {
+        AgentAddress::Unix(state_dir.join("run").join("agent.sock"))
+    }
+}
