@@ -1,0 +1,29 @@
+// Copies the built belljard into src-tauri/binaries/belljard-<target triple>, where Tauri's
+// `externalBin` expects the sidecar, before a `tauri build`. Builds belljard first if it is not
+// there. BELLJARD_BIN names a binary to use instead; CARGO_TARGET_DIR is honoured.
+import { execFileSync } from "node:child_process";
+import { copyFileSync, chmodSync, existsSync, mkdirSync, statSync } from "node:fs";
+import { dirname, join, resolve } from "node:path";
+import { fileURLToPath } from "node:url";
+
+const here = dirname(fileURLToPath(import.meta.url));
+const repo = resolve(here, "../..");
+const target = process.env.CARGO_TARGET_DIR || join(repo, "target");
+const triple = /host: (\S+)/.exec(execFileSync("rustc", ["-vV"], { encoding: "utf8" }))[1];
+
+function newest(paths) {
+  const found = paths.filter((p) => existsSync(p));
+  return found.sort((a, b) => statSync(b).mtimeMs - statSync(a).mtimeMs)[0];
+}
+
+let src = process.env.BELLJARD_BIN || newest([join(target, "release/belljard"), join(target, "debug/belljard")]);
+if (!src) {
+  console.error("copy-sidecar: building belljard (cargo build -p belljard)");
+  execFileSync("cargo", ["build", "-p", "belljard", "--bin", "belljard"], { cwd: repo, stdio: "inherit" });
+  src = join(target, "debug/belljard");
+}
+const dest = join(repo, "src-tauri/binaries", `belljard-${triple}`);
+mkdirSync(dirname(dest), { recursive: true });
+copyFileSync(src, dest);
+chmodSync(dest, 0o755);
+console.error(`copy-sidecar: ${src} -> ${dest}`);

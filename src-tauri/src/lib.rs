@@ -1,0 +1,178 @@
+//! Belljar's desktop shell: one window with the web UI, a tray, terminal windows, native file
+//! drop, and the bundled daemon started when none runs. Everything about sandboxes goes through
+//! the daemon's API from the web UI; the Rust side only does what a page cannot.
+
+#![forbid(unsafe_code)]
+
+pub mod commands;
+pub mod daemon;
+pub mod drop;
+pub mod tray;
+
+use std::sync::atomic::{AtomicU64, Ordering};
+
+use tauri::tray::TrayIconBuilder;
+use tauri::{AppHandle, DragDropEvent, Emitter, Manager, WindowEvent};
+use tauri_plugin_shell::ShellExt;
+use tauri_plugin_shell::process::CommandEvent;
+
+use crate::commands::CommandError;
+use crate::daemon::DaemonPaths;
+use crate::drop::DropRegistry;
+use crate::tray::{TrayAction, TrayState};
+
+/// The id of the app's one tray icon.
+pub const TRAY_ID: &str = "belljar";
+
+/// Events the Rust side sends to the main window's page.
+pub mod events {
+    /// `{ image }`: create a sandbox from it and open a terminal window on it.
+    pub const QUICK_LAUNCH: &str = "belljar://quick-launch";
+    /// `{ id }`: show this sandbox.
+    pub const OPEN_SANDBOX: &str = "belljar://open-sandbox";
+    /// `{ id }`: stop this sandbox.
+    pub const STOP_SANDBOX: &str = "belljar://stop-sandbox";
+    /// A `drop::Drop`: files dropped onto the window, and where.
+    pub const DROP: &str = "belljar://drop";
+    /// `{ x, y }` while files are dragged over the window; `null` when they leave.
+    pub const DRAG_OVER: &str = "belljar://drag-over";
+}
+
+/// State shared by the commands.
+pub struct AppState {
+    pub paths: DaemonPaths,
+    pub drops: DropRegistry,
+    windows: AtomicU64,
+}
+
+/// Runs the app until the user quits.
+pub fn run() {
+    let paths = match DaemonPaths::from_env() {
+        Ok(p) => p,
+        Err(e) => {
+            eprintln!("belljar-app: {e}");
+            std::process::exit(1);
+        }
+    };
+    let result = tauri::Builder::default()
+        .plugin(tauri_plugin_shell::init())
+        .manage(AppState {
+            paths,
+            drops: DropRegistry::default(),
+            windows: AtomicU64::new(0),
+        })
+        .invoke_handler(tauri::generate_handler![
+            commands::daemon_connection,
+            commands::set_tray,
+            commands::open_terminal_window,
+            commands::read_dropped_file,
+        ])
+        .setup(|app| {
+            start_daemon_if_needed(app.handle());
+            let menu = tray::build_menu(app.handle(), &TrayState::default())?;
+            let mut builder = TrayIconBuilder::with_id(TRAY_ID)
+                .tooltip("Belljar")
+                .menu(&menu)
+                .on_menu_event(|app, event| on_tray(app, event.id().as_ref()));
+            if let Ok(icon) = tauri::image::Image::from_bytes(include_bytes!("../../icons/tray@2x.png")) {
+                builder = builder.icon(icon);
+            }
+            builder.build(app)?;
+            Ok(())
+        })
+        .on_window_event(|window, event| match event {
+            // Closing the main window keeps the app in the tray; Quit ends it.
+            WindowEvent::CloseRequested { api, .. } if window.label() == "main" => {
+                api.prevent_close();
+                let _ = window.hide();
+            }
+            WindowEvent::DragDrop(drop) => on_drag_drop(window, drop),
+            _ => {}
+        })
+        .run(tauri::generate_context!());
+    if let Err(e) = result {
+        eprintln!("belljar-app: {e}");
+        std::process::exit(1);
+    }
+}
+
+/// Starts the bundled `belljard` when no daemon answers; it inherits this process's environment
+/// (`BELLJAR_HOME`, `BELLJAR_PORT`, ...). Its output goes to the app's standard error.
+fn start_daemon_if_needed(app: &AppHandle) {
+    let state = app.state::<AppState>();
+    if state.paths.is_running() {
+        return;
+    }
+    let spawned = app
+        .shell()
+        .sidecar("belljard")
+        .and_then(|cmd| cmd.spawn());
+    match spawned {
+        Ok((mut rx, _child)) => {
+            tauri::async_runtime::spawn(async move {
+                while let Some(event) = rx.recv().await {
+                    match event {
+                        CommandEvent::Stdout(line) | CommandEvent::Stderr(line) => {
+                            eprintln!("belljard: {}", String::from_utf8_lossy(&line).trim_end());
+                        }
+                        CommandEvent::Terminated(status) => {
+                            eprintln!("belljard exited: {status:?}");
+                        }
+                        _ => {}
+                    }
+                }
+            });
+        }
+        Err(e) => eprintln!("belljar-app: cannot start the bundled belljard: {e}"),
+    }
+}
+
+fn on_tray(app: &AppHandle, id: &str) {
+    let Some(action) = TrayAction::parse(id) else {
+        return;
+    };
+    let main = |event: &str, payload: serde_json::Value| {
+        let _ = app.emit_to("main", event, payload);
+    };
+    match action {
+        TrayAction::QuickLaunch(image) => main(events::QUICK_LAUNCH, serde_json::json!({ "image": image })),
+        TrayAction::Open(id) => {
+            commands::show_main(app);
+            main(events::OPEN_SANDBOX, serde_json::json!({ "id": id }));
+        }
+        TrayAction::Terminal(id) => {
+            if let Err(e) = open_terminal_window(app, &id) {
+                eprintln!("belljar-app: {e}");
+            }
+        }
+        TrayAction::Stop(id) => main(events::STOP_SANDBOX, serde_json::json!({ "id": id })),
+        TrayAction::ShowApp => commands::show_main(app),
+        TrayAction::Quit => app.exit(0),
+    }
+}
+
+/// Opens a new terminal window on a sandbox.
+pub fn open_terminal_window(app: &AppHandle, sandbox_id: &str) -> Result<(), CommandError> {
+    let n = app.state::<AppState>().windows.fetch_add(1, Ordering::Relaxed);
+    commands::terminal_window(app, sandbox_id, n)
+}
+
+fn on_drag_drop(window: &tauri::Window, event: &DragDropEvent) {
+    let scale = window.scale_factor().unwrap_or(1.0);
+    let label = window.label().to_owned();
+    match event {
+        DragDropEvent::Enter { position, .. } | DragDropEvent::Over { position } => {
+            let p = serde_json::json!({ "x": position.x / scale, "y": position.y / scale });
+            let _ = window.emit_to(label.as_str(), events::DRAG_OVER, p);
+        }
+        DragDropEvent::Leave => {
+            let _ = window.emit_to(label.as_str(), events::DRAG_OVER, serde_json::Value::Null);
+        }
+        DragDropEvent::Drop { paths, position } => {
+            let state = window.state::<AppState>();
+            let drop = state.drops.accept(paths, position.x / scale, position.y / scale);
+            let _ = window.emit_to(label.as_str(), events::DROP, drop);
+        }
+        _ => {}
+    }
+}

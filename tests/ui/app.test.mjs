@@ -1,0 +1,102 @@
+// The real desktop app (src-tauri, release build) under tauri-driver + WebKitWebDriver in Xvfb:
+// it starts its bundled belljard on a temporary home, shows the sandbox list (live: a sandbox
+// made through the API appears), opens a terminal tab and runs a command; saves a screenshot.
+// Run under a display: `xvfb-run -a node app.test.mjs` (run.sh does).
+
+import { spawn } from "node:child_process";
+import { existsSync, readFileSync, writeFileSync, createWriteStream } from "node:fs";
+import { join } from "node:path";
+import { Steps, apiOn, bin, freshHome, screenshots, stopPid, until, sleep } from "./harness.mjs";
+
+const DRIVER_PORT = Number(process.env.TAURI_DRIVER_PORT || 4444);
+const steps = new Steps("app");
+const h = freshHome("belljar-app-");
+const api = apiOn(h.socket);
+const log = createWriteStream(join(h.home, "app.log"));
+let driver;
+let session;
+let sandboxId;
+
+/** A W3C WebDriver command. */
+async function wd(method, path, body) {
+  const res = await fetch(`http://127.0.0.1:${DRIVER_PORT}${path}`, {
+    method,
+    headers: { "Content-Type": "application/json" },
+    body: body === undefined ? undefined : JSON.stringify(body),
+  });
+  const json = await res.json().catch(() => ({}));
+  if (!res.ok) throw new Error(`${method} ${path}: ${res.status} ${JSON.stringify(json).slice(0, 400)}`);
+  return json.value;
+}
+const s = (path) => `/session/${session}${path}`;
+const ELEMENT = "element-6066-11e4-a4bb-40b5-8aa2-d2fd-2fe9";
+const exec = (script, args = []) => wd("POST", s("/execute/sync"), { script, args });
+const find = async (css) => (await wd("POST", s("/element"), { using: "css selector", value: css }))[ELEMENT];
+const text = () => exec("return document.body.innerText");
+
+try {
+  await steps.step("start tauri-driver", async () => {
+    const env = {
+      ...process.env,
+      BELLJAR_HOME: h.home,
+      BELLJAR_PORT: "0",
+      BELLJAR_UI_DIR: "",
+      // WebKitGTK's sandbox needs user namespaces the test machine may not give it.
+      WEBKIT_DISABLE_SANDBOX_THIS_IS_DANGEROUS: "1",
+      WEBKIT_DISABLE_COMPOSITING_MODE: "1",
+      LIBGL_ALWAYS_SOFTWARE: "1",
+    };
+    const exe = process.env.TAURI_DRIVER || join(process.env.CARGO_HOME || join(process.env.HOME, ".cargo"), "bin/tauri-driver");
+    driver = spawn(exe, ["--port", String(DRIVER_PORT)], { env, stdio: ["ignore", "pipe", "pipe"] });
+    driver.stdout.on("data", (d) => log.write(d));
+    driver.stderr.on("data", (d) => log.write(d));
+    await until("tauri-driver to listen", async () => (await fetch(`http://127.0.0.1:${DRIVER_PORT}/status`)).ok, 15_000);
+  });
+
+  await steps.step("launch the app; it starts its bundled belljard", async () => {
+    const application = process.env.BELLJAR_APP || bin("belljar-app", "release");
+    const created = await wd("POST", "/session", {
+      capabilities: { alwaysMatch: { "tauri:options": { application } } },
+    });
+    session = created.sessionId;
+    await until("the app's daemon to write its port", () => existsSync(h.portFile), 30_000);
+    await until("the sandbox list", async () => (await text()).includes("Sandboxes"), 30_000);
+    await until("a connection to belljard", async () => /belljard \d/.test(await text()), 30_000);
+  });
+
+  await steps.step("a sandbox made through the API appears in the list, live", async () => {
+    const sbx = await api.json("POST", "/v1/sandboxes", { name: "app-test", tags: { suite: "app" }, timeout_ms: 600_000 });
+    sandboxId = sbx.id;
+    await until("the new sandbox in the list", async () => (await exec(
+      "return !!document.querySelector(`tr[data-sandbox='${arguments[0]}']`)", [sandboxId])), 30_000);
+    const png = await wd("GET", s("/screenshot"));
+    writeFileSync(join(screenshots, "app-list.png"), Buffer.from(png, "base64"));
+  });
+
+  await steps.step("open the sandbox and a terminal tab; run a command", async () => {
+    await wd("POST", s(`/element/${await find(`a[href='#/sandbox/${sandboxId}']`)}/click`), {});
+    await until("terminal 1 to open", async () => (await exec(
+      "return document.querySelector('[aria-label=\"Terminal 1\"]')?.dataset.state")) === "open", 60_000);
+    await wd("POST", s(`/element/${await find("button[aria-label='New terminal tab']")}/click`), {});
+    await until("terminal 2 to open", async () => (await exec(
+      "return document.querySelector('[aria-label=\"Terminal 2\"]')?.dataset.state")) === "open", 60_000);
+    const input = await find("[role=tabpanel]:not([hidden]) textarea.xterm-helper-textarea");
+    await wd("POST", s(`/element/${input}/value`), { text: "echo app-says-$((6*7))\n" });
+    await until("the command's output", async () => (await exec(
+      "return Array.from(document.querySelectorAll('[role=tabpanel]:not([hidden]) .xterm-rows > div'), r => r.textContent.trim())"))
+      .includes("app-says-42"), 20_000);
+    await sleep(300);
+    const png = await wd("GET", s("/screenshot"));
+    writeFileSync(join(screenshots, "app-terminal.png"), Buffer.from(png, "base64"));
+  });
+} finally {
+  if (sandboxId) await api.call("DELETE", `/v1/sandboxes/${sandboxId}`).catch(() => {});
+  if (session) await wd("DELETE", `/session/${session}`).catch(() => {});
+  if (driver) await stopPid(driver.pid);
+  // The app's daemon outlives the app by design; this test started it, so it stops it.
+  if (existsSync(h.pidFile)) await stopPid(Number(readFileSync(h.pidFile, "utf8").trim()));
+  log.end();
+  if (steps.failed) console.log(`      app and driver log: ${join(h.home, "app.log")}`);
+  else h.remove();
+}
+process.exit(steps.report());

@@ -1,0 +1,207 @@
+// The web UI in Debian's Chromium (playwright-core, no downloaded browser) against a real
+// belljard on the namespace backend: create a sandbox from the dialog, `echo hi` in a terminal,
+// drop a file onto the tree and read it back through the API, open a file, see the command
+// history, stop and delete the sandbox. Saves screenshots to docs/screenshots/.
+
+import { mkdtempSync, rmSync, createWriteStream } from "node:fs";
+import { tmpdir } from "node:os";
+import { join } from "node:path";
+import { chromium } from "playwright-core";
+import { Steps, apiOn, freshHome, screenshots, startDaemon, until } from "./harness.mjs";
+
+const CHROMIUM = process.env.CHROMIUM || "/usr/bin/chromium";
+const steps = new Steps("browser");
+const h = freshHome();
+const logFile = join(h.home, "belljard.log");
+const log = createWriteStream(logFile);
+const api = apiOn(h.socket);
+const profile = mkdtempSync(join(tmpdir(), "belljar-chromium-"));
+let daemon;
+let context;
+let page;
+let sandboxId;
+const NAME = "ui-test";
+const DROPPED = "hello from a dropped file\n";
+const PY = 'def greet(name: str) -> str:\n    """Say hello."""\n    return f"hello {name}"\n\nprint(greet("belljar"))  # 42\n';
+
+const shot = (name) => page.screenshot({ path: join(screenshots, name) });
+const terminalText = () =>
+  page.evaluate(() => {
+    const panel = document.querySelector('[role="tabpanel"]:not([hidden]) .xterm-rows');
+    return panel ? Array.from(panel.children, (r) => r.textContent ?? "") : [];
+  });
+
+/** Drops files onto an element the way a desktop drag would (DataTransfer with File objects). */
+async function dropFiles(selector, files) {
+  await page.evaluate(
+    ({ selector, files }) => {
+      const target = document.querySelector(selector);
+      if (!target) throw new Error(`no ${selector}`);
+      const dt = new DataTransfer();
+      for (const f of files) dt.items.add(new File([f.text], f.name, { type: "text/plain" }));
+      const r = target.getBoundingClientRect();
+      const at = { clientX: r.left + 20, clientY: r.top + 10, bubbles: true, cancelable: true, dataTransfer: dt };
+      target.dispatchEvent(new DragEvent("dragenter", at));
+      target.dispatchEvent(new DragEvent("dragover", at));
+      target.dispatchEvent(new DragEvent("drop", at));
+    },
+    { selector, files },
+  );
+}
+
+try {
+  await steps.step("start belljard on a temporary home", async () => {
+    daemon = await startDaemon(h, (d) => log.write(d));
+    const info = await api.json("GET", "/v1/info");
+    if (info.default_backend !== "namespace") console.log(`      note: default backend is ${info.default_backend}`);
+  });
+
+  await steps.step("open the UI with a one-time token (cookie session)", async () => {
+    context = await chromium.launchPersistentContext(profile, {
+      executablePath: CHROMIUM,
+      headless: true,
+      viewport: { width: 1360, height: 820 },
+      args: [
+        "--headless", "--no-sandbox", "--disable-background-networking", "--disable-gpu", "--disable-quic",
+        "--no-first-run", "--disable-component-update", "--disable-sync",
+      ],
+    });
+    page = context.pages()[0] ?? (await context.newPage());
+    page.on("dialog", (d) => d.accept());
+    page.on("pageerror", (e) => console.log(`      page error: ${e.message}`));
+    const token = await api.sessionToken();
+    await page.goto(`http://127.0.0.1:${daemon.port}/ui?token=${token}`);
+    await page.waitForURL(`http://127.0.0.1:${daemon.port}/**`);
+    await page.getByRole("status", { name: "Daemon connection" }).filter({ hasText: "belljard" }).waitFor();
+    await page.getByText("No sandboxes yet").waitFor();
+    await shot("sandboxes-empty.png");
+  });
+
+  await steps.step("create a sandbox from the dialog", async () => {
+    await page.getByRole("button", { name: "New sandbox" }).click();
+    const dialog = page.getByRole("dialog", { name: "New sandbox" });
+    await dialog.waitFor();
+    await dialog.getByLabel("Name").fill(NAME);
+    await dialog.getByLabel("Tags").fill("suite=ui\nowner=playwright");
+    await dialog.getByLabel("Environment").fill("GREETING=hi");
+    await dialog.getByLabel("Timeout").fill("15m");
+    await shot("create-dialog.png");
+    await dialog.getByRole("button", { name: "Create sandbox" }).click();
+    await page.waitForURL(/#\/sandbox\/sbx_/, { timeout: 120_000 });
+    sandboxId = decodeURIComponent(new URL(page.url()).hash.split("/")[2]);
+    const s = await api.json("GET", `/v1/sandboxes/${sandboxId}`);
+    if (s.status !== "running" || s.name !== NAME || s.tags.suite !== "ui") throw new Error(`unexpected sandbox ${JSON.stringify(s)}`);
+  });
+
+  await steps.step("type `echo hi` into a terminal and read `hi` back", async () => {
+    const term = page.getByRole("region", { name: "Terminal 1" });
+    await until("the terminal to open", async () => (await term.getAttribute("data-state")) === "open", 60_000);
+    await term.locator(".xterm").click();
+    await page.keyboard.type("echo hi\n");
+    await until("a line that is exactly `hi`", async () => (await terminalText()).some((l) => l.trim() === "hi"), 20_000);
+    await page.keyboard.type("printf '\\033[1;32m%s\\033[0m\\n' \"colour works\" && uname -sr\n");
+    await until("the coloured line", async () => (await terminalText()).some((l) => l.includes("colour works")));
+    await shot("terminal.png");
+  });
+
+  await steps.step("open a second terminal tab with the keyboard and close it", async () => {
+    await page.keyboard.press("Control+Shift+T");
+    const term2 = page.getByRole("region", { name: "Terminal 2" });
+    await until("terminal 2 to open", async () => (await term2.getAttribute("data-state")) === "open", 30_000);
+    await page.keyboard.press("Control+Shift+W");
+    await until("terminal 2 to close", async () => (await term2.count()) === 0);
+    await page.getByRole("tab", { name: /Terminal 1/ }).click();
+  });
+
+  await steps.step("drop files onto the tree, see them appear, read them back through the API", async () => {
+    await page.getByRole("tree", { name: "Files in /workspace" }).or(page.getByText("/workspace is empty")).first().waitFor();
+    await dropFiles('[data-dir="/workspace"]', [
+      { name: "dropped.txt", text: DROPPED },
+      { name: "hello.py", text: PY },
+    ]);
+    const tree = page.getByRole("tree", { name: "Files in /workspace" });
+    await tree.getByRole("treeitem", { name: "dropped.txt" }).waitFor({ timeout: 20_000 });
+    await tree.getByRole("treeitem", { name: "hello.py" }).waitFor({ timeout: 20_000 });
+    const back = await api.call("GET", `/v1/sandboxes/${sandboxId}/files?path=${encodeURIComponent("/workspace/dropped.txt")}`);
+    if (back.body.toString("utf8") !== DROPPED) throw new Error(`read back ${JSON.stringify(back.body.toString("utf8"))}`);
+    await page.getByRole("progressbar", { name: "Upload dropped.txt" }).waitFor();
+  });
+
+  await steps.step("a file made in the shell shows up through the watch", async () => {
+    await page.getByRole("region", { name: "Terminal 1" }).locator(".xterm").click();
+    await page.keyboard.type("mkdir -p /workspace/src && echo made > /workspace/src/from-shell.txt\n");
+    const tree = page.getByRole("tree", { name: "Files in /workspace" });
+    await tree.getByRole("treeitem", { name: "src" }).waitFor({ timeout: 20_000 });
+    await tree.getByRole("treeitem", { name: "src" }).click();
+    await tree.getByRole("treeitem", { name: "from-shell.txt" }).waitFor({ timeout: 20_000 });
+  });
+
+  await steps.step("open files: text with syntax colouring", async () => {
+    const tree = page.getByRole("tree", { name: "Files in /workspace" });
+    await tree.getByRole("treeitem", { name: "dropped.txt" }).click();
+    await page.getByLabel("Contents of dropped.txt").filter({ hasText: "hello from a dropped file" }).waitFor();
+    await tree.getByRole("treeitem", { name: "hello.py" }).click();
+    const code = page.getByLabel("Contents of hello.py");
+    await code.filter({ hasText: "def greet" }).waitFor();
+    if ((await code.locator(".hljs-keyword").count()) === 0) throw new Error("no syntax colouring in hello.py");
+    await shot("file-viewer.png");
+  });
+
+  await steps.step("command history shows exit codes and output", async () => {
+    await api.json("POST", `/v1/sandboxes/${sandboxId}/commands`, {
+      argv: ["sh", "-c", "echo to-stdout; echo to-stderr >&2; exit 3"],
+      sudo: false, detached: false, stdin: false,
+    });
+    await page.getByRole("button", { name: "History", exact: true }).click();
+    const cmd = page.getByRole("button", { name: /Command sh -c echo to-stdout/ });
+    await cmd.waitFor({ timeout: 15_000 });
+    await cmd.filter({ hasText: "exit 3" }).waitFor();
+    await cmd.click();
+    await page.getByLabel("Output").filter({ hasText: "to-stderr" }).waitFor();
+    await shot("history.png");
+  });
+
+  await steps.step("the list shows the sandbox live, in light and dark", async () => {
+    await page.getByRole("link", { name: "Sandboxes" }).click();
+    const row = page.locator(`tr[data-sandbox="${sandboxId}"]`);
+    await row.getByText("running").waitFor();
+    await row.getByText("suite=ui").waitFor();
+    await page.getByLabel("Search sandboxes").fill("nomatch-xyz");
+    await page.getByText("No sandbox matches").waitFor();
+    await page.getByLabel("Search sandboxes").fill("suite=ui");
+    await row.waitFor();
+    await page.getByLabel("Search sandboxes").fill("");
+    await shot("sandboxes.png");
+    await page.emulateMedia({ colorScheme: "dark" });
+    await page.getByRole("link", { name: `Open sandbox ${NAME}` }).click();
+    await page.getByRole("region", { name: "Terminal 1" }).waitFor();
+    await page.waitForTimeout(500);
+    await shot("sandbox-dark.png");
+    await page.emulateMedia({ colorScheme: "light" });
+  });
+
+  await steps.step("stop the sandbox", async () => {
+    await page.getByRole("button", { name: `Stop ${NAME}` }).click();
+    await page.getByLabel("State stopped").waitFor({ timeout: 60_000 });
+    const s = await api.json("GET", `/v1/sandboxes/${sandboxId}`);
+    if (s.status !== "stopped") throw new Error(`status ${s.status}`);
+  });
+
+  await steps.step("delete the sandbox", async () => {
+    await page.getByRole("button", { name: `Delete ${NAME}` }).click();
+    await page.waitForURL(/#\/$/);
+    await until("the row to go", async () => (await page.locator(`tr[data-sandbox="${sandboxId}"]`).count()) === 0);
+    const r = await api.call("GET", `/v1/sandboxes/${sandboxId}`, undefined, [404]);
+    if (r.status !== 404) throw new Error(`still there: ${r.status}`);
+    sandboxId = null;
+  });
+} finally {
+  if (sandboxId) await api.call("DELETE", `/v1/sandboxes/${sandboxId}`).catch(() => {});
+  await context?.close().catch(() => {});
+  await daemon?.stop();
+  log.end();
+  if (steps.failed) console.log(`      daemon log: ${logFile}`);
+  else h.remove();
+  rmSync(profile, { recursive: true, force: true });
+}
+process.exit(steps.report());

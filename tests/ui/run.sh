@@ -1,0 +1,77 @@
+#!/usr/bin/env bash
+# Belljar's UI tests: builds what they need (the web UI, belljard and the agent, the desktop app
+# with its sidecar, tauri-driver), then runs the Playwright test in Debian's Chromium and the
+# WebDriver test of the real app under Xvfb. Exits non-zero on any failure; the last line is
+# "N passed, M failed".
+#
+# Needs (Debian): chromium xvfb webkit2gtk-driver libwebkit2gtk-4.1-dev libgtk-3-dev
+# libayatana-appindicator3-dev librsvg2-dev libsoup-3.0-dev libxdo-dev; the `base` image built
+# under $BELLJAR_CACHE (scripts/setup.sh builds it). UI_TESTS=browser or UI_TESTS=app runs one.
+set -uo pipefail
+here=$(cd "$(dirname "$0")" && pwd)
+repo=$(cd "$here/../.." && pwd)
+export CARGO_TARGET_DIR="${CARGO_TARGET_DIR:-$repo/target}"
+export BELLJAR_CACHE="${BELLJAR_CACHE:-${XDG_CACHE_HOME:-$HOME/.cache}/belljar}"
+which="${UI_TESTS:-browser app}"
+say() { printf '\n--> %s\n' "$*" >&2; }
+passed=0
+failed=0
+
+build() {
+  set -e
+  if [ ! -d "$repo/ui/node_modules" ]; then (cd "$repo/ui" && npm ci --no-audit --no-fund --loglevel=error); fi
+  if [ ! -d "$here/node_modules" ]; then (cd "$here" && npm ci --no-audit --no-fund --loglevel=error); fi
+  say "building the web UI"
+  (cd "$repo/ui" && npm run --silent build)
+  say "building belljard and the agent"
+  (cd "$repo" && cargo build --quiet -p belljard -p belljar-agent --bins)
+  if [ ! -e "$BELLJAR_CACHE/images/base/current" ]; then
+    say "building the base image (guest-images/build-image.sh base)"
+    "$repo/guest-images/build-image.sh" base
+  fi
+  if [[ " $which " == *" app "* ]]; then
+    say "building the desktop app (debug, UI embedded) with belljard as its sidecar"
+    (cd "$repo/ui" && npm run --silent tauri:build-debug)
+    if ! command -v tauri-driver >/dev/null && [ ! -x "${CARGO_HOME:-$HOME/.cargo}/bin/tauri-driver" ]; then
+      say "installing tauri-driver"
+      cargo install --locked tauri-driver
+    fi
+  fi
+  set +e
+}
+
+# Runs one test script; adds up its RESULT line (a crash without one counts as a failure).
+run() {
+  local out
+  out=$(mktemp)
+  "$@" 2>&1 | tee "$out"
+  local line
+  line=$(grep -E '^RESULT ' "$out" | tail -1)
+  if [ -z "$line" ]; then
+    failed=$((failed + 1))
+  else
+    passed=$((passed + $(sed -E 's/.*passed=([0-9]+).*/\1/' <<<"$line")))
+    failed=$((failed + $(sed -E 's/.*failed=([0-9]+).*/\1/' <<<"$line")))
+  fi
+  rm -f "$out"
+}
+
+if ! (build); then
+  echo "UI tests: the build failed" >&2
+  echo "0 passed, 1 failed"
+  exit 1
+fi
+
+cd "$here"
+if [[ " $which " == *" browser "* ]]; then
+  say "Playwright: the web UI in Chromium against a real belljard"
+  run node browser.test.mjs
+fi
+if [[ " $which " == *" app "* ]]; then
+  say "WebDriver: the desktop app under Xvfb"
+  export BELLJAR_APP="${BELLJAR_APP:-$CARGO_TARGET_DIR/debug/belljar-app}"
+  run xvfb-run -a -s "-screen 0 1440x900x24" node app.test.mjs
+fi
+
+echo "$passed passed, $failed failed"
+[ "$failed" -eq 0 ]
