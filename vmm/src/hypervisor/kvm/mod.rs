@@ -26,9 +26,16 @@ fn io_err(e: kvm_ioctls::Error) -> std::io::Error {
     std::io::Error::from_raw_os_error(e.errno())
 }
 
+/// CPUID.1:ECX features hidden from guests on software KVM: CX16 (bit 13), XSAVE (26) and
+/// OSXSAVE (27). PVM's instruction emulator cannot run `lock cmpxchg16b` or `xrstor64`,
+/// which a Linux kernel executes early (SLUB, FPU init) when the CPU advertises them;
+/// without them the kernel uses plain cmpxchg and fxsave/fxrstor and boots (slowly).
+const EMULATION_UNSAFE_ECX: u32 = (1 << 13) | (1 << 26) | (1 << 27);
+
 /// The KVM hypervisor (`/dev/kvm`).
 pub struct KvmHypervisor {
     kvm: Arc<Kvm>,
+    emulation_safe_cpuid: bool,
 }
 
 impl KvmHypervisor {
@@ -45,7 +52,21 @@ impl KvmHypervisor {
                 return Err(Error::MissingCapability(name));
             }
         }
-        Ok(KvmHypervisor { kvm: Arc::new(kvm) })
+        Ok(KvmHypervisor {
+            kvm: Arc::new(kvm),
+            emulation_safe_cpuid: super::host_has_hw_virt() == Some(false),
+        })
+    }
+
+    /// Whether guests get a CPUID without features software KVM cannot emulate (on by
+    /// default when the host CPU has no vmx/svm flag).
+    pub fn emulation_safe_cpuid(&self) -> bool {
+        self.emulation_safe_cpuid
+    }
+
+    /// Forces the emulation-safe CPUID on or off.
+    pub fn set_emulation_safe_cpuid(&mut self, on: bool) {
+        self.emulation_safe_cpuid = on;
     }
 }
 
@@ -68,7 +89,7 @@ impl Hypervisor for KvmHypervisor {
         Ok(Box::new(KvmVm {
             fd,
             cpuid,
-            run_size: self.kvm.get_vcpu_mmap_size().unwrap_or(0),
+            emulation_safe_cpuid: self.emulation_safe_cpuid,
         }))
     }
 }
@@ -77,8 +98,7 @@ impl Hypervisor for KvmHypervisor {
 pub struct KvmVm {
     fd: VmFd,
     cpuid: CpuId,
-    #[allow(dead_code)]
-    run_size: usize,
+    emulation_safe_cpuid: bool,
 }
 
 impl Vm for KvmVm {
@@ -124,7 +144,7 @@ impl Vm for KvmVm {
             .create_vcpu(u64::from(id))
             .map_err(|e| Error::CreateVcpu(id, io_err(e)))?;
         let mut cpuid = self.cpuid.clone();
-        patch_cpuid(&mut cpuid, id, vcpu_count);
+        patch_cpuid(&mut cpuid, id, vcpu_count, self.emulation_safe_cpuid);
         fd.set_cpuid2(&cpuid)
             .map_err(|e| Error::ConfigureVcpu(id, io_err(e)))?;
         let fpu = kvm_fpu {
@@ -139,8 +159,8 @@ impl Vm for KvmVm {
 }
 
 /// Makes the CPUID the guest sees describe this vCPU: its APIC id, the vCPU count and the
-/// "running on a hypervisor" bit.
-fn patch_cpuid(cpuid: &mut CpuId, id: u8, vcpu_count: u8) {
+/// "running on a hypervisor" bit; optionally hides features software KVM cannot emulate.
+fn patch_cpuid(cpuid: &mut CpuId, id: u8, vcpu_count: u8, emulation_safe: bool) {
     for entry in cpuid.as_mut_slice() {
         match entry.function {
             1 => {
@@ -149,6 +169,9 @@ fn patch_cpuid(cpuid: &mut CpuId, id: u8, vcpu_count: u8) {
                     | (u32::from(vcpu_count) << 16);
                 // CPUID.1:ECX bit 31: hypervisor present.
                 entry.ecx |= 1 << 31;
+                if emulation_safe {
+                    entry.ecx &= !EMULATION_UNSAFE_ECX;
+                }
                 // HTT: more than one logical processor per package.
                 if vcpu_count > 1 {
                     entry.edx |= 1 << 28;
@@ -373,5 +396,39 @@ impl Vcpu for KvmVcpu {
             }
             Err(e) => Err(Error::Run(id, io_err(e))),
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use kvm_bindings::kvm_cpuid_entry2;
+
+    fn cpuid_with_leaf1() -> CpuId {
+        let entry = kvm_cpuid_entry2 {
+            function: 1,
+            ecx: u32::MAX,
+            ebx: 0xffff_ffff,
+            ..Default::default()
+        };
+        CpuId::from_entries(&[entry]).unwrap()
+    }
+
+    #[test]
+    fn leaf1_carries_apic_id_and_hypervisor_bit() {
+        let mut c = cpuid_with_leaf1();
+        patch_cpuid(&mut c, 3, 4, false);
+        let e = c.as_slice()[0];
+        assert_eq!(e.ebx >> 24, 3);
+        assert_eq!((e.ebx >> 16) & 0xff, 4);
+        assert_ne!(e.ecx & (1 << 31), 0);
+        assert_ne!(e.ecx & EMULATION_UNSAFE_ECX, 0);
+    }
+
+    #[test]
+    fn emulation_safe_cpuid_hides_cx16_and_xsave() {
+        let mut c = cpuid_with_leaf1();
+        patch_cpuid(&mut c, 0, 1, true);
+        assert_eq!(c.as_slice()[0].ecx & EMULATION_UNSAFE_ECX, 0);
     }
 }
