@@ -1,0 +1,320 @@
+//! Measures what a user of the API feels, on the namespace backend, in one run: how long from
+//! asking for a sandbox until its first command has run, the round trip of `exec true`, and
+//! file write/read throughput. Prints figures only (never pass/fail), with the machine and
+//! the command line, so that runs on different machines can be compared.
+//!
+//! It starts its own `belljard` (found next to this binary) in a temporary `BELLJAR_HOME`,
+//! so it never touches the user's sandboxes. Build the binaries in the same profile first:
+//! `cargo build --release --bins && target/release/sandbox_bench`.
+
+#![forbid(unsafe_code)]
+
+use std::time::{Duration, Instant};
+
+use anyhow::{Context, Result, bail};
+use belljar_api::{BackendChoice, Command, CreateSandbox, FileEntry, Info, RunCommand, Sandbox};
+use belljar_cli::client::{self, Client};
+use belljar_cli::exec::{self, ExecOptions};
+use belljar_cli::launcher;
+use belljar_cli::paths::Paths;
+use belljar_cli::query::with_query;
+use bytes::Bytes;
+use clap::Parser;
+use http::Method;
+use http_body_util::BodyExt;
+
+/// Sandbox latency and throughput on the namespace backend.
+#[derive(Debug, Parser)]
+struct Args {
+    /// Sandboxes created for the create-to-first-command figure.
+    #[arg(long, default_value_t = 20)]
+    creates: usize,
+    /// Round trips of `exec true`.
+    #[arg(long, default_value_t = 200)]
+    execs: usize,
+    /// Size of the file written and read, MiB.
+    #[arg(long, default_value_t = 256)]
+    file_mib: usize,
+    /// Image of the sandboxes.
+    #[arg(long, default_value = "base")]
+    image: String,
+}
+
+/// The `p`-th percentile (nearest rank) of sorted samples.
+fn percentile(sorted: &[Duration], p: f64) -> Duration {
+    if sorted.is_empty() {
+        return Duration::ZERO;
+    }
+    let rank = ((p / 100.0) * sorted.len() as f64).ceil() as usize;
+    sorted[rank.clamp(1, sorted.len()) - 1]
+}
+
+fn report(name: &str, mut samples: Vec<Duration>) {
+    samples.sort();
+    let ms = |d: Duration| d.as_secs_f64() * 1000.0;
+    println!(
+        "{name:<44} p50 {:>8.2} ms   p95 {:>8.2} ms   (n={}, min {:.2} ms, max {:.2} ms)",
+        ms(percentile(&samples, 50.0)),
+        ms(percentile(&samples, 95.0)),
+        samples.len(),
+        ms(samples[0]),
+        ms(samples[samples.len() - 1]),
+    );
+}
+
+fn machine() -> String {
+    let cpuinfo = std::fs::read_to_string("/proc/cpuinfo").unwrap_or_default();
+    let model = cpuinfo
+        .lines()
+        .find(|l| l.starts_with("model name"))
+        .and_then(|l| l.split_once(':'))
+        .map(|(_, v)| v.trim().to_string())
+        .unwrap_or_else(|| "unknown CPU".into());
+    let cores = std::thread::available_parallelism()
+        .map(|n| n.get())
+        .unwrap_or(0);
+    let mem_kib: u64 = std::fs::read_to_string("/proc/meminfo")
+        .unwrap_or_default()
+        .lines()
+        .find(|l| l.starts_with("MemTotal:"))
+        .and_then(|l| l.split_whitespace().nth(1))
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(0);
+    let kernel = std::fs::read_to_string("/proc/sys/kernel/osrelease").unwrap_or_default();
+    format!(
+        "{model}, {cores} cores, {:.1} GiB RAM, Linux {}",
+        mem_kib as f64 / 1048576.0,
+        kernel.trim()
+    )
+}
+
+struct BenchDaemon {
+    _home: tempfile::TempDir,
+    paths: Paths,
+}
+
+impl BenchDaemon {
+    async fn start() -> Result<(Self, Client)> {
+        let home = tempfile::Builder::new()
+            .prefix("belljar-bench-")
+            .tempdir()?;
+        let paths = Paths::under_home(home.path());
+        let args = vec![
+            "--home".to_string(),
+            home.path().display().to_string(),
+            "--port".to_string(),
+            "0".to_string(),
+        ];
+        launcher::start(&paths, &args)
+            .await
+            .context("starting belljard (build it in the same profile as this benchmark)")?;
+        let client = Client::unix(&paths.socket);
+        Ok((Self { _home: home, paths }, client))
+    }
+
+    async fn stop(&self, client: &Client) {
+        if let Ok(list) = client
+            .get::<belljar_api::SandboxList>("/v1/sandboxes?limit=200")
+            .await
+        {
+            for s in list.sandboxes {
+                let _ = delete(client, &s.id).await;
+            }
+        }
+        let _ = launcher::stop(&self.paths).await;
+    }
+}
+
+async fn create(client: &Client, image: &str) -> Result<Sandbox> {
+    let req = CreateSandbox {
+        image: Some(image.to_string()),
+        backend: Some(BackendChoice::Namespace),
+        ..Default::default()
+    };
+    Ok(client.call(Method::POST, "/v1/sandboxes", &req).await?)
+}
+
+async fn delete(client: &Client, id: &str) -> Result<()> {
+    client
+        .call_no_content(
+            Method::DELETE,
+            &format!("/v1/sandboxes/{id}"),
+            client::empty(),
+            None,
+        )
+        .await?;
+    Ok(())
+}
+
+async fn exec_true(client: &Client, id: &str) -> Result<()> {
+    let cmd: Command = client
+        .call(
+            Method::POST,
+            &format!("/v1/sandboxes/{id}/commands"),
+            &RunCommand {
+                argv: vec!["true".into()],
+                ..Default::default()
+            },
+        )
+        .await?;
+    if cmd.exit_code != Some(0) {
+        bail!("`true` exited with {:?}", cmd.exit_code);
+    }
+    Ok(())
+}
+
+/// A deterministic buffer in which every byte value occurs.
+fn payload(len: usize) -> Bytes {
+    let mut x: u64 = 0x2545_F491_4F6C_DD1D;
+    let mut data = Vec::with_capacity(len + 8);
+    while data.len() < len {
+        x ^= x << 13;
+        x ^= x >> 7;
+        x ^= x << 17;
+        data.extend_from_slice(&x.to_le_bytes());
+    }
+    data.truncate(len);
+    Bytes::from(data)
+}
+
+async fn files(client: &Client, id: &str, mib: usize) -> Result<(f64, f64)> {
+    const CHUNK: usize = 1 << 20;
+    let len = mib << 20;
+    let data = payload(len);
+    let path = "/workspace/bench.bin";
+    let url = with_query(
+        &format!("/v1/sandboxes/{id}/files"),
+        &[("path", Some(path.to_string()))],
+    );
+    let chunks: Vec<std::io::Result<Bytes>> = (0..len)
+        .step_by(CHUNK)
+        .map(|at| Ok(data.slice(at..(at + CHUNK).min(len))))
+        .collect();
+    let t = Instant::now();
+    let resp = client
+        .request(
+            Method::PUT,
+            &url,
+            client::streamed(futures::stream::iter(chunks)),
+            Some("application/octet-stream"),
+        )
+        .await?;
+    let entry: FileEntry = client::decode(resp, "write").await?;
+    let write = t.elapsed();
+    if entry.size != len as u64 {
+        bail!("wrote {len} bytes, the sandbox has {}", entry.size);
+    }
+    let t = Instant::now();
+    let resp = client
+        .request(Method::GET, &url, client::empty(), None)
+        .await?;
+    let mut body = resp.into_body();
+    let mut at = 0usize;
+    while let Some(frame) = body.frame().await {
+        if let Ok(chunk) = frame?.into_data() {
+            if at + chunk.len() > len || data[at..at + chunk.len()] != chunk[..] {
+                bail!("read back different bytes at offset {at}");
+            }
+            at += chunk.len();
+        }
+    }
+    let read = t.elapsed();
+    if at != len {
+        bail!("read {at} of {len} bytes");
+    }
+    let mbps = |d: Duration| len as f64 / 1e6 / d.as_secs_f64();
+    Ok((mbps(write), mbps(read)))
+}
+
+async fn run(args: &Args, client: &Client) -> Result<()> {
+    let info: Info = client.get("/v1/info").await?;
+    println!(
+        "daemon:  belljard {} (default backend {:?}: {})",
+        info.version, info.default_backend, info.default_backend_reason
+    );
+    println!("backend: namespace, image {}\n", args.image);
+
+    // Warm-up: the first sandbox pays for cold caches (image pages, binaries).
+    let warm = create(client, &args.image).await?;
+    exec_true(client, &warm.id).await?;
+    delete(client, &warm.id).await?;
+
+    let mut samples = Vec::with_capacity(args.creates);
+    for _ in 0..args.creates {
+        let t = Instant::now();
+        let s = create(client, &args.image).await?;
+        exec_true(client, &s.id).await?;
+        samples.push(t.elapsed());
+        delete(client, &s.id).await?;
+    }
+    report("create → first command done (API)", samples);
+
+    let s = create(client, &args.image).await?;
+    for _ in 0..10 {
+        exec_true(client, &s.id).await?;
+    }
+    let mut samples = Vec::with_capacity(args.execs);
+    for _ in 0..args.execs {
+        let t = Instant::now();
+        exec_true(client, &s.id).await?;
+        samples.push(t.elapsed());
+    }
+    report("exec true, waited (API round trip)", samples);
+
+    let opts = ExecOptions::new(["true"]);
+    let mut samples = Vec::with_capacity(args.execs);
+    for _ in 0..args.execs {
+        let t = Instant::now();
+        let mut sink = |_: belljar_api::Stream, _: &[u8]| Ok(());
+        let cmd = exec::exec(client, &s.id, &opts, &mut sink).await?;
+        if cmd.exit_code != Some(0) {
+            bail!("`true` exited with {:?}", cmd.exit_code);
+        }
+        samples.push(t.elapsed());
+    }
+    report("exec true, streamed (CLI path: start+logs+wait)", samples);
+
+    let (write, read) = files(client, &s.id, args.file_mib).await?;
+    println!(
+        "{:<44} write {write:>8.1} MB/s   read {read:>8.1} MB/s   ({} MiB to /workspace, 1 MiB chunks, verified)",
+        "file throughput (API, Unix socket)", args.file_mib
+    );
+    delete(client, &s.id).await?;
+    Ok(())
+}
+
+#[tokio::main]
+async fn main() -> Result<()> {
+    let args = Args::parse();
+    println!("sandbox_bench — Belljar sandbox latency and throughput");
+    println!(
+        "command: {}",
+        std::env::args().collect::<Vec<_>>().join(" ")
+    );
+    println!("machine: {}", machine());
+    let (daemon, client) = BenchDaemon::start().await?;
+    let result = run(&args, &client).await;
+    daemon.stop(&client).await;
+    result
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn nearest_rank_percentiles() {
+        let s: Vec<Duration> = (1..=20).map(Duration::from_millis).collect();
+        assert_eq!(percentile(&s, 50.0), Duration::from_millis(10));
+        assert_eq!(percentile(&s, 95.0), Duration::from_millis(19));
+        assert_eq!(percentile(&s[..1], 95.0), Duration::from_millis(1));
+        assert_eq!(percentile(&[], 50.0), Duration::ZERO);
+    }
+
+    #[test]
+    fn payload_is_exact_and_varied() {
+        let p = payload(1000);
+        assert_eq!(p.len(), 1000);
+        assert!(p.iter().any(|&b| b != p[0]));
+    }
+}
