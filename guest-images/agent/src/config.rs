@@ -34,10 +34,8 @@ impl FromStr for ListenAddr {
             if !path.is_empty() {
                 return Ok(ListenAddr::Unix(PathBuf::from(path)));
             }
-        } else if let Some(port) = s.strip_prefix("vsock:") {
-            if let Ok(port) = port.parse() {
-                return Ok(ListenAddr::Vsock(port));
-            }
+        } else if let Some(Ok(port)) = s.strip_prefix("vsock:").map(str::parse) {
+            return Ok(ListenAddr::Vsock(port));
         }
         Err(ConfigError::BadListen(s.to_owned()))
     }

@@ -445,11 +445,11 @@ where
         for entry in archive.entries().map_err(bad)? {
             let mut entry = entry.map_err(bad)?;
             let rel = entry.path().map_err(bad)?.into_owned();
-            if entry.unpack_in(&p).map_err(bad)? {
-                if let Some((uid, gid)) = owner {
-                    let target = p.join(&rel);
-                    lchown(&target, Some(uid), Some(gid)).map_err(err(&target))?;
-                }
+            if entry.unpack_in(&p).map_err(bad)?
+                && let Some((uid, gid)) = owner
+            {
+                let target = p.join(&rel);
+                lchown(&target, Some(uid), Some(gid)).map_err(err(&target))?;
             }
         }
         Ok(())

@@ -181,9 +181,9 @@ fn disk() -> (u64, u64) {
     };
     match nix::sys::statvfs::statvfs(path) {
         Ok(s) => {
-            let frag = s.fragment_size() as u64;
-            let total = s.blocks() as u64 * frag;
-            let free = s.blocks_free() as u64 * frag;
+            let frag = s.fragment_size();
+            let total = s.blocks() * frag;
+            let free = s.blocks_free() * frag;
             (total, total.saturating_sub(free))
         }
         Err(_) => (0, 0),

@@ -92,13 +92,12 @@ pub fn spawn(spec: &Spec<'_>) -> io::Result<Spawned> {
             if pty && libc::ioctl(0, libc::TIOCSCTTY, 0) < 0 {
                 return Err(io::Error::last_os_error());
             }
-            if switch_user {
-                if libc::setgroups(groups.len(), groups.as_ptr()) < 0
+            if switch_user
+                && (libc::setgroups(groups.len(), groups.as_ptr()) < 0
                     || libc::setgid(gid) < 0
-                    || libc::setuid(uid) < 0
-                {
-                    return Err(io::Error::last_os_error());
-                }
+                    || libc::setuid(uid) < 0)
+            {
+                return Err(io::Error::last_os_error());
             }
             if libc::chdir(cwd.as_ptr()) < 0 {
                 return Err(io::Error::last_os_error());

@@ -41,10 +41,10 @@ impl Agent {
             .unwrap();
         let deadline = Instant::now() + Duration::from_secs(20);
         let client = loop {
-            if let Ok(client) = AgentClient::connect_unix(&socket).await {
-                if client.health().await.is_ok() {
-                    break client;
-                }
+            if let Ok(client) = AgentClient::connect_unix(&socket).await
+                && client.health().await.is_ok()
+            {
+                break client;
             }
             assert!(Instant::now() < deadline, "agent did not come up");
             tokio::time::sleep(Duration::from_millis(20)).await;
