@@ -411,6 +411,99 @@ mod tests {
         assert_eq!(e.to_string(), "Bad Gateway");
     }
 
+    /// Serves one connection on a real Unix socket with a canned answer, returning the
+    /// request head the client sent.
+    async fn serve_once(
+        dir: &Path,
+        answer: &'static [u8],
+    ) -> (PathBuf, tokio::task::JoinHandle<String>) {
+        use tokio::io::{AsyncReadExt, AsyncWriteExt};
+        let sock = dir.join("d.sock");
+        let listener = tokio::net::UnixListener::bind(&sock).unwrap();
+        let handle = tokio::spawn(async move {
+            let (mut s, _) = listener.accept().await.unwrap();
+            let mut head = Vec::new();
+            let mut buf = [0u8; 1024];
+            while !head.windows(4).any(|w| w == b"\r\n\r\n") {
+                let n = s.read(&mut buf).await.unwrap();
+                head.extend_from_slice(&buf[..n]);
+            }
+            s.write_all(answer).await.unwrap();
+            s.shutdown().await.unwrap();
+            String::from_utf8(head).unwrap()
+        });
+        (sock, handle)
+    }
+
+    #[tokio::test]
+    async fn get_decodes_json_over_a_unix_socket() {
+        let dir = tempfile::tempdir().unwrap();
+        let (sock, server) = serve_once(
+            dir.path(),
+            b"HTTP/1.1 200 OK\r\ncontent-type: application/json\r\ncontent-length: 8\r\n\r\n{\"a\": 1}",
+        )
+        .await;
+        let v: serde_json::Value = Client::unix(&sock).get("/v1/info").await.unwrap();
+        assert_eq!(v["a"], 1);
+        let head = server.await.unwrap().to_ascii_lowercase();
+        assert!(head.starts_with("get /v1/info http/1.1\r\n"), "{head}");
+        assert!(head.contains("host: localhost"), "{head}");
+        assert!(!head.contains("authorization"), "{head}");
+    }
+
+    #[tokio::test]
+    async fn error_answers_become_api_errors() {
+        let dir = tempfile::tempdir().unwrap();
+        let body = br#"{"error":{"code":"bad_request","message":"timeout_ms must be positive"}}"#;
+        let answer: &'static [u8] = Box::leak(
+            [
+                format!(
+                    "HTTP/1.1 400 Bad Request\r\ncontent-length: {}\r\n\r\n",
+                    body.len()
+                )
+                .as_bytes(),
+                body,
+            ]
+            .concat()
+            .into_boxed_slice(),
+        );
+        let (sock, _server) = serve_once(dir.path(), answer).await;
+        let e = Client::unix(&sock)
+            .get::<serde_json::Value>("/v1/sandboxes")
+            .await
+            .unwrap_err();
+        assert_eq!(e.status(), Some(400));
+        assert_eq!(e.code(), "bad_request");
+        assert_eq!(e.to_string(), "timeout_ms must be positive");
+    }
+
+    #[tokio::test]
+    async fn tcp_requests_carry_the_bearer_token() {
+        use tokio::io::{AsyncReadExt, AsyncWriteExt};
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let addr = listener.local_addr().unwrap();
+        let server = tokio::spawn(async move {
+            let (mut s, _) = listener.accept().await.unwrap();
+            let mut head = Vec::new();
+            let mut buf = [0u8; 1024];
+            while !head.windows(4).any(|w| w == b"\r\n\r\n") {
+                let n = s.read(&mut buf).await.unwrap();
+                head.extend_from_slice(&buf[..n]);
+            }
+            s.write_all(b"HTTP/1.1 204 No Content\r\n\r\n")
+                .await
+                .unwrap();
+            String::from_utf8(head).unwrap()
+        });
+        Client::tcp(addr, Some("s3cret".into()))
+            .call_no_content(Method::DELETE, "/v1/sandboxes/sbx_1", empty(), None)
+            .await
+            .unwrap();
+        let head = server.await.unwrap().to_ascii_lowercase();
+        assert!(head.contains("authorization: bearer s3cret"), "{head}");
+        assert!(head.contains(&format!("host: {addr}")), "{head}");
+    }
+
     #[tokio::test]
     async fn missing_socket_is_a_connect_error() {
         let dir = tempfile::tempdir().unwrap();

@@ -7,7 +7,7 @@ use std::io::{IsTerminal, Write};
 use anyhow::{Context, Result};
 use belljar_api::{
     BackendChoice, CommandList, CreateSandbox, ExtendSandbox, Image, ImageBuildEvent, Info,
-    Sandbox, SandboxList, SandboxStatus, Source, Stream,
+    Sandbox, SandboxList, SandboxStatus, SessionToken, Source, Stream,
 };
 use belljar_cli::client::{self, Client, ClientError};
 use belljar_cli::cp::{self, Location};
@@ -22,7 +22,6 @@ use belljar_cli::query::{encode, with_query};
 use belljar_cli::terminal::{self, ShellOptions};
 use clap::CommandFactory;
 use http::Method;
-use serde::Deserialize;
 
 use crate::args::{
     Cli, Cmd, CreateArgs, DaemonCmd, ExecArgs, ImagesCmd, LsArgs, RunArgs, SandboxOpts,
@@ -465,11 +464,6 @@ async fn build_image(client: &Client, name: &str, json: bool) -> Result<i32> {
         }
     }
     anyhow::bail!("The image build stream ended without a result")
-}
-
-#[derive(Deserialize)]
-struct SessionToken {
-    token: String,
 }
 
 async fn ui(client: &Client, paths: &Paths, no_open: bool) -> Result<i32> {
