@@ -193,7 +193,14 @@ impl Vmm {
             BootMode::Linux => {
                 let entries: Vec<(u64, u32)> =
                     virtio_devices.iter().map(|(_, a, i)| (*a, *i)).collect();
-                let cmdline = boot::build_cmdline(&config.cmdline, &entries)?;
+                let mut base = config.cmdline.clone();
+                for extra in hv.guest_cmdline_extra() {
+                    if !base.split_whitespace().any(|w| w == extra) {
+                        base.push(' ');
+                        base.push_str(&extra);
+                    }
+                }
+                let cmdline = boot::build_cmdline(base.trim(), &entries)?;
                 cmdline_text = cmdline
                     .as_cstring()
                     .map(|c| c.to_string_lossy().into_owned())

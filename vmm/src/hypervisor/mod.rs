@@ -65,6 +65,11 @@ pub trait Hypervisor: Send + Sync {
     fn name(&self) -> &'static str;
     /// Creates an empty VM.
     fn create_vm(&self) -> Result<Box<dyn Vm>>;
+    /// Kernel command-line options a Linux guest needs on this hypervisor (e.g. to keep it
+    /// away from instructions a software hypervisor cannot emulate).
+    fn guest_cmdline_extra(&self) -> Vec<String> {
+        Vec::new()
+    }
 }
 
 /// A VM: guest physical address space plus interrupt controller.

@@ -26,11 +26,11 @@ fn io_err(e: kvm_ioctls::Error) -> std::io::Error {
     std::io::Error::from_raw_os_error(e.errno())
 }
 
-/// CPUID.1:ECX features hidden from guests on software KVM: CX16 (bit 13), XSAVE (26) and
-/// OSXSAVE (27). PVM's instruction emulator cannot run `lock cmpxchg16b` or `xrstor64`,
-/// which a Linux kernel executes early (SLUB, FPU init) when the CPU advertises them;
-/// without them the kernel uses plain cmpxchg and fxsave/fxrstor and boots (slowly).
-const EMULATION_UNSAFE_ECX: u32 = (1 << 13) | (1 << 26) | (1 << 27);
+/// CPUID.1:ECX features hidden from guests on software KVM: CX16 (bit 13). PVM's
+/// instruction emulator cannot run `lock cmpxchg16b`, which the Linux SLUB allocator uses
+/// when the CPU advertises it. (PVM keeps XSAVE visible whatever the CPUID says, so `xrstor`
+/// is avoided with the `noxsave` kernel option instead; see `guest_cmdline_extra`.)
+const EMULATION_UNSAFE_ECX: u32 = 1 << 13;
 
 /// The KVM hypervisor (`/dev/kvm`).
 pub struct KvmHypervisor {
@@ -73,6 +73,14 @@ impl KvmHypervisor {
 impl Hypervisor for KvmHypervisor {
     fn name(&self) -> &'static str {
         "kvm"
+    }
+
+    fn guest_cmdline_extra(&self) -> Vec<String> {
+        if self.emulation_safe_cpuid {
+            vec!["noxsave".to_string()]
+        } else {
+            Vec::new()
+        }
     }
 
     fn create_vm(&self) -> Result<Box<dyn Vm>> {
