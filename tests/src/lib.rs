@@ -233,7 +233,8 @@ impl Daemon {
         let mut cmd = Command::new(binary("belljar"));
         cmd.env("BELLJAR_HOME", self.home.path())
             .env("BELLJARD", binary("belljard"))
-            .env_remove("BELLJAR_PORT")
+            // A daemon the CLI starts by itself must not take the default port.
+            .env("BELLJAR_PORT", "0")
             .stdin(Stdio::null());
         cmd
     }
