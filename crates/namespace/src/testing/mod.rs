@@ -81,7 +81,7 @@ pub fn standin_agent(dir: &Path) -> Result<PathBuf, Error> {
 
 /// Builds a minimal image tree in `dir` (once): busybox with its applets, `/etc/passwd` with
 /// `root` and `belljar` (1000), `/workspace` owned by 1000, and `probe` (the stand-in, which
-/// also answers `connect PATH` / `connect-abstract NAME`) in `/usr/local/bin/belljar-probe`.
+/// also answers `connect PATH`, `connect-abstract NAME`, `connect-tcp ADDR:PORT`) in `/usr/local/bin/belljar-probe`.
 pub fn busybox_rootfs(dir: &Path, probe: &Path) -> Result<PathBuf, Error> {
     let done = dir.join(".complete");
     if done.exists() {
@@ -162,10 +162,25 @@ pub fn busybox_rootfs(dir: &Path, probe: &Path) -> Result<PathBuf, Error> {
 }
 
 /// The image tree and stand-in agent, built once per machine: `(rootfs, agent)`.
+///
+/// Safe to call from many test threads and processes at once: builders take a lock file.
 pub fn fixtures() -> Result<(PathBuf, PathBuf), Error> {
+    static IN_PROCESS: std::sync::Mutex<()> = std::sync::Mutex::new(());
+    let _guard = IN_PROCESS.lock().unwrap_or_else(|e| e.into_inner());
     let dir = fixture_dir();
+    fs::create_dir_all(&dir).map_err(io_err(format!("create {}", dir.display())))?;
+    let lock = fs::File::create(dir.join(".lock")).map_err(io_err("create the fixture lock"))?;
+    // SAFETY: flock on an fd we own; released when `lock` is dropped at the end.
+    if unsafe { libc::flock(std::os::fd::AsRawFd::as_raw_fd(&lock), libc::LOCK_EX) } < 0 {
+        return Err(io_err("lock the fixtures")(io::Error::last_os_error()));
+    }
     let agent = standin_agent(&dir)?;
-    let rootfs = busybox_rootfs(&dir.join("rootfs"), &agent)?;
+    // The image holds a copy of the stand-in (as the probe), so it follows its version.
+    let version = agent
+        .file_name()
+        .map(|n| n.to_string_lossy().into_owned())
+        .unwrap_or_default();
+    let rootfs = busybox_rootfs(&dir.join(format!("rootfs-{version}")), &agent)?;
     Ok((rootfs, agent))
 }
 

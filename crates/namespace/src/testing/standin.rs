@@ -4,8 +4,8 @@
 // As `--listen unix:PATH` it is PID 1: each connection sends one shell command (until it shuts
 // down its write half) and receives the merged stdout/stderr followed by `\0EXIT <code>\n`.
 // It reaps every orphan; exit statuses of its own commands are dispatched by pid.
-// As `connect PATH` or `connect-abstract NAME` it tries to connect to a Unix socket and exits
-// 0 on success, 1 otherwise (used by escape tests).
+// As `connect PATH`, `connect-abstract NAME` or `connect-tcp ADDR:PORT` it tries to connect
+// and exits 0 on success, 1 otherwise (used by escape tests).
 use std::collections::HashMap;
 use std::io::{Read, Write};
 use std::os::linux::net::SocketAddrExt;
@@ -33,6 +33,14 @@ fn main() {
             let ok = UnixStream::connect(&args[2]).is_ok();
             std::process::exit(if ok { 0 } else { 1 });
         }
+        Some("connect-tcp") => {
+            let ok = std::net::TcpStream::connect_timeout(
+                &args[2].parse().expect("HOST:PORT"),
+                Duration::from_secs(1),
+            )
+            .is_ok();
+            std::process::exit(if ok { 0 } else { 1 });
+        }
         Some("connect-abstract") => {
             let ok = SocketAddr::from_abstract_name(args[2].as_bytes())
                 .and_then(|a| UnixStream::connect_addr(&a))
@@ -49,7 +57,7 @@ fn main() {
         .expect("--listen unix:PATH")
         .to_owned();
     unsafe {
-        signal(15, on_term as usize);
+        signal(15, on_term as *const () as usize);
     }
     let statuses: Statuses = Arc::new((Mutex::new(HashMap::new()), Condvar::new()));
     let reaper = statuses.clone();

@@ -1,0 +1,410 @@
+//! Escape tests for the namespace backend: from inside a sandbox, the host's files, processes,
+//! loopback and Unix sockets, and other sandboxes are out of reach; a fork bomb and a memory
+//! hog hit their cgroup limits without hurting this process (the stand-in for the daemon) or
+//! another sandbox.
+//!
+//! Commands run as root inside the sandbox, through the real `belljar-agent` when a static
+//! build of it is found (`BELLJAR_AGENT_BIN`, `standin` to force the stand-in; or `x86_64-unknown-linux-gnu/release/` of
+//! `CARGO_TARGET_DIR` or of a `target*` directory of the workspace), else through the stand-in
+//! agent of `belljar_namespace::testing`. The image is the busybox tree from the same module
+//! (the `busybox-static` package must be installed); `/usr/local/bin/belljar-probe` in it
+//! tries connections (`connect`, `connect-abstract`, `connect-tcp`).
+
+use std::io::Read;
+use std::os::unix::net::{SocketAddr, UnixListener};
+use std::path::{Path, PathBuf};
+use std::process::Command;
+use std::time::{Duration, Instant};
+
+use belljar_agent_proto::StartCommand;
+use belljar_agent_proto::client::AgentClient;
+use belljar_namespace::{Limits, SandboxSpec, testing};
+use futures::StreamExt;
+
+const T: Duration = Duration::from_secs(30);
+
+/// How commands reach the sandbox.
+enum Driver {
+    Agent {
+        rt: tokio::runtime::Runtime,
+        client: AgentClient,
+    },
+    Standin {
+        socket: PathBuf,
+    },
+}
+
+/// A running sandbox, destroyed on drop.
+struct Sandbox {
+    spec: SandboxSpec,
+    running: belljar_namespace::Running,
+    driver: Driver,
+}
+
+struct Out {
+    code: i32,
+    text: String,
+}
+
+fn real_agent() -> Option<PathBuf> {
+    match std::env::var_os("BELLJAR_AGENT_BIN") {
+        Some(p) if p == "standin" => return None,
+        Some(p) if !p.is_empty() => return Some(PathBuf::from(p)),
+        _ => {}
+    }
+    let rel = "x86_64-unknown-linux-gnu/release/belljar-agent";
+    let workspace = Path::new(env!("CARGO_MANIFEST_DIR")).parent()?.to_owned();
+    let mut candidates: Vec<PathBuf> = std::env::var_os("CARGO_TARGET_DIR")
+        .map(|d| PathBuf::from(d).join(rel))
+        .into_iter()
+        .collect();
+    for dir in [workspace.clone(), workspace.parent()?.to_owned()] {
+        for entry in std::fs::read_dir(dir).into_iter().flatten().flatten() {
+            if entry.file_name().to_string_lossy().starts_with("target") {
+                candidates.push(entry.path().join(rel));
+            }
+        }
+    }
+    // Only a static binary runs on the busybox image (it has no C library).
+    candidates.into_iter().find(|p| is_static(p))
+}
+
+fn is_static(path: &Path) -> bool {
+    let mut bytes = Vec::new();
+    let Ok(mut f) = std::fs::File::open(path) else {
+        return false;
+    };
+    if f.read_to_end(&mut bytes).is_err() || !bytes.starts_with(b"\x7fELF") {
+        return false;
+    }
+    !bytes.windows(15).any(|w| w == b"/lib64/ld-linux")
+}
+
+fn tmpdir() -> tempfile::TempDir {
+    tempfile::Builder::new()
+        .prefix("bjesc")
+        .tempdir_in("/tmp")
+        .unwrap()
+}
+
+impl Sandbox {
+    fn launch(dir: &Path, id: &str, limits: Limits) -> Self {
+        let (rootfs, standin) =
+            testing::fixtures().expect("fixtures (is busybox-static installed?)");
+        let agent = real_agent();
+        let spec = SandboxSpec {
+            id: id.into(),
+            rootfs,
+            state_dir: dir.join(id),
+            agent: agent.clone().unwrap_or(standin),
+            hostname: id.into(),
+            limits,
+            env: vec![],
+        };
+        let running = belljar_namespace::launch(&spec).expect("launch");
+        belljar_namespace::wait_ready(&running.socket, T).expect("agent ready");
+        let driver = match agent {
+            Some(_) => {
+                let rt = tokio::runtime::Builder::new_current_thread()
+                    .enable_all()
+                    .build()
+                    .unwrap();
+                let client = rt
+                    .block_on(AgentClient::connect_unix(&running.socket))
+                    .unwrap();
+                Driver::Agent { rt, client }
+            }
+            None => Driver::Standin {
+                socket: running.socket.clone(),
+            },
+        };
+        Sandbox {
+            spec,
+            running,
+            driver,
+        }
+    }
+
+    /// `/bin/sh -c cmd` as root inside; stdout and stderr together.
+    fn sh(&self, cmd: &str) -> Out {
+        match &self.driver {
+            Driver::Standin { socket } => {
+                let out = testing::shell(socket, cmd, T).unwrap_or_else(|e| panic!("{cmd}: {e}"));
+                Out {
+                    code: out.code,
+                    text: out.text,
+                }
+            }
+            Driver::Agent { rt, client } => rt.block_on(async {
+                let start = StartCommand {
+                    argv: vec!["/bin/sh".into(), "-c".into(), format!("exec 2>&1; {cmd}")],
+                    cwd: Some("/".into()),
+                    user: Some("root".into()),
+                    ..Default::default()
+                };
+                let info = client.start_command(&start).await.expect("start");
+                let done = tokio::time::timeout(T, client.wait_command(&info.id))
+                    .await
+                    .expect("command timed out")
+                    .expect("wait");
+                let mut text = Vec::new();
+                let mut lines = client.output(&info.id, 0, false).await.expect("output");
+                while let Some(line) = lines.next().await {
+                    text.extend(line.expect("output line").bytes());
+                }
+                let code = done
+                    .exit_code
+                    .unwrap_or_else(|| 128 + done.signal.unwrap_or(0));
+                Out {
+                    code,
+                    text: String::from_utf8_lossy(&text).into_owned(),
+                }
+            }),
+        }
+    }
+
+    /// Runs `cmd` and returns its trimmed output, failing on a non-zero exit.
+    fn ok(&self, cmd: &str) -> String {
+        let out = self.sh(cmd);
+        assert_eq!(out.code, 0, "{cmd}: {}", out.text);
+        out.text.trim().to_owned()
+    }
+
+    /// Whether `cmd` succeeds.
+    fn succeeds(&self, cmd: &str) -> bool {
+        self.sh(&format!("{cmd} >/dev/null 2>&1")).code == 0
+    }
+}
+
+impl Drop for Sandbox {
+    fn drop(&mut self) {
+        let _ = belljar_namespace::destroy(&self.spec.state_dir);
+    }
+}
+
+fn unique() -> String {
+    let nanos = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .unwrap();
+    format!("{}-{}", std::process::id(), nanos.as_nanos())
+}
+
+#[test]
+fn host_files_are_not_reachable() {
+    let tmp = tmpdir();
+    let tag = unique();
+    let marker_dir = tmp.path().join("host");
+    std::fs::create_dir_all(&marker_dir).unwrap();
+    let marker = marker_dir.join(format!("marker-{tag}"));
+    std::fs::write(&marker, format!("host-secret-{tag}")).unwrap();
+    let sb = Sandbox::launch(tmp.path(), "esc-files", Limits::default());
+    let m = marker.display();
+    assert!(
+        !sb.succeeds(&format!("cat {m}")),
+        "host marker readable at its host path"
+    );
+    assert!(!sb.succeeds(&format!("cat /proc/1/root{m}")));
+    assert!(
+        !sb.succeeds(&format!("ls {}", sb.spec.state_dir.display())),
+        "own state dir visible"
+    );
+    assert!(
+        !sb.succeeds(&format!("ls {}", sb.spec.rootfs.display())),
+        "image path visible"
+    );
+    let found = sb.ok(&format!(
+        "find / -path /proc -prune -o -path /sys -prune -o -name 'marker-{tag}' -print"
+    ));
+    assert_eq!(found, "", "marker found inside");
+    // Host-only paths do not exist inside; the root is the image.
+    assert!(!sb.succeeds("test -e /etc/debian_version"));
+    assert_eq!(sb.ok("cat /workspace/hello.txt"), "hello from the image");
+    // No block devices to mount the host's disk from, and no way to make one.
+    assert_eq!(sb.ok("find /dev -type b | wc -l"), "0");
+    let chars = sb.ok("find /dev -type c -exec basename {} \\; | sort | tr '\\n' ' '");
+    assert_eq!(chars, "full null ptmx random tty urandom zero");
+    assert!(!sb.succeeds("mknod /tmp/disk b 8 0 && head -c1 /tmp/disk"));
+    assert!(!sb.succeeds("mount -t ext4 /dev/vda /tmp"));
+    // Writes inside land in the sandbox's own layer, owned by an unprivileged host uid.
+    sb.ok("echo inside > /etc/written-inside");
+    let upper = sb.spec.state_dir.join("fs/upper/etc/written-inside");
+    let meta = std::fs::metadata(&upper).unwrap();
+    use std::os::unix::fs::MetadataExt;
+    assert_eq!(meta.uid(), sb.running.root_uid);
+    assert!(sb.running.root_uid >= 100_000);
+    assert!(!Path::new("/etc/written-inside").exists());
+}
+
+#[test]
+fn host_processes_are_not_visible() {
+    let tmp = tmpdir();
+    let sb = Sandbox::launch(tmp.path(), "esc-procs", Limits::default());
+    let pids = sb.ok("ls /proc | grep '^[0-9]*$' | tr '\\n' ' '");
+    let pids: Vec<u32> = pids
+        .split_whitespace()
+        .map(|p| p.parse().unwrap())
+        .collect();
+    assert!(pids.contains(&1));
+    assert!(pids.len() < 20, "{pids:?}");
+    assert!(pids.iter().all(|p| *p < 1000), "{pids:?}");
+    let me = std::process::id();
+    assert!(
+        !sb.succeeds(&format!("kill -0 {me}")),
+        "host pid {me} signalable"
+    );
+    assert!(!sb.succeeds(&format!("test -e /proc/{me}")));
+    let exe = std::env::current_exe().unwrap();
+    let name = exe.file_name().unwrap().to_string_lossy();
+    let cmdlines = sb.ok("cat /proc/[0-9]*/cmdline 2>/dev/null | tr '\\0' ' '");
+    assert!(!cmdlines.contains(name.as_ref()), "{cmdlines}");
+    // PID 1 is the agent, not the host's init.
+    assert!(
+        sb.ok("cat /proc/1/cmdline | tr '\\0' ' '")
+            .starts_with("/sbin/belljar-agent")
+    );
+}
+
+#[test]
+fn other_sandboxes_are_not_reachable() {
+    let tmp = tmpdir();
+    let a = Sandbox::launch(tmp.path(), "esc-a", Limits::default());
+    let b = Sandbox::launch(tmp.path(), "esc-b", Limits::default());
+    let tag = unique();
+    a.ok(&format!(
+        "echo a > /workspace/secret-{tag}; echo a > /tmp/secret-{tag}"
+    ));
+    a.ok("sleep 4242 >/dev/null 2>&1 &");
+    a.ok("nc -ll -p 5555 -e /bin/cat >/dev/null 2>&1 &");
+    std::thread::sleep(Duration::from_millis(200));
+    assert!(
+        a.succeeds("belljar-probe connect-tcp 127.0.0.1:5555"),
+        "control: A reaches itself"
+    );
+    let found = b.ok(&format!(
+        "find / -path /proc -prune -o -path /sys -prune -o -name 'secret-{tag}' -print"
+    ));
+    assert_eq!(found, "");
+    assert!(
+        !b.ok("cat /proc/[0-9]*/cmdline | tr '\\0' ' '")
+            .contains("4242")
+    );
+    assert!(!b.succeeds(&format!("ls {}", a.spec.state_dir.display())));
+    assert!(!b.succeeds(&format!(
+        "belljar-probe connect {}",
+        a.running.socket.display()
+    )));
+    assert!(
+        !b.succeeds("belljar-probe connect-tcp 127.0.0.1:5555"),
+        "B reached A's loopback"
+    );
+    // Different id blocks: A's root is not B's root on the host.
+    assert_ne!(a.running.root_uid, b.running.root_uid);
+    assert!(a.running.root_uid.abs_diff(b.running.root_uid) >= 65536);
+    assert_ne!(a.ok("hostname"), b.ok("hostname"));
+}
+
+#[test]
+fn host_sockets_and_loopback_are_not_reachable() {
+    let tmp = tmpdir();
+    let tag = unique();
+    let path = tmp.path().join("daemon.sock");
+    let _listener = UnixListener::bind(&path).unwrap();
+    use std::os::linux::net::SocketAddrExt;
+    let abstract_name = format!("belljar-escape-{tag}");
+    let _abstract =
+        UnixListener::bind_addr(&SocketAddr::from_abstract_name(&abstract_name).unwrap()).unwrap();
+    let tcp = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    let port = tcp.local_addr().unwrap().port();
+    let sb = Sandbox::launch(tmp.path(), "esc-sock", Limits::default());
+    // Controls: the probe works, on the sandbox's own socket and loopback.
+    assert!(sb.succeeds("belljar-probe connect /run/belljar/agent.sock"));
+    sb.ok("nc -ll -p 7777 -e /bin/cat >/dev/null 2>&1 &");
+    std::thread::sleep(Duration::from_millis(200));
+    assert!(sb.succeeds("belljar-probe connect-tcp 127.0.0.1:7777"));
+    // The host's sockets, by path, by abstract name (per network namespace) and on loopback.
+    assert!(!sb.succeeds(&format!("belljar-probe connect {}", path.display())));
+    assert!(!sb.succeeds(&format!("belljar-probe connect-abstract {abstract_name}")));
+    assert!(!sb.succeeds(&format!("belljar-probe connect-tcp 127.0.0.1:{port}")));
+    assert_eq!(sb.ok("ls /sys/class/net"), "lo");
+    // And the host can still reach them (the test is not vacuous).
+    assert!(std::os::unix::net::UnixStream::connect(&path).is_ok());
+    assert!(std::net::TcpStream::connect(("127.0.0.1", port)).is_ok());
+}
+
+#[test]
+fn fork_bomb_hits_the_pids_limit() {
+    let tmp = tmpdir();
+    let limits = Limits {
+        pids: Some(64),
+        cpu: Some(0.5),
+        memory_bytes: Some(256 << 20),
+    };
+    let bomb = Sandbox::launch(tmp.path(), "esc-bomb", limits);
+    let other = Sandbox::launch(
+        tmp.path(),
+        "esc-calm",
+        Limits {
+            pids: Some(64),
+            ..limits
+        },
+    );
+    assert!(
+        bomb.running.limits.pids.is_enforced(),
+        "{:?}",
+        bomb.running.limits
+    );
+    bomb.ok("sh -c 'f() { f | f & }; f' >/dev/null 2>&1 &");
+    let deadline = Instant::now() + T;
+    loop {
+        let usage = belljar_namespace::usage(&bomb.spec.state_dir).unwrap();
+        if usage.pids == Some(64) {
+            break;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "fork bomb never reached the limit: {usage:?}"
+        );
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    // The daemon's stand-in (this process) and the other sandbox still work.
+    let started = Instant::now();
+    assert_eq!(other.ok("echo calm"), "calm");
+    assert!(Command::new("true").status().unwrap().success());
+    assert!(started.elapsed() < Duration::from_secs(10));
+    let host_pids = std::fs::read_dir("/proc").unwrap().count();
+    assert!(host_pids < 32768, "host flooded with processes");
+    // Stopping the bombed sandbox ends every process in it.
+    belljar_namespace::stop(&bomb.spec.state_dir, Duration::from_millis(100)).unwrap();
+    assert!(
+        belljar_namespace::adopt(&bomb.spec.state_dir)
+            .unwrap()
+            .is_none()
+    );
+    assert_eq!(other.ok("echo still calm"), "still calm");
+}
+
+#[test]
+fn memory_hog_is_killed_inside_its_cgroup() {
+    let tmp = tmpdir();
+    let limits = Limits {
+        memory_bytes: Some(64 << 20),
+        ..Default::default()
+    };
+    let hog = Sandbox::launch(tmp.path(), "esc-hog", limits);
+    let other = Sandbox::launch(tmp.path(), "esc-neighbour", limits);
+    assert!(
+        hog.running.limits.memory.is_enforced(),
+        "{:?}",
+        hog.running.limits
+    );
+    let out = hog.sh("a=xxxxxxxxxxxxxxxx; while true; do a=$a$a; done");
+    assert_eq!(out.code, 137, "the hog is SIGKILLed: {}", out.text);
+    let usage = belljar_namespace::usage(&hog.spec.state_dir).unwrap();
+    assert!(usage.oom_kills.unwrap_or(0) >= 1, "{usage:?}");
+    assert!(usage.memory_peak_bytes.unwrap() <= 64 << 20, "{usage:?}");
+    // The sandbox's PID 1, the neighbour and this process live on.
+    assert_eq!(hog.ok("echo alive"), "alive");
+    assert_eq!(other.ok("echo fine"), "fine");
+    let neighbour = belljar_namespace::usage(&other.spec.state_dir).unwrap();
+    assert_eq!(neighbour.oom_kills.unwrap_or(0), 0);
+}
