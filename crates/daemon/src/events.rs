@@ -27,9 +27,9 @@ pub struct Events {
 
 fn seq_of(e: &Event) -> u64 {
     match e {
-        Event::Sandbox { seq, .. } | Event::SandboxDeleted { seq, .. } | Event::Command { seq, .. } => {
-            *seq
-        }
+        Event::Sandbox { seq, .. }
+        | Event::SandboxDeleted { seq, .. }
+        | Event::Command { seq, .. } => *seq,
     }
 }
 
@@ -56,7 +56,10 @@ impl Events {
     }
 
     /// Events after `since` (or only new ones when `None`), then live ones, in order.
-    pub fn stream(&self, since: Option<u64>) -> Result<impl Stream<Item = Event> + use<>, EventsError> {
+    pub fn stream(
+        &self,
+        since: Option<u64>,
+    ) -> Result<impl Stream<Item = Event> + use<>, EventsError> {
         let rx = self.tx.subscribe();
         let last = match since {
             Some(s) => s,
@@ -122,6 +125,8 @@ mod tests {
         let seqs: Vec<u64> = (&mut all).take(3).map(|e| seq_of(&e)).collect().await;
         assert_eq!(seqs, [1, 2, 3]);
         let e = new_only.next().await.unwrap();
-        assert!(matches!(e, Event::SandboxDeleted { seq: 3, ref sandbox_id, .. } if sandbox_id == "sbx_c"));
+        assert!(
+            matches!(e, Event::SandboxDeleted { seq: 3, ref sandbox_id, .. } if sandbox_id == "sbx_c")
+        );
     }
 }

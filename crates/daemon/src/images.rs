@@ -152,7 +152,10 @@ impl Images {
     /// Every known image: the recipes, the cache's directories and the project's four.
     pub fn list(&self) -> Vec<Image> {
         let mut names: Vec<String> = KNOWN.iter().map(|s| s.to_string()).collect();
-        for dir in [self.guest_images.join("recipes"), self.paths.cache.join("images")] {
+        for dir in [
+            self.guest_images.join("recipes"),
+            self.paths.cache.join("images"),
+        ] {
             if let Ok(entries) = std::fs::read_dir(dir) {
                 for e in entries.flatten() {
                     let n = e.file_name().to_string_lossy().into_owned();
@@ -175,7 +178,10 @@ impl Images {
 
     /// Starts `build-image.sh NAME`; its output lines arrive as `progress`, then `done` or
     /// `error`. The build goes on if the receiver is dropped.
-    pub fn build(&self, name: &str) -> Result<impl Stream<Item = ImageBuildEvent> + use<>, ImageError> {
+    pub fn build(
+        &self,
+        name: &str,
+    ) -> Result<impl Stream<Item = ImageBuildEvent> + use<>, ImageError> {
         if !valid_name(name) {
             return Err(ImageError::BadName(name.to_owned()));
         }
@@ -304,8 +310,11 @@ mod tests {
 
     fn setup() -> (tempfile::TempDir, Images) {
         let dir = tempfile::tempdir().unwrap();
-        let paths = Paths::resolve(Some(&dir.path().join("home")), Some(&dir.path().join("cache")))
-            .unwrap();
+        let paths = Paths::resolve(
+            Some(&dir.path().join("home")),
+            Some(&dir.path().join("cache")),
+        )
+        .unwrap();
         paths.create().unwrap();
         let gi = dir.path().join("guest-images");
         std::fs::create_dir_all(gi.join("recipes/base")).unwrap();
@@ -316,16 +325,28 @@ mod tests {
     #[test]
     fn parses_build_timestamps() {
         assert_eq!(parse_rfc3339_ms("1970-01-01T00:00:00Z"), Some(0));
-        assert_eq!(parse_rfc3339_ms("2024-03-01T12:30:05Z"), Some(1_709_296_205_000));
+        assert_eq!(
+            parse_rfc3339_ms("2024-03-01T12:30:05Z"),
+            Some(1_709_296_205_000)
+        );
         assert_eq!(parse_rfc3339_ms("yesterday"), None);
     }
 
     #[test]
     fn resolves_built_images_and_explains_missing_ones() {
         let (dir, images) = setup();
-        assert!(matches!(images.resolve("base"), Err(ImageError::NotBuilt { .. })));
-        assert!(matches!(images.resolve("nope"), Err(ImageError::Unknown(_))));
-        assert!(matches!(images.resolve("../x"), Err(ImageError::BadName(_))));
+        assert!(matches!(
+            images.resolve("base"),
+            Err(ImageError::NotBuilt { .. })
+        ));
+        assert!(matches!(
+            images.resolve("nope"),
+            Err(ImageError::Unknown(_))
+        ));
+        assert!(matches!(
+            images.resolve("../x"),
+            Err(ImageError::BadName(_))
+        ));
         let cur = dir.path().join("cache/images/base/current");
         std::fs::create_dir_all(cur.join("rootfs")).unwrap();
         std::fs::write(
@@ -362,6 +383,9 @@ mod tests {
             ImageBuildEvent::Error { message, .. } => assert!(message.contains("step one")),
             other => panic!("{other:?}"),
         }
-        assert!(matches!(images.build("python9"), Err(ImageError::Unknown(_))));
+        assert!(matches!(
+            images.build("python9"),
+            Err(ImageError::Unknown(_))
+        ));
     }
 }

@@ -1,9 +1,16 @@
 //! belljard as a library: everything but argument parsing, so that tests drive the same code.
+//!
+//! [`server::run`] wires it together: [`paths`] and [`config`] say where things live, [`store`]
+//! keeps state in SQLite, [`sandbox`] runs sandboxes on a backend, [`images`] finds and builds
+//! root filesystems, [`events`] numbers and broadcasts changes, and [`http`] serves the API.
 #![forbid(unsafe_code)]
 
-pub mod paths;
-pub mod store;
+pub mod config;
 pub mod events;
+pub mod http;
 pub mod images;
+pub mod paths;
 pub mod sandbox;
+pub mod server;
+pub mod store;
 pub mod util;

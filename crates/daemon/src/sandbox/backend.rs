@@ -13,7 +13,10 @@ use belljar_api::{Backend as BackendKind, BackendChoice, BackendInfo, LimitsRepo
 pub enum BackendError {
     /// The backend cannot run on this host.
     #[error("The {backend} backend is unavailable: {reason}")]
-    Unavailable { backend: &'static str, reason: String },
+    Unavailable {
+        backend: &'static str,
+        reason: String,
+    },
     /// Starting the sandbox failed.
     #[error("Launching the sandbox failed: {0}")]
     Launch(String),
@@ -104,24 +107,28 @@ impl Backends {
             })
             .collect();
         let find = |k: BackendKind| all.iter().find(|(b, _)| b.kind() == k);
-        let (default, default_reason) = match (find(BackendKind::Microvm), find(BackendKind::Namespace)) {
-            (Some((_, p)), _) if p.available => (BackendKind::Microvm, p.reason.clone()),
-            (vm, Some((_, ns))) => {
-                let why_not_vm = vm
-                    .map(|(_, p)| p.reason.clone())
-                    .unwrap_or_else(|| "the microvm backend is not built in".into());
-                let reason = if ns.available {
-                    why_not_vm
-                } else {
-                    format!("{why_not_vm}; and namespaces are unusable too: {}", ns.reason)
-                };
-                (BackendKind::Namespace, reason)
-            }
-            _ => (
-                BackendKind::Namespace,
-                "no backend is usable on this host".into(),
-            ),
-        };
+        let (default, default_reason) =
+            match (find(BackendKind::Microvm), find(BackendKind::Namespace)) {
+                (Some((_, p)), _) if p.available => (BackendKind::Microvm, p.reason.clone()),
+                (vm, Some((_, ns))) => {
+                    let why_not_vm = vm
+                        .map(|(_, p)| p.reason.clone())
+                        .unwrap_or_else(|| "the microvm backend is not built in".into());
+                    let reason = if ns.available {
+                        why_not_vm
+                    } else {
+                        format!(
+                            "{why_not_vm}; and namespaces are unusable too: {}",
+                            ns.reason
+                        )
+                    };
+                    (BackendKind::Namespace, reason)
+                }
+                _ => (
+                    BackendKind::Namespace,
+                    "no backend is usable on this host".into(),
+                ),
+            };
         Self {
             all,
             default,
@@ -138,24 +145,21 @@ impl Backends {
     }
 
     /// Resolves a creation request's choice to a usable backend and the reason for it.
-    pub fn choose(
-        &self,
-        choice: BackendChoice,
-    ) -> Result<(&dyn Backend, String), BackendError> {
+    pub fn choose(&self, choice: BackendChoice) -> Result<(&dyn Backend, String), BackendError> {
         let (kind, reason) = match choice {
             BackendChoice::Auto => (self.default, self.default_reason.clone()),
             BackendChoice::Microvm => (BackendKind::Microvm, "requested".to_owned()),
             BackendChoice::Namespace => (BackendKind::Namespace, "requested".to_owned()),
         };
         let name = kind_name(kind);
-        let (backend, probe) = self
-            .all
-            .iter()
-            .find(|(b, _)| b.kind() == kind)
-            .ok_or_else(|| BackendError::Unavailable {
-                backend: name,
-                reason: "not built into this daemon".into(),
-            })?;
+        let (backend, probe) =
+            self.all
+                .iter()
+                .find(|(b, _)| b.kind() == kind)
+                .ok_or_else(|| BackendError::Unavailable {
+                    backend: name,
+                    reason: "not built into this daemon".into(),
+                })?;
         if !probe.available {
             return Err(BackendError::Unavailable {
                 backend: name,
@@ -222,7 +226,11 @@ mod tests {
     #[test]
     fn auto_prefers_a_usable_microvm_and_explains_a_fallback() {
         let b = Backends::new(vec![
-            Box::new(Fixed(BackendKind::Microvm, false, "KVM is software-based (PVM) here")),
+            Box::new(Fixed(
+                BackendKind::Microvm,
+                false,
+                "KVM is software-based (PVM) here",
+            )),
             Box::new(Fixed(BackendKind::Namespace, true, "ok")),
         ]);
         assert_eq!(b.default, BackendKind::Namespace);
@@ -234,7 +242,11 @@ mod tests {
         assert!(err.to_string().contains("PVM"), "{err}");
 
         let b = Backends::new(vec![
-            Box::new(Fixed(BackendKind::Microvm, true, "KVM with hardware virtualization")),
+            Box::new(Fixed(
+                BackendKind::Microvm,
+                true,
+                "KVM with hardware virtualization",
+            )),
             Box::new(Fixed(BackendKind::Namespace, true, "ok")),
         ]);
         assert_eq!(b.default, BackendKind::Microvm);

@@ -120,7 +120,7 @@ impl Sandboxes {
         self.inner.store.put_command(&rec)?;
         self.inner
             .events
-            .emit(EventBody::Command(rec.command.clone()));
+            .emit(EventBody::Command(Box::new(rec.command.clone())));
         self.spawn_pump(rec.clone(), state);
         Ok((rec, agent))
     }
@@ -218,7 +218,9 @@ impl Sandboxes {
         if let Err(e) = self.inner.store.put_command(&rec) {
             tracing::warn!(command = %cid, error = %e, "cannot record the end of a command");
         }
-        self.inner.events.emit(EventBody::Command(rec.command));
+        self.inner
+            .events
+            .emit(EventBody::Command(Box::new(rec.command)));
     }
 
     fn command_record(&self, id: &str, cid: &str) -> Result<CommandRecord, SandboxError> {
@@ -327,7 +329,9 @@ impl Sandboxes {
     ) -> Result<(CommandRecord, AgentClient), SandboxError> {
         let rec = self.command_record(id, cid)?;
         if rec.command.status != CommandStatus::Running {
-            return Err(SandboxError::Conflict(format!("Command {cid} has already ended")));
+            return Err(SandboxError::Conflict(format!(
+                "Command {cid} has already ended"
+            )));
         }
         let agent = self.agent_of(id).await?;
         Ok((rec, agent))

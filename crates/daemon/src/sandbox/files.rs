@@ -4,8 +4,13 @@
 use std::io::Cursor;
 
 use belljar_agent_proto::client::{ByteStream, RequestBody};
-use belljar_agent_proto::{FileEntry as AgentEntry, FileKind as AgentKind, MkdirRequest as AgentMkdir, MoveRequest as AgentMove};
-use belljar_api::{FileEntry, FileKind, FileList, MkdirRequest, MoveRequest, WatchEvent, WatchKind};
+use belljar_agent_proto::{
+    FileEntry as AgentEntry, FileKind as AgentKind, MkdirRequest as AgentMkdir,
+    MoveRequest as AgentMove,
+};
+use belljar_api::{
+    FileEntry, FileKind, FileList, MkdirRequest, MoveRequest, WatchEvent, WatchKind,
+};
 use futures::{Stream, StreamExt};
 
 use super::{SandboxError, Sandboxes};
@@ -18,7 +23,9 @@ pub struct Thumbnail(pub Vec<u8>);
 
 fn check_path(field: &str, path: &str) -> Result<(), SandboxError> {
     if !path.starts_with('/') {
-        return Err(SandboxError::BadRequest(format!("{field}: must be an absolute path")));
+        return Err(SandboxError::BadRequest(format!(
+            "{field}: must be an absolute path"
+        )));
     }
     Ok(())
 }
@@ -49,7 +56,10 @@ impl Sandboxes {
     ) -> Result<(Option<u64>, ByteStream), SandboxError> {
         check_path("path", path)?;
         let agent = self.agent_of(id).await?;
-        agent.read_file(path).await.map_err(|e| self.agent_error(id, e))
+        agent
+            .read_file(path)
+            .await
+            .map_err(|e| self.agent_error(id, e))
     }
 
     /// Writes `body` to `path` (parents created) with `mode` (octal text, e.g. `644`).
@@ -86,13 +96,20 @@ impl Sandboxes {
             mode: None,
             user: None,
         };
-        agent.mkdir(&req).await.map(entry).map_err(|e| self.agent_error(id, e))
+        agent
+            .mkdir(&req)
+            .await
+            .map(entry)
+            .map_err(|e| self.agent_error(id, e))
     }
 
     pub async fn list_files(&self, id: &str, path: &str) -> Result<FileList, SandboxError> {
         check_path("path", path)?;
         let agent = self.agent_of(id).await?;
-        let entries = agent.list(path).await.map_err(|e| self.agent_error(id, e))?;
+        let entries = agent
+            .list(path)
+            .await
+            .map_err(|e| self.agent_error(id, e))?;
         Ok(FileList {
             path: path.to_owned(),
             entries: entries.into_iter().map(entry).collect(),
@@ -102,16 +119,25 @@ impl Sandboxes {
     pub async fn stat(&self, id: &str, path: &str) -> Result<FileEntry, SandboxError> {
         check_path("path", path)?;
         let agent = self.agent_of(id).await?;
-        agent.stat(path).await.map(entry).map_err(|e| self.agent_error(id, e))
+        agent
+            .stat(path)
+            .await
+            .map(entry)
+            .map_err(|e| self.agent_error(id, e))
     }
 
     pub async fn remove(&self, id: &str, path: &str, recursive: bool) -> Result<(), SandboxError> {
         check_path("path", path)?;
         if path == "/" {
-            return Err(SandboxError::BadRequest("path: refusing to remove /".into()));
+            return Err(SandboxError::BadRequest(
+                "path: refusing to remove /".into(),
+            ));
         }
         let agent = self.agent_of(id).await?;
-        agent.remove(path, recursive).await.map_err(|e| self.agent_error(id, e))
+        agent
+            .remove(path, recursive)
+            .await
+            .map_err(|e| self.agent_error(id, e))
     }
 
     pub async fn move_path(&self, id: &str, req: MoveRequest) -> Result<FileEntry, SandboxError> {
@@ -123,21 +149,36 @@ impl Sandboxes {
             to: req.to,
             overwrite: req.overwrite,
         };
-        agent.move_path(&req).await.map(entry).map_err(|e| self.agent_error(id, e))
+        agent
+            .move_path(&req)
+            .await
+            .map(entry)
+            .map_err(|e| self.agent_error(id, e))
     }
 
     /// The tree under `path` as a tar stream.
     pub async fn download_tar(&self, id: &str, path: &str) -> Result<ByteStream, SandboxError> {
         check_path("path", path)?;
         let agent = self.agent_of(id).await?;
-        agent.download_tar(path).await.map_err(|e| self.agent_error(id, e))
+        agent
+            .download_tar(path)
+            .await
+            .map_err(|e| self.agent_error(id, e))
     }
 
     /// Extracts the tar stream `body` under `path`.
-    pub async fn upload_tar(&self, id: &str, path: &str, body: RequestBody) -> Result<(), SandboxError> {
+    pub async fn upload_tar(
+        &self,
+        id: &str,
+        path: &str,
+        body: RequestBody,
+    ) -> Result<(), SandboxError> {
         check_path("path", path)?;
         let agent = self.agent_of(id).await?;
-        agent.upload_tar(path, None, body).await.map_err(|e| self.agent_error(id, e))
+        agent
+            .upload_tar(path, None, body)
+            .await
+            .map_err(|e| self.agent_error(id, e))
     }
 
     /// Changes under `path` until the stream is dropped.
@@ -149,38 +190,52 @@ impl Sandboxes {
     ) -> Result<impl Stream<Item = WatchEvent> + use<>, SandboxError> {
         check_path("path", path)?;
         let agent = self.agent_of(id).await?;
-        let events = agent.watch(path, recursive).await.map_err(|e| self.agent_error(id, e))?;
-        Ok(events.take_while(|e| futures::future::ready(e.is_ok())).filter_map(|e| async move {
-            let e = e.ok()?;
-            Some(WatchEvent {
-                kind: match e.kind {
-                    belljar_agent_proto::WatchKind::Create => WatchKind::Create,
-                    belljar_agent_proto::WatchKind::Modify => WatchKind::Modify,
-                    belljar_agent_proto::WatchKind::Remove => WatchKind::Remove,
-                    belljar_agent_proto::WatchKind::Rename => WatchKind::Rename,
-                },
-                path: e.path,
-                to: e.to,
-                is_dir: e.is_dir,
-                ts: e.ts,
-            })
-        }))
+        let events = agent
+            .watch(path, recursive)
+            .await
+            .map_err(|e| self.agent_error(id, e))?;
+        Ok(events
+            .take_while(|e| futures::future::ready(e.is_ok()))
+            .filter_map(|e| async move {
+                let e = e.ok()?;
+                Some(WatchEvent {
+                    kind: match e.kind {
+                        belljar_agent_proto::WatchKind::Create => WatchKind::Create,
+                        belljar_agent_proto::WatchKind::Modify => WatchKind::Modify,
+                        belljar_agent_proto::WatchKind::Remove => WatchKind::Remove,
+                        belljar_agent_proto::WatchKind::Rename => WatchKind::Rename,
+                    },
+                    path: e.path,
+                    to: e.to,
+                    is_dir: e.is_dir,
+                    ts: e.ts,
+                })
+            }))
     }
 
     /// A PNG of at most `size`×`size` pixels of an image file.
-    pub async fn thumbnail(&self, id: &str, path: &str, size: u32) -> Result<Thumbnail, SandboxError> {
+    pub async fn thumbnail(
+        &self,
+        id: &str,
+        path: &str,
+        size: u32,
+    ) -> Result<Thumbnail, SandboxError> {
         if !(1..=1024).contains(&size) {
             return Err(SandboxError::BadRequest("size: must be 1..=1024".into()));
         }
         let (len, mut body) = self.read_file(id, path).await?;
         if len.is_some_and(|l| l > THUMBNAIL_MAX_BYTES) {
-            return Err(SandboxError::Thumbnail(format!("the file is larger than {THUMBNAIL_MAX_BYTES} bytes")));
+            return Err(SandboxError::Thumbnail(format!(
+                "the file is larger than {THUMBNAIL_MAX_BYTES} bytes"
+            )));
         }
         let mut bytes = Vec::new();
         while let Some(chunk) = body.next().await {
             bytes.extend_from_slice(&chunk.map_err(|e| self.agent_error(id, e))?);
             if bytes.len() as u64 > THUMBNAIL_MAX_BYTES {
-                return Err(SandboxError::Thumbnail(format!("the file is larger than {THUMBNAIL_MAX_BYTES} bytes")));
+                return Err(SandboxError::Thumbnail(format!(
+                    "the file is larger than {THUMBNAIL_MAX_BYTES} bytes"
+                )));
             }
         }
         tokio::task::spawn_blocking(move || make_thumbnail(&bytes, size))
@@ -218,12 +273,17 @@ mod tests {
         let t = make_thumbnail(png.get_ref(), 64).unwrap();
         let back = image::load_from_memory(&t.0).unwrap();
         assert_eq!((back.width(), back.height()), (64, 32));
-        assert!(matches!(make_thumbnail(b"not an image", 64), Err(SandboxError::Thumbnail(_))));
+        assert!(matches!(
+            make_thumbnail(b"not an image", 64),
+            Err(SandboxError::Thumbnail(_))
+        ));
     }
 
     #[test]
     fn paths_must_be_absolute() {
         assert!(check_path("path", "/a b/ü").is_ok());
-        assert!(matches!(check_path("from", "rel"), Err(SandboxError::BadRequest(m)) if m.starts_with("from:")));
+        assert!(
+            matches!(check_path("from", "rel"), Err(SandboxError::BadRequest(m)) if m.starts_with("from:"))
+        );
     }
 }

@@ -18,7 +18,9 @@ impl Sandboxes {
         let s = &self.inner.settings;
         let timeout_ms = req.timeout_ms.unwrap_or(s.default_timeout_ms);
         if timeout_ms <= 0 {
-            return Err(SandboxError::BadRequest("timeout_ms: must be positive".into()));
+            return Err(SandboxError::BadRequest(
+                "timeout_ms: must be positive".into(),
+            ));
         }
         if timeout_ms > s.max_timeout_ms {
             return Err(SandboxError::BadRequest(format!(
@@ -32,11 +34,15 @@ impl Sandboxes {
         }
         let memory_mib = req.memory_mib.unwrap_or(s.default_memory_mib);
         if memory_mib < 64 {
-            return Err(SandboxError::BadRequest("memory_mib: must be at least 64".into()));
+            return Err(SandboxError::BadRequest(
+                "memory_mib: must be at least 64".into(),
+            ));
         }
         let disk_mib = req.disk_mib.unwrap_or(s.default_disk_mib);
         if disk_mib < 64 {
-            return Err(SandboxError::BadRequest("disk_mib: must be at least 64".into()));
+            return Err(SandboxError::BadRequest(
+                "disk_mib: must be at least 64".into(),
+            ));
         }
         validate_tags(req.tags.as_ref())?;
         validate_env(req.env.as_ref())?;
@@ -45,8 +51,10 @@ impl Sandboxes {
         }
         let image_name = req.image.clone().unwrap_or_else(|| s.default_image.clone());
         let image = self.inner.images.resolve(&image_name)?;
-        let (backend, backend_reason) =
-            self.inner.backends.choose(req.backend.unwrap_or(BackendChoice::Auto))?;
+        let (backend, backend_reason) = self
+            .inner
+            .backends
+            .choose(req.backend.unwrap_or(BackendChoice::Auto))?;
         let agent = self.agent_binary(&image.rootfs)?;
 
         let id = new_id("sbx");
@@ -99,7 +107,9 @@ impl Sandboxes {
         };
         let started = async {
             std::fs::create_dir_all(&state_dir)?;
-            let launched = self.blocking_backend(&sandbox, move |b| b.launch(&spec)).await?;
+            let launched = self
+                .blocking_backend(&sandbox, move |b| b.launch(&spec))
+                .await?;
             sandbox.limits = launched.limits.clone();
             let agent = self.wait_ready(&id, &launched.agent).await?;
             if let Some(source) = sandbox.source.clone() {
@@ -202,7 +212,7 @@ impl Sandboxes {
         self.inner.store.put_sandbox(sandbox)?;
         self.inner
             .events
-            .emit(EventBody::Sandbox(sandbox.clone()));
+            .emit(EventBody::Sandbox(Box::new(sandbox.clone())));
         Ok(())
     }
 
@@ -210,12 +220,16 @@ impl Sandboxes {
         if query.limit == Some(0) {
             return Err(SandboxError::BadRequest("limit: must be 1..=200".into()));
         }
-        let page = self.inner.store.list_sandboxes(query).map_err(|e| match e {
-            crate::store::StoreError::BadCursor => {
-                SandboxError::BadRequest("cursor: not a cursor from this daemon".into())
-            }
-            e => e.into(),
-        })?;
+        let page = self
+            .inner
+            .store
+            .list_sandboxes(query)
+            .map_err(|e| match e {
+                crate::store::StoreError::BadCursor => {
+                    SandboxError::BadRequest("cursor: not a cursor from this daemon".into())
+                }
+                e => e.into(),
+            })?;
         Ok(SandboxList {
             sandboxes: page.sandboxes,
             next_cursor: page.next_cursor,
@@ -241,7 +255,9 @@ impl Sandboxes {
     /// Adds time to a running sandbox.
     pub async fn extend(&self, id: &str, req: ExtendSandbox) -> Result<Sandbox, SandboxError> {
         if req.duration_ms <= 0 {
-            return Err(SandboxError::BadRequest("duration_ms: must be positive".into()));
+            return Err(SandboxError::BadRequest(
+                "duration_ms: must be positive".into(),
+            ));
         }
         let lock = self.lock_for(id);
         let _guard = lock.lock().await;
@@ -261,7 +277,8 @@ impl Sandboxes {
 
     /// Stops a sandbox (a no-op on one that has already ended).
     pub async fn stop(&self, id: &str) -> Result<Sandbox, SandboxError> {
-        self.stop_with(id, SandboxStatus::Stopped, "stopped by user").await
+        self.stop_with(id, SandboxStatus::Stopped, "stopped by user")
+            .await
     }
 
     /// Stops a sandbox and records `status` with `reason`.
@@ -290,7 +307,9 @@ impl Sandboxes {
         self.save(&s)?;
         let dir = self.state_dir(id);
         let grace = self.inner.settings.stop_grace;
-        let stopped = self.blocking_backend(&s, move |b| b.stop(&dir, grace)).await;
+        let stopped = self
+            .blocking_backend(&s, move |b| b.stop(&dir, grace))
+            .await;
         self.forget_agent(id);
         self.lose_running_commands(id)?;
         match stopped {
@@ -326,7 +345,8 @@ impl Sandboxes {
         let lock = self.lock_for(id);
         let _guard = lock.lock().await;
         let s = self.get(id)?;
-        self.stop_locked(id, SandboxStatus::Stopped, "deleted").await?;
+        self.stop_locked(id, SandboxStatus::Stopped, "deleted")
+            .await?;
         let dir = self.state_dir(id);
         self.blocking_backend(&s, move |b| b.destroy(&dir)).await?;
         let all = self.inner.paths.sandbox_dir(id);
@@ -360,7 +380,9 @@ fn validate_tags(
     Ok(())
 }
 
-fn validate_env(env: Option<&std::collections::BTreeMap<String, String>>) -> Result<(), SandboxError> {
+fn validate_env(
+    env: Option<&std::collections::BTreeMap<String, String>>,
+) -> Result<(), SandboxError> {
     for k in env.into_iter().flat_map(|t| t.keys()) {
         if k.is_empty() || k.contains('=') || k.contains('\0') {
             return Err(SandboxError::BadRequest(format!("env: invalid name {k:?}")));

@@ -165,9 +165,8 @@ pub fn tail(
             }
             let rx = st.state.as_mut().expect("not done without a state");
             // Wake on a new line; the timeout re-checks the file in case a wake-up was missed.
-            match tokio::time::timeout(Duration::from_secs(1), rx.changed()).await {
-                Ok(Err(_)) => st.state = None,
-                Ok(Ok(())) | Err(_) => {}
+            if let Ok(Err(_)) = tokio::time::timeout(Duration::from_secs(1), rx.changed()).await {
+                st.state = None;
             }
         }
     })

@@ -52,7 +52,9 @@ impl HostFacts {
 /// The host-side verdict before the tiny probe guest: `Err(reason)` when microVMs cannot work.
 pub fn host_verdict(facts: &HostFacts) -> Result<&'static str, String> {
     match &facts.kvm {
-        None => return Err("no /dev/kvm: hardware virtualization is not exposed to this host".into()),
+        None => {
+            return Err("no /dev/kvm: hardware virtualization is not exposed to this host".into());
+        }
         Some(Err(e)) => return Err(format!("cannot open /dev/kvm: {e}")),
         Some(Ok(())) => {}
     }
@@ -181,7 +183,11 @@ mod tests {
             pvm,
             "KVM is software-based (PVM) here: guest kernels would run emulated"
         );
-        assert!(host_verdict(&facts(None, "vmx", false)).unwrap_err().contains("/dev/kvm"));
+        assert!(
+            host_verdict(&facts(None, "vmx", false))
+                .unwrap_err()
+                .contains("/dev/kvm")
+        );
         assert!(
             host_verdict(&facts(Some(Err("denied".into())), "vmx", false))
                 .unwrap_err()

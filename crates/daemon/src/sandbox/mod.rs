@@ -14,7 +14,7 @@ mod lifecycle;
 mod logs;
 pub mod microvm;
 mod monitor;
-// pub mod namespace; (enabled once belljar-namespace builds)
+pub mod namespace;
 mod source;
 
 use std::collections::HashMap;
@@ -31,6 +31,7 @@ use crate::paths::Paths;
 use crate::store::{Store, StoreError};
 use admission::AdmissionError;
 use backend::{AgentAddress, BackendError, Backends};
+pub use commands::Terminal;
 pub use files::Thumbnail;
 use logs::LogRegistry;
 
@@ -236,14 +237,14 @@ impl Sandboxes {
         {
             return Ok(c.clone());
         }
-        let backend = self
-            .inner
-            .backends
-            .get(sandbox.backend)
-            .ok_or_else(|| BackendError::Unavailable {
-                backend: backend::kind_name(sandbox.backend),
-                reason: "not built into this daemon".into(),
-            })?;
+        let backend =
+            self.inner
+                .backends
+                .get(sandbox.backend)
+                .ok_or_else(|| BackendError::Unavailable {
+                    backend: backend::kind_name(sandbox.backend),
+                    reason: "not built into this daemon".into(),
+                })?;
         let client = connect(&backend.agent_address(&self.state_dir(&sandbox.id))).await?;
         self.inner
             .agents

@@ -35,11 +35,8 @@ impl Sandboxes {
                     if let Err(e) = result {
                         tracing::warn!(sandbox = %s.id, error = %e, "cannot adopt sandbox");
                     }
-                    self.settle_dead(
-                        &s.id,
-                        "the sandbox ended while the daemon was not running",
-                    )
-                    .await?;
+                    self.settle_dead(&s.id, "the sandbox ended while the daemon was not running")
+                        .await?;
                 }
                 (SandboxStatus::Pending, _) => {
                     self.stop_with(
@@ -51,7 +48,8 @@ impl Sandboxes {
                 }
                 _ => {
                     let reason = s.status_reason.clone().unwrap_or_else(|| "stopped".into());
-                    self.stop_with(&s.id, SandboxStatus::Stopped, &reason).await?;
+                    self.stop_with(&s.id, SandboxStatus::Stopped, &reason)
+                        .await?;
                 }
             }
         }
@@ -79,7 +77,9 @@ impl Sandboxes {
         let dir = self.state_dir(id);
         let grace = self.inner.settings.stop_grace;
         // Clears what the backend left behind (cgroups); the sandbox itself is gone.
-        let _ = self.blocking_backend(&s, move |b| b.stop(&dir, grace)).await;
+        let _ = self
+            .blocking_backend(&s, move |b| b.stop(&dir, grace))
+            .await;
         self.forget_agent(id);
         self.lose_running_commands(id)?;
         s.status = SandboxStatus::Failed;
@@ -97,7 +97,11 @@ impl Sandboxes {
             loop {
                 tokio::time::sleep(TICK).await;
                 tick = tick.wrapping_add(1);
-                let running = match this.inner.store.sandboxes_with_status(&[SandboxStatus::Running]) {
+                let running = match this
+                    .inner
+                    .store
+                    .sandboxes_with_status(&[SandboxStatus::Running])
+                {
                     Ok(r) => r,
                     Err(e) => {
                         tracing::warn!(error = %e, "monitor cannot read sandboxes");
@@ -109,18 +113,24 @@ impl Sandboxes {
                     if s.expires_at.is_some_and(|e| e <= now) {
                         let this = this.clone();
                         tokio::spawn(async move {
-                            if let Err(e) = this.stop_with(&s.id, SandboxStatus::Stopped, "timeout").await {
+                            if let Err(e) = this
+                                .stop_with(&s.id, SandboxStatus::Stopped, "timeout")
+                                .await
+                            {
                                 tracing::warn!(sandbox = %s.id, error = %e, "cannot stop an expired sandbox");
                             }
                         });
-                    } else if tick % ALIVE_EVERY == 0 {
+                    } else if tick.is_multiple_of(ALIVE_EVERY) {
                         let dir = this.state_dir(&s.id);
                         let alive = this.blocking_backend(&s, move |b| Ok(b.alive(&dir))).await;
                         if matches!(alive, Ok(false)) {
                             let this = this.clone();
                             tokio::spawn(async move {
                                 let _ = this
-                                    .settle_dead(&s.id, "the sandbox's processes ended unexpectedly")
+                                    .settle_dead(
+                                        &s.id,
+                                        "the sandbox's processes ended unexpectedly",
+                                    )
                                     .await;
                             });
                         }

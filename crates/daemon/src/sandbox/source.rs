@@ -22,7 +22,9 @@ pub fn validate(source: &Source) -> Result<(), SandboxError> {
         Source::Path { path } => {
             let p = Path::new(path);
             if !p.is_absolute() {
-                return Err(SandboxError::BadRequest("source.path: must be absolute".into()));
+                return Err(SandboxError::BadRequest(
+                    "source.path: must be absolute".into(),
+                ));
             }
             if p.is_dir() || (p.is_file() && tar_kind(p).is_some()) {
                 Ok(())
@@ -36,7 +38,10 @@ pub fn validate(source: &Source) -> Result<(), SandboxError> {
             if url.is_empty() || url.starts_with('-') {
                 return Err(SandboxError::BadRequest("source.url: invalid".into()));
             }
-            if revision.as_deref().is_some_and(|r| r.is_empty() || r.starts_with('-')) {
+            if revision
+                .as_deref()
+                .is_some_and(|r| r.is_empty() || r.starts_with('-'))
+            {
                 return Err(SandboxError::BadRequest("source.revision: invalid".into()));
             }
             if let Some(local) = local_repo(url)
@@ -128,7 +133,11 @@ async fn upload_path(agent: &AgentClient, path: &Path) -> Result<(), SandboxErro
     produced.map_err(|e| SandboxError::BadRequest(format!("source.path: cannot read: {e}")))
 }
 
-async fn clone_on_host(repo: &Path, dest: &Path, revision: Option<&str>) -> Result<(), SandboxError> {
+async fn clone_on_host(
+    repo: &Path,
+    dest: &Path,
+    revision: Option<&str>,
+) -> Result<(), SandboxError> {
     let out = tokio::process::Command::new("git")
         .arg("clone")
         .arg("--quiet")
@@ -195,7 +204,15 @@ async fn clone_in_sandbox(
             tail.push_str(&String::from_utf8_lossy(&line.bytes()));
         }
     }
-    let tail: String = tail.trim().chars().rev().take(500).collect::<Vec<_>>().into_iter().rev().collect();
+    let tail: String = tail
+        .trim()
+        .chars()
+        .rev()
+        .take(500)
+        .collect::<Vec<_>>()
+        .into_iter()
+        .rev()
+        .collect();
     Err(SandboxError::BadRequest(format!(
         "source.url: git clone in the sandbox failed: {tail}"
     )))
@@ -210,14 +227,32 @@ mod tests {
         let dir = tempfile::tempdir().unwrap();
         let d = dir.path().to_string_lossy().into_owned();
         assert!(validate(&Source::Path { path: d.clone() }).is_ok());
-        assert!(validate(&Source::Path { path: "rel/path".into() }).is_err());
+        assert!(
+            validate(&Source::Path {
+                path: "rel/path".into()
+            })
+            .is_err()
+        );
         let f = dir.path().join("x.tgz");
         std::fs::write(&f, b"").unwrap();
-        assert!(validate(&Source::Path { path: f.to_string_lossy().into() }).is_ok());
+        assert!(
+            validate(&Source::Path {
+                path: f.to_string_lossy().into()
+            })
+            .is_ok()
+        );
         let f = dir.path().join("x.zip");
         std::fs::write(&f, b"").unwrap();
-        assert!(validate(&Source::Path { path: f.to_string_lossy().into() }).is_err());
-        let git = |url: &str| Source::Git { url: url.into(), revision: None };
+        assert!(
+            validate(&Source::Path {
+                path: f.to_string_lossy().into()
+            })
+            .is_err()
+        );
+        let git = |url: &str| Source::Git {
+            url: url.into(),
+            revision: None,
+        };
         assert!(validate(&git("https://example.invalid/r.git")).is_ok());
         assert!(validate(&git(&d)).is_ok());
         assert!(validate(&git("/no/such/repo")).is_err());

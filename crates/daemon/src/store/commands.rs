@@ -48,11 +48,7 @@ impl Store {
         Ok(())
     }
 
-    pub fn command(
-        &self,
-        sandbox_id: &str,
-        id: &str,
-    ) -> Result<Option<CommandRecord>, StoreError> {
+    pub fn command(&self, sandbox_id: &str, id: &str) -> Result<Option<CommandRecord>, StoreError> {
         let sql = format!("SELECT {COLUMNS} FROM commands WHERE sandbox_id = ?1 AND id = ?2");
         Ok(self
             .conn()

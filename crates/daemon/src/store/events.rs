@@ -11,9 +11,9 @@ const KEEP: i64 = 10_000;
 /// What happened, before it gets its sequence number.
 #[derive(Debug, Clone)]
 pub enum EventBody {
-    Sandbox(belljar_api::Sandbox),
+    Sandbox(Box<belljar_api::Sandbox>),
     SandboxDeleted(String),
-    Command(belljar_api::Command),
+    Command(Box<belljar_api::Command>),
 }
 
 impl Store {
@@ -31,7 +31,7 @@ impl Store {
                     Event::Sandbox {
                         seq: seq as u64,
                         ts,
-                        sandbox: Box::new(s),
+                        sandbox: s,
                     },
                     id,
                 )
@@ -50,7 +50,7 @@ impl Store {
                     Event::Command {
                         seq: seq as u64,
                         ts,
-                        command: Box::new(c),
+                        command: c,
                     },
                     id,
                 )
@@ -82,9 +82,9 @@ impl Store {
 
     /// The newest sequence number, 0 when there is none.
     pub fn last_event_seq(&self) -> Result<u64, StoreError> {
-        let seq: i64 = self
-            .conn()
-            .query_row("SELECT COALESCE(MAX(seq), 0) FROM events", [], |r| r.get(0))?;
+        let seq: i64 =
+            self.conn()
+                .query_row("SELECT COALESCE(MAX(seq), 0) FROM events", [], |r| r.get(0))?;
         Ok(seq as u64)
     }
 }
@@ -98,7 +98,7 @@ mod tests {
     fn events_are_numbered_and_replayed_after_a_seq() {
         let store = Store::open_in_memory().unwrap();
         let e1 = store
-            .append_event(EventBody::Sandbox(sample("sbx_a", 1)), 10)
+            .append_event(EventBody::Sandbox(Box::new(sample("sbx_a", 1))), 10)
             .unwrap();
         let e2 = store
             .append_event(EventBody::SandboxDeleted("sbx_a".into()), 11)

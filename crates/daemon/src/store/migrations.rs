@@ -103,10 +103,8 @@ mod tests {
             .pragma_query_value(None, "user_version", |r| r.get(0))
             .unwrap();
         assert_eq!(v, latest());
-        conn.pragma_update(None, "user_version", latest() + 1).unwrap();
-        assert!(matches!(
-            migrate(&mut conn),
-            Err(StoreError::TooNew { .. })
-        ));
+        conn.pragma_update(None, "user_version", latest() + 1)
+            .unwrap();
+        assert!(matches!(migrate(&mut conn), Err(StoreError::TooNew { .. })));
     }
 }

@@ -61,7 +61,10 @@ impl Store {
 
     /// Deletes the sandbox and its commands; `false` when there was none.
     pub fn delete_sandbox(&self, id: &str) -> Result<bool, StoreError> {
-        Ok(self.conn().execute("DELETE FROM sandboxes WHERE id = ?1", [id])? > 0)
+        Ok(self
+            .conn()
+            .execute("DELETE FROM sandboxes WHERE id = ?1", [id])?
+            > 0)
     }
 
     /// Sandboxes in any of `statuses`, oldest first.
@@ -69,10 +72,7 @@ impl Store {
         &self,
         statuses: &[SandboxStatus],
     ) -> Result<Vec<Sandbox>, StoreError> {
-        let wanted: Vec<String> = statuses
-            .iter()
-            .map(enum_to_sql)
-            .collect::<Result<_, _>>()?;
+        let wanted: Vec<String> = statuses.iter().map(enum_to_sql).collect::<Result<_, _>>()?;
         let sql = format!(
             "SELECT {COLUMNS} FROM sandboxes WHERE status IN (SELECT value FROM json_each(?1)) \
              ORDER BY created_at, id"

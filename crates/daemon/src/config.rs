@@ -1,0 +1,97 @@
+//! The daemon's configuration: command-line flags, each also readable from a `BELLJAR_*`
+//! environment variable.
+
+use std::path::PathBuf;
+
+use clap::Parser;
+
+/// belljard: the Belljar daemon. It owns every sandbox and serves the API on a Unix socket
+/// (`<runtime>/belljard.sock`) and on 127.0.0.1.
+#[derive(Debug, Clone, Parser)]
+#[command(name = "belljard", version)]
+pub struct Config {
+    /// Root of data, config and runtime directories (tests use a temporary one); without it
+    /// the user's XDG directories are used.
+    #[arg(long, env = "BELLJAR_HOME")]
+    pub home: Option<PathBuf>,
+    /// The image cache, shared across homes; default `${XDG_CACHE_HOME:-~/.cache}/belljar`.
+    #[arg(long, env = "BELLJAR_CACHE")]
+    pub cache: Option<PathBuf>,
+    /// TCP port on 127.0.0.1; 0 picks a free one. The port is written to `<runtime>/port`.
+    #[arg(long, env = "BELLJAR_PORT", default_value_t = belljar_api::routes::DEFAULT_PORT)]
+    pub port: u16,
+    /// The built web UI; default `<repo>/ui/dist`.
+    #[arg(long, env = "BELLJAR_UI_DIR")]
+    pub ui_dir: Option<PathBuf>,
+    /// The `guest-images/` directory with `build-image.sh`; default `<repo>/guest-images`.
+    #[arg(long, env = "BELLJAR_GUEST_IMAGES")]
+    pub guest_images: Option<PathBuf>,
+    /// The `belljar-agent` binary for namespace sandboxes; default `belljar-agent` next to
+    /// this executable, else the image's own `/sbin/belljar-agent`.
+    #[arg(long, env = "BELLJAR_AGENT")]
+    pub agent: Option<PathBuf>,
+    /// The `belljar-vmm` binary; default `belljar-vmm` next to this executable.
+    #[arg(long, env = "BELLJAR_VMM")]
+    pub vmm: Option<PathBuf>,
+    /// The longest timeout a sandbox may have, e.g. `24h`.
+    #[arg(long, env = "BELLJAR_MAX_TIMEOUT", default_value = "24h", value_parser = parse_duration)]
+    pub max_timeout: i64,
+    /// The default sandbox timeout, e.g. `5m`.
+    #[arg(long, env = "BELLJAR_DEFAULT_TIMEOUT", default_value = "5m", value_parser = parse_duration)]
+    pub default_timeout: i64,
+    /// Host memory (MiB) never given to sandboxes.
+    #[arg(long, env = "BELLJAR_MEMORY_RESERVE_MIB", default_value_t = 512)]
+    pub memory_reserve_mib: u64,
+    /// Extra browser origins allowed to call the daemon (e.g. a UI dev server), comma-separated.
+    #[arg(long, env = "BELLJAR_ALLOWED_ORIGINS", value_delimiter = ',')]
+    pub allowed_origins: Vec<String>,
+}
+
+fn parse_duration(text: &str) -> Result<i64, String> {
+    crate::util::parse_duration_ms(text)
+        .filter(|ms| *ms > 0)
+        .ok_or_else(|| format!("{text:?} is not a duration like 90s, 10m or 24h"))
+}
+
+impl Config {
+    /// The repository root this daemon was built from, for the default UI and image paths.
+    fn repo() -> PathBuf {
+        PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../..")
+    }
+
+    pub fn ui_dir(&self) -> PathBuf {
+        self.ui_dir
+            .clone()
+            .unwrap_or_else(|| Self::repo().join("ui/dist"))
+    }
+
+    pub fn guest_images(&self) -> PathBuf {
+        self.guest_images
+            .clone()
+            .unwrap_or_else(|| Self::repo().join("guest-images"))
+    }
+
+    /// `name` next to the running executable, if it is there.
+    pub fn sibling(name: &str) -> Option<PathBuf> {
+        std::env::current_exe()
+            .ok()?
+            .parent()
+            .map(|d| d.join(name))
+            .filter(|p| p.is_file())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn flags_parse_with_defaults() {
+        let c = Config::try_parse_from(["belljard", "--home", "/tmp/h", "--port", "0"]).unwrap();
+        assert_eq!(c.port, 0);
+        assert_eq!(c.max_timeout, 86_400_000);
+        assert_eq!(c.default_timeout, 300_000);
+        assert!(c.ui_dir().ends_with("ui/dist"));
+        assert!(Config::try_parse_from(["belljard", "--max-timeout", "-5m"]).is_err());
+    }
+}

@@ -1,0 +1,52 @@
+//! The HTTP API: one application state, one router per resource, merged here.
+//!
+//! The same router serves the Unix socket (the user's own, no credentials) and 127.0.0.1
+//! (Host/Origin checks and credentials, see [`auth`]); [`crate::server`] adds the layer that
+//! tells them apart.
+
+pub mod auth;
+mod commands;
+pub mod error;
+mod events;
+pub mod extract;
+mod files;
+mod info;
+pub mod openapi;
+mod sandboxes;
+mod stream;
+mod terminal;
+mod ui;
+
+use std::path::PathBuf;
+use std::sync::Arc;
+
+use axum::Router;
+
+use crate::events::Events;
+use crate::images::Images;
+use crate::sandbox::Sandboxes;
+
+/// Everything a handler may need; cheap to clone.
+#[derive(Clone)]
+pub struct AppState {
+    pub sandboxes: Sandboxes,
+    pub images: Images,
+    pub events: Arc<Events>,
+    pub auth: Arc<auth::Auth>,
+    /// The built web UI (`index.html` and assets).
+    pub ui_dir: PathBuf,
+}
+
+/// The whole API and the UI.
+pub fn router(state: AppState) -> Router {
+    Router::new()
+        .merge(info::router())
+        .merge(sandboxes::router())
+        .merge(commands::router())
+        .merge(files::router())
+        .merge(terminal::router())
+        .merge(events::router())
+        .merge(ui::router())
+        .fallback(ui::fallback)
+        .with_state(state)
+}

@@ -1,0 +1,193 @@
+//! Starting and stopping the daemon: directories, the pid file, the store, adoption of
+//! running sandboxes, then the Unix socket and the TCP listener, until SIGTERM or SIGINT.
+//!
+//! Stopping the daemon never stops sandboxes: they keep running and are adopted at the next
+//! start. Readiness: once `<runtime>/belljard.sock` exists (and `<runtime>/port` holds the TCP
+//! port), the daemon answers requests.
+
+use std::io;
+use std::os::unix::fs::PermissionsExt;
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+
+use axum::middleware;
+use tokio::net::{TcpListener, UnixListener};
+use tokio::signal::unix::{SignalKind, signal};
+
+use crate::config::Config;
+use crate::events::Events;
+use crate::http::auth::{self, Auth};
+use crate::http::{AppState, router};
+use crate::images::Images;
+use crate::paths::{Paths, PathsError};
+use crate::sandbox::backend::{Backend, Backends};
+use crate::sandbox::microvm::Microvm;
+use crate::sandbox::namespace::Namespace;
+use crate::sandbox::{SandboxError, Sandboxes, Settings};
+use crate::store::{Store, StoreError};
+
+#[derive(Debug, thiserror::Error)]
+pub enum ServerError {
+    /// The directories could not be set up.
+    #[error(transparent)]
+    Paths(#[from] PathsError),
+    /// The database could not be opened.
+    #[error("Cannot open the database")]
+    Store(#[from] StoreError),
+    /// Another daemon uses this home.
+    #[error("Another belljard (pid {0}) is running with this home")]
+    AlreadyRunning(i32),
+    /// A file or socket operation failed.
+    #[error("{what}")]
+    Io {
+        what: String,
+        #[source]
+        source: io::Error,
+    },
+    /// Adopting the sandboxes found at start failed.
+    #[error("Cannot adopt running sandboxes")]
+    Adopt(#[from] SandboxError),
+}
+
+fn io_err(what: impl Into<String>) -> impl FnOnce(io::Error) -> ServerError {
+    let what = what.into();
+    move |source| ServerError::Io { what, source }
+}
+
+/// A running daemon's addresses, for tests and the binary's log line.
+#[derive(Debug, Clone)]
+pub struct Bound {
+    pub socket: PathBuf,
+    pub port: u16,
+}
+
+/// Runs the daemon until a termination signal.
+pub async fn run(config: Config) -> Result<(), ServerError> {
+    let paths = Paths::resolve(config.home.as_deref(), config.cache.as_deref())?;
+    paths.create()?;
+    let pid_file = claim_pid_file(&paths.pid_file())?;
+    let result = serve(config, &paths).await;
+    for f in [paths.socket(), paths.port_file(), pid_file] {
+        let _ = std::fs::remove_file(f);
+    }
+    result
+}
+
+async fn serve(config: Config, paths: &Paths) -> Result<(), ServerError> {
+    let token = auth::load_or_create_token(&paths.token_file())
+        .map_err(io_err("Cannot read or create the token"))?;
+    let auth = Arc::new(Auth::new(token, config.allowed_origins.clone()));
+    let store = Store::open(&paths.database())?;
+    let events = Arc::new(Events::new(store.clone()));
+    let vmm = config
+        .vmm
+        .clone()
+        .or_else(|| Config::sibling("belljar-vmm"));
+    let backends: Vec<Box<dyn Backend>> =
+        vec![Box::new(Microvm::new(vmm)), Box::new(Namespace::default())];
+    let backends = Backends::new(backends);
+    tracing::info!(backend = ?backends.default, reason = %backends.default_reason, "default backend");
+    let images = Images::new(paths.clone(), config.guest_images(), store.clone());
+    let settings = Settings {
+        default_timeout_ms: config.default_timeout,
+        max_timeout_ms: config.max_timeout.max(config.default_timeout),
+        memory_reserve_mib: config.memory_reserve_mib,
+        agent: config.agent.clone(),
+        ..Settings::default()
+    };
+    let sandboxes = Sandboxes::new(
+        store,
+        events.clone(),
+        paths.clone(),
+        backends,
+        images.clone(),
+        settings,
+    );
+    sandboxes.adopt_all().await?;
+    let monitor = sandboxes.spawn_monitor();
+
+    let state = AppState {
+        sandboxes,
+        images,
+        events,
+        auth: auth.clone(),
+        ui_dir: config.ui_dir(),
+    };
+    let tcp = TcpListener::bind(("127.0.0.1", config.port))
+        .await
+        .map_err(io_err(format!(
+            "Cannot listen on 127.0.0.1:{}",
+            config.port
+        )))?;
+    let port = tcp.local_addr().map_err(io_err("No local address"))?.port();
+    auth.set_port(port);
+    write_private(&paths.port_file(), &format!("{port}\n"))?;
+    let socket = paths.socket();
+    let _ = std::fs::remove_file(&socket);
+    let unix = UnixListener::bind(&socket)
+        .map_err(io_err(format!("Cannot listen on {}", socket.display())))?;
+    std::fs::set_permissions(&socket, std::fs::Permissions::from_mode(0o600))
+        .map_err(io_err("Cannot make the socket private"))?;
+    tracing::info!(socket = %socket.display(), port, "belljard is ready");
+
+    let tcp_app =
+        router(state.clone()).layer(middleware::from_fn_with_state(auth, auth::tcp_guard));
+    let unix_app = router(state).layer(middleware::from_fn(auth::unix_caller));
+    let servers =
+        async { tokio::try_join!(axum::serve(tcp, tcp_app), axum::serve(unix, unix_app)) };
+    let mut term = signal(SignalKind::terminate()).map_err(io_err("Cannot watch SIGTERM"))?;
+    let mut int = signal(SignalKind::interrupt()).map_err(io_err("Cannot watch SIGINT"))?;
+    let result = tokio::select! {
+        r = servers => r.map(|_| ()).map_err(io_err("The server failed")),
+        _ = term.recv() => Ok(()),
+        _ = int.recv() => Ok(()),
+    };
+    monitor.abort();
+    tracing::info!("belljard stopped; sandboxes keep running");
+    result
+}
+
+/// Writes a file readable only by the user.
+fn write_private(path: &Path, text: &str) -> Result<(), ServerError> {
+    let tmp = path.with_extension("tmp");
+    std::fs::write(&tmp, text).map_err(io_err(format!("Cannot write {}", path.display())))?;
+    std::fs::set_permissions(&tmp, std::fs::Permissions::from_mode(0o600))
+        .map_err(io_err(format!("Cannot write {}", path.display())))?;
+    std::fs::rename(&tmp, path).map_err(io_err(format!("Cannot write {}", path.display())))
+}
+
+/// Takes the pid file, refusing when the pid in it is a live `belljard`.
+fn claim_pid_file(path: &Path) -> Result<PathBuf, ServerError> {
+    if let Ok(text) = std::fs::read_to_string(path)
+        && let Ok(pid) = text.trim().parse::<i32>()
+        && pid != std::process::id() as i32
+        && is_belljard(pid)
+    {
+        return Err(ServerError::AlreadyRunning(pid));
+    }
+    write_private(path, &format!("{}\n", std::process::id()))?;
+    Ok(path.to_path_buf())
+}
+
+fn is_belljard(pid: i32) -> bool {
+    std::fs::read_to_string(format!("/proc/{pid}/comm")).is_ok_and(|c| c.trim() == "belljard")
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_stale_pid_file_is_taken_over_and_a_live_one_refused() {
+        let dir = tempfile::tempdir().unwrap();
+        let p = dir.path().join("belljard.pid");
+        std::fs::write(&p, "999999999\n").unwrap();
+        claim_pid_file(&p).unwrap();
+        assert_eq!(
+            std::fs::read_to_string(&p).unwrap().trim(),
+            std::process::id().to_string()
+        );
+        // Our own pid is never "another" daemon.
+        claim_pid_file(&p).unwrap();
+    }
+}
