@@ -2,10 +2,11 @@
 # Builds the Belljar microVM guest kernel from Debian's linux-source package
 # with the config fragment next to this script, and caches it.
 #
-# Usage: guest-images/kernel/build.sh
+# Usage: guest-images/kernel/build.sh [--cached]
 # Output: the last stdout line is the path of the cached vmlinux; progress goes
 # to stderr. Returns at once when the kernel for this fragment, script and
-# linux-source version is already cached.
+# linux-source version is already cached. With --cached it never builds: it
+# prints the path if the kernel is cached and exits with status 3 if not.
 #
 # Environment:
 #   BELLJAR_CACHE          cache root (default ${XDG_CACHE_HOME:-$HOME/.cache}/belljar)
@@ -18,6 +19,15 @@ here="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
 fragment="$here/microvm.config"
 cache="${BELLJAR_CACHE:-${XDG_CACHE_HOME:-$HOME/.cache}/belljar}"
 jobs="${BELLJAR_KERNEL_JOBS:-2}"
+cached_only=0
+case "${1:-}" in
+"") ;;
+--cached) cached_only=1 ;;
+*)
+    echo "usage: $0 [--cached]" >&2
+    exit 2
+    ;;
+esac
 
 log() { printf '[kernel] %s\n' "$*" >&2; }
 die() { printf '[kernel] error: %s\n' "$*" >&2; exit 1; }
@@ -48,6 +58,10 @@ if [[ -f "$out/vmlinux" ]]; then
     log "cached: $out/vmlinux ($source_version)"
     printf '%s\n' "$out/vmlinux"
     exit 0
+fi
+if ((cached_only)); then
+    log "not built yet: $out/vmlinux; run guest-images/kernel/build.sh"
+    exit 3
 fi
 
 mkdir -p "$cache/kernel"
