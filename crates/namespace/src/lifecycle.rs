@@ -48,17 +48,17 @@ pub enum Error {
         #[source]
         source: io::Error,
     },
-    #[error("Cannot make the sandbox's user namespace")]
+    #[error(transparent)]
     UserNamespace(#[from] idmap::Error),
     #[error("Cannot build the seccomp filter")]
     Seccomp(#[from] crate::seccomp::Error),
     #[error("Cannot show the image to the sandbox through an idmapped mount")]
     Idmap(#[source] io::Error),
-    #[error("Cannot start the sandbox")]
+    #[error(transparent)]
     Start(#[from] child::Error),
-    #[error("Sandbox state")]
+    #[error(transparent)]
     State(#[from] state::Error),
-    #[error("Sandbox cgroups")]
+    #[error(transparent)]
     Cgroup(#[from] cgroup::Error),
     #[error("Cannot signal the sandbox")]
     Signal(#[source] io::Error),
@@ -611,13 +611,35 @@ pub fn destroy(state_dir: &Path) -> Result<(), Error> {
         return Ok(());
     }
     stop(state_dir, Duration::from_millis(200))?;
-    match fs::remove_dir_all(state_dir) {
+    let mut result = fs::remove_dir_all(state_dir);
+    if matches!(&result, Err(e) if e.kind() == io::ErrorKind::PermissionDenied) {
+        // The overlay leaves `work/work` with mode 000; without CAP_DAC_OVERRIDE (rootless)
+        // the owner must open such directories up before deleting them.
+        open_up(state_dir);
+        result = fs::remove_dir_all(state_dir);
+    }
+    match result {
         Ok(()) => Ok(()),
         Err(e) if e.kind() == io::ErrorKind::NotFound => Ok(()),
         Err(source) => Err(Error::Remove {
             path: state_dir.to_owned(),
             source,
         }),
+    }
+}
+
+/// Adds `u+rwx` to every directory under `dir` (not following symlinks), best effort.
+fn open_up(dir: &Path) {
+    let Ok(meta) = fs::symlink_metadata(dir) else {
+        return;
+    };
+    if !meta.is_dir() {
+        return;
+    }
+    let mode = meta.permissions().mode() | 0o700;
+    let _ = fs::set_permissions(dir, fs::Permissions::from_mode(mode));
+    for entry in fs::read_dir(dir).into_iter().flatten().flatten() {
+        open_up(&entry.path());
     }
 }
 
