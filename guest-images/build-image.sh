@@ -18,7 +18,9 @@
 # Environment:
 #   BELLJAR_CACHE           cache root (default ${XDG_CACHE_HOME:-$HOME/.cache}/belljar)
 #   BELLJAR_DEBIAN_MIRROR   Debian mirror URL (default: read from the host's apt sources)
-#   BELLJAR_AGENT           agent binary when --agent is not given
+#   BELLJAR_AGENT           agent binary when --agent is not given (default: the
+#                           static build under $CARGO_TARGET_DIR, $CACHE/cargo-target
+#                           or <repo>/target, x86_64-unknown-linux-gnu/release/)
 set -euo pipefail
 
 here="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
@@ -60,8 +62,13 @@ done
 [[ -n "$name" ]] || usage
 [[ -f "$here/recipes/$name/recipe.sh" ]] || { echo "error: no recipe $here/recipes/$name" >&2; usage; }
 
+# Without --agent, the static agent that build-all.sh builds: under
+# $CARGO_TARGET_DIR, the cache's cargo-target (scripts/env.sh) or <repo>/target.
 if [[ -z "$agent" ]]; then
-    agent="${CARGO_TARGET_DIR:-$repo/target}/x86_64-unknown-linux-gnu/release/belljar-agent"
+    for target_dir in ${CARGO_TARGET_DIR:+"$CARGO_TARGET_DIR"} "$cache/cargo-target" "$repo/target"; do
+        agent="$target_dir/x86_64-unknown-linux-gnu/release/belljar-agent"
+        [[ -f "$agent" ]] && break
+    done
 fi
 [[ -f "$agent" ]] || {
     echo "error: agent binary $agent not found; build it with guest-images/build-all.sh or pass --agent PATH" >&2
@@ -238,7 +245,7 @@ ensure_tree() {
         step "$name" "$log" "apt sources" tree_apt_sources "$tree" "$mirror" "$security"
     else
         step "$name" "$log" "copy the $PARENT tree" cp -a "$parent_tree" "$tree"
-        step "$name" "$log" "apt sources" cp -L /etc/resolv.conf "$tree/etc/resolv.conf"
+        step "$name" "$log" "resolver for apt" cp -L /etc/resolv.conf "$tree/etc/resolv.conf"
         printf '#!/bin/sh\nexit 101\n' >"$tree/usr/sbin/policy-rc.d"
         chmod 0755 "$tree/usr/sbin/policy-rc.d"
     fi
