@@ -101,6 +101,7 @@ impl Sandbox {
             limits,
             env: vec![],
         };
+        eprintln!("{id}: agent {}", spec.agent.display());
         let running = belljar_namespace::launch(&spec).expect("launch");
         belljar_namespace::wait_ready(&running.socket, T).expect("agent ready");
         let driver = match agent {
@@ -148,7 +149,7 @@ impl Sandbox {
                     .expect("command timed out")
                     .expect("wait");
                 let mut text = Vec::new();
-                let mut lines = client.output(&info.id, 0, false).await.expect("output");
+                let mut lines = client.output(&info.id, 0, true).await.expect("output");
                 while let Some(line) = lines.next().await {
                     text.extend(line.expect("output line").bytes());
                 }
@@ -407,4 +408,31 @@ fn memory_hog_is_killed_inside_its_cgroup() {
     assert_eq!(other.ok("echo fine"), "fine");
     let neighbour = belljar_namespace::usage(&other.spec.state_dir).unwrap();
     assert_eq!(neighbour.oom_kills.unwrap_or(0), 0);
+}
+
+/// Benchmark, not a timed test: `launch()` → first command's output, 20 times, p50.
+/// `cargo test -p belljar-e2e --test escape -- --ignored --nocapture bench_create_to_first_command`
+#[test]
+#[ignore = "benchmark"]
+fn bench_create_to_first_command() {
+    let tmp = tmpdir();
+    let mut times = Vec::new();
+    for i in 0..20 {
+        let start = Instant::now();
+        let sb = Sandbox::launch(tmp.path(), &format!("bench-{i}"), Limits::default());
+        assert_eq!(sb.ok("echo first"), "first");
+        times.push(start.elapsed());
+    }
+    times.sort();
+    let driver = if real_agent().is_some() {
+        "belljar-agent"
+    } else {
+        "stand-in agent"
+    };
+    println!(
+        "create → first command ({driver}) over 20: p50 {:.1} ms, min {:.1} ms, max {:.1} ms",
+        times[10].as_secs_f64() * 1e3,
+        times[0].as_secs_f64() * 1e3,
+        times[19].as_secs_f64() * 1e3
+    );
 }
