@@ -148,9 +148,13 @@ impl Hierarchies {
                 })
             };
             if fstype == "cgroup2" && out.v2.is_none() {
-                let Some(dir) = own_paths.get("").and_then(|p| within(p)) else {
+                let Some(mut dir) = own_paths.get("").and_then(|p| within(p)) else {
                     continue;
                 };
+                // The daemon moved itself into a leaf of its delegated group earlier.
+                if dir.file_name().is_some_and(|n| n == DAEMON_LEAF) {
+                    dir.pop();
+                }
                 let ctrls = read(&dir.join("cgroup.controllers")).unwrap_or_default();
                 let ctrls = ctrls.split_whitespace().map(str::to_owned).collect();
                 out.v2 = Some((dir, ctrls));
@@ -199,6 +203,30 @@ fn unescape(s: &str) -> String {
         i += 1;
     }
     String::from_utf8_lossy(&out).into_owned()
+}
+
+/// The leaf of its delegated v2 group that the daemon moves itself into, because a v2 group
+/// that holds processes cannot pass controllers to its children.
+pub const DAEMON_LEAF: &str = "belljar-daemon";
+
+/// Enables a controller for the children of the daemon's own v2 group `base`. When `base`
+/// holds the daemon itself (the usual `Delegate=yes` service or user scope), the daemon first
+/// moves into `base/belljar-daemon`; other processes in `base` make this fail, and the reason
+/// is reported.
+fn enable_in_delegated(base: &Path, enable: &str) -> Result<(), Error> {
+    let control = base.join("cgroup.subtree_control");
+    match write(&control, enable) {
+        Err(Error::Write { source, .. }) if source.raw_os_error() == Some(libc::EBUSY) => {
+            let leaf = base.join(DAEMON_LEAF);
+            fs::create_dir_all(&leaf).map_err(|source| Error::Write {
+                path: leaf.clone(),
+                source,
+            })?;
+            write(&leaf.join("cgroup.procs"), "0")?;
+            write(&control, enable)
+        }
+        other => other,
+    }
 }
 
 /// Makes `belljar/<id>` under `base` (or under `root` when `base` is not writable).
@@ -271,7 +299,7 @@ impl Groups {
                     for c in &needed {
                         let enable = format!("+{c}");
                         let parent = dir.parent().unwrap_or(base);
-                        let r = write(&base.join("cgroup.subtree_control"), &enable)
+                        let r = enable_in_delegated(base, &enable)
                             .and_then(|()| write(&parent.join("cgroup.subtree_control"), &enable));
                         match r {
                             Ok(()) => v2_ctrls.push(c),
@@ -522,6 +550,53 @@ mod tests {
         );
         assert_eq!(ctrls, ["cpu", "memory", "pids"]);
         assert_eq!(h.mode(), crate::CgroupMode::V2);
+    }
+
+    /// This machine's v2 hierarchy has no controllers, so the v2 writes are checked against
+    /// a plain directory: which files get which values (the kernel's side is not exercised).
+    #[test]
+    fn v2_limits_are_written_where_the_kernel_reads_them() {
+        let tmp = tempfile::tempdir().unwrap();
+        let base = tmp.path().to_path_buf();
+        let ctrls = vec!["cpu".to_owned(), "memory".to_owned(), "pids".to_owned()];
+        let h = Hierarchies {
+            v2: Some((base.clone(), ctrls)),
+            v1: BTreeMap::new(),
+        };
+        let limits = crate::Limits {
+            memory_bytes: Some(256 << 20),
+            cpu: Some(1.5),
+            pids: Some(100),
+        };
+        let (groups, report) = Groups::create("sb-1", &limits, &h);
+        let dir = base.join("belljar/sb-1");
+        assert_eq!(groups.v2.as_deref(), Some(dir.as_path()));
+        let read = |p: PathBuf| fs::read_to_string(p).unwrap();
+        assert_eq!(read(dir.join("memory.max")), "268435456");
+        assert_eq!(read(dir.join("memory.swap.max")), "0");
+        assert_eq!(read(dir.join("pids.max")), "100");
+        assert_eq!(read(dir.join("cpu.max")), "150000 100000");
+        // Each write replaces the file here; the kernel accumulates `+controller` writes.
+        assert_eq!(read(base.join("cgroup.subtree_control")), "+cpu");
+        assert_eq!(read(base.join("belljar/cgroup.subtree_control")), "+cpu");
+        let how = |s: &LimitStatus| match s {
+            LimitStatus::Enforced { how } => how.clone(),
+            other => panic!("{other:?}"),
+        };
+        assert_eq!(how(&report.memory), "cgroup v2 memory.max");
+        assert_eq!(how(&report.cpu), "cgroup v2 cpu.max");
+        assert_eq!(how(&report.pids), "cgroup v2 pids.max");
+        assert_eq!(groups.procs_files(), [dir.join("cgroup.procs")]);
+        assert!(groups.v1.is_empty());
+    }
+
+    #[test]
+    fn daemon_leaf_is_not_the_base() {
+        let mi = "29 23 0:26 / /sys/fs/cgroup rw - cgroup2 cgroup2 rw\n";
+        let own = "0::/system.slice/belljard.service/belljar-daemon\n";
+        let h = Hierarchies::parse(mi, own, |_| Some("memory pids".into()));
+        let base = PathBuf::from("/sys/fs/cgroup/system.slice/belljard.service");
+        assert_eq!(h.v2.unwrap().0, base);
     }
 
     #[test]

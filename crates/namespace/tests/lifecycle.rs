@@ -216,7 +216,9 @@ fn image_ownership_namespaces_and_confinement() {
     // Host-wide kernel knobs stay out of reach of the sandbox's root.
     refused("echo h > /proc/sysrq-trigger");
     refused("echo 1 > /proc/sys/vm/drop_caches");
-    refused("echo x > /proc/sys/kernel/hostname_of_host_does_not_exist || echo 2 > /proc/sys/kernel/randomize_va_space");
+    refused(
+        "echo x > /proc/sys/kernel/hostname_of_host_does_not_exist || echo 2 > /proc/sys/kernel/randomize_va_space",
+    );
     refused("head -c1 /proc/kcore");
     refused("dmesg");
     refused("echo 1 > /sys/kernel/mm/ksm/run");
