@@ -590,6 +590,15 @@ pub fn stop(state_dir: &Path, grace: Duration) -> Result<(), Error> {
         return Ok(());
     };
     if let Some(watch) = ExitWatch::open(st.pid, st.start_time)? {
+        // The kernel drops signals from outside to a PID namespace's init unless it handles
+        // them, so waiting for a SIGTERM it does not catch would only waste the grace period.
+        let grace = if catches_sigterm(st.pid) {
+            grace
+        } else {
+            Duration::ZERO
+        };
+        // A frozen sandbox could not react to SIGTERM.
+        let _ = st.groups.set_frozen(false);
         watch.signal(libc::SIGTERM).map_err(Error::Signal)?;
         if !watch.wait(Some(grace)) {
             // Killing a PID namespace's init kills every process in it.
@@ -603,6 +612,16 @@ pub fn stop(state_dir: &Path, grace: Duration) -> Result<(), Error> {
     let _ = st.groups.set_frozen(false);
     st.groups.remove(Duration::from_secs(10))?;
     Ok(())
+}
+
+/// Whether `pid` has a handler for SIGTERM (`SigCgt` in `/proc/<pid>/status`).
+fn catches_sigterm(pid: u32) -> bool {
+    let status = fs::read_to_string(format!("/proc/{pid}/status")).unwrap_or_default();
+    status
+        .lines()
+        .find_map(|l| l.strip_prefix("SigCgt:"))
+        .and_then(|hex| u64::from_str_radix(hex.trim(), 16).ok())
+        .is_some_and(|mask| mask & (1 << (libc::SIGTERM - 1)) != 0)
 }
 
 /// Stops the sandbox if needed, then deletes its writable layer and all its state.
@@ -703,6 +722,20 @@ mod tests {
                 .starts_with("lowerdir=lower,")
         );
         assert!(plan.iter().any(|s| matches!(s, Step::BindAgent { .. })));
+    }
+
+    #[test]
+    fn sigterm_handlers_are_seen() {
+        // The test harness does not catch SIGTERM; `sleep` neither.
+        assert!(!catches_sigterm(std::process::id()));
+        let mut child = std::process::Command::new("sh")
+            .args(["-c", "trap 'exit 0' TERM; while :; do sleep 0.05; done"])
+            .spawn()
+            .unwrap();
+        std::thread::sleep(Duration::from_millis(200));
+        assert!(catches_sigterm(child.id()));
+        child.kill().unwrap();
+        child.wait().unwrap();
     }
 
     #[test]
