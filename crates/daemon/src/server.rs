@@ -6,7 +6,7 @@
 //! port), the daemon answers requests.
 
 use std::io;
-use std::os::unix::fs::PermissionsExt;
+use std::os::unix::fs::{OpenOptionsExt, PermissionsExt};
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
@@ -67,9 +67,10 @@ pub async fn run(config: Config) -> Result<(), ServerError> {
     paths.create()?;
     let pid_file = claim_pid_file(&paths.pid_file())?;
     let result = serve(config, &paths).await;
-    for f in [paths.socket(), paths.port_file(), pid_file] {
+    for f in [paths.socket(), paths.port_file(), pid_file.path.clone()] {
         let _ = std::fs::remove_file(f);
     }
+    drop(pid_file);
     result
 }
 
@@ -156,21 +157,46 @@ fn write_private(path: &Path, text: &str) -> Result<(), ServerError> {
     std::fs::rename(&tmp, path).map_err(io_err(format!("Cannot write {}", path.display())))
 }
 
-/// Takes the pid file, refusing when the pid in it is a live `belljard`.
-fn claim_pid_file(path: &Path) -> Result<PathBuf, ServerError> {
-    if let Ok(text) = std::fs::read_to_string(path)
-        && let Ok(pid) = text.trim().parse::<i32>()
-        && pid != std::process::id() as i32
-        && is_belljard(pid)
-    {
-        return Err(ServerError::AlreadyRunning(pid));
-    }
-    write_private(path, &format!("{}\n", std::process::id()))?;
-    Ok(path.to_path_buf())
+/// The pid file, locked for the daemon's whole life: the kernel drops the lock when the
+/// process dies, even by `kill -9`, so a stale file never blocks a restart.
+pub struct PidFile {
+    path: PathBuf,
+    _lock: nix::fcntl::Flock<std::fs::File>,
 }
 
-fn is_belljard(pid: i32) -> bool {
-    std::fs::read_to_string(format!("/proc/{pid}/comm")).is_ok_and(|c| c.trim() == "belljard")
+/// Takes the pid file, refusing when another live daemon holds it.
+fn claim_pid_file(path: &Path) -> Result<PidFile, ServerError> {
+    use std::io::{Seek, Write};
+    let file = std::fs::OpenOptions::new()
+        .read(true)
+        .write(true)
+        .create(true)
+        .truncate(false)
+        .mode(0o600)
+        .open(path)
+        .map_err(io_err(format!("Cannot open {}", path.display())))?;
+    let mut lock = match nix::fcntl::Flock::lock(file, nix::fcntl::FlockArg::LockExclusiveNonblock)
+    {
+        Ok(lock) => lock,
+        Err((_, _)) => {
+            let pid = std::fs::read_to_string(path)
+                .ok()
+                .and_then(|t| t.trim().parse().ok())
+                .unwrap_or(0);
+            return Err(ServerError::AlreadyRunning(pid));
+        }
+    };
+    let write = |f: &mut std::fs::File| -> io::Result<()> {
+        f.set_len(0)?;
+        f.rewind()?;
+        writeln!(f, "{}", std::process::id())?;
+        f.flush()
+    };
+    write(&mut lock).map_err(io_err(format!("Cannot write {}", path.display())))?;
+    Ok(PidFile {
+        path: path.to_path_buf(),
+        _lock: lock,
+    })
 }
 
 #[cfg(test)]
@@ -178,16 +204,19 @@ mod tests {
     use super::*;
 
     #[test]
-    fn a_stale_pid_file_is_taken_over_and_a_live_one_refused() {
+    fn a_stale_pid_file_is_taken_over_and_a_held_one_refused() {
         let dir = tempfile::tempdir().unwrap();
         let p = dir.path().join("belljard.pid");
         std::fs::write(&p, "999999999\n").unwrap();
-        claim_pid_file(&p).unwrap();
+        let held = claim_pid_file(&p).unwrap();
         assert_eq!(
             std::fs::read_to_string(&p).unwrap().trim(),
             std::process::id().to_string()
         );
-        // Our own pid is never "another" daemon.
+        assert!(
+            matches!(claim_pid_file(&p), Err(ServerError::AlreadyRunning(pid)) if pid == std::process::id() as i32)
+        );
+        drop(held);
         claim_pid_file(&p).unwrap();
     }
 }

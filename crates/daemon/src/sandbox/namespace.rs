@@ -58,15 +58,7 @@ impl Backend for Namespace {
                 let p = ns::probe();
                 Probe {
                     available: p.available,
-                    reason: if p.available {
-                        format!(
-                            "Linux namespaces{}: weaker isolation than a microVM (one shared kernel); {}",
-                            if p.rootless { ", rootless" } else { "" },
-                            p.reason
-                        )
-                    } else {
-                        p.reason
-                    },
+                    reason: p.reason,
                 }
             })
             .clone()
