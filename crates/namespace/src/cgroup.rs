@@ -173,7 +173,7 @@ impl Hierarchies {
         out
     }
 
-    /// Which cgroup version enforces limits here, for [`crate::probe`].
+    /// Which cgroup version enforces limits here, for [`crate::probe()`].
     pub fn mode(&self) -> crate::CgroupMode {
         match &self.v2 {
             Some((_, c)) if c.iter().any(|c| c == "memory" || c == "pids") => crate::CgroupMode::V2,

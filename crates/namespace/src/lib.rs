@@ -7,15 +7,17 @@
 //!
 //! # API (what the daemon's `Backend` wraps)
 //!
-//! - [`probe`] → [`Probe`]: can this host run namespace sandboxes, rootless or not, which cgroup
+//! - [`probe()`] → [`Probe`]: can this host run namespace sandboxes, rootless or not, which cgroup
 //!   version enforces limits.
 //! - [`launch`]`(&`[`SandboxSpec`]`)` → [`Running`]: returns once the agent has been exec'd as
 //!   PID 1 (not once it listens: poll [`Running::socket`], e.g. with [`wait_ready`]).
 //! - [`adopt`]`(state_dir)` → `Option<Running>`: after a daemon restart, find the live sandbox
 //!   again (pid + start time in `state_dir/sandbox.json` are checked against `/proc`).
-//! - [`stop`]`(state_dir, grace)`: SIGTERM to PID 1, SIGKILL after `grace`; waits for the exit
-//!   and removes the sandbox's cgroups. Mounts live only in the sandbox's mount namespace and
-//!   vanish with it. The writable layer stays (a stopped sandbox can be launched again).
+//! - [`stop`]`(state_dir, grace)`: SIGTERM to PID 1, SIGKILL after `grace` (at once when PID 1
+//!   has no SIGTERM handler: the kernel drops uncaught signals to a PID namespace's init);
+//!   waits for the exit and removes the sandbox's cgroups. Mounts live only in the sandbox's
+//!   mount namespace and vanish with it. The writable layer stays, so a stopped sandbox can be
+//!   launched again from the same `state_dir` (same id block, same files).
 //! - [`destroy`]`(state_dir)`: stop if needed, then delete the writable layer and all state.
 //! - [`ExitWatch`]: a pidfd (works for non-children, i.e. after [`adopt`]) to learn that the
 //!   sandbox ended: blocking [`ExitWatch::wait`] or poll its fd (`AsFd`) from an event loop.
@@ -51,9 +53,24 @@
 //!
 //! # Confinement
 //!
-//! Capabilities (inside the user namespace) are cut to [`caps::KEPT`], a seccomp filter
-//! ([`seccomp`]) refuses what a sandbox has no business doing, cgroups ([`cgroup`]) enforce
-//! memory, CPU and PID limits, and the network namespace has only `lo`.
+//! Capabilities (inside the user namespace) are cut to Docker's default set plus
+//! [`caps::AGENT_NEEDS`] (see [`caps`]), a seccomp filter ([`seccomp`]) refuses what a sandbox
+//! has no business doing, cgroups ([`cgroup`]) enforce memory, CPU and PID limits, and the
+//! network namespace has only `lo`. Inside, `/proc/self/cgroup` shows `/` (cgroup namespace)
+//! and `/proc/meminfo` is the host's: take the sandbox's resource use from [`usage`].
+//!
+//! # Rootless
+//!
+//! Without root: launch, commands, stop, destroy and adopt work; the image tree must belong
+//! to the invoking user (files owned by other host users show as `nobody` inside and cannot be
+//! changed); limits are enforced only through a delegated cgroup v2 group (cgroup v1 is not
+//! writable), and [`Running::limits`] says so per limit.
+//!
+//! # Testing
+//!
+//! [`testing`] builds a busybox image and a static stand-in agent so this crate's tests and
+//! the end-to-end escape tests run without the real agent; `belljar-ns` (this crate's binary)
+//! drives sandboxes by hand and measures launch latency (`belljar-ns bench`).
 
 pub mod caps;
 pub mod cgroup;
