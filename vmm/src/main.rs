@@ -58,10 +58,9 @@ EXIT STATUS:
   11  guest power-off (or hlt without an interrupt controller)
 
 A host whose /dev/kvm is software-based (no vmx/svm CPU flag, e.g. PVM) is reported in one
-line at start; guest kernel code then runs emulated (about 1.6M instructions/s), so the guest
-CPUID hides CX16 and `noxsave` is added to the kernel command line (that emulator cannot run
-cmpxchg16b or xrstor); Linux then boots, slowly.
-Log verbosity: RUST_LOG (e.g. RUST_LOG=belljar_vmm=debug), to stderr."#;
+line at start. There guest kernel code is emulated (about 1.6M instructions/s); the guest gets
+no CX16 in CPUID and `noxsave` on its command line, which takes Linux further, but the
+emulator still stops at the kernel's int3 self-test: use hardware KVM to run Linux guests."#;
 
 /// Belljar's microVM monitor: boots one Linux guest on KVM with virtio-mmio devices.
 #[derive(Parser, Debug)]
@@ -242,7 +241,7 @@ fn main() -> ExitCode {
     };
     if belljar_vmm::hypervisor::host_has_hw_virt() == Some(false) {
         eprintln!(
-            "belljar-vmm: this host's /dev/kvm is software-based (no vmx/svm CPU flag): guest kernel code is emulated (slow); the guest gets no CX16 and `noxsave` so Linux can boot"
+            "belljar-vmm: this host's /dev/kvm is software-based (no vmx/svm CPU flag): guest kernel code is emulated, slowly, and an unmodified Linux kernel will not finish booting"
         );
     }
     match run(&config) {

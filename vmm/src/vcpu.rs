@@ -202,7 +202,7 @@ pub struct Vcpus {
     handles: Vec<VcpuHandle>,
 }
 
-const KICK_INTERVAL: Duration = Duration::from_millis(5);
+const KICK_INTERVAL: Duration = Duration::from_millis(1);
 
 impl Vcpus {
     pub fn new(handles: Vec<VcpuHandle>) -> Self {

@@ -1,0 +1,352 @@
+//! Boot figures for `belljar-vmm` (printed, never pass/fail):
+//!
+//! - process start to the first guest instruction, with a tiny guest that writes one byte
+//!   to the serial port (echoed to the VMM's stdout) as its first instruction;
+//! - process start to exit for a tiny guest that resets at once (the VMM's whole
+//!   start-up and tear-down);
+//! - the VMM's RSS beyond guest memory (tiny guest, read from the control socket);
+//! - with a kernel: boot to kernel start and to an init marker under belljar-vmm and, for
+//!   reference in the same run, under `qemu-system-x86_64 -M microvm,rtc=on` without KVM.
+//!
+//! Usage: `cargo build --release -p belljar-vmm -p belljar-bench &&
+//!         target/release/vmm_boot [--runs N] [--kernel VMLINUX] [--linux-timeout SECS]`
+//! The kernel defaults to `BELLJAR_KERNEL` or the cached `guest-images/kernel/build.sh`
+//! output; the root disk is a small ext4 with busybox as init (needs busybox-static and
+//! mkfs.ext4), printing a marker and rebooting.
+
+use std::io::{BufRead, BufReader, Read, Write};
+use std::os::unix::net::UnixStream;
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
+
+use anyhow::{Context, Result, bail};
+use clap::Parser;
+
+const MARKER: &str = "BELLJAR-INIT-MARKER";
+
+#[derive(Parser)]
+#[command(about = "Boot figures for belljar-vmm (and QEMU microvm for reference)")]
+struct Args {
+    /// Runs per tiny-guest figure.
+    #[arg(long, default_value_t = 20)]
+    runs: usize,
+    /// Guest kernel (vmlinux); default BELLJAR_KERNEL or the cached project kernel.
+    #[arg(long)]
+    kernel: Option<PathBuf>,
+    /// Give up on a Linux boot after this many seconds.
+    #[arg(long, default_value_t = 120)]
+    linux_timeout: u64,
+    /// Skip the Linux boots.
+    #[arg(long)]
+    no_linux: bool,
+}
+
+fn vmm_binary() -> Result<PathBuf> {
+    if let Some(p) = std::env::var_os("BELLJAR_VMM") {
+        return Ok(p.into());
+    }
+    let exe = std::env::current_exe()?;
+    let p = exe.with_file_name("belljar-vmm");
+    if p.exists() {
+        return Ok(p);
+    }
+    bail!(
+        "{} not found: build it with `cargo build --release -p belljar-vmm` or set BELLJAR_VMM",
+        p.display()
+    )
+}
+
+/// `out 0x3f8, 'X'` first, then either reset or sleep with interrupts off.
+fn tiny_guest(dir: &Path, reset: bool) -> Result<PathBuf> {
+    let mut code = vec![0x66, 0xba, 0xf8, 0x03, 0xb0, b'X', 0xee];
+    if reset {
+        code.extend([0xb0, 0xfe, 0xe6, 0x64]);
+    }
+    code.extend([0xfa, 0xf4]);
+    let p = dir.join(if reset { "reset.bin" } else { "sleep.bin" });
+    std::fs::write(&p, code)?;
+    Ok(p)
+}
+
+fn stats(mut v: Vec<f64>) -> String {
+    v.sort_by(|a, b| a.total_cmp(b));
+    let median = v[v.len() / 2];
+    format!(
+        "median {:.2} ms, min {:.2} ms, max {:.2} ms (n={})",
+        median,
+        v[0],
+        v[v.len() - 1],
+        v.len()
+    )
+}
+
+fn ms(d: Duration) -> f64 {
+    d.as_secs_f64() * 1000.0
+}
+
+fn first_instruction(vmm: &Path, guest: &Path) -> Result<(f64, f64)> {
+    let t = Instant::now();
+    let mut child = Command::new(vmm)
+        .arg("--kernel")
+        .arg(guest)
+        .args(["--boot", "raw", "--memory-mib", "128", "--no-rng", "--echo"])
+        .stdout(Stdio::piped())
+        .stderr(Stdio::null())
+        .spawn()?;
+    let mut out = child.stdout.take().context("stdout")?;
+    let mut b = [0u8; 1];
+    out.read_exact(&mut b)?;
+    let first = ms(t.elapsed());
+    let status = child.wait()?;
+    let exit = ms(t.elapsed());
+    if b[0] != b'X' || status.code() != Some(10) {
+        bail!("unexpected tiny guest result: {:?} {status}", b[0] as char);
+    }
+    Ok((first, exit))
+}
+
+fn request(sock: &Path, cmd: &str) -> Result<serde_json::Value> {
+    let mut s = UnixStream::connect(sock)?;
+    s.write_all(format!("{{\"cmd\":\"{cmd}\"}}\n").as_bytes())?;
+    let mut line = String::new();
+    BufReader::new(&s).read_line(&mut line)?;
+    Ok(serde_json::from_str(&line)?)
+}
+
+fn rss(vmm: &Path, guest: &Path, dir: &Path) -> Result<(u64, u64)> {
+    let sock = dir.join("ctl.sock");
+    let mut child = Command::new(vmm)
+        .arg("--kernel")
+        .arg(guest)
+        .args(["--boot", "raw", "--memory-mib", "128", "--no-rng"])
+        .arg("--control-socket")
+        .arg(&sock)
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .spawn()?;
+    let t = Instant::now();
+    while UnixStream::connect(&sock).is_err() {
+        if t.elapsed() > Duration::from_secs(5) {
+            let _ = child.kill();
+            bail!("control socket never appeared");
+        }
+        std::thread::sleep(Duration::from_millis(5));
+    }
+    std::thread::sleep(Duration::from_millis(100));
+    let m = request(&sock, "metrics")?;
+    let _ = request(&sock, "stop");
+    child.wait()?;
+    let rss = m["metrics"]["rss_bytes"].as_u64().context("rss")?;
+    let guest = m["metrics"]["guest_memory_bytes"]
+        .as_u64()
+        .context("guest")?;
+    Ok((rss, guest))
+}
+
+fn find_kernel(arg: Option<PathBuf>) -> Option<PathBuf> {
+    arg.or_else(|| std::env::var_os("BELLJAR_KERNEL").map(PathBuf::from))
+        .or_else(|| {
+            let script =
+                Path::new(env!("CARGO_MANIFEST_DIR")).join("../guest-images/kernel/build.sh");
+            let out = Command::new(script).stderr(Stdio::null()).output().ok()?;
+            if !out.status.success() {
+                return None;
+            }
+            let s = String::from_utf8(out.stdout).ok()?;
+            Some(PathBuf::from(s.lines().last()?.trim()))
+        })
+        .filter(|p| p.exists())
+}
+
+/// A tiny root filesystem whose init prints the marker and reboots.
+fn busybox_rootfs(dir: &Path) -> Result<PathBuf> {
+    let root = dir.join("root");
+    std::fs::create_dir_all(root.join("bin"))?;
+    std::fs::create_dir_all(root.join("dev"))?;
+    std::fs::copy("/bin/busybox", root.join("bin/busybox"))
+        .context("copy /bin/busybox (install busybox-static)")?;
+    let init = root.join("init");
+    std::fs::write(
+        &init,
+        format!("#!/bin/busybox sh\n/bin/busybox echo {MARKER}\n/bin/busybox reboot -f\n"),
+    )?;
+    use std::os::unix::fs::PermissionsExt;
+    std::fs::set_permissions(&init, std::fs::Permissions::from_mode(0o755))?;
+    let img = dir.join("rootfs.ext4");
+    let ok = Command::new("mkfs.ext4")
+        .args(["-q", "-F", "-d"])
+        .arg(&root)
+        .arg(&img)
+        .arg("16M")
+        .status()?
+        .success();
+    if !ok {
+        bail!("mkfs.ext4 failed");
+    }
+    Ok(img)
+}
+
+/// Watches `child`'s console (stdout) for the kernel banner and the marker.
+fn watch_boot(mut child: Child, t: Instant, timeout: Duration) -> (Option<f64>, Option<f64>) {
+    let out = child.stdout.take().expect("stdout");
+    let (tx, rx) = std::sync::mpsc::channel();
+    std::thread::spawn(move || {
+        let mut r = BufReader::new(out);
+        let mut line = Vec::new();
+        while r
+            .read_until(b'\n', &mut line)
+            .map(|n| n > 0)
+            .unwrap_or(false)
+        {
+            let s = String::from_utf8_lossy(&line).to_string();
+            if tx.send((s, Instant::now())).is_err() {
+                break;
+            }
+            line.clear();
+        }
+    });
+    let (mut kernel, mut init) = (None, None);
+    let deadline = t + timeout;
+    while Instant::now() < deadline {
+        match rx.recv_timeout(Duration::from_millis(100)) {
+            Ok((line, at)) => {
+                if kernel.is_none() && line.contains("Linux version") {
+                    kernel = Some(ms(at - t));
+                }
+                if line.contains(MARKER) {
+                    init = Some(ms(at - t));
+                    break;
+                }
+            }
+            Err(std::sync::mpsc::RecvTimeoutError::Timeout) => {}
+            Err(_) => break,
+        }
+    }
+    let _ = child.kill();
+    let _ = child.wait();
+    (kernel, init)
+}
+
+fn show(label: &str, v: Option<f64>, timeout: u64) -> String {
+    match v {
+        Some(ms) => format!("{label} {ms:.0} ms"),
+        None => format!("{label} not reached within {timeout} s"),
+    }
+}
+
+fn main() -> Result<()> {
+    let args = Args::parse();
+    let vmm = vmm_binary()?;
+    let dir = tempfile::tempdir()?;
+    let cpu = std::fs::read_to_string("/proc/cpuinfo")
+        .ok()
+        .and_then(|c| {
+            c.lines()
+                .find(|l| l.starts_with("model name"))
+                .map(|l| l.split(':').nth(1).unwrap_or("").trim().to_string())
+        })
+        .unwrap_or_default();
+    let hw = std::fs::read_to_string("/proc/cpuinfo")
+        .map(|c| c.split_whitespace().any(|f| f == "vmx" || f == "svm"))
+        .unwrap_or(false);
+    println!(
+        "machine: {cpu}, {} cpus, /dev/kvm {}",
+        std::thread::available_parallelism()
+            .map(|n| n.get())
+            .unwrap_or(0),
+        if hw {
+            "hardware (vmx/svm)"
+        } else {
+            "software (no vmx/svm)"
+        }
+    );
+    println!("vmm: {}", vmm.display());
+
+    let reset = tiny_guest(dir.path(), true)?;
+    let sleep = tiny_guest(dir.path(), false)?;
+    let mut first = Vec::new();
+    let mut exit = Vec::new();
+    for _ in 0..args.runs {
+        let (f, e) = first_instruction(&vmm, &reset)?;
+        first.push(f);
+        exit.push(e);
+    }
+    println!(
+        "tiny guest, process start -> first guest instruction (serial byte on stdout): {}",
+        stats(first)
+    );
+    println!(
+        "tiny guest, process start -> exit after guest reset: {}",
+        stats(exit)
+    );
+    let (rss, guest) = rss(&vmm, &sleep, dir.path())?;
+    println!(
+        "tiny guest, VMM RSS: {:.1} MiB with {} MiB guest memory (guest pages touched: a few KiB, so ~all of it is VMM overhead)",
+        rss as f64 / (1 << 20) as f64,
+        guest >> 20
+    );
+
+    if args.no_linux {
+        return Ok(());
+    }
+    let Some(kernel) = find_kernel(args.kernel) else {
+        println!("linux: no kernel (run guest-images/kernel/build.sh or pass --kernel)");
+        return Ok(());
+    };
+    let rootfs = busybox_rootfs(dir.path())?;
+    let cmdline = "console=ttyS0 reboot=k panic=1 pci=off root=/dev/vda ro init=/init";
+    println!("linux: kernel {}", kernel.display());
+    let timeout = Duration::from_secs(args.linux_timeout);
+
+    let t = Instant::now();
+    let child = Command::new(&vmm)
+        .arg("--kernel")
+        .arg(&kernel)
+        .args(["--memory-mib", "256", "--echo", "--cmdline", cmdline])
+        .arg("--disk")
+        .arg(format!("{},ro", rootfs.display()))
+        .stdout(Stdio::piped())
+        .stderr(Stdio::null())
+        .spawn()?;
+    let (k, i) = watch_boot(child, t, timeout);
+    println!(
+        "linux under belljar-vmm (KVM): {}, {}",
+        show("kernel banner", k, args.linux_timeout),
+        show("init marker", i, args.linux_timeout)
+    );
+
+    let t = Instant::now();
+    let child = Command::new("qemu-system-x86_64")
+        .args([
+            "-M",
+            "microvm,rtc=on",
+            "-m",
+            "256",
+            "-nographic",
+            "-no-reboot",
+            "-nodefaults",
+        ])
+        .args(["-serial", "stdio", "-kernel"])
+        .arg(&kernel)
+        .args(["-append", cmdline])
+        .args([
+            "-drive",
+            &format!(
+                "id=root,file={},format=raw,if=none,readonly=on",
+                rootfs.display()
+            ),
+        ])
+        .args(["-device", "virtio-blk-device,drive=root"])
+        .stdout(Stdio::piped())
+        .stderr(Stdio::null())
+        .spawn()
+        .context("start qemu-system-x86_64 (install qemu-system-x86)")?;
+    let (k, i) = watch_boot(child, t, timeout);
+    println!(
+        "linux under qemu-system-x86_64 -M microvm,rtc=on (TCG, no KVM): {}, {}",
+        show("kernel banner", k, args.linux_timeout),
+        show("init marker", i, args.linux_timeout)
+    );
+    Ok(())
+}
