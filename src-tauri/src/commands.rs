@@ -31,7 +31,9 @@ pub enum CommandError {
 impl CommandError {
     fn code(&self) -> &'static str {
         match self {
-            Self::Daemon(DaemonError::Timeout { .. } | DaemonError::Spawn(_)) => "daemon_unavailable",
+            Self::Daemon(DaemonError::Timeout { .. } | DaemonError::Spawn(_)) => {
+                "daemon_unavailable"
+            }
             Self::Daemon(_) => "daemon_config",
             Self::Drop(DropError::NotDropped(_)) => "forbidden",
             Self::Drop(_) => "io",
@@ -114,4 +116,3 @@ pub fn terminal_window(app: &AppHandle, sandbox_id: &str, n: u64) -> Result<(), 
         .build()?;
     Ok(())
 }
-

@@ -50,8 +50,7 @@ impl DaemonPaths {
                 runtime: home.join("run"),
             });
         }
-        let dirs =
-            directories::ProjectDirs::from("", "", "belljar").ok_or(DaemonError::NoHome)?;
+        let dirs = directories::ProjectDirs::from("", "", "belljar").ok_or(DaemonError::NoHome)?;
         let runtime = dirs
             .runtime_dir()
             .map(Path::to_path_buf)
@@ -161,7 +160,10 @@ mod tests {
         let paths = DaemonPaths::resolve(Some(home.path())).unwrap();
         std::fs::create_dir_all(&paths.runtime).unwrap();
         std::fs::write(paths.port_file(), "not a port").unwrap();
-        assert!(matches!(paths.connection(), Err(DaemonError::BadPort { .. })));
+        assert!(matches!(
+            paths.connection(),
+            Err(DaemonError::BadPort { .. })
+        ));
     }
 
     #[test]

@@ -74,7 +74,9 @@ pub fn run() {
                 .tooltip("Belljar")
                 .menu(&menu)
                 .on_menu_event(|app, event| on_tray(app, event.id().as_ref()));
-            if let Ok(icon) = tauri::image::Image::from_bytes(include_bytes!("../../icons/tray@2x.png")) {
+            if let Ok(icon) =
+                tauri::image::Image::from_bytes(include_bytes!("../../icons/tray@2x.png"))
+            {
                 builder = builder.icon(icon);
             }
             builder.build(app)?;
@@ -103,10 +105,7 @@ fn start_daemon_if_needed(app: &AppHandle) {
     if state.paths.is_running() {
         return;
     }
-    let spawned = app
-        .shell()
-        .sidecar("belljard")
-        .and_then(|cmd| cmd.spawn());
+    let spawned = app.shell().sidecar("belljard").and_then(|cmd| cmd.spawn());
     match spawned {
         Ok((mut rx, _child)) => {
             tauri::async_runtime::spawn(async move {
@@ -135,7 +134,9 @@ fn on_tray(app: &AppHandle, id: &str) {
         let _ = app.emit_to("main", event, payload);
     };
     match action {
-        TrayAction::QuickLaunch(image) => main(events::QUICK_LAUNCH, serde_json::json!({ "image": image })),
+        TrayAction::QuickLaunch(image) => {
+            main(events::QUICK_LAUNCH, serde_json::json!({ "image": image }))
+        }
         TrayAction::Open(id) => {
             commands::show_main(app);
             main(events::OPEN_SANDBOX, serde_json::json!({ "id": id }));
@@ -153,7 +154,10 @@ fn on_tray(app: &AppHandle, id: &str) {
 
 /// Opens a new terminal window on a sandbox.
 pub fn open_terminal_window(app: &AppHandle, sandbox_id: &str) -> Result<(), CommandError> {
-    let n = app.state::<AppState>().windows.fetch_add(1, Ordering::Relaxed);
+    let n = app
+        .state::<AppState>()
+        .windows
+        .fetch_add(1, Ordering::Relaxed);
     commands::terminal_window(app, sandbox_id, n)
 }
 
@@ -170,7 +174,9 @@ fn on_drag_drop(window: &tauri::Window, event: &DragDropEvent) {
         }
         DragDropEvent::Drop { paths, position } => {
             let state = window.state::<AppState>();
-            let drop = state.drops.accept(paths, position.x / scale, position.y / scale);
+            let drop = state
+                .drops
+                .accept(paths, position.x / scale, position.y / scale);
             let _ = window.emit_to(label.as_str(), events::DROP, drop);
         }
         _ => {}

@@ -83,11 +83,23 @@ impl TrayAction {
 pub fn build_menu<R: Runtime>(app: &AppHandle<R>, state: &TrayState) -> Result<Menu<R>, TrayError> {
     let new = Submenu::with_id(app, "new", "New sandbox", true)?;
     if state.images.is_empty() {
-        new.append(&MenuItem::with_id(app, "new-none", "No images yet", false, None::<&str>)?)?;
+        new.append(&MenuItem::with_id(
+            app,
+            "new-none",
+            "No images yet",
+            false,
+            None::<&str>,
+        )?)?;
     }
     for image in &state.images {
         let action = TrayAction::QuickLaunch(image.clone());
-        new.append(&MenuItem::with_id(app, action.id(), image, true, None::<&str>)?)?;
+        new.append(&MenuItem::with_id(
+            app,
+            action.id(),
+            image,
+            true,
+            None::<&str>,
+        )?)?;
     }
     let menu = Menu::with_items(app, &[&new, &PredefinedMenuItem::separator(app)?])?;
     if state.sandboxes.is_empty() {
@@ -107,13 +119,31 @@ pub fn build_menu<R: Runtime>(app: &AppHandle<R>, state: &TrayState) -> Result<M
             (TrayAction::Terminal(id.clone()), "Terminal"),
             (TrayAction::Stop(id.clone()), "Stop"),
         ] {
-            sub.append(&MenuItem::with_id(app, action.id(), text, true, None::<&str>)?)?;
+            sub.append(&MenuItem::with_id(
+                app,
+                action.id(),
+                text,
+                true,
+                None::<&str>,
+            )?)?;
         }
         menu.append(&sub)?;
     }
     menu.append(&PredefinedMenuItem::separator(app)?)?;
-    menu.append(&MenuItem::with_id(app, TrayAction::ShowApp.id(), "Open Belljar", true, None::<&str>)?)?;
-    menu.append(&MenuItem::with_id(app, TrayAction::Quit.id(), "Quit", true, None::<&str>)?)?;
+    menu.append(&MenuItem::with_id(
+        app,
+        TrayAction::ShowApp.id(),
+        "Open Belljar",
+        true,
+        None::<&str>,
+    )?)?;
+    menu.append(&MenuItem::with_id(
+        app,
+        TrayAction::Quit.id(),
+        "Quit",
+        true,
+        None::<&str>,
+    )?)?;
     Ok(menu)
 }
 
@@ -137,7 +167,14 @@ mod tests {
 
     #[test]
     fn unknown_and_informational_ids_are_no_action() {
-        for id in ["new", "new:", "sbx:sbx_a1", "running-none", "new-none", "bogus:x"] {
+        for id in [
+            "new",
+            "new:",
+            "sbx:sbx_a1",
+            "running-none",
+            "new-none",
+            "bogus:x",
+        ] {
             assert_eq!(TrayAction::parse(id), None, "{id}");
         }
     }

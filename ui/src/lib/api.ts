@@ -11,11 +11,15 @@ import type {
   Sandbox,
   SandboxList,
 } from "../generated/api";
-import { check, client } from "./client";
+import { ApiError, check, client } from "./client";
 
 async function json<T>(path: string, init?: RequestInit): Promise<T> {
   const res = await check(await client.fetch(path, init));
-  return (await res.json()) as T;
+  try {
+    return (await res.json()) as T;
+  } catch {
+    throw new ApiError("bad_answer", `${path} did not answer JSON: is this belljard's address?`, res.status);
+  }
 }
 
 function body(method: string, value: unknown): RequestInit {
