@@ -24,12 +24,26 @@ impl Agent {
     }
 
     pub async fn start_with(extra: &[&str]) -> Self {
+        Self::start_wrapped(&[], "plain", extra).await
+    }
+
+    /// Starts the agent under `wrapper` (e.g. `unshare ...`) in `mode`.
+    pub async fn start_wrapped(wrapper: &[&str], mode: &str, extra: &[&str]) -> Self {
         let dir = tempfile::tempdir().unwrap();
         let socket = dir.path().join("agent.sock");
         std::fs::create_dir(dir.path().join("files")).unwrap();
-        let child = Command::new(env!("CARGO_BIN_EXE_belljar-agent"))
+        let program = env!("CARGO_BIN_EXE_belljar-agent");
+        let mut cmd = match wrapper.split_first() {
+            Some((first, rest)) => {
+                let mut cmd = Command::new(first);
+                cmd.args(rest).arg(program);
+                cmd
+            }
+            None => Command::new(program),
+        };
+        let child = cmd
             .arg("--mode")
-            .arg("plain")
+            .arg(mode)
             .arg("--listen")
             .arg(format!("unix:{}", socket.display()))
             .arg("--state-dir")
