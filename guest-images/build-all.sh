@@ -15,6 +15,8 @@
 # Environment: BELLJAR_CACHE (see kernel/build.sh and build-image.sh),
 # CARGO_TARGET_DIR (where cargo puts the agent; default <repo>/target).
 set -euo pipefail
+# Errors inside $(...) must stop the build too.
+shopt -s inherit_errexit
 
 here="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
 repo="$(cd "$here/.." && pwd)"

@@ -22,6 +22,8 @@
 #                           static build under $CARGO_TARGET_DIR, $CACHE/cargo-target
 #                           or <repo>/target, x86_64-unknown-linux-gnu/release/)
 set -euo pipefail
+# Errors inside $(...) must stop the build too.
+shopt -s inherit_errexit
 
 here="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
 repo="$(cd "$here/.." && pwd)"

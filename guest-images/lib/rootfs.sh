@@ -21,6 +21,7 @@ in_tree() {
         t=$1
         shift
         mount -t proc proc "$t/proc"
+        mount -t devpts -o newinstance,ptmxmode=0666 devpts "$t/dev/pts"
         exec chroot "$t" /usr/bin/env -i \
             PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin \
             HOME=/root LANG=C.UTF-8 DEBIAN_FRONTEND=noninteractive "$@"
@@ -115,11 +116,16 @@ tree_install_node() {
     ln -sfn ../lib/node_modules/npm/bin/npx-cli.js "$tree/usr/local/bin/npx"
 }
 
-# Fetches SPEC with `npm pack` into DIR and prints the tarball's file name.
+# Fetches SPEC with `npm pack` into DIR and prints the tarball's file name
+# (npm prints it as the last stdout line; its notices go to stderr).
 npm_pack() {
-    local spec=$1 dir=$2 json
-    json="$(npm pack --json --pack-destination "$dir" "$spec")"
-    node -e 'const p = JSON.parse(process.argv[1]); console.log(p[0].filename)' "$json"
+    local spec=$1 dir=$2 file
+    file="$(cd "$dir" && npm pack --silent --pack-destination "$dir" "$spec" | tail -n 1)"
+    [[ -n "$file" && -f "$dir/$file" ]] || {
+        echo "npm pack $spec did not produce a tarball" >&2
+        return 1
+    }
+    printf '%s\n' "$file"
 }
 
 # Leaves TREE ready to be an image: no package caches or lists, no build-time
