@@ -223,6 +223,41 @@ fn image_ownership_namespaces_and_confinement() {
     refused("dmesg");
     refused("echo 1 > /sys/kernel/mm/ksm/run");
     refused("mknod /tmp/sda b 8 0 && head -c1 /tmp/sda");
+    // The seccomp filter: each call gets EPERM inside (ENOSYS for clone3, so libc falls back
+    // to clone), while on the host the same call fails differently or succeeds — so the
+    // refusal inside is the filter's doing.
+    check("grep -E '^Seccomp:' /proc/self/status", "Seccomp:\t2");
+    let probe = |args: &str| format!("/usr/local/bin/belljar-probe syscall {args}");
+    let on_host = |args: &str| {
+        let mut argv = args.split(' ');
+        let out = Command::new(&spec.agent)
+            .arg("syscall")
+            .args(argv.by_ref())
+            .output()
+            .unwrap();
+        String::from_utf8_lossy(&out.stdout).trim().to_owned()
+    };
+    let calls = [
+        (libc::SYS_keyctl, "0 -1 0"),
+        (libc::SYS_add_key, "0 0 0 0 0"),
+        (libc::SYS_io_uring_setup, "0 0"),
+        (libc::SYS_perf_event_open, "0 0 -1 -1 0"),
+        (libc::SYS_unshare, "0"),
+        (libc::SYS_bpf, "0 0 0"),
+    ];
+    for (nr, args) in calls {
+        let args = format!("{nr} {args}");
+        check(&probe(&args), "1");
+        assert_ne!(
+            on_host(&args),
+            "1",
+            "syscall {args} is refused on the host too"
+        );
+    }
+    check(
+        &probe(&format!("{} 0 0", libc::SYS_clone3)),
+        &libc::ENOSYS.to_string(),
+    );
     // The hostname and mounts are the sandbox's own: changing them does not touch the host.
     let host = nix::unistd::gethostname().unwrap();
     check("hostname evil && hostname", "evil");

@@ -5,7 +5,8 @@
 // down its write half) and receives the merged stdout/stderr followed by `\0EXIT <code>\n`.
 // It reaps every orphan; exit statuses of its own commands are dispatched by pid.
 // As `connect PATH`, `connect-abstract NAME` or `connect-tcp ADDR:PORT` it tries to connect
-// and exits 0 on success, 1 otherwise (used by escape tests).
+// and exits 0 on success, 1 otherwise (used by escape tests). `syscall NR [ARG...]` prints the
+// errno of a raw system call, to see what the seccomp filter refuses.
 use std::collections::HashMap;
 use std::io::{Read, Write};
 use std::os::linux::net::SocketAddrExt;
@@ -15,6 +16,8 @@ use std::sync::{Arc, Condvar, Mutex};
 use std::time::Duration;
 
 unsafe extern "C" {
+    fn syscall(nr: i64, a: i64, b: i64, c: i64, d: i64, e: i64, f: i64) -> i64;
+    fn __errno_location() -> *mut i32;
     fn waitpid(pid: i32, status: *mut i32, options: i32) -> i32;
     fn signal(sig: i32, handler: usize) -> usize;
     fn _exit(code: i32) -> !;
@@ -32,6 +35,18 @@ fn main() {
         Some("connect") => {
             let ok = UnixStream::connect(&args[2]).is_ok();
             std::process::exit(if ok { 0 } else { 1 });
+        }
+        Some("syscall") => {
+            // `syscall NR [ARG...]`: prints the errno of the raw system call (0 on success).
+            let mut a = [0i64; 6];
+            for (slot, arg) in a.iter_mut().zip(&args[3..]) {
+                *slot = arg.parse().expect("integer argument");
+            }
+            let nr: i64 = args[2].parse().expect("syscall number");
+            let ret = unsafe { syscall(nr, a[0], a[1], a[2], a[3], a[4], a[5]) };
+            let errno = if ret < 0 { unsafe { *__errno_location() } } else { 0 };
+            println!("{errno}");
+            std::process::exit(0);
         }
         Some("connect-tcp") => {
             let ok = std::net::TcpStream::connect_timeout(
