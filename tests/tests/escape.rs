@@ -93,7 +93,8 @@ impl Sandbox {
             testing::fixtures().expect("fixtures (is busybox-static installed?)");
         let agent = real_agent();
         let spec = SandboxSpec {
-            id: id.into(),
+            // Unique per process, so concurrent test runs on one machine do not share cgroups.
+            id: format!("{id}-{}", std::process::id()),
             rootfs,
             state_dir: dir.join(id),
             agent: agent.clone().unwrap_or(standin),

@@ -15,7 +15,8 @@ const T: Duration = Duration::from_secs(20);
 fn spec(tmp: &Path, id: &str, limits: Limits) -> SandboxSpec {
     let (rootfs, agent) = testing::fixtures().expect("fixtures");
     SandboxSpec {
-        id: id.into(),
+        // Unique per process, so concurrent test runs on one machine do not share cgroups.
+        id: format!("{id}-{}", std::process::id()),
         rootfs,
         state_dir: tmp.join(id),
         agent,
