@@ -174,7 +174,14 @@ pub fn namespace_init(config: &Config) -> Result<(), SystemError> {
 }
 
 fn finish_init(config: &Config) -> Result<(), SystemError> {
-    if let Some(name) = &config.hostname {
+    // The image's /etc/hostname unless the sandbox names itself.
+    let name = config.hostname.clone().or_else(|| {
+        std::fs::read_to_string("/etc/hostname")
+            .ok()
+            .map(|h| h.trim().to_owned())
+            .filter(|h| !h.is_empty())
+    });
+    if let Some(name) = name {
         nix::unistd::sethostname(name).map_err(sys("set the hostname"))?;
     }
     loopback_up()?;
