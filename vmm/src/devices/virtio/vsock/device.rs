@@ -282,7 +282,22 @@ impl Vsock {
                     rx.go_to_previous_position();
                     continue;
                 };
-                let Some(out) = conn.next_outgoing(&mut buf) else {
+                // The payload must fit the driver's buffer (Linux posts 4 KiB + header).
+                let room = match chain.clone().writer(&active.mem) {
+                    Ok(w) if w.available_bytes() >= HEADER_SIZE => {
+                        w.available_bytes() - HEADER_SIZE
+                    }
+                    _ => {
+                        tracing::debug!("vsock: rx buffer unusable or smaller than a header");
+                        self.metrics.error();
+                        let head = chain.head_index();
+                        used_any |= add_used(rx, &active.mem, head, 0, &self.metrics);
+                        progressed = true;
+                        continue;
+                    }
+                };
+                let room = room.min(buf.len());
+                let Some(out) = conn.next_outgoing(&mut buf[..room]) else {
                     // Nothing after all (the socket had no data): give the buffer back.
                     rx.go_to_previous_position();
                     continue;
@@ -770,6 +785,45 @@ mod tests {
         f.pump();
         let got = f.received();
         assert_eq!(got.last().unwrap().0.op(), OP_SHUTDOWN);
+    }
+
+    #[test]
+    fn host_data_is_split_to_fit_linux_sized_rx_buffers() {
+        let mut f = Fixture::new();
+        // Like Linux: a 44-byte header descriptor chained to a 4 KiB payload descriptor.
+        for i in 0..4u16 {
+            let at = RX_BUFS + u64::from(i) * 0x2000;
+            f.rx.add_chain(
+                &f.mem,
+                2 * i,
+                &[(at, HEADER_SIZE as u32, true), (at + 0x100, 4096, true)],
+            );
+        }
+        f.dev.queue_notify(RX_QUEUE);
+        let mut host = UnixStream::connect(f.uds()).unwrap();
+        host.write_all(b"CONNECT 9\n").unwrap();
+        f.pump();
+        assert_eq!(f.rx.used_idx(&f.mem), 1); // REQUEST
+        let local = {
+            let hdr: PacketHeader = f.mem.read_obj(GuestAddress(RX_BUFS)).unwrap();
+            hdr.src_port()
+        };
+        f.send(OP_RESPONSE, 9, local, 0, &[]);
+        let mut ok = vec![0u8; format!("OK {local}\n").len()];
+        host.read_exact(&mut ok).unwrap();
+        host.write_all(&vec![7u8; 10000]).unwrap();
+        f.pump();
+        let mut sizes = Vec::new();
+        for i in 1..f.rx.used_idx(&f.mem) {
+            let (head, len) = f.rx.used(&f.mem, i);
+            let at = RX_BUFS + u64::from(head / 2) * 0x2000;
+            let hdr: PacketHeader = f.mem.read_obj(GuestAddress(at)).unwrap();
+            assert_eq!(hdr.op(), OP_RW);
+            assert_eq!(len as usize, HEADER_SIZE + hdr.payload_len() as usize);
+            sizes.push(hdr.payload_len());
+        }
+        assert_eq!(sizes, vec![4096, 4096, 1808]);
+        assert_eq!(f.dev.connection_count(), 1);
     }
 
     #[test]
