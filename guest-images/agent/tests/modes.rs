@@ -139,3 +139,40 @@ fn listens_on_vsock() {
     child.wait().unwrap();
     assert_eq!(second, Err(nix::errno::Errno::EADDRINUSE));
 }
+
+/// The client's hybrid vsock path end to end: a stand-in for the VMM's socket that speaks the
+/// `CONNECT`/`OK` handshake and then splices bytes to the agent, as the VMM splices them to the
+/// guest's AF_VSOCK port.
+#[tokio::test]
+async fn client_connects_through_a_hybrid_vsock_socket() {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let agent = Agent::start().await;
+    let hybrid = agent.dir.path().join("vsock.sock");
+    let listener = tokio::net::UnixListener::bind(&hybrid).unwrap();
+    let target = agent.socket.clone();
+    tokio::spawn(async move {
+        let (mut host, _) = listener.accept().await.unwrap();
+        let mut line = Vec::new();
+        loop {
+            let b = host.read_u8().await.unwrap();
+            if b == b'\n' {
+                break;
+            }
+            line.push(b);
+        }
+        assert_eq!(line, b"CONNECT 1024");
+        host.write_all(b"OK 1073741824\n").await.unwrap();
+        let mut guest = tokio::net::UnixStream::connect(target).await.unwrap();
+        let _ = tokio::io::copy_bidirectional(&mut host, &mut guest).await;
+    });
+    let client = belljar_agent_proto::client::AgentClient::connect_hybrid_vsock(&hybrid, 1024)
+        .await
+        .unwrap();
+    assert_eq!(client.health().await.unwrap().pid, agent.pid());
+    let started = client
+        .start_command(&common::argv(&["echo", "via vsock"]))
+        .await
+        .unwrap();
+    let done = client.wait_command(&started.id).await.unwrap();
+    assert_eq!(done.exit_code, Some(0));
+}
