@@ -6,6 +6,7 @@
 //! state_dir/            0700, host root (or the rootless user)
 //!   sandbox.json        pid, start time, cgroups, limits report (see `state`)
 //!   sandbox.pid         the pid alone
+//!   idblock             first host uid/gid of the sandbox's 65536 ids (root only)
 //!   agent.log           the agent's stdout and stderr
 //!   run -> fs/run       symlink: the agent socket is state_dir/run/agent.sock
 //!   fs/                 owned by the sandbox's root uid; PID 1 resolves the mounts from here
@@ -102,7 +103,7 @@ pub fn launch(spec: &SandboxSpec) -> Result<Running, Error> {
     } else {
         let base = match &previous {
             Some(p) if !p.rootless => p.root_uid,
-            _ => allocate_base(dir, &spec.id),
+            _ => id_block(dir, &spec.id)?,
         };
         IdMap::shifted(base)
     };
@@ -446,6 +447,42 @@ fn idmapped_tree(rootfs: &Path, userns: &OwnedFd) -> Result<OwnedFd, Error> {
     Ok(tree)
 }
 
+/// The file in a state directory that holds its id block, written before first use.
+const ID_BLOCK_FILE: &str = "idblock";
+
+/// The sandbox's id block: the one it already has, or a newly reserved one. Reservation holds
+/// a lock in the parent directory, so concurrent launches never pick the same block.
+fn id_block(state_dir: &Path, id: &str) -> Result<u32, Error> {
+    let mine = state_dir.join(ID_BLOCK_FILE);
+    if let Some(base) = read_block(&mine) {
+        return Ok(base);
+    }
+    let parent = state_dir.parent().unwrap_or(Path::new("/"));
+    let lock_path = parent.join(".belljar-idblock.lock");
+    let lock = fs::File::create(&lock_path).map_err(|source| Error::Prepare {
+        path: lock_path.clone(),
+        source,
+    })?;
+    // SAFETY: flock on an fd we own; the lock is released when `lock` is dropped.
+    if unsafe { libc::flock(lock.as_raw_fd(), libc::LOCK_EX) } < 0 {
+        let source = io::Error::last_os_error();
+        return Err(Error::Prepare {
+            path: lock_path,
+            source,
+        });
+    }
+    let base = allocate_base(state_dir, id);
+    fs::write(&mine, format!("{base}\n")).map_err(|source| Error::Prepare {
+        path: mine.clone(),
+        source,
+    })?;
+    Ok(base)
+}
+
+fn read_block(path: &Path) -> Option<u32> {
+    fs::read_to_string(path).ok()?.trim().parse().ok()
+}
+
 /// Picks a free id block: a hash of the id, then the next block not used by a sibling
 /// state directory (sandboxes' state directories normally share a parent).
 fn allocate_base(state_dir: &Path, id: &str) -> u32 {
@@ -455,7 +492,9 @@ fn allocate_base(state_dir: &Path, id: &str) -> u32 {
             if entry.path() == state_dir {
                 continue;
             }
-            if let Ok(Some(st)) = State::load(&entry.path()) {
+            if let Some(base) = read_block(&entry.path().join(ID_BLOCK_FILE)) {
+                used.insert(base);
+            } else if let Ok(Some(st)) = State::load(&entry.path()) {
                 used.insert(st.root_uid);
             }
         }
@@ -741,10 +780,18 @@ mod tests {
     #[test]
     fn bases_are_distinct_blocks() {
         let tmp = tempfile::tempdir().unwrap();
-        let a = allocate_base(&tmp.path().join("a"), "a");
+        let (one, two) = (tmp.path().join("one"), tmp.path().join("two"));
+        fs::create_dir_all(&one).unwrap();
+        fs::create_dir_all(&two).unwrap();
+        let a = id_block(&one, "same").unwrap();
         assert!(a >= ID_BASE);
         assert_eq!((a - ID_BASE) % idmap::RANGE, 0);
         assert!(a.checked_add(idmap::RANGE).is_some());
+        // Kept across calls, and a sibling with the same hash gets the next block.
+        assert_eq!(id_block(&one, "same").unwrap(), a);
+        let b = id_block(&two, "same").unwrap();
+        assert_ne!(a, b);
+        assert_eq!(a.abs_diff(b) % idmap::RANGE, 0);
     }
 
     #[test]

@@ -11,6 +11,8 @@ use serde::{Deserialize, Serialize};
 pub enum Error {
     #[error("The kernel has no overlay filesystem")]
     NoOverlay,
+    #[error("Linux {0} is too old: namespace sandboxes need {1} ({2})")]
+    OldKernel(String, &'static str, &'static str),
 }
 
 /// Which cgroup version enforces sandbox limits here.
@@ -44,6 +46,17 @@ pub fn probe() -> Probe {
         rootless,
         cgroup,
     };
+    let release = fs::read_to_string("/proc/sys/kernel/osrelease").unwrap_or_default();
+    let release = release.trim().to_owned();
+    let (need, why) = if rootless {
+        ((5, 11), "overlayfs inside a user namespace")
+    } else {
+        ((5, 19), "overlayfs over idmapped layers")
+    };
+    if kernel_version(&release).is_some_and(|v| v < need) {
+        let need = if rootless { "5.11" } else { "5.19" };
+        return unavailable(Error::OldKernel(release, need, why).to_string());
+    }
     let filesystems = fs::read_to_string("/proc/filesystems").unwrap_or_default();
     if !filesystems
         .lines()
@@ -84,9 +97,23 @@ pub fn probe() -> Probe {
     }
 }
 
+/// `(major, minor)` of a kernel release string such as `6.18.44-fc-v657`.
+fn kernel_version(release: &str) -> Option<(u32, u32)> {
+    let mut parts = release.split(|c: char| !c.is_ascii_digit());
+    Some((parts.next()?.parse().ok()?, parts.next()?.parse().ok()?))
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn kernel_versions() {
+        assert_eq!(kernel_version("6.18.44-fc-v657"), Some((6, 18)));
+        assert_eq!(kernel_version("5.4.0-150-generic"), Some((5, 4)));
+        assert!(kernel_version("5.4.0").unwrap() < (5, 19));
+        assert_eq!(kernel_version("junk"), None);
+    }
 
     #[test]
     fn probe_finds_this_host_usable() {
