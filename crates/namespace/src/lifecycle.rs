@@ -676,6 +676,13 @@ pub fn destroy(state_dir: &Path) -> Result<(), Error> {
         open_up(state_dir);
         result = fs::remove_dir_all(state_dir);
     }
+    let rootless = !Uid::effective().is_root();
+    if rootless && matches!(&result, Err(e) if e.kind() == io::ErrorKind::PermissionDenied) {
+        // Rootless with subordinate ids: files made by other users inside belong to
+        // subordinate host ids; only root of a namespace with the same mapping may delete them.
+        remove_in_namespace(state_dir)?;
+        result = fs::remove_dir_all(state_dir);
+    }
     match result {
         Ok(()) => Ok(()),
         Err(e) if e.kind() == io::ErrorKind::NotFound => Ok(()),
@@ -683,6 +690,37 @@ pub fn destroy(state_dir: &Path) -> Result<(), Error> {
             path: state_dir.to_owned(),
             source,
         }),
+    }
+}
+
+/// Deletes `dir` from a child that is root of a user namespace with the rootless mapping.
+fn remove_in_namespace(dir: &Path) -> Result<(), Error> {
+    let map = IdMap::rootless();
+    let userns = map.create_namespace()?;
+    let remove_err = |source| Error::Remove {
+        path: dir.to_owned(),
+        source,
+    };
+    // SAFETY: the child joins the namespace, deletes the tree and exits without returning;
+    // glibc's malloc is usable after fork.
+    match unsafe { nix::unistd::fork() }.map_err(|e| remove_err(e.into()))? {
+        nix::unistd::ForkResult::Child => {
+            // SAFETY: plain system calls; `_exit` never returns.
+            unsafe {
+                let ok = libc::setns(userns.as_raw_fd(), libc::CLONE_NEWUSER) == 0
+                    && libc::setresgid(0, 0, 0) == 0
+                    && libc::setresuid(0, 0, 0) == 0
+                    && fs::remove_dir_all(dir).is_ok();
+                libc::_exit(if ok { 0 } else { 1 })
+            }
+        }
+        nix::unistd::ForkResult::Parent { child } => {
+            let status = nix::sys::wait::waitpid(child, None).map_err(|e| remove_err(e.into()))?;
+            match status {
+                nix::sys::wait::WaitStatus::Exited(_, 0) => Ok(()),
+                _ => Err(remove_err(io::Error::from_raw_os_error(libc::EPERM))),
+            }
+        }
     }
 }
 
