@@ -322,3 +322,64 @@ fn two_vcpus_start_and_stop() {
     let log = std::fs::read(dir.path().join("console.log")).unwrap();
     assert_eq!(log, b"up");
 }
+
+#[test]
+fn ioapic_interrupt_reaches_the_guest() {
+    let Some(hv) = kvm() else { return };
+    let dir = tempfile::tempdir().unwrap();
+    const VECTOR: u8 = 0x30;
+    let mut img = vec![0u8; 0x4000];
+    // Handler at +0x800: print "I!" and reset.
+    let mut h = Asm::default();
+    h.print(b"I!").reset().hlt();
+    img[0x800..0x800 + h.0.len()].copy_from_slice(&h.0);
+    let handler = BASE + 0x800;
+    // IDT at +0x3000 with one 64-bit interrupt gate; IDTR at +0x2000.
+    let gate = 0x3000 + usize::from(VECTOR) * 16;
+    img[gate..gate + 2].copy_from_slice(&(handler as u16).to_le_bytes());
+    img[gate + 2..gate + 4].copy_from_slice(&8u16.to_le_bytes()); // 64-bit code selector
+    img[gate + 5] = 0x8e; // present, DPL 0, interrupt gate
+    img[gate + 6..gate + 8].copy_from_slice(&((handler >> 16) as u16).to_le_bytes());
+    img[gate + 8..gate + 12].copy_from_slice(&((handler >> 32) as u32).to_le_bytes());
+    img[0x2000..0x2002].copy_from_slice(&0xfffu16.to_le_bytes());
+    img[0x2002..0x200a].copy_from_slice(&(BASE + 0x3000).to_le_bytes());
+
+    let mut a = Asm::default();
+    a.0.extend([0x0f, 0x01, 0x1c, 0x25]); // lidt [abs32]
+    a.0.extend(((BASE + 0x2000) as u32).to_le_bytes());
+    a.mov_ebx(0xfee0_0000).store(0xf0, 0x1ff); // local APIC on, spurious vector 0xff
+    a.mov_ebx(0xfec0_0000)
+        .store(0x00, 0x10 + 2 * 5) // IOAPIC redirection entry for pin 5, low half
+        .store(0x10, u32::from(VECTOR)) // fixed, edge, unmasked
+        .store(0x00, 0x10 + 2 * 5 + 1)
+        .store(0x10, 0); // destination APIC 0
+    a.print(b"W");
+    a.0.extend([0xfb, 0xf4, 0xeb, 0xfd]); // sti; hlt; jmp back to hlt
+    img[..a.0.len()].copy_from_slice(&a.0);
+
+    let vmm = Vmm::start(&config(dir.path(), &img), &hv).unwrap();
+    // Wait for the guest to be ready, then raise the line as a device would.
+    let log = dir.path().join("console.log");
+    let t = Instant::now();
+    while std::fs::read(&log).unwrap_or_default() != b"W" {
+        assert!(
+            t.elapsed() < Duration::from_secs(5),
+            "guest never got ready"
+        );
+        std::thread::sleep(Duration::from_millis(2));
+    }
+    std::thread::sleep(Duration::from_millis(20));
+    let line = belljar_vmm::devices::IrqLine::new(vmm.vm().clone(), 5);
+    belljar_vmm::devices::Interrupt::trigger(&line);
+    // Without the interrupt the guest would sleep in `hlt` forever and `run` would time out.
+    assert_eq!(run(&vmm), ExitReason::Reset);
+    let out = std::fs::read(&log).unwrap();
+    if belljar_vmm::hypervisor::host_has_hw_virt() == Some(false) {
+        // Software KVM (PVM) routes the interrupt to the vCPU but cannot deliver it through
+        // the IDT of a guest kernel that is not PVM-aware: the delivery ends in a triple
+        // fault (a reset). `int n` in guest kernel mode is an emulation error there too.
+        assert!(out == b"W" || out == b"WI!", "{out:?}");
+    } else {
+        assert_eq!(out, b"WI!");
+    }
+}
