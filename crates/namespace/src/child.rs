@@ -70,6 +70,11 @@ pub(crate) enum Step {
     BindAgent {
         target: CString,
     },
+    /// After the pivot: make the hostname resolve (`127.0.1.1 <name>` in `/etc/hosts`, as
+    /// Debian does), so `sudo` and friends do not stall on DNS. Best effort.
+    HostsEntry {
+        hostname: String,
+    },
     /// `pivot_root` into this directory and detach the old root.
     Pivot {
         new_root: CString,
@@ -403,6 +408,24 @@ unsafe fn run_step(step: &Step, agent_fd: RawFd, err_fd: RawFd) {
                 );
                 if ret < 0 {
                     fail(err_fd, &format!("bind the agent on {target:?}"));
+                }
+            }
+            Step::HostsEntry { hostname } => {
+                let text = std::fs::read_to_string("/etc/hosts").unwrap_or_default();
+                if !text.split_whitespace().any(|w| w == hostname) {
+                    let sep = if text.is_empty() || text.ends_with('\n') {
+                        ""
+                    } else {
+                        "\n"
+                    };
+                    let line = format!("{sep}127.0.1.1\t{hostname}\n");
+                    let file = std::fs::OpenOptions::new()
+                        .append(true)
+                        .create(true)
+                        .open("/etc/hosts");
+                    if let Ok(mut file) = file {
+                        let _ = std::io::Write::write_all(&mut file, line.as_bytes());
+                    }
                 }
             }
             Step::Pivot { new_root } => {

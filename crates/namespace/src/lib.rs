@@ -36,7 +36,8 @@
 //! `null zero full random urandom tty`, `/dev/pts` (newinstance, ptmxmode=0666) with the
 //! `/dev/ptmx` symlink, `/dev/shm`, `/tmp` and `/run` (tmpfs); bind-mounted `state_dir/run` at
 //! `/run/belljar` (so the agent's socket is `state_dir/run/agent.sock` on the host); set the
-//! hostname; brought `lo` up. The agent does not need to mount anything in namespace mode;
+//! hostname (and added `127.0.1.1 <hostname>` to `/etc/hosts` when missing); brought `lo` up.
+//! The agent does not need to mount anything in namespace mode;
 //! it currently mounts /proc, /dev/pts and /dev/shm again on top, which works because the
 //! sandbox keeps `CAP_SYS_ADMIN` and `CAP_NET_ADMIN` inside its namespaces for now (see
 //! [`caps::AGENT_NEEDS`]).

@@ -210,6 +210,9 @@ fn start(spec: &SandboxSpec, map: &IdMap, rootless: bool, groups: &Groups) -> Re
         });
     }
     steps.extend(mount_plan(&lower, map.maps_gid(5)));
+    steps.push(Step::HostsEntry {
+        hostname: spec.hostname.clone(),
+    });
     let mut envp = vec![
         format!("PATH={PATH}"),
         "HOME=/root".to_owned(),

@@ -64,6 +64,9 @@ fn launch_run_stop_destroy() {
     assert_eq!(lines[2], "0");
     assert_eq!(lines[3], "hello from the image");
     assert_eq!(lines[4], "1");
+    // The hostname resolves, from /etc/hosts.
+    let out = sh(&running.socket, "grep life-host /etc/hosts");
+    assert_eq!(out.text, "127.0.1.1\tlife-host\n");
     // PID 1 is the agent.
     let out = sh(&running.socket, "cat /proc/1/cmdline | tr '\\0' ' '");
     assert_eq!(
