@@ -31,9 +31,9 @@ pub enum CommandError {
 impl CommandError {
     fn code(&self) -> &'static str {
         match self {
-            Self::Daemon(DaemonError::Timeout { .. } | DaemonError::Spawn(_)) => {
-                "daemon_unavailable"
-            }
+            Self::Daemon(
+                DaemonError::Timeout { .. } | DaemonError::Spawn(_) | DaemonError::Socket(_),
+            ) => "daemon_unavailable",
             Self::Daemon(_) => "daemon_config",
             Self::Drop(DropError::NotDropped(_)) => "forbidden",
             Self::Drop(_) => "io",
@@ -65,6 +65,20 @@ pub async fn daemon_connection(state: State<'_, AppState>) -> Result<Connection,
     tauri::async_runtime::spawn_blocking(move || {
         paths.wait_running(DAEMON_START_TIMEOUT)?;
         paths.connection()
+    })
+    .await
+    .map_err(|e| DaemonError::Spawn(e.to_string()))?
+    .map_err(CommandError::from)
+}
+
+/// The daemon's own UI with a one-time sign-in, for a window that cannot call the daemon from
+/// the embedded page (a daemon without CORS for the app's origin).
+#[tauri::command]
+pub async fn daemon_ui_url(state: State<'_, AppState>) -> Result<String, CommandError> {
+    let paths = state.paths.clone();
+    tauri::async_runtime::spawn_blocking(move || {
+        paths.wait_running(DAEMON_START_TIMEOUT)?;
+        paths.ui_login_url()
     })
     .await
     .map_err(|e| DaemonError::Spawn(e.to_string()))?

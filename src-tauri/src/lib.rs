@@ -63,6 +63,7 @@ pub fn run() {
         })
         .invoke_handler(tauri::generate_handler![
             commands::daemon_connection,
+            commands::daemon_ui_url,
             commands::set_tray,
             commands::open_terminal_window,
             commands::read_dropped_file,

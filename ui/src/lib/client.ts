@@ -1,8 +1,10 @@
 // The one interface between the UI and wherever it runs. In a browser the UI is served by
 // belljard and calls it same-origin with the session cookie; inside the desktop app it calls
 // http://127.0.0.1:<port> with the bearer token the app reads from the daemon's config dir,
-// and a few things (tray, windows, native file drops) go through the app. Nothing outside this
-// file knows which of the two it is.
+// and a few things (tray, windows, native file drops) go through the app. When the daemon does
+// not accept those cross-origin calls (no CORS for the app's origin, or no token on WebSockets)
+// the app's window loads the daemon's own copy of the UI instead, signed in like a browser.
+// Nothing outside this file knows which of these it is.
 
 import type { ErrorBody } from "../generated/api";
 
@@ -133,10 +135,16 @@ class TauriClient implements Client {
   private core() {
     return import("@tauri-apps/api/core");
   }
+  /** True when the window shows the daemon's own copy of the UI (same origin, cookie). */
+  private served(): boolean {
+    return location.protocol === "http:" && location.hostname === "127.0.0.1";
+  }
   private connection(): Promise<Connection> {
+    if (this.served()) return Promise.resolve({ base_url: "", token: "" });
     if (!this.conn) {
       this.conn = this.core()
         .then((c) => c.invoke<Connection>("daemon_connection"))
+        .then((c) => this.probe(c))
         .catch((e) => {
           this.conn = null;
           throw toApiError(e);
@@ -144,12 +152,37 @@ class TauriClient implements Client {
     }
     return this.conn;
   }
+  /**
+   * The embedded page calls the daemon cross-origin. A daemon that does not answer CORS for the
+   * app's origin makes that fail as a network error although it runs; then the window loads the
+   * daemon's own UI, signed in with a one-time token, where every call is same-origin.
+   */
+  private async probe(c: Connection): Promise<Connection> {
+    try {
+      const res = await fetch(c.base_url + "/v1/info", { headers: { Authorization: `Bearer ${c.token}` } });
+      if (!res.ok) throw new Error(`HTTP ${res.status}`);
+      const ws = c.base_url.replace(/^http/, "ws") + "/v1/events?access_token=" + encodeURIComponent(c.token);
+      const opened = await new Promise<boolean>((resolve) => {
+        const w = new WebSocket(ws);
+        w.onopen = () => (w.close(), resolve(true));
+        w.onerror = () => resolve(false);
+        setTimeout(() => resolve(false), 5000);
+      });
+      if (!opened) throw new Error("WebSocket refused");
+      return c;
+    } catch {
+      const { invoke } = await this.core();
+      const url = await invoke<string>("daemon_ui_url");
+      location.replace(url);
+      return new Promise<Connection>(() => {});
+    }
+  }
   async fetch(path: string, init: RequestInit = {}): Promise<Response> {
     const c = await this.connection();
     const headers = new Headers(init.headers);
-    headers.set("Authorization", `Bearer ${c.token}`);
+    if (c.token) headers.set("Authorization", `Bearer ${c.token}`);
     try {
-      return await fetch(c.base_url + path, { ...init, headers });
+      return await fetch(c.base_url + path, { ...init, headers, credentials: "same-origin" });
     } catch (e) {
       this.reset();
       throw e;
@@ -159,7 +192,8 @@ class TauriClient implements Client {
     // A page cannot set headers on a WebSocket; the token rides in the query instead.
     const c = await this.connection();
     const sep = path.includes("?") ? "&" : "?";
-    const url = c.base_url.replace(/^http/, "ws") + path + sep + "access_token=" + encodeURIComponent(c.token);
+    const base = c.base_url ? c.base_url.replace(/^http/, "ws") : `ws://${location.host}`;
+    const url = base + path + (c.token ? sep + "access_token=" + encodeURIComponent(c.token) : "");
     const ws = new WebSocket(url);
     ws.binaryType = "arraybuffer";
     return ws;
@@ -168,7 +202,8 @@ class TauriClient implements Client {
     const c = await this.connection();
     const x = new XMLHttpRequest();
     x.open(method, c.base_url + path);
-    x.setRequestHeader("Authorization", `Bearer ${c.token}`);
+    if (c.token) x.setRequestHeader("Authorization", `Bearer ${c.token}`);
+    else x.withCredentials = true;
     return x;
   }
   reset(): void {
