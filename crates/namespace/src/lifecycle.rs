@@ -21,7 +21,7 @@ use std::fs;
 use std::io;
 use std::os::fd::{AsRawFd, FromRawFd, OwnedFd};
 use std::os::unix::ffi::OsStrExt;
-use std::os::unix::fs::{DirBuilderExt, PermissionsExt};
+use std::os::unix::fs::PermissionsExt;
 use std::os::unix::net::UnixStream;
 use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
@@ -574,21 +574,18 @@ fn validate(spec: &SandboxSpec) -> Result<(), Error> {
     Ok(())
 }
 
+/// Makes `path` (and its parents) with exactly `mode`, whatever the daemon's umask.
 fn mkdir(path: &Path, mode: u32) -> Result<(), Error> {
-    match fs::DirBuilder::new().mode(mode).create(path) {
+    let made = match fs::DirBuilder::new().recursive(true).create(path) {
         Ok(()) => Ok(()),
         Err(e) if e.kind() == io::ErrorKind::AlreadyExists => Ok(()),
-        Err(e) if e.kind() == io::ErrorKind::NotFound => fs::create_dir_all(path)
-            .and_then(|()| fs::set_permissions(path, fs::Permissions::from_mode(mode)))
-            .map_err(|source| Error::Prepare {
-                path: path.to_owned(),
-                source,
-            }),
-        Err(source) => Err(Error::Prepare {
+        Err(e) => Err(e),
+    };
+    made.and_then(|()| fs::set_permissions(path, fs::Permissions::from_mode(mode)))
+        .map_err(|source| Error::Prepare {
             path: path.to_owned(),
             source,
-        }),
-    }
+        })
 }
 
 fn c(s: &str) -> CString {
