@@ -75,6 +75,8 @@ pub fn standin_agent(dir: &Path) -> Result<PathBuf, Error> {
             String::from_utf8_lossy(&output.stderr).into_owned(),
         ));
     }
+    fs::set_permissions(&tmp, fs::Permissions::from_mode(0o755))
+        .map_err(io_err("chmod the stand-in"))?;
     fs::rename(&tmp, &out).map_err(io_err("install the stand-in"))?;
     Ok(out)
 }
@@ -113,8 +115,35 @@ pub fn busybox_rootfs(dir: &Path, probe: &Path) -> Result<PathBuf, Error> {
     ] {
         fs::create_dir_all(tmp.join(d)).map_err(io_err(format!("create {d}")))?;
     }
+    // Exact modes whatever the umask: the image is used by other users (uid 1000, rootless).
+    for d in [
+        "",
+        "bin",
+        "sbin",
+        "etc",
+        "home",
+        "home/belljar",
+        "workspace",
+        "proc",
+        "sys",
+        "dev",
+        "run",
+        "usr",
+        "usr/local",
+        "usr/local/bin",
+        "var",
+    ] {
+        fs::set_permissions(tmp.join(d), fs::Permissions::from_mode(0o755))
+            .map_err(io_err(format!("chmod {d}")))?;
+    }
     fs::copy(busybox, tmp.join("bin/busybox")).map_err(io_err("copy busybox"))?;
     fs::copy(probe, tmp.join("usr/local/bin/belljar-probe")).map_err(io_err("copy probe"))?;
+    for (file, mode) in [
+        ("bin/busybox", 0o755),
+        ("usr/local/bin/belljar-probe", 0o755),
+    ] {
+        let _ = fs::set_permissions(tmp.join(file), fs::Permissions::from_mode(mode));
+    }
     let list = Command::new(busybox)
         .arg("--list")
         .output()
@@ -138,6 +167,8 @@ pub fn busybox_rootfs(dir: &Path, probe: &Path) -> Result<PathBuf, Error> {
     ];
     for (path, text) in files {
         fs::write(tmp.join(path), text).map_err(io_err(format!("write {path}")))?;
+        fs::set_permissions(tmp.join(path), fs::Permissions::from_mode(0o644))
+            .map_err(io_err(format!("chmod {path}")))?;
     }
     for (path, mode) in [("root", 0o700), ("tmp", 0o1777), ("var/tmp", 0o1777)] {
         fs::set_permissions(tmp.join(path), fs::Permissions::from_mode(mode))
@@ -169,6 +200,8 @@ pub fn fixtures() -> Result<(PathBuf, PathBuf), Error> {
     let _guard = IN_PROCESS.lock().unwrap_or_else(|e| e.into_inner());
     let dir = fixture_dir();
     fs::create_dir_all(&dir).map_err(io_err(format!("create {}", dir.display())))?;
+    fs::set_permissions(&dir, fs::Permissions::from_mode(0o755))
+        .map_err(io_err(format!("chmod {}", dir.display())))?;
     let lock = fs::File::create(dir.join(".lock")).map_err(io_err("create the fixture lock"))?;
     // SAFETY: flock on an fd we own; released when `lock` is dropped at the end.
     if unsafe { libc::flock(std::os::fd::AsRawFd::as_raw_fd(&lock), libc::LOCK_EX) } < 0 {
