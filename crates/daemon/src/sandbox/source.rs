@@ -156,7 +156,7 @@ async fn clone_on_host(
         let out = tokio::process::Command::new("git")
             .arg("-C")
             .arg(dest)
-            .args(["checkout", "--quiet", rev, "--"])
+            .args(["checkout", "--quiet", "--detach", rev])
             .output()
             .await?;
         if !out.status.success() {
@@ -177,7 +177,7 @@ async fn clone_in_sandbox(
 ) -> Result<(), SandboxError> {
     let mut script = String::from("git clone --quiet -- \"$1\" . ");
     if revision.is_some() {
-        script.push_str("&& git checkout --quiet \"$2\" --");
+        script.push_str("&& git checkout --quiet --detach \"$2\"");
     }
     let argv = vec![
         "sh".into(),
