@@ -6,12 +6,14 @@
 //!
 //! 1. the *starter*, forked from the daemon: starts a new session (so the sandbox never gets
 //!    the daemon's terminal signals), joins the sandbox's cgroups, joins the prepared user
-//!    namespace, becomes root in it, unshares mount/UTS/IPC/network/PID/cgroup namespaces,
-//!    forks the sandbox's PID 1, reports its host pid and exits — so PID 1 is reparented to
-//!    the host's init and outlives the daemon;
-//! 2. *PID 1*: mounts the root (overlay on the idmapped image) and the pseudo filesystems,
-//!    pivots into it, sets the hostname, brings `lo` up, drops capabilities, installs the
-//!    seccomp filter and execs the agent.
+//!    namespace, unshares mount/UTS/IPC/network/PID/cgroup namespaces (the cgroup namespace's
+//!    root is thus the sandbox's own group), forks the sandbox's PID 1, reports its host pid
+//!    and exits — so PID 1 is reparented to the host's init and outlives the daemon;
+//! 2. *PID 1*: starts its own session, changes into `state_dir/fs` and opens the agent binary
+//!    while it still has the host's root identity (so it can pass directories only root may
+//!    search), becomes root of the user namespace, mounts the root (overlay on the idmapped
+//!    image) and the pseudo filesystems, pivots into it, sets the hostname, brings `lo` up,
+//!    drops capabilities, installs the seccomp filter and execs the agent.
 //!
 //! Failures are written as text to an error pipe that closes on a successful `execve`.
 
