@@ -10,8 +10,8 @@
 //!
 //! Usage: `cargo build --release -p belljar-vmm -p belljar-bench &&
 //!         target/release/vmm_boot [--runs N] [--kernel VMLINUX] [--linux-timeout SECS]`
-//! The kernel defaults to `BELLJAR_KERNEL` or the cached `guest-images/kernel/build.sh`
-//! output; the root disk is a small ext4 with busybox as init (needs busybox-static and
+//! The kernel defaults to `BELLJAR_KERNEL` or the newest kernel cached by
+//! `guest-images/kernel/build.sh`; the root disk is a small ext4 with busybox as init (needs busybox-static and
 //! mkfs.ext4), printing a marker and rebooting.
 
 use std::io::{BufRead, BufReader, Read, Write};
@@ -31,7 +31,7 @@ struct Args {
     /// Runs per tiny-guest figure.
     #[arg(long, default_value_t = 20)]
     runs: usize,
-    /// Guest kernel (vmlinux); default BELLJAR_KERNEL or the cached project kernel.
+    /// Guest kernel (vmlinux); default BELLJAR_KERNEL or the newest cached project kernel.
     #[arg(long)]
     kernel: Option<PathBuf>,
     /// Give up on a Linux boot after this many seconds.
@@ -144,19 +144,22 @@ fn rss(vmm: &Path, guest: &Path, dir: &Path) -> Result<(u64, u64)> {
     Ok((rss, guest))
 }
 
+/// `--kernel`, else `BELLJAR_KERNEL`, else the newest cached project kernel. The build script
+/// is not run here: it may take minutes or wait for another build's lock.
 fn find_kernel(arg: Option<PathBuf>) -> Option<PathBuf> {
-    arg.or_else(|| std::env::var_os("BELLJAR_KERNEL").map(PathBuf::from))
-        .or_else(|| {
-            let script =
-                Path::new(env!("CARGO_MANIFEST_DIR")).join("../guest-images/kernel/build.sh");
-            let out = Command::new(script).stderr(Stdio::null()).output().ok()?;
-            if !out.status.success() {
-                return None;
-            }
-            let s = String::from_utf8(out.stdout).ok()?;
-            Some(PathBuf::from(s.lines().last()?.trim()))
-        })
+    if let Some(k) = arg.or_else(|| std::env::var_os("BELLJAR_KERNEL").map(PathBuf::from)) {
+        return Some(k).filter(|p| p.exists());
+    }
+    let cache = std::env::var_os("BELLJAR_CACHE")
+        .map(PathBuf::from)
+        .or_else(|| std::env::var_os("XDG_CACHE_HOME").map(|c| Path::new(&c).join("belljar")))
+        .or_else(|| std::env::var_os("HOME").map(|h| Path::new(&h).join(".cache/belljar")))?;
+    std::fs::read_dir(cache.join("kernel"))
+        .ok()?
+        .filter_map(|e| e.ok())
+        .map(|e| e.path().join("vmlinux"))
         .filter(|p| p.exists())
+        .max_by_key(|p| p.metadata().and_then(|m| m.modified()).ok())
 }
 
 /// A tiny root filesystem whose init prints the marker and reboots.
@@ -291,7 +294,7 @@ fn main() -> Result<()> {
         return Ok(());
     }
     let Some(kernel) = find_kernel(args.kernel) else {
-        println!("linux: no kernel (run guest-images/kernel/build.sh or pass --kernel)");
+        println!("linux: no kernel (run guest-images/kernel/build.sh, or pass --kernel)");
         return Ok(());
     };
     let rootfs = busybox_rootfs(dir.path())?;
