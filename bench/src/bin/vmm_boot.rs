@@ -298,7 +298,8 @@ fn main() -> Result<()> {
         return Ok(());
     };
     let rootfs = busybox_rootfs(dir.path())?;
-    let cmdline = "console=ttyS0 reboot=k panic=1 pci=off root=/dev/vda ro init=/init";
+    // earlyprintk: the banner appears when the kernel starts, not when the console registers.
+    let cmdline = "console=ttyS0 earlyprintk=serial,ttyS0 reboot=k panic=1 pci=off root=/dev/vda ro init=/init";
     println!("linux: kernel {}", kernel.display());
     let timeout = Duration::from_secs(args.linux_timeout);
 
