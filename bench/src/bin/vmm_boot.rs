@@ -190,8 +190,16 @@ fn busybox_rootfs(dir: &Path) -> Result<PathBuf> {
     Ok(img)
 }
 
+/// What a Linux boot reached.
+struct Boot {
+    kernel_ms: Option<f64>,
+    init_ms: Option<f64>,
+    /// Set when the process ended on its own before the marker.
+    early_exit: Option<std::process::ExitStatus>,
+}
+
 /// Watches `child`'s console (stdout) for the kernel banner and the marker.
-fn watch_boot(mut child: Child, t: Instant, timeout: Duration) -> (Option<f64>, Option<f64>) {
+fn watch_boot(mut child: Child, t: Instant, timeout: Duration) -> Boot {
     let out = child.stdout.take().expect("stdout");
     let (tx, rx) = std::sync::mpsc::channel();
     std::thread::spawn(move || {
@@ -226,16 +234,35 @@ fn watch_boot(mut child: Child, t: Instant, timeout: Duration) -> (Option<f64>, 
             Err(_) => break,
         }
     }
+    // The console closing before the deadline means the process is ending on its own.
+    let mut early_exit = None;
+    if init.is_none() && Instant::now() < deadline {
+        let until = Instant::now() + Duration::from_secs(2);
+        while early_exit.is_none() && Instant::now() < until {
+            early_exit = child.try_wait().ok().flatten();
+            std::thread::sleep(Duration::from_millis(10));
+        }
+    }
     let _ = child.kill();
     let _ = child.wait();
-    (kernel, init)
+    Boot {
+        kernel_ms: kernel,
+        init_ms: init,
+        early_exit,
+    }
 }
 
-fn show(label: &str, v: Option<f64>, timeout: u64) -> String {
-    match v {
-        Some(ms) => format!("{label} {ms:.0} ms"),
-        None => format!("{label} not reached within {timeout} s"),
-    }
+fn show(boot: &Boot, timeout: u64) -> String {
+    let part = |label: &str, v: Option<f64>| match (v, boot.early_exit) {
+        (Some(ms), _) => format!("{label} {ms:.0} ms"),
+        (None, Some(status)) => format!("{label} not reached (exited first: {status})"),
+        (None, None) => format!("{label} not reached within {timeout} s"),
+    };
+    format!(
+        "{}, {}",
+        part("kernel banner", boot.kernel_ms),
+        part("init marker", boot.init_ms)
+    )
 }
 
 fn main() -> Result<()> {
@@ -313,11 +340,10 @@ fn main() -> Result<()> {
         .stdout(Stdio::piped())
         .stderr(Stdio::null())
         .spawn()?;
-    let (k, i) = watch_boot(child, t, timeout);
+    let boot = watch_boot(child, t, timeout);
     println!(
-        "linux under belljar-vmm (KVM): {}, {}",
-        show("kernel banner", k, args.linux_timeout),
-        show("init marker", i, args.linux_timeout)
+        "linux under belljar-vmm (KVM): {}",
+        show(&boot, args.linux_timeout)
     );
 
     let t = Instant::now();
@@ -346,11 +372,10 @@ fn main() -> Result<()> {
         .stderr(Stdio::null())
         .spawn()
         .context("start qemu-system-x86_64 (install qemu-system-x86)")?;
-    let (k, i) = watch_boot(child, t, timeout);
+    let boot = watch_boot(child, t, timeout);
     println!(
-        "linux under qemu-system-x86_64 -M microvm,rtc=on (TCG, no KVM): {}, {}",
-        show("kernel banner", k, args.linux_timeout),
-        show("init marker", i, args.linux_timeout)
+        "linux under qemu-system-x86_64 -M microvm,rtc=on (TCG, no KVM): {}",
+        show(&boot, args.linux_timeout)
     );
     Ok(())
 }
