@@ -25,6 +25,7 @@ export interface UploadItem {
 }
 
 const CONCURRENCY = 2;
+const DONE_VISIBLE_MS = 8000;
 let nextKey = 1;
 
 class Uploads {
@@ -98,6 +99,8 @@ class Uploads {
       });
       up.loaded = up.total;
       up.state = "done";
+      // Finished uploads leave the panel after a while; failures stay until dismissed.
+      setTimeout(() => this.dismiss(up.key), DONE_VISIBLE_MS);
     } catch (e) {
       up.state = "failed";
       up.error = `Could not upload ${up.name} to ${up.dest}: ${e instanceof Error ? e.message : e}`;
