@@ -131,6 +131,9 @@ mod tests {
         let prog = build().unwrap();
         // Only this thread gets the filter.
         let (a, b) = std::os::unix::net::UnixStream::pair().unwrap();
+        let dir = tempfile::tempdir().unwrap();
+        let sock = dir.path().join("port_52");
+        let listener = std::os::unix::net::UnixListener::bind(&sock).unwrap();
         let r = std::thread::spawn(move || {
             seccompiler::apply_filter(&prog).unwrap();
             let open = std::fs::File::open("/etc/hostname");
@@ -139,12 +142,20 @@ mod tests {
             (&a).write_all(b"x").unwrap();
             let mut buf = [0u8; 1];
             (&b).read_exact(&mut buf).unwrap();
+            // What vsock does after boot: connect to <uds>_P, accept, poll, spawn a thread.
+            let mut c = std::os::unix::net::UnixStream::connect(&sock).unwrap();
+            let (mut s, _) = listener.accept().unwrap();
+            c.write_all(b"y").unwrap();
+            s.read_exact(&mut buf).unwrap();
+            let epoll = vmm_sys_util::epoll::Epoll::new().unwrap();
+            std::thread::spawn(|| ()).join().unwrap();
+            drop(epoll);
             (open.map(|_| ()), inet.map(|_| ()), buf[0])
         })
         .join()
         .unwrap();
         assert_eq!(r.0.unwrap_err().raw_os_error(), Some(libc::EPERM));
         assert_eq!(r.1.unwrap_err().raw_os_error(), Some(libc::EPERM));
-        assert_eq!(r.2, b'x');
+        assert_eq!(r.2, b'y');
     }
 }
