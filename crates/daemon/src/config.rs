@@ -33,6 +33,9 @@ pub struct Config {
     /// The `belljar-vmm` binary; default `belljar-vmm` next to this executable.
     #[arg(long, env = "BELLJAR_VMM")]
     pub vmm: Option<PathBuf>,
+    /// The guest kernel of microVMs; default the newest `<cache>/kernel/*/vmlinux`.
+    #[arg(long, env = "BELLJAR_KERNEL")]
+    pub kernel: Option<PathBuf>,
     /// The longest timeout a sandbox may have, e.g. `24h`.
     #[arg(long, env = "BELLJAR_MAX_TIMEOUT", default_value = "24h", value_parser = parse_duration)]
     pub max_timeout: i64,

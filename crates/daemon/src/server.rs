@@ -84,8 +84,14 @@ async fn serve(config: Config, paths: &Paths) -> Result<(), ServerError> {
         .vmm
         .clone()
         .or_else(|| Config::sibling("belljar-vmm"));
-    let backends: Vec<Box<dyn Backend>> =
-        vec![Box::new(Microvm::new(vmm)), Box::new(Namespace::default())];
+    let kernel = config
+        .kernel
+        .clone()
+        .or_else(|| crate::sandbox::vmm::find_kernel(&paths.cache));
+    let backends: Vec<Box<dyn Backend>> = vec![
+        Box::new(Microvm::new(vmm, kernel)),
+        Box::new(Namespace::default()),
+    ];
     let backends = Backends::new(backends);
     tracing::info!(backend = ?backends.default, reason = %backends.default_reason, "default backend");
     let images = Images::new(paths.clone(), config.guest_images(), store.clone());

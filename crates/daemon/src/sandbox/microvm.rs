@@ -1,18 +1,18 @@
 //! The `microvm` backend: one `belljar-vmm` process per sandbox on hardware KVM.
 //!
-//! Only the probe is here so far: it decides whether microVMs are usable at all, which is what
-//! `auto` needs. A microVM is usable only with `/dev/kvm` that this user can open, a CPU with
+//! The probe decides whether microVMs are usable at all, which is what `auto` needs. A microVM is usable only with `/dev/kvm` that this user can open, a CPU with
 //! the `vmx` or `svm` flag, KVM that is not the software PVM flavour (which runs guest kernel
 //! code emulated, far too slowly for a Linux guest), and a tiny probe guest that finishes fast,
-//! run by `belljar-vmm` ([`probe_code`]). Launching through `belljar-vmm --config` is not wired up yet.
+//! run by `belljar-vmm` ([`probe_code`]). Each sandbox is one `belljar-vmm` process ([`vmm`]).
 
 use std::path::{Path, PathBuf};
 use std::process::Command;
 use std::time::Duration;
 
-use belljar_api::Backend as BackendKind;
+use belljar_api::{Backend as BackendKind, LimitState, LimitsReport};
 
 use super::backend::{AgentAddress, Backend, BackendError, LaunchSpec, Launched, Probe};
+use super::vmm;
 
 /// What the probe looks at, gathered from the host so the decision itself is testable.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -73,12 +73,13 @@ pub fn host_verdict(facts: &HostFacts) -> Result<&'static str, String> {
 
 pub struct Microvm {
     vmm: Option<PathBuf>,
+    kernel: Option<PathBuf>,
 }
 
 impl Microvm {
-    /// `vmm` is the `belljar-vmm` binary, when one was found.
-    pub fn new(vmm: Option<PathBuf>) -> Self {
-        Self { vmm }
+    /// `vmm` is the `belljar-vmm` binary and `kernel` the guest kernel, when found.
+    pub fn new(vmm: Option<PathBuf>, kernel: Option<PathBuf>) -> Self {
+        Self { vmm, kernel }
     }
 
     /// Boots a tiny raw guest that loops a million times in kernel mode, writes to its
@@ -140,6 +141,25 @@ pub fn probe_code(loops: u32) -> Vec<u8> {
     code
 }
 
+/// A microVM's limits are the hypervisor's: its RAM and vCPUs are all it has.
+fn launched(state_dir: &Path) -> Launched {
+    let hv = |detail: &str| LimitState {
+        enforced: true,
+        detail: detail.to_owned(),
+    };
+    Launched {
+        agent: AgentAddress::HybridVsock {
+            socket: state_dir.join("vsock.sock"),
+            port: belljar_agent_proto::AGENT_VSOCK_PORT,
+        },
+        limits: LimitsReport {
+            memory: hv("hypervisor (guest RAM)"),
+            cpu: hv("hypervisor (vCPUs)"),
+            pids: hv("the guest kernel's own limit"),
+        },
+    }
+}
+
 impl Backend for Microvm {
     fn kind(&self) -> BackendKind {
         BackendKind::Microvm
@@ -162,22 +182,38 @@ impl Backend for Microvm {
         }
     }
 
-    fn launch(&self, _spec: &LaunchSpec) -> Result<Launched, BackendError> {
-        Err(BackendError::Unavailable {
-            backend: "microvm",
-            reason: "launching microVMs is not wired into belljard yet".into(),
-        })
+    fn launch(&self, spec: &LaunchSpec) -> Result<Launched, BackendError> {
+        let err = |e: vmm::VmmError| BackendError::Launch(e.to_string());
+        let vm = vmm::VmSpec {
+            vmm: self.vmm.clone().ok_or_else(|| BackendError::Unavailable {
+                backend: "microvm",
+                reason: "belljar-vmm was not found (set BELLJAR_VMM)".into(),
+            })?,
+            kernel: self
+                .kernel
+                .clone()
+                .ok_or_else(|| err(vmm::VmmError::NoKernel))?,
+            root_disk: spec.image_dir.join("rootfs.ext4"),
+            state_dir: spec.state_dir.clone(),
+            hostname: spec.id.replace('_', "-"),
+            vcpus: spec.vcpus,
+            memory_mib: spec.memory_mib,
+            disk_mib: spec.disk_mib,
+        };
+        vmm::launch(&vm, crate::util::now_ms()).map_err(err)?;
+        Ok(launched(&spec.state_dir))
     }
 
-    fn adopt(&self, _state_dir: &Path) -> Result<Option<Launched>, BackendError> {
-        Ok(None)
+    fn adopt(&self, state_dir: &Path) -> Result<Option<Launched>, BackendError> {
+        Ok(vmm::adopt(state_dir).map(|_| launched(state_dir)))
     }
 
-    fn stop(&self, _state_dir: &Path, _grace: Duration) -> Result<(), BackendError> {
-        Ok(())
+    fn stop(&self, state_dir: &Path, grace: Duration) -> Result<(), BackendError> {
+        vmm::stop(state_dir, grace).map_err(|e| BackendError::Stop(e.to_string()))
     }
 
     fn destroy(&self, state_dir: &Path) -> Result<(), BackendError> {
+        self.stop(state_dir, Duration::from_secs(2))?;
         match std::fs::remove_dir_all(state_dir) {
             Err(e) if e.kind() != std::io::ErrorKind::NotFound => {
                 Err(BackendError::Stop(e.to_string()))

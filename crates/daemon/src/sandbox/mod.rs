@@ -16,6 +16,7 @@ pub mod microvm;
 mod monitor;
 pub mod namespace;
 mod source;
+pub mod vmm;
 
 use std::collections::HashMap;
 use std::path::PathBuf;

@@ -1,0 +1,315 @@
+//! Running one `belljar-vmm` process per microVM sandbox: its JSON config, the writable
+//! layer disk, the process itself (in its own process group, so it outlives the daemon), and
+//! finding it again after a daemon restart by pid and start time.
+//!
+//! Layout of the sandbox's state directory: `vm.json` (the config), `layer.ext4` (the
+//! writable layer, `/dev/vdb`), `vsock.sock` (hybrid vsock to the agent), `vmm.sock` (the
+//! control socket), `console.log`, `vmm.json` (pid and start time).
+
+use std::io::{BufRead, BufReader, Write};
+use std::os::unix::net::UnixStream;
+use std::os::unix::process::CommandExt;
+use std::path::{Path, PathBuf};
+use std::process::{Command, Stdio};
+use std::time::{Duration, Instant};
+
+use serde::{Deserialize, Serialize};
+
+#[derive(Debug, thiserror::Error)]
+pub enum VmmError {
+    /// No kernel was found for microVMs.
+    #[error("No microVM kernel: build one with guest-images/kernel/build.sh or set BELLJAR_KERNEL")]
+    NoKernel,
+    /// The image has no ext4 root disk.
+    #[error("The image has no rootfs.ext4 at {0}")]
+    NoDisk(PathBuf),
+    /// Making the writable layer failed.
+    #[error("Cannot make the writable layer: {0}")]
+    Layer(String),
+    /// A file or process operation failed.
+    #[error("{what}")]
+    Io {
+        what: String,
+        #[source]
+        source: std::io::Error,
+    },
+}
+
+fn io_err(what: impl Into<String>) -> impl FnOnce(std::io::Error) -> VmmError {
+    let what = what.into();
+    move |source| VmmError::Io { what, source }
+}
+
+/// What a microVM needs from the daemon.
+#[derive(Debug, Clone, PartialEq)]
+pub struct VmSpec {
+    pub vmm: PathBuf,
+    pub kernel: PathBuf,
+    pub root_disk: PathBuf,
+    pub state_dir: PathBuf,
+    pub hostname: String,
+    pub vcpus: u32,
+    pub memory_mib: u64,
+    pub disk_mib: u64,
+}
+
+/// The live VMM process, as recorded in `vmm.json`.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct VmmProcess {
+    pub pid: u32,
+    /// Field 22 of `/proc/<pid>/stat`, so a recycled pid is not mistaken for the VMM.
+    pub start_time: u64,
+}
+
+/// The newest `vmlinux` under `<cache>/kernel/*/`.
+pub fn find_kernel(cache: &Path) -> Option<PathBuf> {
+    std::fs::read_dir(cache.join("kernel"))
+        .ok()?
+        .flatten()
+        .map(|e| e.path().join("vmlinux"))
+        .filter(|p| p.is_file())
+        .max_by_key(|p| p.metadata().and_then(|m| m.modified()).ok())
+}
+
+/// The kernel command line: the image's root read-only, the agent as init, its settings.
+pub fn cmdline(hostname: &str, now_ms: i64) -> String {
+    format!(
+        "console=ttyS0 reboot=k panic=1 pci=off nomodule root=/dev/vda ro rootfstype=ext4 \
+         init=/sbin/belljar-agent BELLJAR_MODE=microvm BELLJAR_HOSTNAME={hostname} \
+         BELLJAR_CLOCK_MS={now_ms}"
+    )
+}
+
+/// The `belljar-vmm` JSON config of a sandbox.
+pub fn config(spec: &VmSpec, now_ms: i64) -> serde_json::Value {
+    let dir = &spec.state_dir;
+    serde_json::json!({
+        "kernel": spec.kernel,
+        "cmdline": cmdline(&spec.hostname, now_ms),
+        "memory_mib": spec.memory_mib,
+        "vcpus": spec.vcpus.min(32),
+        "disks": [
+            {"path": spec.root_disk, "read_only": true, "id": "root"},
+            {"path": dir.join("layer.ext4"), "read_only": false, "id": "layer"},
+        ],
+        "vsock": {"guest_cid": 3, "uds_path": dir.join("vsock.sock")},
+        "rng": true,
+        "serial": {"log": dir.join("console.log"), "echo": false},
+        "control_socket": dir.join("vmm.sock"),
+        "seccomp": true,
+    })
+}
+
+/// Field 22 (starttime) of `/proc/<pid>/stat`, for a live, non-zombie process.
+pub fn start_time(pid: u32) -> Option<u64> {
+    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
+    // The command name may hold spaces and parentheses; the fields follow the last ')'.
+    let rest = &stat[stat.rfind(')')? + 2..];
+    let fields: Vec<&str> = rest.split_whitespace().collect();
+    if fields.first() == Some(&"Z") {
+        return None;
+    }
+    fields.get(19)?.parse().ok()
+}
+
+/// Starts the VMM for `spec`; returns once the process runs.
+pub fn launch(spec: &VmSpec, now_ms: i64) -> Result<VmmProcess, VmmError> {
+    let dir = &spec.state_dir;
+    std::fs::create_dir_all(dir).map_err(io_err("Cannot create the state directory"))?;
+    if !spec.root_disk.is_file() {
+        return Err(VmmError::NoDisk(spec.root_disk.clone()));
+    }
+    make_layer(&dir.join("layer.ext4"), spec.disk_mib)?;
+    let config_path = dir.join("vm.json");
+    std::fs::write(&config_path, config(spec, now_ms).to_string())
+        .map_err(io_err("Cannot write the VM config"))?;
+    let log =
+        std::fs::File::create(dir.join("vmm.log")).map_err(io_err("Cannot create vmm.log"))?;
+    let log2 = log.try_clone().map_err(io_err("Cannot create vmm.log"))?;
+    let mut child = Command::new(&spec.vmm)
+        .arg("--config")
+        .arg(&config_path)
+        .stdin(Stdio::null())
+        .stdout(log)
+        .stderr(log2)
+        // Its own process group: a signal to the daemon's group does not reach the VM.
+        .process_group(0)
+        .spawn()
+        .map_err(io_err(format!("Cannot start {}", spec.vmm.display())))?;
+    let pid = child.id();
+    // Reap it when it ends while this daemon lives; after a restart, init does.
+    std::thread::spawn(move || {
+        let _ = child.wait();
+    });
+    let start_time = start_time(pid).ok_or_else(|| VmmError::Io {
+        what: "belljar-vmm exited at once; see vmm.log".into(),
+        source: std::io::Error::other("no such process"),
+    })?;
+    let proc = VmmProcess { pid, start_time };
+    let text =
+        serde_json::to_string(&proc).map_err(|e| io_err("Cannot write vmm.json")(e.into()))?;
+    std::fs::write(dir.join("vmm.json"), text).map_err(io_err("Cannot write vmm.json"))?;
+    Ok(proc)
+}
+
+/// A sparse ext4 file of `mib` MiB for the writable layer (kept when it exists).
+fn make_layer(path: &Path, mib: u64) -> Result<(), VmmError> {
+    if path.exists() {
+        return Ok(());
+    }
+    let file = std::fs::File::create(path).map_err(io_err("Cannot create the layer disk"))?;
+    file.set_len(mib << 20)
+        .map_err(io_err("Cannot size the layer disk"))?;
+    let out = Command::new("mkfs.ext4")
+        .args(["-q", "-F", "-E", "lazy_itable_init=1,lazy_journal_init=1"])
+        .arg(path)
+        .output()
+        .map_err(|e| VmmError::Layer(format!("mkfs.ext4: {e} (install e2fsprogs)")))?;
+    if !out.status.success() {
+        let _ = std::fs::remove_file(path);
+        return Err(VmmError::Layer(
+            String::from_utf8_lossy(&out.stderr).trim().to_owned(),
+        ));
+    }
+    Ok(())
+}
+
+/// The VMM of `state_dir`, if it still runs.
+pub fn adopt(state_dir: &Path) -> Option<VmmProcess> {
+    let text = std::fs::read(state_dir.join("vmm.json")).ok()?;
+    let proc: VmmProcess = serde_json::from_slice(&text).ok()?;
+    (start_time(proc.pid) == Some(proc.start_time)).then_some(proc)
+}
+
+/// Stops the VMM: `stop` on its control socket (or SIGTERM), SIGKILL after `grace`.
+pub fn stop(state_dir: &Path, grace: Duration) -> Result<(), VmmError> {
+    let Some(proc) = adopt(state_dir) else {
+        return Ok(());
+    };
+    if control(&state_dir.join("vmm.sock"), r#"{"cmd":"stop"}"#).is_err() {
+        let _ = nix::sys::signal::kill(
+            nix::unistd::Pid::from_raw(proc.pid as i32),
+            nix::sys::signal::Signal::SIGTERM,
+        );
+    }
+    let deadline = Instant::now() + grace;
+    while start_time(proc.pid) == Some(proc.start_time) {
+        if Instant::now() > deadline {
+            let _ = nix::sys::signal::kill(
+                nix::unistd::Pid::from_raw(proc.pid as i32),
+                nix::sys::signal::Signal::SIGKILL,
+            );
+            std::thread::sleep(Duration::from_millis(50));
+            break;
+        }
+        std::thread::sleep(Duration::from_millis(10));
+    }
+    Ok(())
+}
+
+/// One request line on the control socket and its answer line.
+fn control(socket: &Path, request: &str) -> std::io::Result<String> {
+    let mut stream = UnixStream::connect(socket)?;
+    stream.set_read_timeout(Some(Duration::from_secs(2)))?;
+    stream.write_all(request.as_bytes())?;
+    stream.write_all(b"\n")?;
+    let mut line = String::new();
+    BufReader::new(stream).read_line(&mut line)?;
+    Ok(line)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_config_wires_disks_vsock_and_the_agent() {
+        let spec = VmSpec {
+            vmm: "/bin/belljar-vmm".into(),
+            kernel: "/k/vmlinux".into(),
+            root_disk: "/img/rootfs.ext4".into(),
+            state_dir: "/s".into(),
+            hostname: "sbx-a".into(),
+            vcpus: 2,
+            memory_mib: 1024,
+            disk_mib: 4096,
+        };
+        let c = config(&spec, 42);
+        assert_eq!(c["disks"][0]["read_only"], true);
+        assert_eq!(c["disks"][1]["path"], "/s/layer.ext4");
+        assert_eq!(c["vsock"]["uds_path"], "/s/vsock.sock");
+        let cmdline = c["cmdline"].as_str().unwrap();
+        assert!(cmdline.contains("init=/sbin/belljar-agent BELLJAR_MODE=microvm"));
+        assert!(cmdline.contains("BELLJAR_CLOCK_MS=42"));
+    }
+
+    #[test]
+    fn start_time_tells_a_live_process_from_a_gone_one() {
+        let me = start_time(std::process::id()).unwrap();
+        assert!(me > 0);
+        assert!(start_time(u32::MAX - 1).is_none());
+        let dir = tempfile::tempdir().unwrap();
+        let rec = VmmProcess {
+            pid: std::process::id(),
+            start_time: me,
+        };
+        std::fs::write(
+            dir.path().join("vmm.json"),
+            serde_json::to_string(&rec).unwrap(),
+        )
+        .unwrap();
+        assert_eq!(adopt(dir.path()), Some(rec.clone()));
+        let stale = VmmProcess {
+            start_time: me + 1,
+            ..rec
+        };
+        std::fs::write(
+            dir.path().join("vmm.json"),
+            serde_json::to_string(&stale).unwrap(),
+        )
+        .unwrap();
+        assert_eq!(adopt(dir.path()), None);
+    }
+
+    #[test]
+    fn the_layer_is_a_sparse_ext4_file() {
+        let dir = tempfile::tempdir().unwrap();
+        let p = dir.path().join("layer.ext4");
+        make_layer(&p, 64).unwrap();
+        let meta = std::fs::metadata(&p).unwrap();
+        assert_eq!(meta.len(), 64 << 20);
+        let out = Command::new("dumpe2fs").arg("-h").arg(&p).output().unwrap();
+        assert!(String::from_utf8_lossy(&out.stdout).contains("Filesystem magic number"));
+    }
+
+    /// Boots the real `belljar-vmm` with the real kernel and base image, then stops it. Needs
+    /// `BELLJAR_VMM`, `BELLJAR_KERNEL` and `BELLJAR_ROOT_DISK`; run with `--ignored`. On a
+    /// software-KVM host the guest does not get far, but the process management is the same.
+    #[test]
+    #[ignore]
+    fn launches_adopts_and_stops_a_real_vmm() {
+        let var = |k: &str| PathBuf::from(std::env::var(k).unwrap_or_else(|_| panic!("set {k}")));
+        let dir = tempfile::tempdir().unwrap();
+        let spec = VmSpec {
+            vmm: var("BELLJAR_VMM"),
+            kernel: var("BELLJAR_KERNEL"),
+            root_disk: var("BELLJAR_ROOT_DISK"),
+            state_dir: dir.path().join("vm"),
+            hostname: "sbx-test".into(),
+            vcpus: 1,
+            memory_mib: 256,
+            disk_mib: 128,
+        };
+        let proc = launch(&spec, 0).unwrap();
+        std::thread::sleep(Duration::from_millis(500));
+        assert_eq!(
+            adopt(&spec.state_dir),
+            Some(proc.clone()),
+            "vmm.log: {}",
+            std::fs::read_to_string(spec.state_dir.join("vmm.log")).unwrap_or_default()
+        );
+        assert!(spec.state_dir.join("vmm.sock").exists());
+        stop(&spec.state_dir, Duration::from_secs(3)).unwrap();
+        assert_eq!(adopt(&spec.state_dir), None);
+    }
+}
