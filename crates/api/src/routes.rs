@@ -45,7 +45,10 @@
 //!
 //! Errors are `ErrorBody` with a fitting status: 400 `bad_request` (naming the field), 401,
 //! 403, 404 `not_found`, 409 `sandbox_not_running`, 507 `insufficient_resources`, 502
-//! `agent_unavailable`, 500 `internal`.
+//! `agent_unavailable`, 500 `internal`. Agent codes pass through unchanged: `not_found`,
+//! `command_not_found` 404; `invalid_path`, `is_a_directory`, `not_a_directory`,
+//! `exec_failed`, `unknown_user` 400; `exists`, `not_empty`, `command_finished` 409;
+//! `permission_denied` 403; `no_space` 507; other agent failures 502.
 
 /// The API's path prefix.
 pub const PREFIX: &str = "/v1";
