@@ -264,6 +264,9 @@ ensure_tree() {
     step "$name" "$log" "finalize" tree_finalize "$tree"
 
     mv -T "$tmp" "$dir"
+    # Trees of older recipes are only inputs of images already copied out.
+    find "$stages/$name" -mindepth 1 -maxdepth 1 \( -name '.tmp-*' -o -name 'build-*.log' -o -type d \) \
+        ! -name "$key" ! -name "build-$key.log" -exec rm -rf {} +
     exec {lock}>&-
     note "$name" "tree stage built in $((SECONDS - start))s"
     printf '%s\n' "$dir/tree"

@@ -123,7 +123,9 @@ fn make_layer_disk(path: &Path) {
 /// Under TCG the guest reads the host's TSC, and the guest kernel calibrates it
 /// against the emulated PIT; on a loaded machine that calibration fails, the
 /// kernel marks the TSC unstable and its timer stops making progress. Telling
-/// it the frequency (`tsc_early_khz=`) makes the boot independent of the load.
+/// it the frequency (`tsc_early_khz=`) makes the boot independent of the load,
+/// and `tsc=reliable` keeps the clocksource watchdog from dropping the TSC for
+/// the emulated, load-skewed PIT later on.
 fn host_tsc_khz() -> u64 {
     use std::arch::x86_64::_rdtsc;
     let t0 = Instant::now();
@@ -213,7 +215,7 @@ fn agent_self_check_boots_under_qemu() {
         .arg("-append")
         .arg(format!(
             "console=ttyS0 root=/dev/vda ro rootfstype=ext4 init=/sbin/belljar-agent \
-             BELLJAR_SELFCHECK=1 panic=-1 tsc_early_khz={}",
+             BELLJAR_SELFCHECK=1 panic=-1 tsc=reliable tsc_early_khz={}",
             host_tsc_khz()
         ))
         .arg("-drive")
@@ -245,6 +247,10 @@ fn agent_self_check_boots_under_qemu() {
     assert!(
         !boot.console.contains("Kernel panic"),
         "the guest kernel panicked\n{report}"
+    );
+    assert!(
+        !boot.console.contains("BELLJAR-SELFCHECK-FAILED"),
+        "the agent's self-check failed\n{report}"
     );
     assert!(
         boot.console.contains(MARKER),
