@@ -33,10 +33,12 @@ if [ ${#missing[@]} -gt 0 ]; then
 fi
 
 step "installing npm packages"
-(cd ui && npm ci --no-audit --no-fund --loglevel=error)
-if [ -f tests/ui/package.json ]; then
-  (cd tests/ui && npm ci --no-audit --no-fund --loglevel=error)
-fi
+# `npm install` rather than `npm ci`: npm leaves other platforms' optional packages out of the
+# lock file, and `npm ci` then refuses it as out of sync.
+for dir in ui tests/ui; do
+  [ -f "$dir/package.json" ] || continue
+  (cd "$dir" && npm install --no-audit --no-fund --loglevel=error)
+done
 
 step "building the web UI"
 (cd ui && npm run build --silent)
