@@ -6,7 +6,7 @@
 import { spawn } from "node:child_process";
 import { existsSync, readFileSync, writeFileSync, createWriteStream } from "node:fs";
 import { join } from "node:path";
-import { Steps, apiOn, bin, freshHome, screenshots, stopPid, until, sleep } from "./harness.mjs";
+import { Steps, apiOn, bin, freshHome, repo, screenshots, stopPid, until, sleep } from "./harness.mjs";
 
 const DRIVER_PORT = Number(process.env.TAURI_DRIVER_PORT || 4444);
 const steps = new Steps("app");
@@ -29,9 +29,14 @@ async function wd(method, path, body) {
   return json.value;
 }
 const s = (path) => `/session/${session}${path}`;
-const ELEMENT = "element-6066-11e4-a4bb-40b5-8aa2-d2fd-2fe9";
+const ELEMENT = "element-6066-11e4-a4bb-d93f9b5bd54e";
 const exec = (script, args = []) => wd("POST", s("/execute/sync"), { script, args });
-const find = async (css) => (await wd("POST", s("/element"), { using: "css selector", value: css }))[ELEMENT];
+async function find(css) {
+  const el = await wd("POST", s("/element"), { using: "css selector", value: css });
+  const id = el?.[ELEMENT] ?? Object.values(el ?? {})[0];
+  if (!id) throw new Error(`no element ${css}: ${JSON.stringify(el)}`);
+  return id;
+}
 const text = () => exec("return document.body.innerText");
 
 try {
@@ -40,7 +45,7 @@ try {
       ...process.env,
       BELLJAR_HOME: h.home,
       BELLJAR_PORT: "0",
-      BELLJAR_UI_DIR: "",
+      BELLJAR_UI_DIR: join(repo, "ui/dist"),
       // WebKitGTK's sandbox needs user namespaces the test machine may not give it.
       WEBKIT_DISABLE_SANDBOX_THIS_IS_DANGEROUS: "1",
       WEBKIT_DISABLE_COMPOSITING_MODE: "1",
@@ -62,6 +67,8 @@ try {
     await until("the app's daemon to write its port", () => existsSync(h.portFile), 30_000);
     await until("the sandbox list", async () => (await text()).includes("Sandboxes"), 30_000);
     await until("a connection to belljard", async () => /belljard \d/.test(await text()), 30_000);
+    const where = await exec("return [location.origin, !!window.__TAURI_INTERNALS__]");
+    console.log(`      the UI runs at ${where[0]} (app bridge: ${where[1] ? "yes" : "no"})`);
   });
 
   await steps.step("a sandbox made through the API appears in the list, live", async () => {

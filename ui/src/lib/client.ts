@@ -131,6 +131,7 @@ interface Connection {
 
 class TauriClient implements Client {
   private conn: Promise<Connection> | null = null;
+  private relogging = false;
 
   private core() {
     return import("@tauri-apps/api/core");
@@ -182,7 +183,10 @@ class TauriClient implements Client {
     const headers = new Headers(init.headers);
     if (c.token) headers.set("Authorization", `Bearer ${c.token}`);
     try {
-      return await fetch(c.base_url + path, { ...init, headers, credentials: "same-origin" });
+      const res = await fetch(c.base_url + path, { ...init, headers, credentials: "same-origin" });
+      // A restarted daemon forgets browser sessions: sign in again.
+      if (res.status === 401 && this.served()) void this.relogin();
+      return res;
     } catch (e) {
       this.reset();
       throw e;
@@ -208,6 +212,18 @@ class TauriClient implements Client {
   }
   reset(): void {
     this.conn = null;
+    // The daemon may have come back on another port: load its UI from there.
+    if (this.served()) void this.relogin();
+  }
+  private async relogin() {
+    if (this.relogging) return;
+    this.relogging = true;
+    try {
+      const { invoke } = await this.core();
+      location.replace(await invoke<string>("daemon_ui_url"));
+    } catch {
+      this.relogging = false;
+    }
   }
   async openTerminalWindow(sandboxId: string): Promise<void> {
     const { invoke } = await this.core();
