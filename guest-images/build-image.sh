@@ -283,7 +283,7 @@ make_ext4() {
     inodes="$(find "$tree" -xdev | wc -l)"
     inodes=$((inodes + inodes / 10 + 1024))
     # 4 KiB blocks waste about half a block per file; ext4 metadata ~ 3%.
-    size_kib=$((used_kib + used_kib / 10 + inodes * 2 + inodes / 4 + 32768))
+    size_kib=$((used_kib + used_kib / 20 + inodes * 2 + inodes / 4 + 32768))
     local attempt
     for attempt in 1 2 3 4; do
         rm -f "$out"
