@@ -24,8 +24,10 @@ impl Store {
     pub fn put_command(&self, rec: &CommandRecord) -> Result<(), StoreError> {
         let c = &rec.command;
         let sql = format!(
-            "INSERT OR REPLACE INTO commands ({COLUMNS}) VALUES \
-             (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, ?11, ?12, ?13)"
+            "INSERT INTO commands ({COLUMNS}) VALUES \
+             (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, ?11, ?12, ?13) \
+             ON CONFLICT (id) DO UPDATE SET {}",
+            super::sandboxes::update_set(COLUMNS)
         );
         self.conn().execute(
             &sql,
@@ -141,6 +143,11 @@ mod tests {
         store
             .put_command(&cmd("cmd_b", 2, CommandStatus::Running))
             .unwrap();
+        // Updating the sandbox keeps its commands.
+        let mut s = sample("sbx_a", 1);
+        s.status = belljar_api::SandboxStatus::Stopped;
+        store.put_sandbox(&s).unwrap();
+        assert_eq!(store.commands("sbx_a").unwrap().len(), 2);
         a.command.status = CommandStatus::Exited;
         a.command.exit_code = Some(3);
         a.command.finished_at = Some(5);

@@ -19,9 +19,13 @@ pub struct SandboxPage {
 impl Store {
     /// Inserts or replaces the whole row of `sandbox`.
     pub fn put_sandbox(&self, s: &Sandbox) -> Result<(), StoreError> {
+        // An upsert, not `INSERT OR REPLACE`: a replace deletes the row first, and the
+        // delete would cascade to the sandbox's commands.
         let sql = format!(
-            "INSERT OR REPLACE INTO sandboxes ({COLUMNS}) VALUES \
-             (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, ?11, ?12, ?13, ?14, ?15, ?16, ?17, ?18, ?19)"
+            "INSERT INTO sandboxes ({COLUMNS}) VALUES \
+             (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, ?11, ?12, ?13, ?14, ?15, ?16, ?17, ?18, ?19) \
+             ON CONFLICT (id) DO UPDATE SET {}",
+            update_set(COLUMNS)
         );
         let source = s.source.as_ref().map(serde_json::to_string).transpose()?;
         self.conn().execute(
@@ -143,6 +147,17 @@ impl Store {
             next_cursor,
         })
     }
+}
+
+/// `a = excluded.a, ...` for every column but the first (the key).
+pub(crate) fn update_set(columns: &str) -> String {
+    columns
+        .split(',')
+        .map(str::trim)
+        .skip(1)
+        .map(|c| format!("{c} = excluded.{c}"))
+        .collect::<Vec<_>>()
+        .join(", ")
 }
 
 fn row_to_sandbox(r: &Row<'_>) -> rusqlite::Result<Sandbox> {
