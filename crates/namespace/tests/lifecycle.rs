@@ -348,3 +348,39 @@ fn probe_reports_this_host() {
     assert!(!p.rootless);
     assert_eq!(p.cgroup, belljar_namespace::CgroupMode::V1);
 }
+
+#[test]
+fn many_sandboxes_launched_from_many_threads_at_once() {
+    let tmp = tmpdir();
+    let specs: Vec<SandboxSpec> = (0..8)
+        .map(|i| spec(tmp.path(), &format!("par{i}"), Limits::default()))
+        .collect();
+    let _guards: Vec<Guard> = specs.iter().map(|s| Guard(s.state_dir.clone())).collect();
+    let running: Vec<belljar_namespace::Running> = std::thread::scope(|scope| {
+        let handles: Vec<_> = specs
+            .iter()
+            .map(|s| scope.spawn(move || belljar_namespace::launch(s).expect("launch")))
+            .collect();
+        handles.into_iter().map(|h| h.join().unwrap()).collect()
+    });
+    let mut blocks: Vec<u32> = running.iter().map(|r| r.root_uid).collect();
+    blocks.sort();
+    blocks.dedup();
+    assert_eq!(blocks.len(), 8, "every sandbox has its own id block");
+    for (r, s) in running.iter().zip(&specs) {
+        belljar_namespace::wait_ready(&r.socket, T).unwrap();
+        let name = s
+            .state_dir
+            .file_name()
+            .unwrap()
+            .to_string_lossy()
+            .into_owned();
+        assert_eq!(
+            sh(&r.socket, "hostname").text.trim(),
+            format!("{name}-host")
+        );
+    }
+    for s in &specs {
+        belljar_namespace::destroy(&s.state_dir).unwrap();
+    }
+}
