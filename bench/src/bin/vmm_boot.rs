@@ -399,7 +399,7 @@ fn main() -> Result<()> {
         .context("start qemu-system-x86_64 (install qemu-system-x86)")?;
     let boot = watch_boot(child, t, timeout);
     println!(
-        "linux under qemu-system-x86_64 -M microvm,rtc=on (TCG, no KVM): {}",
+        "linux under qemu-system-x86_64 -M microvm,rtc=on,acpi=off (TCG, no KVM): {}",
         show(&boot, args.linux_timeout)
     );
     Ok(())
