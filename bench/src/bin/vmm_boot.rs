@@ -6,7 +6,8 @@
 //!   start-up and tear-down);
 //! - the VMM's RSS beyond guest memory (tiny guest, read from the control socket);
 //! - with a kernel: boot to kernel start and to an init marker under belljar-vmm and, for
-//!   reference in the same run, under `qemu-system-x86_64 -M microvm,rtc=on` without KVM.
+//!   reference in the same run, under `qemu-system-x86_64 -M microvm,rtc=on,acpi=off`
+//!   without KVM.
 //!
 //! Usage: `cargo build --release -p belljar-vmm -p belljar-bench &&
 //!         target/release/vmm_boot [--runs N] [--kernel VMLINUX] [--linux-timeout SECS]`
@@ -373,9 +374,10 @@ fn main() -> Result<()> {
 
     let t = Instant::now();
     let child = Command::new("qemu-system-x86_64")
+        // acpi=off: QEMU announces the devices on the command line, as belljar-vmm does.
         .args([
             "-M",
-            "microvm,rtc=on",
+            "microvm,rtc=on,acpi=off",
             "-m",
             "256",
             "-nographic",
