@@ -96,6 +96,28 @@ try {
     const png = await wd("GET", s("/screenshot"));
     writeFileSync(join(screenshots, "app-terminal.png"), Buffer.from(png, "base64"));
   });
+
+  await steps.step("a terminal window opens on the sandbox (what the tray's Terminal does)", async () => {
+    // WebKitWebDriver drives only the window it launched; the new window is seen through the
+    // app's window list and through the shell it starts in the sandbox.
+    const shells = async () => (await api.json("GET", `/v1/sandboxes/${sandboxId}/commands`)).commands
+      .filter((c) => c.pty && c.status === "running").length;
+    const before = await shells();
+    await wd("POST", s(`/element/${await find("button[title='Open a terminal in a new window']")}/click`), {});
+    await until("a terminal-* window", async () => {
+      const labels = await wd("POST", s("/execute/async"), {
+        script: "const done = arguments[arguments.length - 1];" +
+          "window.__TAURI_INTERNALS__.invoke('plugin:window|get_all_windows').then(done, (e) => done(['error: ' + e]));",
+        args: [],
+      });
+      return labels.some((l) => l.startsWith("terminal-"));
+    }, 20_000).catch(async (e) => {
+      const notes = await exec("return document.querySelector('.notes')?.innerText ?? ''");
+      throw new Error(`${e.message}; page says: ${JSON.stringify(notes)}`);
+    });
+    await until("the window's shell to start in the sandbox", async () => (await shells()) > before, 60_000);
+  });
+
 } finally {
   if (sandboxId) await api.call("DELETE", `/v1/sandboxes/${sandboxId}`).catch(() => {});
   if (session) await wd("DELETE", `/session/${session}`).catch(() => {});
