@@ -16,6 +16,7 @@ const log = createWriteStream(join(h.home, "app.log"));
 let driver;
 let session;
 let sandboxId;
+const extra = [];
 
 /** A W3C WebDriver command. */
 async function wd(method, path, body) {
@@ -118,8 +119,25 @@ try {
     await until("the window's shell to start in the sandbox", async () => (await shells()) > before, 60_000);
   });
 
+  await steps.step("the tray's quick-launch creates a sandbox and opens a terminal window on it", async () => {
+    // The tray's "New sandbox ▸ base" sends this event to the main window; WebDriver cannot
+    // click a tray, so the test sends the same event.
+    const before = (await api.json("GET", "/v1/sandboxes")).sandboxes.map((x) => x.id);
+    await wd("POST", s("/execute/async"), {
+      script: "const done = arguments[arguments.length - 1];" +
+        "window.__TAURI_INTERNALS__.invoke('plugin:event|emit_to', { target: { kind: 'AnyLabel', label: 'main' }," +
+        " event: 'belljar://quick-launch', payload: { image: 'base' } }).then(() => done(true), (e) => done(String(e)));",
+      args: [],
+    });
+    const created = await until("a new sandbox", async () =>
+      (await api.json("GET", "/v1/sandboxes")).sandboxes.find((x) => !before.includes(x.id)), 60_000);
+    extra.push(created.id);
+    await until("its terminal window's shell", async () => (await api.json("GET", `/v1/sandboxes/${created.id}/commands`))
+      .commands.some((c) => c.pty && c.status === "running"), 60_000);
+  });
+
 } finally {
-  if (sandboxId) await api.call("DELETE", `/v1/sandboxes/${sandboxId}`).catch(() => {});
+  for (const id of [sandboxId, ...extra].filter(Boolean)) await api.call("DELETE", `/v1/sandboxes/${id}`).catch(() => {});
   if (session) await wd("DELETE", `/session/${session}`).catch(() => {});
   if (driver) await stopPid(driver.pid);
   // The app's daemon outlives the app by design; this test started it, so it stops it.
