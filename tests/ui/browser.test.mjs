@@ -147,6 +147,55 @@ try {
     await shot("file-viewer.png");
   });
 
+  await steps.step("an image opens as a preview made by the daemon", async () => {
+    await page.evaluate(() => {
+      const c = document.createElement("canvas");
+      c.width = 320;
+      c.height = 200;
+      const g = c.getContext("2d");
+      const grad = g.createLinearGradient(0, 0, 320, 200);
+      grad.addColorStop(0, "#2563eb");
+      grad.addColorStop(1, "#5eead4");
+      g.fillStyle = grad;
+      g.fillRect(0, 0, 320, 200);
+      return new Promise((res) => c.toBlob(async (b) => {
+        const dt = new DataTransfer();
+        dt.items.add(new File([b], "gradient.png", { type: "image/png" }));
+        const t = document.querySelector('[data-dir="/workspace"]');
+        for (const type of ["dragenter", "dragover", "drop"]) {
+          t.dispatchEvent(new DragEvent(type, { bubbles: true, cancelable: true, dataTransfer: dt }));
+        }
+        res();
+      }, "image/png"));
+    });
+    const tree = page.getByRole("tree", { name: "Files in /workspace" });
+    await tree.getByRole("treeitem", { name: "gradient.png" }).click({ timeout: 20_000 });
+    const img = page.getByRole("img", { name: "Preview of gradient.png" });
+    await img.waitFor();
+    await until("the preview to load", () => img.evaluate((el) => el.complete && el.naturalWidth > 0));
+  });
+
+  await steps.step("new folder, rename and delete from the tree", async () => {
+    const tree = page.getByRole("tree", { name: "Files in /workspace" });
+    await tree.getByRole("treeitem", { name: "dropped.txt" }).click();
+    page.removeAllListeners("dialog");
+    page.once("dialog", (d) => d.accept("made-in-ui"));
+    await page.getByRole("button", { name: "New folder" }).click();
+    await tree.getByRole("treeitem", { name: "made-in-ui" }).waitFor({ timeout: 20_000 });
+    await api.call("GET", `/v1/sandboxes/${sandboxId}/files/stat?path=${encodeURIComponent("/workspace/made-in-ui")}`);
+    await tree.getByRole("treeitem", { name: "dropped.txt" }).click();
+    page.once("dialog", (d) => d.accept("renamed.txt"));
+    await page.getByRole("button", { name: "Rename" }).click();
+    await tree.getByRole("treeitem", { name: "renamed.txt" }).waitFor({ timeout: 20_000 });
+    await tree.getByRole("treeitem", { name: "renamed.txt" }).click();
+    page.once("dialog", (d) => d.accept());
+    await page.getByRole("button", { name: "Delete", exact: true }).click();
+    await until("renamed.txt to go", async () => (await tree.getByRole("treeitem", { name: "renamed.txt" }).count()) === 0);
+    const gone = await api.call("GET", `/v1/sandboxes/${sandboxId}/files/stat?path=${encodeURIComponent("/workspace/renamed.txt")}`, undefined, [404]);
+    if (gone.status !== 404) throw new Error(`renamed.txt still there: ${gone.status}`);
+    page.on("dialog", (d) => d.accept());
+  });
+
   await steps.step("command history shows exit codes and output", async () => {
     await api.json("POST", `/v1/sandboxes/${sandboxId}/commands`, {
       argv: ["sh", "-c", "echo to-stdout; echo to-stderr >&2; exit 3"],
