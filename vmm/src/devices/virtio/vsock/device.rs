@@ -195,10 +195,7 @@ impl Vsock {
             return;
         }
         let path = format!("{}_{}", self.config.uds_path.display(), key.0);
-        let stream = match UnixStream::connect(&path).and_then(|s| {
-            s.set_nonblocking(true)?;
-            Ok(s)
-        }) {
+        let stream = match connect_nonblocking(Path::new(&path)) {
             Ok(s) => s,
             Err(e) => {
                 tracing::debug!(path, error = %e, "vsock: no host listener");
@@ -458,6 +455,49 @@ impl Vsock {
         }
         self.process_rx();
     }
+}
+
+/// Connects to a Unix socket without ever blocking: this runs on a vCPU thread, and a host
+/// listener with a full backlog must cost the guest an RST, not a stalled vCPU.
+fn connect_nonblocking(path: &Path) -> std::io::Result<UnixStream> {
+    use std::os::fd::FromRawFd;
+    use std::os::unix::ffi::OsStrExt;
+    let bytes = path.as_os_str().as_bytes();
+    // SAFETY: sockaddr_un is plain old data; all-zero is a valid (empty) value.
+    let mut addr: libc::sockaddr_un = unsafe { std::mem::zeroed() };
+    if bytes.len() >= addr.sun_path.len() {
+        return Err(std::io::Error::from_raw_os_error(libc::ENAMETOOLONG));
+    }
+    addr.sun_family = libc::AF_UNIX as libc::sa_family_t;
+    for (dst, src) in addr.sun_path.iter_mut().zip(bytes) {
+        *dst = *src as libc::c_char;
+    }
+    // SAFETY: plain socket(2) call; the result is checked before use.
+    let fd = unsafe {
+        libc::socket(
+            libc::AF_UNIX,
+            libc::SOCK_STREAM | libc::SOCK_NONBLOCK | libc::SOCK_CLOEXEC,
+            0,
+        )
+    };
+    if fd < 0 {
+        return Err(std::io::Error::last_os_error());
+    }
+    // SAFETY: `fd` is a fresh socket that nothing else owns; the stream closes it on drop.
+    let stream = unsafe { UnixStream::from_raw_fd(fd) };
+    // SAFETY: `addr` is a valid sockaddr_un that outlives the call, and the length passed is
+    // its size.
+    let r = unsafe {
+        libc::connect(
+            fd,
+            (&raw const addr).cast::<libc::sockaddr>(),
+            std::mem::size_of::<libc::sockaddr_un>() as libc::socklen_t,
+        )
+    };
+    if r < 0 {
+        return Err(std::io::Error::last_os_error());
+    }
+    Ok(stream)
 }
 
 fn remove_stale_socket(path: &Path) {
@@ -895,6 +935,29 @@ mod tests {
         assert_eq!(f.tx.used_idx(&f.mem), 4);
         assert!(f.dev.metrics().snapshot("v").errors >= 4);
         assert_eq!(f.dev.connection_count(), 0);
+    }
+
+    #[test]
+    fn nonblocking_connect_refuses_instead_of_waiting() {
+        let dir = tempfile::tempdir().unwrap();
+        let p = dir.path().join("l");
+        assert!(connect_nonblocking(&p).is_err(), "nobody listens");
+        // A listener that never accepts: fill its backlog, then the next connect must fail
+        // at once rather than block.
+        let _l = UnixListener::bind(&p).unwrap();
+        let mut held = Vec::new();
+        let start = std::time::Instant::now();
+        let err = loop {
+            match connect_nonblocking(&p) {
+                Ok(s) => held.push(s),
+                Err(e) => break e,
+            }
+            assert!(held.len() < 100_000);
+        };
+        assert_eq!(err.raw_os_error(), Some(libc::EAGAIN));
+        assert!(start.elapsed() < Duration::from_secs(5));
+        let long = dir.path().join("x".repeat(200));
+        assert!(connect_nonblocking(&long).is_err());
     }
 
     #[test]
