@@ -2,19 +2,21 @@
 //!
 //! Inside its user namespace the sandbox's root starts with every capability over the
 //! namespace's own objects. It keeps Docker's default set, which is what package managers,
-//! `sudo`, `chown` and servers need, plus [`AGENT_NEEDS`]; the rest (`CAP_SYS_MODULE`,
-//! `CAP_SYS_PTRACE`, `CAP_SYS_TIME`, `CAP_SYS_BOOT`, `CAP_BPF`, ...) is dropped from the
-//! bounding set before the agent is exec'd, so nothing in the sandbox can get it back.
+//! `sudo`, `chown` and servers need, plus [`AGENT_NEEDS`]; the rest (`CAP_SYS_ADMIN`: mounts,
+//! hostname; `CAP_NET_ADMIN`; `CAP_SYS_MODULE`, `CAP_SYS_PTRACE`, `CAP_SYS_TIME`,
+//! `CAP_SYS_BOOT`, `CAP_BPF`, ...) is dropped from the bounding set before the agent is
+//! exec'd, so nothing in the sandbox can get it back.
 //!
 //! Capabilities inside a user namespace only ever act on objects that namespace owns (its
 //! mounts, its network namespace, its hostname); the seccomp filter refuses the rest.
 
 use std::fs;
 
-/// Kept because `belljar-agent --mode namespace` mounts `/proc`, `/dev/pts`, `/dev/shm`, sets
-/// the hostname and brings `lo` up itself, and treats a failure as fatal, although this crate
-/// has already done all of it. Once the agent tolerates a prepared root, empty this list.
-pub const AGENT_NEEDS: &[(u32, &str)] = &[(12, "CAP_NET_ADMIN"), (21, "CAP_SYS_ADMIN")];
+/// Capabilities kept only for the agent's sake. `belljar-agent --mode namespace` once
+/// mounted `/proc`, `/dev/pts`, `/dev/shm`, set the hostname and brought `lo` up itself and
+/// failed without `CAP_SYS_ADMIN` and `CAP_NET_ADMIN`, although this crate does all of that
+/// before the exec; it now treats those steps as best effort, so nothing is kept for it.
+pub const AGENT_NEEDS: &[(u32, &str)] = &[];
 
 /// Docker's default capabilities, kept in the bounding set, by number (`capability.h`).
 pub const KEPT: &[(u32, &str)] = &[

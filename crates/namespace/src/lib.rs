@@ -31,16 +31,16 @@
 //! stdout and stderr go to `state_dir/agent.log`.
 //!
 //! Before the exec this crate has already: mounted the overlay root (lower: the image tree,
-//! upper/work: `state_dir/upper`, `state_dir/work`) and pivoted into it with the old root
+//! upper/work: `state_dir/fs/upper`, `state_dir/fs/work`) and pivoted into it with the old root
 //! detached; mounted `/proc` (this PID namespace's), `/sys` (read-only), a `/dev` tmpfs with
 //! `null zero full random urandom tty`, `/dev/pts` (newinstance, ptmxmode=0666) with the
-//! `/dev/ptmx` symlink, `/dev/shm`, `/tmp` and `/run` (tmpfs); bind-mounted `state_dir/run` at
+//! `/dev/ptmx` symlink, `/dev/shm`, `/dev/mqueue`, `/tmp` and `/run` (tmpfs); bind-mounted
+//! `state_dir/fs/run` (also reachable as `state_dir/run`) at
 //! `/run/belljar` (so the agent's socket is `state_dir/run/agent.sock` on the host); set the
 //! hostname (and added `127.0.1.1 <hostname>` to `/etc/hosts` when missing); brought `lo` up.
-//! The agent does not need to mount anything in namespace mode;
-//! it currently mounts /proc, /dev/pts and /dev/shm again on top, which works because the
-//! sandbox keeps `CAP_SYS_ADMIN` and `CAP_NET_ADMIN` inside its namespaces for now (see
-//! [`caps::AGENT_NEEDS`]).
+//! The agent does not need to mount anything in namespace mode, and cannot: the sandbox has
+//! neither `CAP_SYS_ADMIN` nor `CAP_NET_ADMIN` (its namespace-mode set-up is best effort and
+//! finds everything in place).
 //!
 //! # Identity mapping
 //!
@@ -106,8 +106,9 @@ pub struct SandboxSpec {
     pub id: String,
     /// The image's directory tree: the read-only lower layer, shared by many sandboxes.
     pub rootfs: PathBuf,
-    /// A directory owned by this sandbox: `upper/`, `work/`, `run/` (the agent socket),
-    /// `sandbox.json` + `sandbox.pid`, `agent.log`. Its path must be short enough for a Unix
+    /// A directory owned by this sandbox: `fs/{upper,work,merged,lower,run}`, `run` (a
+    /// symlink to `fs/run`, holding the agent socket), `sandbox.json` + `sandbox.pid`,
+    /// `idblock`, `agent.log`. Its path must be short enough for a Unix
     /// socket path (`state_dir/run/agent.sock` under 108 bytes) and must not contain `,` `:`.
     pub state_dir: PathBuf,
     /// Host path of the `belljar-agent` binary (statically linked).
