@@ -134,10 +134,17 @@ impl MmioTransport {
         }
         let queues = std::mem::replace(&mut self.queues, Self::fresh_queues(&self.device));
         let mut dev = lock(&self.device);
+        let count = queues.len() as u16;
         if let Err(e) = dev.activate(self.mem.clone(), self.interrupt.clone(), queues) {
             tracing::warn!(error = %e, "virtio-mmio: activation failed");
             dev.metrics().error();
             self.status |= STATUS_DEVICE_NEEDS_RESET;
+            return;
+        }
+        // Buffers the driver made available (and notified) before DRIVER_OK were ignored
+        // then; look at every queue once now.
+        for index in 0..count {
+            dev.queue_notify(index);
         }
     }
 
@@ -248,5 +255,138 @@ impl BusDevice for MmioTransport {
         }
         let v = u32::from_le_bytes([data[0], data[1], data[2], data[3]]);
         self.write_reg(offset, v);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::devices::CountingInterrupt;
+    use crate::devices::virtio::rng::Rng;
+    use crate::devices::virtio::test_utils::TestQueue;
+    use vm_memory::{Bytes, GuestAddress};
+
+    fn rd(t: &mut MmioTransport, off: u64) -> u32 {
+        let mut b = [0u8; 4];
+        t.read(off, &mut b);
+        u32::from_le_bytes(b)
+    }
+
+    fn wr(t: &mut MmioTransport, off: u64, v: u32) {
+        t.write(off, &v.to_le_bytes());
+    }
+
+    fn setup() -> (GuestMemory, MmioTransport, Arc<CountingInterrupt>) {
+        let mem = crate::memory::create(1 << 20).unwrap();
+        let line = Arc::new(CountingInterrupt::default());
+        let dev: Arc<Mutex<dyn VirtioDevice>> = Arc::new(Mutex::new(Rng::new().unwrap()));
+        let t = MmioTransport::new(mem.clone(), dev, line.clone());
+        (mem, t, line)
+    }
+
+    fn negotiate(t: &mut MmioTransport) {
+        wr(t, regs::STATUS, STATUS_ACKNOWLEDGE);
+        wr(t, regs::STATUS, STATUS_ACKNOWLEDGE | STATUS_DRIVER);
+        wr(t, regs::DRIVER_FEATURES_SEL, 1);
+        wr(t, regs::DRIVER_FEATURES, 1);
+        wr(
+            t,
+            regs::STATUS,
+            STATUS_ACKNOWLEDGE | STATUS_DRIVER | STATUS_FEATURES_OK,
+        );
+    }
+
+    fn setup_queue(t: &mut MmioTransport, tq: &TestQueue) {
+        wr(t, regs::QUEUE_SEL, 0);
+        wr(t, regs::QUEUE_NUM, u32::from(tq.size));
+        wr(t, regs::QUEUE_DESC_LOW, tq.desc as u32);
+        wr(t, regs::QUEUE_AVAIL_LOW, tq.avail as u32);
+        wr(t, regs::QUEUE_USED_LOW, tq.used as u32);
+        wr(t, regs::QUEUE_READY, 1);
+    }
+
+    #[test]
+    fn identifies_the_device() {
+        let (_, mut t, _) = setup();
+        assert_eq!(rd(&mut t, regs::MAGIC), MMIO_MAGIC);
+        assert_eq!(rd(&mut t, regs::VERSION), 2);
+        assert_eq!(rd(&mut t, regs::DEVICE_ID), 4);
+        wr(&mut t, regs::DEVICE_FEATURES_SEL, 1);
+        assert_eq!(rd(&mut t, regs::DEVICE_FEATURES), 1, "VIRTIO_F_VERSION_1");
+        assert_eq!(rd(&mut t, regs::QUEUE_NUM_MAX), 256);
+        wr(&mut t, regs::QUEUE_SEL, 5);
+        assert_eq!(rd(&mut t, regs::QUEUE_NUM_MAX), 0, "no such queue");
+    }
+
+    #[test]
+    fn refuses_features_ok_without_version_1() {
+        let (_, mut t, _) = setup();
+        wr(&mut t, regs::STATUS, STATUS_ACKNOWLEDGE | STATUS_DRIVER);
+        wr(
+            &mut t,
+            regs::STATUS,
+            STATUS_ACKNOWLEDGE | STATUS_DRIVER | STATUS_FEATURES_OK,
+        );
+        assert_eq!(rd(&mut t, regs::STATUS) & STATUS_FEATURES_OK, 0);
+    }
+
+    #[test]
+    fn driver_ok_activates_and_notify_processes() {
+        let (mem, mut t, line) = setup();
+        let mut tq = TestQueue::new(&mem, 0x1000, 16);
+        negotiate(&mut t);
+        setup_queue(&mut t, &tq);
+        wr(&mut t, regs::STATUS, 0xf);
+        assert!(lock(t.device()).is_activated());
+        // Queue registers are frozen once live.
+        wr(&mut t, regs::QUEUE_NUM, 2);
+        tq.add_chain(&mem, 0, &[(0x8000, 32, true)]);
+        wr(&mut t, regs::QUEUE_NOTIFY, 0);
+        assert_eq!(tq.used(&mem, 0), (0, 32));
+        assert_eq!(line.count(), 1);
+        assert_eq!(rd(&mut t, regs::INTERRUPT_STATUS), 1);
+        wr(&mut t, regs::INTERRUPT_ACK, 1);
+        assert_eq!(rd(&mut t, regs::INTERRUPT_STATUS), 0);
+        // Reset returns everything to the start.
+        wr(&mut t, regs::STATUS, 0);
+        assert!(!lock(t.device()).is_activated());
+        assert_eq!(rd(&mut t, regs::STATUS), 0);
+    }
+
+    #[test]
+    fn invalid_queue_is_not_activated() {
+        let (mem, mut t, _) = setup();
+        negotiate(&mut t);
+        wr(&mut t, regs::QUEUE_SEL, 0);
+        wr(&mut t, regs::QUEUE_NUM, 16);
+        // Descriptor table outside guest memory (1 MiB).
+        wr(&mut t, regs::QUEUE_DESC_LOW, 0x7000_0000);
+        wr(&mut t, regs::QUEUE_READY, 1);
+        wr(&mut t, regs::STATUS, 0xf);
+        assert!(!lock(t.device()).is_activated());
+        assert_ne!(rd(&mut t, regs::STATUS) & STATUS_DEVICE_NEEDS_RESET, 0);
+        // Notifications to a dead device do nothing.
+        wr(&mut t, regs::QUEUE_NOTIFY, 0);
+        let used: u16 = mem.read_obj(GuestAddress(0x1000)).unwrap_or(0);
+        assert_eq!(used, 0);
+    }
+
+    #[test]
+    fn bad_widths_and_unknown_registers_are_harmless() {
+        let (_, mut t, _) = setup();
+        let mut b = [0xaau8; 2];
+        t.read(regs::MAGIC, &mut b);
+        assert_eq!(b, [0, 0]);
+        t.write(regs::STATUS, &[1]);
+        assert_eq!(rd(&mut t, regs::STATUS), 0);
+        assert_eq!(rd(&mut t, 0x0f0), 0);
+        wr(&mut t, 0x0f0, 7);
+        let mut b = [0u8; 4];
+        t.read(0x3, &mut b); // unaligned
+        assert_eq!(lock(t.device()).metrics().snapshot("rng").errors, 3);
+        // Config space reads beyond the device's config are zero.
+        let mut c = [0xffu8; 8];
+        t.read(regs::CONFIG + 0x800, &mut c);
+        assert_eq!(c, [0; 8]);
     }
 }
