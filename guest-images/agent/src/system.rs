@@ -141,36 +141,74 @@ pub fn microvm_init(config: &Config) -> Result<(), SystemError> {
 
 /// The namespace sandbox's mount plan: its root is already in place, so only what a fresh
 /// PID namespace needs: /proc, a private /dev/pts, /dev/shm, and /tmp when it is not writable.
+/// The backend may have mounted these already, or dropped the capabilities to do so, so
+/// every step is best effort: a failure is logged and the agent serves on.
 pub fn namespace_init(config: &Config) -> Result<(), SystemError> {
     let secure = MsFlags::MS_NOSUID | MsFlags::MS_NODEV | MsFlags::MS_NOEXEC;
-    mount_fs("proc", "/proc", "proc", secure, None)?;
-    mount_fs(
-        "devpts",
-        "/dev/pts",
-        "devpts",
-        MsFlags::MS_NOSUID | MsFlags::MS_NOEXEC,
-        Some("newinstance,ptmxmode=0666,mode=0620"),
-    )?;
+    let plan: [(&str, &str, &str, MsFlags, Option<&str>); 3] = [
+        ("proc", "/proc", "proc", secure, None),
+        (
+            "devpts",
+            "/dev/pts",
+            "devpts",
+            MsFlags::MS_NOSUID | MsFlags::MS_NOEXEC,
+            Some("newinstance,ptmxmode=0666,mode=0620"),
+        ),
+        (
+            "shm",
+            "/dev/shm",
+            "tmpfs",
+            MsFlags::MS_NOSUID | MsFlags::MS_NODEV,
+            Some("mode=1777"),
+        ),
+    ];
+    for (source, target, fstype, flags, data) in plan {
+        // A /proc inherited from outside shows the wrong PID namespace: always mount a fresh
+        // one. An existing devpts or shm stays (the backend's /dev/ptmx may point into it).
+        if fstype != "proc" && mounted(target, fstype) {
+            continue;
+        }
+        if let Err(e) = mount_fs(source, target, fstype, flags, data) {
+            tracing::warn!("{e}: {}", source_of(&e));
+        }
+    }
     if !Path::new("/dev/ptmx").exists() {
         let _ = std::os::unix::fs::symlink("pts/ptmx", "/dev/ptmx");
     }
-    mount_fs(
-        "shm",
-        "/dev/shm",
-        "tmpfs",
-        MsFlags::MS_NOSUID | MsFlags::MS_NODEV,
-        Some("mode=1777"),
-    )?;
     if nix::unistd::access("/tmp", nix::unistd::AccessFlags::W_OK).is_err() {
-        mount_fs(
+        let data = Some("mode=1777");
+        if let Err(e) = mount_fs(
             "tmpfs",
             "/tmp",
             "tmpfs",
             MsFlags::MS_NOSUID | MsFlags::MS_NODEV,
-            Some("mode=1777"),
-        )?;
+            data,
+        ) {
+            tracing::warn!("{e}: {}", source_of(&e));
+        }
     }
-    finish_init(config)
+    if let Err(e) = finish_init(config) {
+        tracing::warn!("{e}: {}", source_of(&e));
+    }
+    Ok(())
+}
+
+fn source_of(e: &SystemError) -> String {
+    std::error::Error::source(e)
+        .map(|s| s.to_string())
+        .unwrap_or_default()
+}
+
+/// Whether `target` is a mount point of `fstype` (from /proc/self/mountinfo).
+fn mounted(target: &str, fstype: &str) -> bool {
+    let Ok(info) = std::fs::read_to_string("/proc/self/mountinfo") else {
+        return false;
+    };
+    info.lines().any(|line| {
+        let fields: Vec<&str> = line.split(' ').collect();
+        let sep = fields.iter().position(|f| *f == "-");
+        fields.get(4) == Some(&target) && sep.and_then(|i| fields.get(i + 1)) == Some(&fstype)
+    })
 }
 
 fn finish_init(config: &Config) -> Result<(), SystemError> {
@@ -268,4 +306,16 @@ pub fn end(mode: Mode, reboot: bool) -> ! {
         }
     }
     std::process::exit(0)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn sees_what_is_mounted() {
+        assert!(mounted("/proc", "proc"));
+        assert!(!mounted("/proc", "ext4"));
+        assert!(!mounted("/no/such/mount", "proc"));
+    }
 }

@@ -3,6 +3,7 @@
 
 #![allow(dead_code)]
 
+use std::os::unix::process::CommandExt;
 use std::path::PathBuf;
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
@@ -51,6 +52,8 @@ impl Agent {
             .args(extra)
             .env("BELLJAR_LOG", "warn")
             .stdin(Stdio::null())
+            // Its own process group, so that dropping the harness also ends a wrapped agent.
+            .process_group(0)
             .spawn()
             .unwrap();
         let deadline = Instant::now() + Duration::from_secs(20);
@@ -124,6 +127,8 @@ impl Agent {
 
 impl Drop for Agent {
     fn drop(&mut self) {
+        let group = nix::unistd::Pid::from_raw(self.child.id() as i32);
+        let _ = nix::sys::signal::killpg(group, nix::sys::signal::Signal::SIGKILL);
         let _ = self.child.kill();
         let _ = self.child.wait();
     }
