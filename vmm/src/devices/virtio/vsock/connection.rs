@@ -153,7 +153,10 @@ impl Connection {
             }
             (OP_CREDIT_UPDATE, _) => Verdict::Keep,
             (OP_CREDIT_REQUEST, _) => {
-                self.push_control(OP_CREDIT_UPDATE, 0);
+                // One pending update answers any number of requests.
+                if !self.control.iter().any(|o| o.op == OP_CREDIT_UPDATE) {
+                    self.push_control(OP_CREDIT_UPDATE, 0);
+                }
                 Verdict::Keep
             }
             (OP_SHUTDOWN, _) => {
@@ -393,7 +396,10 @@ mod tests {
         let mut c = Connection::guest_initiated(52, 1, vmm_side);
         let mut buf = [0u8; 8];
         c.next_outgoing(&mut buf);
-        c.on_guest_packet(&hdr(OP_CREDIT_REQUEST, 0, 0, 0, 0), &[]);
+        for _ in 0..1000 {
+            c.on_guest_packet(&hdr(OP_CREDIT_REQUEST, 0, 0, 0, 0), &[]);
+        }
         assert_eq!(c.next_outgoing(&mut buf).unwrap().op, OP_CREDIT_UPDATE);
+        assert_eq!(c.next_outgoing(&mut buf), None, "a flood queues one update");
     }
 }

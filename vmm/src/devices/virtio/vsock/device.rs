@@ -121,6 +121,16 @@ impl Vsock {
         self.conns.insert(key, conn);
     }
 
+    /// Owes the guest an RST; a guest that floods us without posting rx buffers loses the
+    /// excess (counted) instead of growing the queue without bound.
+    fn queue_rst(&mut self, key: Key, dst_cid: u64) {
+        if self.pending_rst.len() >= MAX_PENDING_RST {
+            self.metrics.error();
+            return;
+        }
+        self.pending_rst.push_back((key, dst_cid));
+    }
+
     fn remove_connection(&mut self, key: Key, rst: bool) {
         if let Some(conn) = self.conns.remove(&key) {
             let fd = conn.stream().as_raw_fd();
@@ -128,7 +138,7 @@ impl Vsock {
             self.fd_to_conn.remove(&fd);
         }
         if rst {
-            self.pending_rst.push_back((key, 0));
+            self.queue_rst(key, 0);
         }
     }
 
@@ -171,7 +181,7 @@ impl Vsock {
         {
             self.metrics.error();
             if hdr.op() != OP_RST {
-                self.pending_rst.push_back((key, hdr.src_cid()));
+                self.queue_rst(key, hdr.src_cid());
             }
             return;
         }
@@ -184,14 +194,14 @@ impl Vsock {
         match hdr.op() {
             OP_REQUEST => self.connect_to_host(key, hdr, data),
             OP_RST => {}
-            _ => self.pending_rst.push_back((key, 0)),
+            _ => self.queue_rst(key, 0),
         }
     }
 
     /// The guest connects to host port `key.0`: bridge to `<uds_path>_<port>`.
     fn connect_to_host(&mut self, key: Key, hdr: &PacketHeader, data: &[u8]) {
         if self.conns.len() >= MAX_CONNECTIONS {
-            self.pending_rst.push_back((key, 0));
+            self.queue_rst(key, 0);
             return;
         }
         let path = format!("{}_{}", self.config.uds_path.display(), key.0);
@@ -199,7 +209,7 @@ impl Vsock {
             Ok(s) => s,
             Err(e) => {
                 tracing::debug!(path, error = %e, "vsock: no host listener");
-                self.pending_rst.push_back((key, 0));
+                self.queue_rst(key, 0);
                 return;
             }
         };
@@ -312,7 +322,7 @@ impl Vsock {
                         self.metrics.error();
                         used_any |= add_used(rx, &active.mem, head, 0, &self.metrics);
                         // The bytes read from the host are lost; the stream cannot continue.
-                        self.pending_rst.push_back((key, 0));
+                        self.queue_rst(key, 0);
                         self.remove_connection(key, false);
                     }
                 }
@@ -958,6 +968,19 @@ mod tests {
         assert!(start.elapsed() < Duration::from_secs(5));
         let long = dir.path().join("x".repeat(200));
         assert!(connect_nonblocking(&long).is_err());
+    }
+
+    #[test]
+    fn rst_flood_without_rx_buffers_is_bounded() {
+        let mut f = Fixture::new();
+        for i in 0..(MAX_PENDING_RST as u32 + 50) {
+            // Data for connections that do not exist, and no rx buffers to answer in.
+            f.send(OP_RW, i, 7, 0, b"z");
+        }
+        assert_eq!(f.dev.pending_rst.len(), MAX_PENDING_RST);
+        assert!(f.dev.metrics().snapshot("v").errors >= 50);
+        f.post_rx(8);
+        assert_eq!(f.received().len(), 8);
     }
 
     #[test]

@@ -31,6 +31,8 @@ pub const CONN_BUF_ALLOC: u32 = 256 * 1024;
 pub const FIRST_LOCAL_PORT: u32 = 1 << 30;
 /// Most connections one VM may have open.
 pub const MAX_CONNECTIONS: usize = 1024;
+/// Most RSTs queued for a guest that posts no rx buffers.
+pub const MAX_PENDING_RST: usize = 1024;
 /// Longest `CONNECT <port>\n` line accepted.
 pub const MAX_CONNECT_LINE: usize = 32;
 
