@@ -27,7 +27,7 @@ const PY = 'def greet(name: str) -> str:\n    """Say hello."""\n    return f"hel
 const shot = (name) => page.screenshot({ path: join(screenshots, name) });
 const terminalText = () =>
   page.evaluate(() => {
-    const panel = document.querySelector('[role="tabpanel"]:not([hidden]) .xterm-rows');
+    const panel = document.querySelector('.page:not([hidden]) [role="tabpanel"]:not([hidden]) .xterm-rows');
     return panel ? Array.from(panel.children, (r) => r.textContent ?? "") : [];
   });
 
@@ -223,7 +223,9 @@ try {
     await shot("sandboxes.png");
     await page.emulateMedia({ colorScheme: "dark" });
     await page.getByRole("link", { name: `Open sandbox ${NAME}` }).click();
-    await page.getByRole("region", { name: "Terminal 1" }).waitFor();
+    // The view was kept: its tabs and the shell's scrollback are still there.
+    await page.getByRole("tab", { name: /Terminal 1/ }).click();
+    await until("the earlier `echo hi`", async () => (await terminalText()).some((l) => l.trim() === "hi"));
     await page.waitForTimeout(500);
     await shot("sandbox-dark.png");
     await page.emulateMedia({ colorScheme: "light" });
