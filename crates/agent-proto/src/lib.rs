@@ -41,6 +41,12 @@
 //! cannot be executed fails with `exec_failed` (HTTP 400); an unknown command id is
 //! `command_not_found` (HTTP 404).
 //!
+//! Signalling or writing stdin to an exited command is `command_finished` (HTTP 409);
+//! `stdin?close=true` on a PTY command sends `^D` rather than closing the terminal.
+//! `GET /v1/files/tar` carries the contents of a directory (entries relative to it) or a single
+//! file under its base name; `PUT /v1/files/tar` skips entries that would land outside `path`.
+//! `guest-images/agent/README.md` lists every behaviour the daemon may rely on.
+//!
 //! With the `client` feature, [`client::AgentClient`] speaks these routes over a Unix socket or
 //! the VMM's hybrid vsock socket.
 
