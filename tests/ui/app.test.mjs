@@ -6,7 +6,7 @@
 import { spawn } from "node:child_process";
 import { existsSync, readFileSync, writeFileSync, createWriteStream } from "node:fs";
 import { join } from "node:path";
-import { Steps, apiOn, bin, freshHome, repo, screenshots, stopPid, until, sleep } from "./harness.mjs";
+import { Steps, apiOn, bin, freshHome, repo, screenshots, startDaemon, stopPid, until, sleep } from "./harness.mjs";
 
 const DRIVER_PORT = Number(process.env.TAURI_DRIVER_PORT || 4444);
 const steps = new Steps("app");
@@ -17,6 +17,7 @@ let driver;
 let session;
 let sandboxId;
 const extra = [];
+let restarted;
 
 /** A W3C WebDriver command. */
 async function wd(method, path, body) {
@@ -136,12 +137,26 @@ try {
       .commands.some((c) => c.pty && c.status === "running"), 60_000);
   });
 
+  await steps.step("after a daemon restart the app signs in again and the terminal reconnects", async () => {
+    const oldOrigin = await exec("return location.origin");
+    await stopPid(Number(readFileSync(h.pidFile, "utf8").trim()));
+    restarted = await startDaemon(h, (d) => log.write(d));
+    await until("the UI back on the new daemon", async () =>
+      (await exec("return location.origin")) !== oldOrigin && /belljard \d/.test(await text()), 60_000);
+    await until("the sandbox in the list", async () => (await exec(
+      "return !!document.querySelector(`tr[data-sandbox='${arguments[0]}']`)", [sandboxId])), 30_000);
+    await wd("POST", s(`/element/${await find(`a[href='#/sandbox/${sandboxId}']`)}/click`), {});
+    await until("terminal 1 to open again", async () => (await exec(
+      "return document.querySelector('[aria-label=\"Terminal 1\"]')?.dataset.state")) === "open", 60_000);
+  });
+
 } finally {
   for (const id of [sandboxId, ...extra].filter(Boolean)) await api.call("DELETE", `/v1/sandboxes/${id}`).catch(() => {});
   if (session) await wd("DELETE", `/session/${session}`).catch(() => {});
   if (driver) await stopPid(driver.pid);
   // The app's daemon outlives the app by design; this test started it, so it stops it.
   if (existsSync(h.pidFile)) await stopPid(Number(readFileSync(h.pidFile, "utf8").trim()));
+  await restarted?.stop();
   log.end();
   if (steps.failed) console.log(`      app and driver log: ${join(h.home, "app.log")}`);
   else h.remove();

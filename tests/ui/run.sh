@@ -70,7 +70,15 @@ fi
 if [[ " $which " == *" app "* ]]; then
   say "WebDriver: the desktop app under Xvfb"
   export BELLJAR_APP="${BELLJAR_APP:-$CARGO_TARGET_DIR/debug/belljar-app}"
-  run xvfb-run -a -s "-screen 0 1440x900x24" node app.test.mjs
+  # Our own X server on a free display (xvfb-run would also need xauth).
+  n=99
+  while [ -e "/tmp/.X$n-lock" ] || [ -e "/tmp/.X11-unix/X$n" ]; do n=$((n + 1)); done
+  Xvfb ":$n" -screen 0 1440x900x24 -nolisten tcp >/dev/null 2>&1 &
+  xvfb_pid=$!
+  for _ in $(seq 50); do [ -e "/tmp/.X11-unix/X$n" ] && break; sleep 0.1; done
+  DISPLAY=":$n" run node app.test.mjs
+  kill "$xvfb_pid" 2>/dev/null
+  wait "$xvfb_pid" 2>/dev/null
 fi
 
 echo "$passed passed, $failed failed"
