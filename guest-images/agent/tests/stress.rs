@@ -187,3 +187,35 @@ async fn many_streams_share_one_connection() {
         .await;
     assert!(follows.iter().all(|out| out == b"hi\n"));
 }
+
+#[tokio::test]
+async fn finished_commands_do_not_keep_descriptors() {
+    let agent = Agent::start().await;
+    let fds = || {
+        std::fs::read_dir(format!("/proc/{}/fd", agent.pid()))
+            .unwrap()
+            .count()
+    };
+    // Warm up the runtime's own threads and descriptors.
+    agent.sh("true").await;
+    let before = fds();
+    for _ in 0..30 {
+        let start = belljar_agent_proto::StartCommand {
+            argv: ["/bin/sh", "-c", "echo hi"].map(String::from).to_vec(),
+            pty: Some(belljar_agent_proto::PtySize { rows: 5, cols: 5 }),
+            ..Default::default()
+        };
+        agent.run(start).await;
+        let mut start = argv(&["cat"]);
+        start.stdin = true;
+        let started = agent.client.start_command(&start).await.unwrap();
+        agent.client.signal(&started.id, "KILL").await.unwrap();
+        agent.client.wait_command(&started.id).await.unwrap();
+    }
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    let after = fds();
+    assert!(
+        after <= before + 5,
+        "descriptors grew from {before} to {after}"
+    );
+}

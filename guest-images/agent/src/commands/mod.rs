@@ -55,7 +55,10 @@ pub struct Command {
     started_at: i64,
     exit: watch::Sender<ExitState>,
     stdin: tokio::sync::Mutex<Option<FdStream>>,
-    pty_master: Option<OwnedFd>,
+    pty: bool,
+    /// Kept for resizes while the command runs; closed when it exits so that a long-lived
+    /// agent does not collect descriptors.
+    pty_master: Mutex<Option<OwnedFd>>,
     log: Arc<OutputLog>,
 }
 
@@ -73,7 +76,7 @@ impl Command {
             argv: self.argv.clone(),
             cwd: self.cwd.clone(),
             user: self.user.clone(),
-            pty: self.pty_master.is_some(),
+            pty: self.pty,
             pid: self.pid,
             status: if exit.is_some() {
                 CommandStatus::Exited
@@ -198,7 +201,8 @@ impl Commands {
             started_at: now_ms(),
             exit: exit_tx,
             stdin: tokio::sync::Mutex::new(stdin),
-            pty_master: spawned.pty_master,
+            pty: spawned.pty_master.is_some(),
+            pty_master: Mutex::new(spawned.pty_master),
             log: Arc::new(log),
         });
         {
@@ -206,6 +210,12 @@ impl Commands {
             tokio::spawn(async move {
                 let exit = exit_rx.await.unwrap_or(Exit::Signal(libc::SIGKILL));
                 command.exit.send_replace(Some((exit, now_ms())));
+                *command.stdin.lock().await = None;
+                command
+                    .pty_master
+                    .lock()
+                    .unwrap_or_else(|e| e.into_inner())
+                    .take();
             });
         }
         {
@@ -303,7 +313,7 @@ impl Commands {
             pipe.write_all(&chunk).await.map_err(broken)?;
         }
         if close {
-            if command.pty_master.is_some() {
+            if command.pty {
                 pipe.write_all(&[4]).await.map_err(broken)?;
             } else {
                 *stdin = None;
@@ -328,8 +338,12 @@ impl Commands {
     /// Resizes the command's PTY; its foreground process group gets SIGWINCH.
     pub fn resize(&self, id: &str, size: PtySize) -> Result<(), AgentError> {
         let command = self.get(id)?;
-        let Some(master) = &command.pty_master else {
+        if !command.pty {
             return Err(AgentError::BadRequest(format!("{id} has no terminal")));
+        }
+        let master = command.pty_master.lock().unwrap_or_else(|e| e.into_inner());
+        let Some(master) = master.as_ref() else {
+            return Err(AgentError::CommandFinished(id.to_owned()));
         };
         let ws = spawn::winsize(size);
         // SAFETY: TIOCSWINSZ reads one `winsize` from the pointer, which points at `ws`, and
