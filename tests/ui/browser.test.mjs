@@ -87,7 +87,7 @@ try {
     await dialog.getByLabel("Timeout").fill("15m");
     await shot("create-dialog.png");
     await dialog.getByRole("button", { name: "Create sandbox" }).click();
-    await page.waitForURL(/#\/sandbox\/sbx_/, { timeout: 120_000 });
+    await until("the sandbox's address", async () => /#\/sandbox\/sbx_/.test(page.url()), 120_000);
     sandboxId = decodeURIComponent(new URL(page.url()).hash.split("/")[2]);
     const s = await api.json("GET", `/v1/sandboxes/${sandboxId}`);
     if (s.status !== "running" || s.name !== NAME || s.tags.suite !== "ui") throw new Error(`unexpected sandbox ${JSON.stringify(s)}`);
@@ -210,6 +210,20 @@ try {
     await shot("history.png");
   });
 
+  await steps.step("follow a running command's output", async () => {
+    const cmd = await api.json("POST", `/v1/sandboxes/${sandboxId}/commands`, {
+      argv: ["sh", "-c", "for i in 1 2 3 4; do echo tick$i; sleep 0.7; done"],
+      sudo: false, detached: true, stdin: false,
+    });
+    if (cmd.status !== "running") throw new Error(`detached command is ${cmd.status}`);
+    const row = page.getByRole("button", { name: /Command sh -c for i in/ });
+    await row.waitFor({ timeout: 10_000 });
+    await row.click();
+    await page.getByText("following").waitFor({ timeout: 5000 });
+    await page.getByLabel("Output").filter({ hasText: "tick4" }).waitFor({ timeout: 15_000 });
+    await row.filter({ hasText: "exit 0" }).waitFor({ timeout: 15_000 });
+  });
+
   await steps.step("the list shows the sandbox live, in light and dark", async () => {
     await page.getByRole("link", { name: "Sandboxes" }).click();
     const row = page.locator(`tr[data-sandbox="${sandboxId}"]`);
@@ -240,13 +254,18 @@ try {
 
   await steps.step("delete the sandbox", async () => {
     await page.getByRole("button", { name: `Delete ${NAME}` }).click();
-    await page.waitForURL(/#\/$/);
+    await until("the list's address", async () => /#\/$/.test(page.url()));
     await until("the row to go", async () => (await page.locator(`tr[data-sandbox="${sandboxId}"]`).count()) === 0);
     const r = await api.call("GET", `/v1/sandboxes/${sandboxId}`, undefined, [404]);
     if (r.status !== 404) throw new Error(`still there: ${r.status}`);
     sandboxId = null;
   });
 } finally {
+  if (steps.failed && page) {
+    const at = join(h.home, "failure.png");
+    await page.screenshot({ path: at }).catch(() => {});
+    console.log(`      page at the failure: ${at} (${page.url()})`);
+  }
   if (sandboxId) await api.call("DELETE", `/v1/sandboxes/${sandboxId}`).catch(() => {});
   await context?.close().catch(() => {});
   await daemon?.stop();
