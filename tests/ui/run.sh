@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Belljar's UI tests: builds what they need (the web UI, belljard and the agent, the desktop app
+# Belljar's UI tests: the UI's unit tests, then builds what the others need (the web UI, belljard and the agent, the desktop app
 # with its sidecar, tauri-driver), then runs the Playwright test in Debian's Chromium and the
 # WebDriver test of the real app under Xvfb. Exits non-zero on any failure; the last line is
 # "N passed, M failed".
@@ -61,6 +61,14 @@ if ! (build); then
   echo "0 passed, 1 failed"
   exit 1
 fi
+
+say "UI unit tests (node --test)"
+unit=$(cd "$repo/ui" && node --test tests/ 2>&1)
+echo "$unit" | grep -E '^(not )?ok |^# (pass|fail)'
+up=$(sed -nE 's/^# pass ([0-9]+)$/\1/p' <<<"$unit")
+uf=$(sed -nE 's/^# fail ([0-9]+)$/\1/p' <<<"$unit")
+passed=$((passed + ${up:-0}))
+failed=$((failed + ${uf:-1}))
 
 cd "$here"
 if [[ " $which " == *" browser "* ]]; then
