@@ -75,6 +75,10 @@ pub async fn run(config: Config) -> Result<(), ServerError> {
 }
 
 async fn serve(config: Config, paths: &Paths) -> Result<(), ServerError> {
+    // Before anything can tell a client that the daemon is ready, so that a SIGTERM sent right
+    // after readiness is a clean stop and not a kill.
+    let mut term = signal(SignalKind::terminate()).map_err(io_err("Cannot watch SIGTERM"))?;
+    let mut int = signal(SignalKind::interrupt()).map_err(io_err("Cannot watch SIGINT"))?;
     let token = auth::load_or_create_token(&paths.token_file())
         .map_err(io_err("Cannot read or create the token"))?;
     let auth = Arc::new(Auth::new(token, config.allowed_origins.clone()));
@@ -142,8 +146,6 @@ async fn serve(config: Config, paths: &Paths) -> Result<(), ServerError> {
     let unix_app = router(state).layer(middleware::from_fn(auth::unix_caller));
     let servers =
         async { tokio::try_join!(axum::serve(tcp, tcp_app), axum::serve(unix, unix_app)) };
-    let mut term = signal(SignalKind::terminate()).map_err(io_err("Cannot watch SIGTERM"))?;
-    let mut int = signal(SignalKind::interrupt()).map_err(io_err("Cannot watch SIGINT"))?;
     let result = tokio::select! {
         r = servers => r.map(|_| ()).map_err(io_err("The server failed")),
         _ = term.recv() => Ok(()),
@@ -170,6 +172,9 @@ pub struct PidFile {
     _lock: nix::fcntl::Flock<std::fs::File>,
 }
 
+/// How long a start waits for the pid file's lock.
+const LOCK_WAIT: std::time::Duration = std::time::Duration::from_secs(3);
+
 /// Takes the pid file, refusing when another live daemon holds it.
 fn claim_pid_file(path: &Path) -> Result<PidFile, ServerError> {
     use std::io::{Seek, Write};
@@ -181,15 +186,24 @@ fn claim_pid_file(path: &Path) -> Result<PidFile, ServerError> {
         .mode(0o600)
         .open(path)
         .map_err(io_err(format!("Cannot open {}", path.display())))?;
-    let mut lock = match nix::fcntl::Flock::lock(file, nix::fcntl::FlockArg::LockExclusiveNonblock)
-    {
-        Ok(lock) => lock,
-        Err((_, _)) => {
-            let pid = std::fs::read_to_string(path)
-                .ok()
-                .and_then(|t| t.trim().parse().ok())
-                .unwrap_or(0);
-            return Err(ServerError::AlreadyRunning(pid));
+    // A daemon that was just killed may hold the lock a moment longer (it is still exiting,
+    // or a child it forked has not reached exec yet), so a restart waits a little.
+    let deadline = std::time::Instant::now() + LOCK_WAIT;
+    let mut file = file;
+    let mut lock = loop {
+        match nix::fcntl::Flock::lock(file, nix::fcntl::FlockArg::LockExclusiveNonblock) {
+            Ok(lock) => break lock,
+            Err((f, _)) if std::time::Instant::now() < deadline => {
+                file = f;
+                std::thread::sleep(std::time::Duration::from_millis(50));
+            }
+            Err(_) => {
+                let pid = std::fs::read_to_string(path)
+                    .ok()
+                    .and_then(|t| t.trim().parse().ok())
+                    .unwrap_or(0);
+                return Err(ServerError::AlreadyRunning(pid));
+            }
         }
     };
     let write = |f: &mut std::fs::File| -> io::Result<()> {

@@ -157,7 +157,7 @@ impl Sandboxes {
         let mut failures = 0;
         loop {
             let result = async {
-                let agent = self.agent_of(sid).await?;
+                let agent = self.pump_agent(sid).await?;
                 let mut lines = agent
                     .output(agent_id, writer.lines(), true)
                     .await

@@ -129,6 +129,9 @@ struct Inner {
     images: Images,
     settings: Settings,
     agents: Mutex<HashMap<String, AgentClient>>,
+    /// A second connection per sandbox for the log pumps, whose streams last as long as their
+    /// commands: they must not use up the HTTP/2 streams that requests need.
+    pump_agents: Mutex<HashMap<String, AgentClient>>,
     logs: LogRegistry,
     /// Serialises lifecycle changes of one sandbox (create, stop, delete, extend).
     locks: Mutex<HashMap<String, Arc<tokio::sync::Mutex<()>>>>,
@@ -154,6 +157,7 @@ impl Sandboxes {
                 images,
                 settings,
                 agents: Default::default(),
+                pump_agents: Default::default(),
                 logs: LogRegistry::default(),
                 locks: Default::default(),
                 admission: Default::default(),
@@ -229,9 +233,21 @@ impl Sandboxes {
 
     /// The agent connection of a running sandbox, connecting when there is none.
     async fn agent(&self, sandbox: &Sandbox) -> Result<AgentClient, SandboxError> {
-        if let Some(c) = self
-            .inner
-            .agents
+        self.cached_agent(sandbox, &self.inner.agents).await
+    }
+
+    /// The log pumps' connection to a running sandbox's agent.
+    async fn pump_agent(&self, id: &str) -> Result<AgentClient, SandboxError> {
+        let sandbox = self.running(id)?;
+        self.cached_agent(&sandbox, &self.inner.pump_agents).await
+    }
+
+    async fn cached_agent(
+        &self,
+        sandbox: &Sandbox,
+        cache: &Mutex<HashMap<String, AgentClient>>,
+    ) -> Result<AgentClient, SandboxError> {
+        if let Some(c) = cache
             .lock()
             .unwrap_or_else(|e| e.into_inner())
             .get(&sandbox.id)
@@ -247,8 +263,7 @@ impl Sandboxes {
                     reason: "not built into this daemon".into(),
                 })?;
         let client = connect(&backend.agent_address(&self.state_dir(&sandbox.id))).await?;
-        self.inner
-            .agents
+        cache
             .lock()
             .unwrap_or_else(|e| e.into_inner())
             .insert(sandbox.id.clone(), client.clone());
@@ -271,11 +286,9 @@ impl Sandboxes {
     }
 
     fn forget_agent(&self, id: &str) {
-        self.inner
-            .agents
-            .lock()
-            .unwrap_or_else(|e| e.into_inner())
-            .remove(id);
+        for cache in [&self.inner.agents, &self.inner.pump_agents] {
+            cache.lock().unwrap_or_else(|e| e.into_inner()).remove(id);
+        }
     }
 }
 
