@@ -1,7 +1,9 @@
 #!/usr/bin/env bash
 # Builds a Belljar guest image from guest-images/recipes/NAME and caches it.
 #
-# Usage: guest-images/build-image.sh NAME [--agent PATH]
+# Usage: guest-images/build-image.sh NAME [--agent PATH] [--prune]
+#   --prune  afterwards delete NAME's other digest directories (only safe when
+#            no sandbox still uses an older image)
 #
 # Outputs under $CACHE/images/NAME/DIGEST/:
 #   rootfs/        the root directory tree (namespace backend)
@@ -34,13 +36,14 @@ stages="$images/.stages"
 source "$here/lib/rootfs.sh"
 
 usage() {
-    echo "usage: $0 NAME [--agent PATH]" >&2
+    echo "usage: $0 NAME [--agent PATH] [--prune]" >&2
     echo "images: $(cd "$here/recipes" && ls -1 | tr '\n' ' ')" >&2
     exit 2
 }
 
 name=""
 agent="${BELLJAR_AGENT:-}"
+prune=0
 while (($#)); do
     case "$1" in
     --agent)
@@ -50,6 +53,10 @@ while (($#)); do
         ;;
     --agent=*)
         agent=${1#--agent=}
+        shift
+        ;;
+    --prune)
+        prune=1
         shift
         ;;
     -h | --help) usage ;;
@@ -355,5 +362,9 @@ fi
 
 ln -sfn "$digest" "$images/$name/.current.tmp"
 mv -T "$images/$name/.current.tmp" "$images/$name/current"
+if ((prune)); then
+    find "$images/$name" -mindepth 1 -maxdepth 1 -type d ! -name "$digest" ! -name ".tmp-*" -print \
+        -exec rm -rf {} + | sed "s|^|[$name] pruned |" >&2
+fi
 note "$name" "ready in $((SECONDS - start))s: $out (rootfs $(du -sh "$out/rootfs" | cut -f1), ext4 $(du -h --apparent-size "$out/rootfs.ext4" | cut -f1))"
 printf '%s\n' "$out"
