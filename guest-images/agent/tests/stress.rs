@@ -108,13 +108,15 @@ async fn runs_100_commands_at_once_and_reaps_them_all() {
             let start = argv(&[
                 "/bin/sh",
                 "-c",
-                "sleep 0.5; echo out-$0; echo err-$0 >&2; exit $(($0 % 7))",
+                "sleep 5; echo out-$0; echo err-$0 >&2; exit $(($0 % 7))",
                 &i.to_string(),
             ]);
             client.start_command(&start).await.unwrap()
         }
     }))
     .await;
+    // Each command sleeps long enough that all 100 are still running when listed, even on a
+    // loaded two-core machine where starting them takes a while.
     let running = agent.client.list_commands().await.unwrap();
     assert_eq!(running.len(), 100);
     assert!(
