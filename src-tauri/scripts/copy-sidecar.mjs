@@ -16,11 +16,17 @@ function newest(paths) {
   return found.sort((a, b) => statSync(b).mtimeMs - statSync(a).mtimeMs)[0];
 }
 
-let src = process.env.BELLJARD_BIN || newest([join(target, "release/belljard"), join(target, "debug/belljard")]);
+// Tauri tells its before-build command whether this is a debug build; a release app (the .deb)
+// bundles a release belljard, building it if needed.
+const release = process.env.TAURI_ENV_DEBUG === "false";
+let src = process.env.BELLJARD_BIN;
+if (!src && release) src = newest([join(target, "release/belljard")]);
+if (!src && !release) src = newest([join(target, "debug/belljard"), join(target, "release/belljard")]);
 if (!src) {
-  console.error("copy-sidecar: building belljard (cargo build -p belljard)");
-  execFileSync("cargo", ["build", "-p", "belljard", "--bin", "belljard"], { cwd: repo, stdio: "inherit" });
-  src = join(target, "debug/belljard");
+  const args = ["build", "-p", "belljard", "--bin", "belljard", ...(release ? ["--release"] : [])];
+  console.error(`copy-sidecar: building belljard (cargo ${args.join(" ")})`);
+  execFileSync("cargo", args, { cwd: repo, stdio: "inherit" });
+  src = join(target, release ? "release/belljard" : "debug/belljard");
 }
 const dest = join(repo, "src-tauri/binaries", `belljard-${triple}`);
 mkdirSync(dirname(dest), { recursive: true });
