@@ -21,7 +21,7 @@ function newest(paths) {
 const release = process.env.TAURI_ENV_DEBUG === "false";
 let src = process.env.BELLJARD_BIN;
 if (!src && release) src = newest([join(target, "release/belljard")]);
-if (!src && !release) src = newest([join(target, "debug/belljard"), join(target, "release/belljard")]);
+if (!src && !release) src = newest([join(target, "debug/belljard")]);
 if (!src) {
   const args = ["build", "-p", "belljard", "--bin", "belljard", ...(release ? ["--release"] : [])];
   console.error(`copy-sidecar: building belljard (cargo ${args.join(" ")})`);
