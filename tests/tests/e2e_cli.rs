@@ -419,3 +419,67 @@ fn timeout_expiry_stops_the_sandbox() {
     }));
     assert_eq!(status["status_reason"], "timeout");
 }
+
+/// `belljar sh` on a real pseudo-terminal: raw mode, the terminal's size, typed input and the
+/// shell's exit status.
+#[test]
+fn interactive_shell_on_a_terminal() {
+    use nix::pty::{Winsize, openpty};
+    use std::io::{Read, Write};
+    use std::os::fd::OwnedFd;
+
+    let d = Daemon::start_via_cli();
+    let id = create(&d, &[]);
+    let size = Winsize {
+        ws_row: 33,
+        ws_col: 101,
+        ws_xpixel: 0,
+        ws_ypixel: 0,
+    };
+    let pty = openpty(Some(&size), None).expect("openpty");
+    let slave: OwnedFd = pty.slave;
+    let mut child = d
+        .cli_command()
+        .args(["sh", &id])
+        .stdin(std::process::Stdio::from(slave.try_clone().unwrap()))
+        .stdout(std::process::Stdio::from(slave.try_clone().unwrap()))
+        .stderr(std::process::Stdio::from(slave))
+        .spawn()
+        .unwrap();
+    let mut master = std::fs::File::from(pty.master);
+    master
+        .write_all(b"stty size; echo shell-$((40+2)); exit 3\r")
+        .unwrap();
+    // Read until the child exits (the master then reads EIO once the slave is closed).
+    let reader = std::thread::spawn(move || {
+        let mut seen = Vec::new();
+        let mut buf = [0u8; 4096];
+        while let Ok(n) = master.read(&mut buf) {
+            if n == 0 {
+                break;
+            }
+            seen.extend_from_slice(&buf[..n]);
+            if String::from_utf8_lossy(&seen).contains("shell-42") {
+                // Keep draining briefly so the child never blocks on a full terminal.
+                continue;
+            }
+        }
+        seen
+    });
+    let deadline = std::time::Instant::now() + Duration::from_secs(30);
+    let status = loop {
+        if let Some(s) = child.try_wait().unwrap() {
+            break s;
+        }
+        assert!(
+            std::time::Instant::now() < deadline,
+            "belljar sh did not exit"
+        );
+        std::thread::sleep(Duration::from_millis(50));
+    };
+    assert_eq!(status.code(), Some(3));
+    let seen = reader.join().unwrap();
+    let text = String::from_utf8_lossy(&seen);
+    assert!(text.contains("shell-42"), "{text}");
+    assert!(text.contains("33 101"), "{text}");
+}

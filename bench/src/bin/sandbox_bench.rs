@@ -53,7 +53,7 @@ fn report(name: &str, mut samples: Vec<Duration>) {
     samples.sort();
     let ms = |d: Duration| d.as_secs_f64() * 1000.0;
     println!(
-        "{name:<44} p50 {:>8.2} ms   p95 {:>8.2} ms   (n={}, min {:.2} ms, max {:.2} ms)",
+        "{name:<48} p50 {:>8.2} ms   p95 {:>8.2} ms   (n={}, min {:.2} ms, max {:.2} ms)",
         ms(percentile(&samples, 50.0)),
         ms(percentile(&samples, 95.0)),
         samples.len(),
@@ -276,7 +276,7 @@ async fn run(args: &Args, client: &Client) -> Result<()> {
 
     let (write, read) = files(client, &s.id, args.file_mib).await?;
     println!(
-        "{:<44} write {write:>8.1} MB/s   read {read:>8.1} MB/s   ({} MiB to /workspace, 1 MiB chunks, verified)",
+        "{:<48} write {write:>8.1} MB/s   read {read:>8.1} MB/s   ({} MiB to /workspace, 1 MiB chunks, verified)",
         "file throughput (API, Unix socket)", args.file_mib
     );
     delete(client, &s.id).await?;
