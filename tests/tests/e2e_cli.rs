@@ -324,6 +324,23 @@ fn file_round_trips() {
     let out = d.cli(["exec", &id, "--", "cat", "/tmp/copied/tree/top.txt"]);
     assert_eq!(stdout(&out), "top\n");
 
+    // Sandbox to sandbox, streamed through the daemon.
+    let other = create(&d, &[]);
+    let out = d.cli([
+        "cp",
+        &remote("/tmp/binary.bin"),
+        &format!("{other}:/tmp/copy.bin"),
+    ]);
+    assert!(out.status.success(), "{}", stderr(&out));
+    let back = l("from-other.bin");
+    let out = d.cli([
+        "cp".as_ref(),
+        format!("{other}:/tmp/copy.bin").as_ref(),
+        back.as_os_str(),
+    ]);
+    assert!(out.status.success(), "{}", stderr(&out));
+    assert!(same_file(&l("binary.bin"), &back));
+
     // Missing remote file: one clear line and exit status 1.
     let out = d.cli([
         "cp".as_ref(),
@@ -448,6 +465,27 @@ fn interactive_shell_on_a_terminal() {
         .unwrap();
     let mut master = std::fs::File::from(pty.master);
     master
+        .write_all(b"stty size; echo first-$((40+2))\r")
+        .unwrap();
+    // Resize the local terminal as a terminal emulator does: new size, then SIGWINCH.
+    std::thread::sleep(Duration::from_millis(1500));
+    rustix::termios::tcsetwinsize(
+        &master,
+        rustix::termios::Winsize {
+            ws_row: 50,
+            ws_col: 132,
+            ws_xpixel: 0,
+            ws_ypixel: 0,
+        },
+    )
+    .unwrap();
+    nix::sys::signal::kill(
+        nix::unistd::Pid::from_raw(child.id() as i32),
+        nix::sys::signal::Signal::SIGWINCH,
+    )
+    .unwrap();
+    std::thread::sleep(Duration::from_millis(500));
+    master
         .write_all(b"stty size; echo shell-$((40+2)); exit 3\r")
         .unwrap();
     // Read until the child exits (the master then reads EIO once the slave is closed).
@@ -482,4 +520,8 @@ fn interactive_shell_on_a_terminal() {
     let text = String::from_utf8_lossy(&seen);
     assert!(text.contains("shell-42"), "{text}");
     assert!(text.contains("33 101"), "{text}");
+    assert!(
+        text.contains("50 132"),
+        "resize did not reach the shell: {text}"
+    );
 }
