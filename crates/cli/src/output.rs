@@ -18,7 +18,11 @@ pub fn now_ms() -> i64 {
 
 /// `3m ago`-style age of a Unix-ms time.
 pub fn ago(ms: i64, now: i64) -> String {
-    format!("{} ago", format_ms((now - ms).max(0) / 1000 * 1000))
+    let secs = (now - ms).max(0) / 1000;
+    if secs == 0 {
+        return "just now".to_string();
+    }
+    format!("{} ago", format_ms(secs * 1000))
 }
 
 /// Left-aligned columns separated by two spaces; the last column is not padded.
@@ -256,6 +260,6 @@ mod tests {
     #[test]
     fn ages_read_naturally() {
         assert_eq!(ago(1_000, 61_500), "1m00s ago");
-        assert_eq!(ago(5_000, 1_000), "0ms ago");
+        assert_eq!(ago(5_000, 1_000), "just now");
     }
 }
