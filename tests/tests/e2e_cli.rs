@@ -525,3 +525,39 @@ fn interactive_shell_on_a_terminal() {
         "resize did not reach the shell: {text}"
     );
 }
+
+#[test]
+fn sources_fill_the_workspace() {
+    let d = Daemon::start_via_cli();
+    let dir = tempfile::tempdir().unwrap();
+    std::fs::create_dir(dir.path().join("sub")).unwrap();
+    std::fs::write(dir.path().join("sub/a file.txt"), "from a directory\n").unwrap();
+    let id = create(&d, &["--source", dir.path().to_str().unwrap()]);
+    let out = d.cli(["exec", &id, "--", "cat", "/workspace/sub/a file.txt"]);
+    assert_eq!(stdout(&out), "from a directory\n", "{}", stderr(&out));
+
+    let repo = tempfile::tempdir().unwrap();
+    let git = |args: &[&str]| {
+        let st = std::process::Command::new("git")
+            .args([
+                "-c",
+                "user.email=e2e@belljar.invalid",
+                "-c",
+                "user.name=e2e",
+            ])
+            .args(args)
+            .current_dir(repo.path())
+            .status()
+            .expect("git");
+        assert!(st.success(), "git {args:?}");
+    };
+    git(&["init", "-q"]);
+    std::fs::write(repo.path().join("g.txt"), "from git\n").unwrap();
+    git(&["add", "g.txt"]);
+    git(&["commit", "-qm", "first"]);
+    let id = create(&d, &["--source", repo.path().to_str().unwrap()]);
+    let out = d.cli(["exec", &id, "--", "cat", "/workspace/g.txt"]);
+    assert_eq!(stdout(&out), "from git\n", "{}", stderr(&out));
+    let out = d.cli(["exec", &id, "--", "test", "-d", "/workspace/.git"]);
+    assert!(out.status.success(), "the clone has no .git");
+}
