@@ -242,6 +242,104 @@ fn the_tcp_listener_checks_token_host_and_origin() {
 }
 
 #[test]
+fn the_desktop_app_gets_cors_answers_and_a_websocket_query_token() {
+    let d = Daemon::start();
+    let preflight = d.tcp(
+        "OPTIONS",
+        "/v1/sandboxes",
+        &[
+            ("Host", "127.0.0.1"),
+            ("Origin", "tauri://localhost"),
+            ("Access-Control-Request-Method", "POST"),
+            (
+                "Access-Control-Request-Headers",
+                "authorization, content-type",
+            ),
+        ],
+        "",
+    );
+    assert_eq!(preflight.status, 204, "{}", preflight.head);
+    let head = preflight.head.to_ascii_lowercase();
+    assert!(
+        head.contains("access-control-allow-origin: tauri://localhost"),
+        "{head}"
+    );
+    assert!(head.contains("access-control-allow-headers: authorization, content-type"));
+
+    let foreign = d.tcp(
+        "OPTIONS",
+        "/v1/sandboxes",
+        &[("Host", "127.0.0.1"), ("Origin", "https://evil.example")],
+        "",
+    );
+    assert_eq!(foreign.status, 403);
+    assert!(
+        !foreign
+            .head
+            .to_ascii_lowercase()
+            .contains("access-control-allow-origin")
+    );
+
+    let bearer = format!("Bearer {}", d.token);
+    let app = d.tcp(
+        "GET",
+        "/v1/info",
+        &[
+            ("Authorization", &bearer),
+            ("Origin", "http://tauri.localhost"),
+        ],
+        "",
+    );
+    assert_eq!(app.status, 200);
+    assert!(
+        app.head
+            .to_ascii_lowercase()
+            .contains("access-control-allow-origin: http://tauri.localhost")
+    );
+
+    // A WebSocket upgrade may carry the token in its query; the upgrade then goes through.
+    let upgrade = |token: &str| {
+        d.tcp(
+            "GET",
+            &format!("/v1/events?access_token={token}"),
+            &[
+                ("Host", "127.0.0.1"),
+                ("Origin", "tauri://localhost"),
+                ("Upgrade", "websocket"),
+                ("Connection", "Upgrade"),
+                ("Sec-WebSocket-Version", "13"),
+                ("Sec-WebSocket-Key", "dGhlIHNhbXBsZSBub25jZQ=="),
+            ],
+            "",
+        )
+    };
+    assert_eq!(upgrade("wrong").status, 401);
+    let ws = TcpStream::connect(("127.0.0.1", d.port)).unwrap();
+    ws.set_read_timeout(Some(std::time::Duration::from_secs(5)))
+        .unwrap();
+    let mut ws = ws;
+    write!(
+        ws,
+        "GET /v1/events?access_token={} HTTP/1.1\r\nHost: 127.0.0.1\r\nUpgrade: websocket\r\n\
+         Connection: Upgrade\r\nSec-WebSocket-Version: 13\r\n\
+         Sec-WebSocket-Key: dGhlIHNhbXBsZSBub25jZQ==\r\n\r\n",
+        d.token
+    )
+    .unwrap();
+    let mut first = [0u8; 12];
+    ws.read_exact(&mut first).unwrap();
+    assert_eq!(&first, b"HTTP/1.1 101");
+    // The same token in a query is not accepted outside a WebSocket upgrade.
+    let plain = d.tcp(
+        "GET",
+        &format!("/v1/info?access_token={}", d.token),
+        &[("Host", "127.0.0.1")],
+        "",
+    );
+    assert_eq!(plain.status, 401);
+}
+
+#[test]
 fn a_one_time_token_becomes_a_session_cookie() {
     let d = Daemon::start();
     let t = d.unix("POST", "/v1/session/token", "");

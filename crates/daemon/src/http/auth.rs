@@ -16,7 +16,7 @@ use std::sync::atomic::{AtomicU16, Ordering};
 use std::time::{Duration, Instant};
 
 use axum::extract::{Request, State};
-use axum::http::{HeaderMap, header};
+use axum::http::{HeaderMap, HeaderValue, Method, StatusCode, header};
 use axum::middleware::Next;
 use axum::response::{IntoResponse, Response};
 use rand::RngCore;
@@ -238,13 +238,71 @@ pub async fn tcp_guard(
 ) -> Response {
     let path = req.uri().path();
     let needs = path == "/v1" || path.starts_with("/v1/");
+    if let Some(bearer) = websocket_query_token(&req) {
+        // A browser cannot set headers on a WebSocket, so the desktop app sends its token in
+        // the query of the upgrade; it is checked exactly like the header.
+        if let Ok(value) = HeaderValue::from_str(&format!("Bearer {bearer}")) {
+            req.headers_mut().insert(header::AUTHORIZATION, value);
+        }
+    }
+    let origin = req.headers().get(header::ORIGIN).cloned();
+    if req.method() == Method::OPTIONS && origin.is_some() {
+        // A CORS preflight carries no credentials; answer it once the origin passed.
+        return match auth.check(req.headers(), false) {
+            Ok(_) => with_cors(StatusCode::NO_CONTENT.into_response(), origin),
+            Err(e) => e.into_response(),
+        };
+    }
     match auth.check(req.headers(), needs) {
         Ok(caller) => {
             req.extensions_mut().insert(caller);
-            next.run(req).await
+            with_cors(next.run(req).await, origin)
         }
-        Err(e) => e.into_response(),
+        // Refusals of an allowed origin (a missing token) stay readable by its page.
+        Err(e) => {
+            let allowed = origin.filter(|o| auth.origin_allowed(o.to_str().unwrap_or_default()));
+            with_cors(e.into_response(), allowed)
+        }
     }
+}
+
+/// The `access_token` query parameter of a WebSocket upgrade without an `Authorization` header.
+fn websocket_query_token(req: &Request) -> Option<String> {
+    let upgrade = req.headers().get(header::UPGRADE)?.to_str().ok()?;
+    if !upgrade.eq_ignore_ascii_case("websocket")
+        || req.headers().contains_key(header::AUTHORIZATION)
+    {
+        return None;
+    }
+    req.uri()
+        .query()?
+        .split('&')
+        .filter_map(|kv| kv.split_once('='))
+        .find(|(k, _)| *k == "access_token")
+        .map(|(_, v)| v.to_owned())
+}
+
+/// Lets the page of an allowed origin (the desktop app's) read the answer; only called with
+/// origins that [`Auth::origin_allowed`] accepts.
+fn with_cors(mut response: Response, origin: Option<HeaderValue>) -> Response {
+    if let Some(origin) = origin {
+        let headers = response.headers_mut();
+        headers.insert(header::ACCESS_CONTROL_ALLOW_ORIGIN, origin);
+        headers.insert(header::VARY, HeaderValue::from_static("Origin"));
+        headers.insert(
+            header::ACCESS_CONTROL_ALLOW_METHODS,
+            HeaderValue::from_static("GET, POST, PUT, PATCH, DELETE, OPTIONS"),
+        );
+        headers.insert(
+            header::ACCESS_CONTROL_ALLOW_HEADERS,
+            HeaderValue::from_static("authorization, content-type"),
+        );
+        headers.insert(
+            header::ACCESS_CONTROL_MAX_AGE,
+            HeaderValue::from_static("600"),
+        );
+    }
+    response
 }
 
 /// Middleware of the Unix listener: marks the caller as the socket's owner.
@@ -255,7 +313,6 @@ pub async fn unix_caller(mut req: Request, next: Next) -> Response {
 
 #[cfg(test)]
 mod tests {
-    use axum::http::HeaderValue;
 
     use super::*;
 
