@@ -76,6 +76,9 @@ pub struct Usage {
     pub pids: Option<u64>,
     /// Processes killed by the OOM killer inside the sandbox's memory cgroup.
     pub oom_kills: Option<u64>,
+    /// Forks refused because the sandbox was at its PID limit (`pids.events` `max`).
+    #[serde(default)]
+    pub pids_denied: Option<u64>,
 }
 
 /// The groups made for one sandbox; saved in its state file so that `stop` after a daemon
@@ -488,6 +491,9 @@ impl Groups {
                 .or_else(|| {
                     v1("memory").and_then(|d| keyed(&d.join("memory.oom_control"), "oom_kill"))
                 }),
+            pids_denied: v2
+                .and_then(|d| keyed(&d.join("pids.events"), "max"))
+                .or_else(|| v1("pids").and_then(|d| keyed(&d.join("pids.events"), "max"))),
         }
     }
 }

@@ -373,23 +373,21 @@ unsafe fn run_step(step: &Step, agent_fd: RawFd, err_fd: RawFd) {
                 }
             }
             Step::Touch { path } => {
+                // O_EXCL: opening an existing file of the image for writing would copy all
+                // of it up into the writable layer (the image's own agent binary: megabytes).
                 let fd = libc::open(
                     path.as_ptr(),
-                    libc::O_WRONLY | libc::O_CREAT | libc::O_CLOEXEC | libc::O_NOFOLLOW,
+                    libc::O_WRONLY
+                        | libc::O_CREAT
+                        | libc::O_EXCL
+                        | libc::O_CLOEXEC
+                        | libc::O_NOFOLLOW,
                     0o644,
                 );
                 if fd >= 0 {
                     libc::close(fd);
-                } else {
-                    let e = std::io::Error::last_os_error().raw_os_error();
-                    // A directory (or an executable being replaced) is there already: fine,
-                    // the bind mount decides.
-                    if !matches!(
-                        e,
-                        Some(libc::EISDIR) | Some(libc::ETXTBSY) | Some(libc::EACCES)
-                    ) {
-                        fail(err_fd, &format!("create {path:?}"));
-                    }
+                } else if std::io::Error::last_os_error().raw_os_error() != Some(libc::EEXIST) {
+                    fail(err_fd, &format!("create {path:?}"));
                 }
             }
             Step::Symlink { target, link } => {

@@ -171,6 +171,9 @@ impl IdMap {
             ForkResult::Child => {
                 drop(ready_r);
                 drop(done_w);
+                // Other threads' launches may fork at the same time: this process must not
+                // hold their pipes open while it waits, or they wait for each other.
+                close_all_but([ready_w.as_raw_fd(), done_r.as_raw_fd()]);
                 let ok = nix::sched::unshare(CloneFlags::CLONE_NEWUSER).is_ok();
                 let _ = nix::unistd::write(&ready_w, &[u8::from(ok)]);
                 let mut b = [0u8; 1];
@@ -195,6 +198,9 @@ impl IdMap {
             _ => Err(Error::Unshare),
         };
         drop(done_w);
+        // Not relying on EOF alone: a copy of `done_w` may live on in a process another
+        // thread forked meanwhile.
+        let _ = nix::sys::signal::kill(child, nix::sys::signal::Signal::SIGKILL);
         let _ = waitpid(child, None);
         result
     }
@@ -239,6 +245,22 @@ impl IdMap {
         write("uid_map", &lines(&self.uids))?;
         write("gid_map", &lines(&self.gids))
     }
+}
+
+/// Closes every fd from 3 up except `keep`, in a forked child (async-signal-safe).
+pub(crate) fn close_all_but(mut keep: [i32; 2]) {
+    keep.sort_unstable();
+    let mut from: u32 = 3;
+    for fd in keep {
+        let fd = fd as u32;
+        if fd > from {
+            // SAFETY: close_range only closes descriptors of this process.
+            unsafe { libc::syscall(libc::SYS_close_range, from, fd - 1, 0) };
+        }
+        from = from.max(fd + 1);
+    }
+    // SAFETY: as above.
+    unsafe { libc::syscall(libc::SYS_close_range, from, u32::MAX, 0) };
 }
 
 /// The `start:count` range of `/etc/subuid`-style `file` for a user, by name or uid.
