@@ -47,6 +47,14 @@ pub enum ActivateError {
     Backend(String),
 }
 
+/// The driver's queues as exactly `N`, or the error `activate` answers any other count with.
+pub fn expect_queues<const N: usize>(queues: Vec<Queue>) -> Result<[Queue; N], ActivateError> {
+    let got = queues.len();
+    queues
+        .try_into()
+        .map_err(|_| ActivateError::QueueCount { expected: N, got })
+}
+
 /// The device's side of the interrupt: the InterruptStatus register plus the line.
 pub struct VirtioInterrupt {
     status: AtomicU32,

@@ -12,7 +12,7 @@ use vm_memory::{ByteValued, Le32, Le64};
 use super::*;
 use crate::devices::virtio::{
     ActivateError, TYPE_BLOCK, VIRTIO_F_VERSION_1, VirtioDevice, VirtioInterrupt, add_used,
-    pop_chain,
+    expect_queues, pop_chain,
 };
 use crate::memory::GuestMemory;
 use crate::metrics::DeviceMetrics;
@@ -279,18 +279,13 @@ impl VirtioDevice for Block {
         &mut self,
         mem: GuestMemory,
         interrupt: Arc<VirtioInterrupt>,
-        mut queues: Vec<Queue>,
+        queues: Vec<Queue>,
     ) -> Result<(), ActivateError> {
-        if queues.len() != 1 {
-            return Err(ActivateError::QueueCount {
-                expected: 1,
-                got: queues.len(),
-            });
-        }
+        let [queue] = expect_queues(queues)?;
         self.active = Some(Active {
             mem,
             interrupt,
-            queue: queues.remove(0),
+            queue,
         });
         Ok(())
     }

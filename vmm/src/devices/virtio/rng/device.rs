@@ -8,7 +8,8 @@ use virtio_queue::Queue;
 
 use super::{Error, MAX_BYTES_PER_REQUEST, QUEUE_SIZE};
 use crate::devices::virtio::{
-    ActivateError, TYPE_RNG, VIRTIO_F_VERSION_1, VirtioDevice, VirtioInterrupt, add_used, pop_chain,
+    ActivateError, TYPE_RNG, VIRTIO_F_VERSION_1, VirtioDevice, VirtioInterrupt, add_used,
+    expect_queues, pop_chain,
 };
 use crate::memory::GuestMemory;
 use crate::metrics::DeviceMetrics;
@@ -93,18 +94,13 @@ impl VirtioDevice for Rng {
         &mut self,
         mem: GuestMemory,
         interrupt: Arc<VirtioInterrupt>,
-        mut queues: Vec<Queue>,
+        queues: Vec<Queue>,
     ) -> Result<(), ActivateError> {
-        if queues.len() != 1 {
-            return Err(ActivateError::QueueCount {
-                expected: 1,
-                got: queues.len(),
-            });
-        }
+        let [queue] = expect_queues(queues)?;
         self.active = Some(Active {
             mem,
             interrupt,
-            queue: queues.remove(0),
+            queue,
         });
         Ok(())
     }

@@ -16,7 +16,7 @@ use super::packet::{HEADER_SIZE, PacketHeader};
 use super::*;
 use crate::devices::virtio::{
     ActivateError, TYPE_VSOCK, VIRTIO_F_VERSION_1, VirtioDevice, VirtioInterrupt, add_used,
-    pop_chain,
+    expect_queues, pop_chain,
 };
 use crate::memory::GuestMemory;
 use crate::metrics::DeviceMetrics;
@@ -608,12 +608,7 @@ impl VirtioDevice for Vsock {
         interrupt: Arc<VirtioInterrupt>,
         queues: Vec<Queue>,
     ) -> Result<(), ActivateError> {
-        if queues.len() != 3 {
-            return Err(ActivateError::QueueCount {
-                expected: 3,
-                got: queues.len(),
-            });
-        }
+        let queues = Vec::from(expect_queues::<3>(queues)?);
         self.active = Some(Active {
             mem,
             interrupt,
