@@ -12,6 +12,7 @@ cd "$here"
 packages=(
   # guest kernel and images
   linux-source bc flex bison libelf-dev libssl-dev cpio xz-utils e2fsprogs debootstrap
+  debian-archive-keyring util-linux
   qemu-system-x86 uidmap busybox-static git curl ca-certificates pkg-config build-essential
   # desktop app (Tauri 2)
   libwebkit2gtk-4.1-dev libgtk-3-dev libayatana-appindicator3-dev librsvg2-dev libsoup-3.0-dev
@@ -29,7 +30,7 @@ if [ ${#missing[@]} -gt 0 ]; then
   sudo_cmd=""
   [ "$(id -u)" -eq 0 ] || sudo_cmd="sudo"
   $sudo_cmd apt-get update -q
-  DEBIAN_FRONTEND=noninteractive $sudo_cmd apt-get install -y -q --no-install-recommends "${missing[@]}"
+  DEBIAN_FRONTEND=noninteractive $sudo_cmd apt-get install -y -q "${missing[@]}"
 fi
 
 step "installing npm packages"
