@@ -2,10 +2,17 @@
 //! microVM's or namespace sandbox's init), serve the daemon, end the sandbox.
 
 use std::io::Write;
+use std::time::Duration;
 
 use belljar_agent::agent::{Outcome, run};
 use belljar_agent::config::{Config, Mode};
 use belljar_agent::system;
+
+/// Blocking threads started at once and kept (see `main`).
+const WARM_BLOCKING_THREADS: usize = 4;
+
+/// Long enough that idle blocking threads are never given back in practice.
+const BLOCKING_THREAD_KEEP_ALIVE: Duration = Duration::from_secs(365 * 24 * 3600);
 
 fn main() {
     let config = Config::load().unwrap_or_else(|e| e.exit());
@@ -22,11 +29,24 @@ fn main() {
     if let Err(e) = system::init(&config) {
         fail(&config, mode, &describe(&e));
     }
+    // Inside a sandbox the agent shares the sandbox's pids limit, so a fork bomb can leave it
+    // unable to start threads. Tokio panics when a blocking task finds no blocking thread and
+    // cannot start one, so the agent starts a few at once and keeps them for its whole life:
+    // when the limit is hit, blocking work queues on them instead.
     let runtime = tokio::runtime::Builder::new_multi_thread()
         .worker_threads(2)
+        .thread_keep_alive(BLOCKING_THREAD_KEEP_ALIVE)
         .enable_all()
         .build()
         .unwrap_or_else(|e| fail(&config, mode, &format!("cannot start the runtime: {e}")));
+    runtime.block_on(async {
+        let warm: Vec<_> = (0..WARM_BLOCKING_THREADS)
+            .map(|_| tokio::task::spawn_blocking(|| std::thread::sleep(Duration::from_millis(5))))
+            .collect();
+        for thread in warm {
+            let _ = thread.await;
+        }
+    });
     match runtime.block_on(run(&config)) {
         Ok(outcome) => {
             if config.selfcheck {
