@@ -316,6 +316,21 @@ impl Drop for Daemon {
 }
 
 /// Waits until `pid` has exited (or is a zombie); false on timeout.
+/// The whole body of a `GET` through `client` (a file read, a tar download), failing the test
+/// on any error.
+pub async fn get_bytes(client: &Client, path_and_query: &str) -> bytes::Bytes {
+    use http_body_util::BodyExt;
+    client
+        .request(Method::GET, path_and_query, client::empty(), None)
+        .await
+        .unwrap()
+        .into_body()
+        .collect()
+        .await
+        .unwrap()
+        .to_bytes()
+}
+
 pub fn wait_gone(pid: i32, timeout: Duration) -> bool {
     let deadline = Instant::now() + timeout;
     while launcher::alive(pid) && !is_zombie(pid) {

@@ -12,7 +12,7 @@ use belljar_cli::client::{self, Client, ClientError};
 use belljar_cli::exec::log_bytes;
 use belljar_cli::ndjson::Lines;
 use belljar_cli::query::with_query;
-use belljar_e2e::{Daemon, eventually};
+use belljar_e2e::{Daemon, eventually, get_bytes};
 use futures::{SinkExt, StreamExt};
 use http::{Method, header};
 use http_body_util::BodyExt;
@@ -288,15 +288,7 @@ async fn files_api() {
     assert_eq!(entry.mode & 0o777, 0o600);
 
     let get = with_query(&files, &[("path", Some(name.into()))]);
-    let body = c
-        .request(Method::GET, &get, client::empty(), None)
-        .await
-        .unwrap()
-        .into_body()
-        .collect()
-        .await
-        .unwrap()
-        .to_bytes();
+    let body = get_bytes(&c, &get).await;
     assert_eq!(&body[..], b"contents\n");
 
     let stat: FileEntry = c
@@ -343,23 +335,14 @@ async fn files_api() {
     assert_eq!(moved.path, "/workspace/a/b/c/moved.txt");
 
     // Tar of a tree contains the moved file.
-    let tar = c
-        .request(
-            Method::GET,
-            &with_query(
-                &format!("{files}/tar"),
-                &[("path", Some("/workspace/a".into()))],
-            ),
-            client::empty(),
-            None,
-        )
-        .await
-        .unwrap()
-        .into_body()
-        .collect()
-        .await
-        .unwrap()
-        .to_bytes();
+    let tar = get_bytes(
+        &c,
+        &with_query(
+            &format!("{files}/tar"),
+            &[("path", Some("/workspace/a".into()))],
+        ),
+    )
+    .await;
     let tar_names: Vec<String> = {
         let mut a = tar::Archive::new(&tar[..]);
         a.entries()

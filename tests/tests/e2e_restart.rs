@@ -11,9 +11,8 @@ use belljar_cli::client;
 use belljar_cli::exec::log_bytes;
 use belljar_cli::ndjson::Lines;
 use belljar_cli::query::with_query;
-use belljar_e2e::{Daemon, stderr, stdout};
+use belljar_e2e::{Daemon, get_bytes, stderr, stdout};
 use http::Method;
-use http_body_util::BodyExt;
 
 async fn logs(c: &client::Client, id: &str, cmd: &str) -> Vec<u8> {
     let resp = c
@@ -118,15 +117,7 @@ async fn kill_9_and_restart_loses_nothing() {
         &format!("/v1/sandboxes/{}/files", running.id),
         &[("path", Some("/workspace/keep.txt".into()))],
     );
-    let body = c
-        .request(Method::GET, &get, client::empty(), None)
-        .await
-        .unwrap()
-        .into_body()
-        .collect()
-        .await
-        .unwrap()
-        .to_bytes();
+    let body = get_bytes(&c, &get).await;
     assert_eq!(&body[..], b"kept\n");
 
     // The command that ran across the restart finishes and keeps all of its output.
