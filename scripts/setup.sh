@@ -34,11 +34,18 @@ if [ ${#missing[@]} -gt 0 ]; then
 fi
 
 step "installing npm packages"
-# `npm install` rather than `npm ci`: npm leaves other platforms' optional packages out of the
-# lock file, and `npm ci` then refuses it as out of sync.
+# `npm ci`: exactly the committed lock files. They list every platform's optional packages
+# (regenerate with `rm package-lock.json && npm install --package-lock-only`; each directory's
+# .npmrc keeps registry addresses out of them). ui/package.json pins @tauri-apps/cli and rollup
+# to releases whose platform packages all exist, so that the lock file stays complete.
 for dir in ui tests/ui; do
   [ -f "$dir/package.json" ] || continue
-  (cd "$dir" && npm install --no-audit --no-fund --loglevel=error)
+  # A stamp of the lock file it came from lets a second run skip the reinstall.
+  stamp="$dir/node_modules/.belljar-lock.sha256"
+  if ! sha256sum "$dir/package-lock.json" 2>/dev/null | cmp -s - "$stamp"; then
+    (cd "$dir" && npm ci --no-audit --no-fund --loglevel=error)
+    sha256sum "$dir/package-lock.json" >"$stamp"
+  fi
 done
 
 step "building the web UI"
