@@ -345,6 +345,7 @@ fn fork_bomb_hits_the_pids_limit() {
     let tmp = tmpdir();
     let limits = Limits {
         pids: Some(64),
+        disk_bytes: None,
         cpu: Some(0.5),
         memory_bytes: Some(256 << 20),
     };

@@ -5,11 +5,12 @@
 use std::io;
 use std::path::Path;
 use std::pin::Pin;
+use std::time::Duration;
 
 use bytes::Bytes;
 use futures::{Stream, StreamExt, TryStreamExt};
 use http_body_util::combinators::UnsyncBoxBody;
-use http_body_util::{BodyExt, BodyStream, Empty, Full, StreamBody};
+use http_body_util::{BodyExt, BodyStream, Empty, Full, Limited, StreamBody};
 use hyper::body::{Frame, Incoming};
 use hyper::client::conn::http2::SendRequest;
 use hyper::{Method, Request, Response, StatusCode};
@@ -36,6 +37,21 @@ pub type JsonStream<T> = Pin<Box<dyn Stream<Item = Result<T, ClientError>> + Sen
 
 /// Longest NDJSON line the client accepts; the agent's lines are far shorter.
 const MAX_LINE: usize = 16 << 20;
+
+/// Largest JSON answer the client buffers. The agent is inside the sandbox and may be hostile:
+/// nothing it sends is read into memory without a bound.
+pub const MAX_JSON_BODY: usize = 8 << 20;
+
+/// Largest error body read; an error message is cut to [`MAX_ERROR_MESSAGE`] bytes.
+const MAX_ERROR_BODY: usize = 64 << 10;
+
+/// Longest error message passed on from the agent.
+pub const MAX_ERROR_MESSAGE: usize = 1024;
+
+/// How long the agent may take to answer a call (headers, and the whole body of a JSON
+/// answer). Long polls (`wait_command`) and streams are exempt: their bodies are bounded in
+/// size or consumed as streams by callers that hold their own deadlines.
+pub const CALL_TIMEOUT: Duration = Duration::from_secs(30);
 
 #[derive(Debug, thiserror::Error)]
 pub enum ClientError {
@@ -64,6 +80,15 @@ pub enum ClientError {
     /// An NDJSON line exceeded the client's bound.
     #[error("NDJSON line too long")]
     LineTooLong,
+    /// An answer's body exceeded the client's bound.
+    #[error("The agent's answer exceeds {limit} bytes")]
+    BodyTooLarge { limit: usize },
+    /// The agent did not answer in time.
+    #[error("The agent did not answer within {0:?}")]
+    Timeout(Duration),
+    /// The socket at the agent's address is not a socket (it was replaced by something else).
+    #[error("{0} is not a socket")]
+    NotASocket(String),
 }
 
 impl ClientError {
@@ -116,12 +141,15 @@ fn empty_body() -> RequestBody {
 #[derive(Clone, Debug)]
 pub struct AgentClient {
     sender: SendRequest<RequestBody>,
+    /// The deadline of one call; [`CALL_TIMEOUT`] unless changed.
+    timeout: Duration,
 }
 
 impl AgentClient {
     /// Connects to an agent listening on a Unix socket (the namespace backend, tests).
+    /// The socket is opened without following a symbolic link (see [`connect_socket`]).
     pub async fn connect_unix(path: impl AsRef<Path>) -> Result<Self, ClientError> {
-        let stream = UnixStream::connect(path).await?;
+        let stream = connect_socket(path.as_ref()).await?;
         Self::handshake(stream).await
     }
 
@@ -130,7 +158,7 @@ impl AgentClient {
         path: impl AsRef<Path>,
         port: u32,
     ) -> Result<Self, ClientError> {
-        let mut stream = UnixStream::connect(path).await?;
+        let mut stream = connect_socket(path.as_ref()).await?;
         stream
             .write_all(format!("CONNECT {port}\n").as_bytes())
             .await?;
@@ -170,10 +198,34 @@ impl AgentClient {
         tokio::spawn(async move {
             let _ = conn.await;
         });
-        Ok(Self { sender })
+        Ok(Self {
+            sender,
+            timeout: CALL_TIMEOUT,
+        })
     }
 
+    /// The same connection with another deadline for each call.
+    pub fn with_call_timeout(mut self, timeout: Duration) -> Self {
+        self.timeout = timeout;
+        self
+    }
+
+    /// Sends a request and waits up to the call timeout for the answer's headers.
     async fn send(
+        &self,
+        method: Method,
+        path: &str,
+        content_type: Option<&str>,
+        body: RequestBody,
+    ) -> Result<Response<Incoming>, ClientError> {
+        within(
+            self.timeout,
+            self.send_untimed(method, path, content_type, body),
+        )
+        .await
+    }
+
+    async fn send_untimed(
         &self,
         method: Method,
         path: &str,
@@ -202,9 +254,11 @@ impl AgentClient {
         path: &str,
         body: Option<&impl Serialize>,
     ) -> Result<T, ClientError> {
-        let resp = self.send_json(method, path, body).await?;
-        let bytes = resp.into_body().collect().await?.to_bytes();
-        Ok(serde_json::from_slice(&bytes)?)
+        within(self.timeout, async {
+            let resp = self.send_json(method, path, body).await?;
+            json_body(resp).await
+        })
+        .await
     }
 
     async fn send_json(
@@ -262,7 +316,11 @@ impl AgentClient {
     /// `GET /v1/commands/{id}?wait=true`: blocks until the command exits.
     pub async fn wait_command(&self, id: &str) -> Result<CommandInfo, ClientError> {
         let path = format!("/v1/commands/{}?wait=true", query::encode(id));
-        self.json(Method::GET, &path, None::<&()>).await
+        // A long poll: no deadline on the answer, only a bound on its size.
+        let resp = self
+            .send_untimed(Method::GET, &path, None, empty_body())
+            .await?;
+        json_body(resp).await
     }
 
     /// `GET /v1/commands/{id}/output`: the output from line `skip`, followed until the command
@@ -300,9 +358,9 @@ impl AgentClient {
             query::build(&[("close", if close { "true" } else { "false" })])
         );
         let resp = self
-            .send(Method::POST, &path, Some("application/octet-stream"), body)
+            .send_untimed(Method::POST, &path, Some("application/octet-stream"), body)
             .await?;
-        drain(resp).await
+        within(self.timeout, drain(resp)).await
     }
 
     /// `POST /v1/commands/{id}/signal`.
@@ -349,11 +407,11 @@ impl AgentClient {
             pairs.push(("user", user));
         }
         let uri = format!("/v1/files/write{}", query::build(&pairs));
+        // The upload streams for as long as the caller's body lasts; only the answer is timed.
         let resp = self
-            .send(Method::PUT, &uri, Some("application/octet-stream"), body)
+            .send_untimed(Method::PUT, &uri, Some("application/octet-stream"), body)
             .await?;
-        let bytes = resp.into_body().collect().await?.to_bytes();
-        Ok(serde_json::from_slice(&bytes)?)
+        within(self.timeout, json_body(resp)).await
     }
 
     /// `POST /v1/files/mkdir`.
@@ -408,9 +466,9 @@ impl AgentClient {
         }
         let uri = format!("/v1/files/tar{}", query::build(&pairs));
         let resp = self
-            .send(Method::PUT, &uri, Some("application/x-tar"), body)
+            .send_untimed(Method::PUT, &uri, Some("application/x-tar"), body)
             .await?;
-        drain(resp).await
+        within(self.timeout, drain(resp)).await
     }
 
     /// `GET /v1/watch`: events until the returned stream is dropped.
@@ -442,29 +500,85 @@ impl AgentClient {
     }
 }
 
+/// Runs `call` with a deadline.
+async fn within<T>(
+    limit: Duration,
+    call: impl Future<Output = Result<T, ClientError>>,
+) -> Result<T, ClientError> {
+    tokio::time::timeout(limit, call)
+        .await
+        .unwrap_or(Err(ClientError::Timeout(limit)))
+}
+
+/// The whole body, or an error once it passes `limit` bytes.
+async fn bounded(resp: Response<Incoming>, limit: usize) -> Result<Bytes, ClientError> {
+    match Limited::new(resp.into_body(), limit).collect().await {
+        Ok(body) => Ok(body.to_bytes()),
+        Err(e) => match e.downcast::<hyper::Error>() {
+            Ok(e) => Err(ClientError::Http(*e)),
+            Err(_) => Err(ClientError::BodyTooLarge { limit }),
+        },
+    }
+}
+
+async fn json_body<T: DeserializeOwned>(resp: Response<Incoming>) -> Result<T, ClientError> {
+    let bytes = bounded(resp, MAX_JSON_BODY).await?;
+    Ok(serde_json::from_slice(&bytes)?)
+}
+
+/// Reads and drops an answer the caller has no use for (bounded all the same).
 async fn drain(resp: Response<Incoming>) -> Result<(), ClientError> {
-    resp.into_body().collect().await?;
-    Ok(())
+    bounded(resp, MAX_JSON_BODY).await.map(drop)
 }
 
 async fn error_from(resp: Response<Incoming>) -> ClientError {
     let status = resp.status();
-    let bytes = match resp.into_body().collect().await {
-        Ok(body) => body.to_bytes(),
-        Err(e) => return ClientError::Http(e),
+    let bytes = match bounded(resp, MAX_ERROR_BODY).await {
+        Ok(bytes) => bytes,
+        Err(e) => return e,
     };
     match serde_json::from_slice::<ErrorBody>(&bytes) {
         Ok(body) => ClientError::Api {
             status: status.as_u16(),
             code: body.error.code,
-            message: body.error.message,
+            message: cut(&body.error.message),
         },
         Err(_) => ClientError::Api {
             status: status.as_u16(),
             code: fallback_code(status).to_owned(),
-            message: String::from_utf8_lossy(&bytes).into_owned(),
+            message: cut(&String::from_utf8_lossy(&bytes)),
         },
     }
+}
+
+/// `text` cut to at most [`MAX_ERROR_MESSAGE`] bytes, on a character boundary.
+fn cut(text: &str) -> String {
+    let mut end = text.len().min(MAX_ERROR_MESSAGE);
+    while !text.is_char_boundary(end) {
+        end -= 1;
+    }
+    text[..end].to_owned()
+}
+
+/// Connects to the Unix socket at `path` without following a symbolic link in its last
+/// component, and only if what is there is a socket. The directory holding an agent's socket
+/// may be reachable by a sandbox (an older layout, a bug): a link planted there must never make
+/// the daemon talk to another sandbox or a host service.
+pub async fn connect_socket(path: &Path) -> Result<UnixStream, ClientError> {
+    use std::os::fd::AsRawFd;
+    use std::os::unix::fs::{FileTypeExt, OpenOptionsExt};
+    let target = std::fs::OpenOptions::new()
+        .read(true)
+        .custom_flags(libc::O_PATH | libc::O_NOFOLLOW | libc::O_CLOEXEC)
+        .open(path)?;
+    if !target.metadata()?.file_type().is_socket() {
+        return Err(ClientError::NotASocket(path.display().to_string()));
+    }
+    // Connecting through the descriptor's magic link reaches the very inode checked above.
+    let through = format!("/proc/self/fd/{}", target.as_raw_fd());
+    let stream = UnixStream::connect(&through).await?;
+    drop(target);
+    Ok(stream)
 }
 
 fn fallback_code(status: StatusCode) -> &'static str {
@@ -488,16 +602,24 @@ pub fn ndjson<T: DeserializeOwned + Send + 'static>(bytes: ByteStream) -> JsonSt
     struct State {
         bytes: ByteStream,
         buf: Vec<u8>,
+        /// How much of `buf` is known to hold no newline, so a long line is scanned once.
+        scanned: usize,
         done: bool,
     }
     let state = State {
         bytes,
         buf: Vec::new(),
+        scanned: 0,
         done: false,
     };
     Box::pin(futures::stream::try_unfold(state, |mut st| async move {
         loop {
-            if let Some(nl) = st.buf.iter().position(|&b| b == b'\n') {
+            let start = st.scanned.min(st.buf.len());
+            let newline = st.buf[start..].iter().position(|&b| b == b'\n');
+            st.scanned = st.buf.len();
+            if let Some(nl) = newline.map(|i| start + i) {
+                // What follows the line has not been scanned yet.
+                st.scanned = 0;
                 let line: Vec<u8> = st.buf.drain(..=nl).collect();
                 let line = &line[..line.len() - 1];
                 if line.iter().all(u8::is_ascii_whitespace) {

@@ -120,6 +120,9 @@ pub struct LimitsReport {
     pub memory: LimitState,
     pub cpu: LimitState,
     pub pids: LimitState,
+    /// The sandbox's writable disk (`disk_mib`).
+    #[serde(default)]
+    pub disk: LimitState,
 }
 
 #[derive(Debug, Clone, PartialEq, Eq, Default, Serialize, Deserialize, ToSchema, TS)]

@@ -41,10 +41,11 @@ pub enum Error {
 }
 
 /// Whether one limit is in force.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(tag = "status", rename_all = "snake_case")]
 pub enum LimitStatus {
     /// The spec asked for no limit.
+    #[default]
     NotRequested,
     /// Enforced; `how` names the cgroup file, e.g. `cgroup v1 memory.limit_in_bytes`.
     Enforced { how: String },
@@ -64,6 +65,9 @@ pub struct LimitsReport {
     pub memory: LimitStatus,
     pub cpu: LimitStatus,
     pub pids: LimitStatus,
+    /// Not a cgroup limit: the size of the sandbox's own filesystem (see `disk`).
+    #[serde(default)]
+    pub disk: LimitStatus,
 }
 
 /// Resource use of a sandbox, from its cgroups; `None` when no group measures it.
@@ -343,6 +347,7 @@ impl Groups {
             memory: LimitStatus::NotRequested,
             cpu: LimitStatus::NotRequested,
             pids: LimitStatus::NotRequested,
+            disk: LimitStatus::NotRequested,
         };
         if let Some(bytes) = limits.memory_bytes {
             report.memory = groups.set_memory(bytes, &v2_ctrls, &v2_reasons);
@@ -573,6 +578,7 @@ mod tests {
             memory_bytes: Some(256 << 20),
             cpu: Some(1.5),
             pids: Some(100),
+            disk_bytes: None,
         };
         let (groups, report) = Groups::create("sb-1", &limits, &h);
         let dir = base.join("belljar/sb-1");

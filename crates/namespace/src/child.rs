@@ -105,6 +105,8 @@ pub(crate) struct Plan {
     pub envp: Vec<CString>,
     pub stdin: OwnedFd,
     pub stdout: OwnedFd,
+    /// The agent's listening socket, inherited by PID 1 at the same descriptor number (>= 3).
+    pub listener: OwnedFd,
     /// Keeps the `open_tree` fd of the idmapped image alive until the fork.
     pub _lower_tree: Option<OwnedFd>,
 }
@@ -275,6 +277,12 @@ fn pid1(plan: &Plan, err_fd: RawFd) -> ! {
             3 as c_ulong,
             !0 as c_ulong,
             CLOSE_RANGE_CLOEXEC,
+        );
+        // The one descriptor PID 1 inherits beyond stdio: its listening socket.
+        check(
+            libc::fcntl(plan.listener.as_raw_fd(), libc::F_SETFD, 0),
+            err_fd,
+            "keep the agent socket",
         );
         // Dispositions and the mask survive execve; the daemon may ignore SIGPIPE or block
         // signals for its runtime.

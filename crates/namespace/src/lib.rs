@@ -25,18 +25,20 @@
 //!
 //! # What runs inside
 //!
-//! PID 1 is `/sbin/belljar-agent --mode namespace --listen unix:/run/belljar/agent.sock`, with
-//! `BELLJAR_MODE`, `BELLJAR_LISTEN`, `BELLJAR_HOSTNAME`, `PATH`, `HOME` and the spec's `env` in
-//! its environment. The agent binary is bind-mounted read-only from [`SandboxSpec::agent`]. Its
+//! PID 1 is `/sbin/belljar-agent --mode namespace --listen fd:N`, with `BELLJAR_MODE`,
+//! `BELLJAR_HOSTNAME`, `PATH`, `HOME` and the spec's `env` in its environment. Descriptor `N`
+//! is the agent's listening socket, bound by [`launch`] at `state_dir/agent.sock` on the host:
+//! the sandbox cannot reach that directory, so it cannot swap the socket the daemon connects
+//! to for a link to another sandbox's or a host socket. The agent binary is bind-mounted read-only from [`SandboxSpec::agent`]. Its
 //! stdout and stderr go to `state_dir/agent.log`.
 //!
-//! Before the exec this crate has already: mounted the overlay root (lower: the image tree,
-//! upper/work: `state_dir/fs/upper`, `state_dir/fs/work`) and pivoted into it with the old root
+//! Before the exec this crate has already: mounted the sandbox's disk (as root: an ext4 file
+//! of [`Limits::disk_bytes`] at `state_dir/fs`, see [`disk`]), the overlay root (lower: the
+//! image tree, upper/work: `state_dir/fs/upper`, `state_dir/fs/work`) and pivoted into it with the old root
 //! detached; mounted `/proc` (this PID namespace's), `/sys` (read-only), a `/dev` tmpfs with
 //! `null zero full random urandom tty`, `/dev/pts` (newinstance, ptmxmode=0666) with the
 //! `/dev/ptmx` symlink, `/dev/shm`, `/dev/mqueue`, `/tmp` and `/run` (tmpfs); bind-mounted
-//! `state_dir/fs/run` (also reachable as `state_dir/run`) at
-//! `/run/belljar` (so the agent's socket is `state_dir/run/agent.sock` on the host); set the
+//! `state_dir/fs/run` at `/run/belljar` (the agent's own state: command output); set the
 //! hostname (and added `127.0.1.1 <hostname>` to `/etc/hosts` when missing); brought `lo` up.
 //! The agent does not need to mount anything in namespace mode, and cannot: the sandbox has
 //! neither `CAP_SYS_ADMIN` nor `CAP_NET_ADMIN` (its namespace-mode set-up is best effort and
@@ -76,6 +78,7 @@
 pub mod caps;
 pub mod cgroup;
 mod child;
+pub mod disk;
 pub mod idmap;
 mod lifecycle;
 pub mod probe;
@@ -93,8 +96,8 @@ pub use lifecycle::{
 };
 pub use probe::{CgroupMode, Probe, probe};
 
-/// Where the agent listens, as seen inside the sandbox.
-pub const AGENT_SOCKET_IN_SANDBOX: &str = "/run/belljar/agent.sock";
+/// The agent's socket in the state directory, out of the sandbox's reach.
+pub const AGENT_SOCKET: &str = "agent.sock";
 
 /// Where the agent binary is bind-mounted inside the sandbox.
 pub const AGENT_PATH_IN_SANDBOX: &str = "/sbin/belljar-agent";
@@ -106,10 +109,10 @@ pub struct SandboxSpec {
     pub id: String,
     /// The image's directory tree: the read-only lower layer, shared by many sandboxes.
     pub rootfs: PathBuf,
-    /// A directory owned by this sandbox: `fs/{upper,work,merged,lower,run}`, `run` (a
-    /// symlink to `fs/run`, holding the agent socket), `sandbox.json` + `sandbox.pid`,
-    /// `idblock`, `agent.log`. Its path must be short enough for a Unix
-    /// socket path (`state_dir/run/agent.sock` under 108 bytes) and must not contain `,` `:`.
+    /// A directory owned by this sandbox: `agent.sock`, `disk.ext4` (mounted at `fs`),
+    /// `fs/{upper,work,merged,lower,run}`, `sandbox.json` + `sandbox.pid`, `idblock`,
+    /// `agent.log`. Its path must be short enough for a Unix socket path
+    /// (`state_dir/agent.sock` under 108 bytes) and must not contain `,` `:`.
     pub state_dir: PathBuf,
     /// Host path of the `belljar-agent` binary (statically linked).
     pub agent: PathBuf,
@@ -126,6 +129,8 @@ pub struct Limits {
     /// vCPUs, as a CPU time quota (1.5 = 150 ms of CPU per 100 ms).
     pub cpu: Option<f64>,
     pub pids: Option<u64>,
+    /// Bytes the sandbox may write to disk (its writable layer and `/run/belljar`).
+    pub disk_bytes: Option<u64>,
 }
 
 /// A live sandbox.

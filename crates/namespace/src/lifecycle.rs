@@ -3,17 +3,19 @@
 //! State directory layout (all made by [`launch`]):
 //!
 //! ```text
-//! state_dir/            0700, host root (or the rootless user)
+//! state_dir/            0700, host root (or the rootless user); the sandbox reaches none of it
 //!   sandbox.json        pid, start time, cgroups, limits report (see `state`)
 //!   sandbox.pid         the pid alone
 //!   idblock             first host uid/gid of the sandbox's 65536 ids (root only)
 //!   agent.log           the agent's stdout and stderr
-//!   run -> fs/run       symlink: the agent socket is state_dir/run/agent.sock
+//!   agent.sock          the agent's listening socket, bound here and passed to PID 1
+//!   disk.ext4           the sandbox's disk (root only), mounted at fs/
 //!   fs/                 owned by the sandbox's root uid; PID 1 resolves the mounts from here
 //!     upper/ work/      the overlay's writable layer
 //!     lower/            where the idmapped image is attached (root only)
 //!     merged/           the overlay mount point, the sandbox's `/`
-//!     run/              bind-mounted at /run/belljar inside
+//!     run/              bind-mounted at /run/belljar inside: the sandbox may change anything
+//!                       here, so the host never opens a path below fs/
 //! ```
 
 use std::ffi::CString;
@@ -32,7 +34,7 @@ use crate::cgroup::{self, Groups, Hierarchies, Usage};
 use crate::child::{self, MountAttr, Plan, Step};
 use crate::idmap::{self, IdMap};
 use crate::state::{self, State, start_time};
-use crate::{AGENT_PATH_IN_SANDBOX, AGENT_SOCKET_IN_SANDBOX, Running, SandboxSpec};
+use crate::{AGENT_PATH_IN_SANDBOX, AGENT_SOCKET, Running, SandboxSpec, disk};
 
 pub use crate::state::ExitWatch;
 
@@ -75,6 +77,8 @@ pub enum Error {
     },
     #[error("The agent socket {} did not accept connections within {waited:?}", path.display())]
     NotReady { path: PathBuf, waited: Duration },
+    #[error(transparent)]
+    Disk(#[from] disk::Error),
 }
 
 /// First host uid of the id blocks handed to sandboxes when running as root.
@@ -109,6 +113,26 @@ pub fn launch(spec: &SandboxSpec) -> Result<Running, Error> {
     };
     let (root_uid, root_gid) = (map.root_uid(), map.root_gid());
     let fs_dir = dir.join("fs");
+    let disk_status = match spec.limits.disk_bytes {
+        Some(bytes) => disk::mount(dir, &fs_dir, bytes)?,
+        None => crate::LimitStatus::NotRequested,
+    };
+    let ids = (root_uid, root_gid);
+    prepare_and_start(spec, &fs_dir, &map, rootless, ids, disk_status).inspect_err(|_| {
+        disk::unmount(&fs_dir);
+    })
+}
+
+/// Everything of [`launch`] after the disk is mounted.
+fn prepare_and_start(
+    spec: &SandboxSpec,
+    fs_dir: &Path,
+    map: &IdMap,
+    rootless: bool,
+    (root_uid, root_gid): (u32, u32),
+    disk_status: crate::LimitStatus,
+) -> Result<Running, Error> {
+    let dir = &spec.state_dir;
     for sub in ["", "upper", "work", "merged", "lower", "run"] {
         let path = fs_dir.join(sub);
         // The overlay's root takes the upper directory's mode: `/` must be 0755.
@@ -121,7 +145,7 @@ pub fn launch(spec: &SandboxSpec) -> Result<Running, Error> {
             },
         )?;
         if !rootless {
-            std::os::unix::fs::chown(&path, Some(root_uid), Some(root_gid)).map_err(|source| {
+            std::os::unix::fs::lchown(&path, Some(root_uid), Some(root_gid)).map_err(|source| {
                 Error::Prepare {
                     path: path.clone(),
                     source,
@@ -129,15 +153,10 @@ pub fn launch(spec: &SandboxSpec) -> Result<Running, Error> {
             })?;
         }
     }
-    let run_link = dir.join("run");
-    if fs::symlink_metadata(&run_link).is_err() {
-        std::os::unix::fs::symlink("fs/run", &run_link).map_err(|source| Error::Prepare {
-            path: run_link.clone(),
-            source,
-        })?;
-    }
-    let socket = dir.join("run").join("agent.sock");
-    let _ = fs::remove_file(&socket);
+    // Earlier versions kept the socket under fs/run behind this link.
+    let _ = fs::remove_file(dir.join("run"));
+    let socket = dir.join(AGENT_SOCKET);
+    let listener = bind_agent_socket(&socket)?;
 
     let hierarchies = Hierarchies::discover();
     if let Some(dir) = Groups::in_use(&spec.id, &hierarchies) {
@@ -147,8 +166,9 @@ pub fn launch(spec: &SandboxSpec) -> Result<Running, Error> {
             dir.display()
         )));
     }
-    let (groups, limits) = Groups::create(&spec.id, &spec.limits, &hierarchies);
-    let result = start(spec, &map, rootless, &groups).and_then(|pid| {
+    let (groups, mut limits) = Groups::create(&spec.id, &spec.limits, &hierarchies);
+    limits.disk = disk_status;
+    let result = start(spec, map, rootless, &groups, listener).and_then(|pid| {
         let start_time = start_time(pid).ok_or(Error::Start(child::Error::NoPid))?;
         let st = State {
             id: spec.id.clone(),
@@ -177,7 +197,35 @@ pub fn launch(spec: &SandboxSpec) -> Result<Running, Error> {
     }
 }
 
-fn start(spec: &SandboxSpec, map: &IdMap, rootless: bool, groups: &Groups) -> Result<u32, Error> {
+/// Binds the agent's socket on the host; PID 1 inherits it. The descriptor is at least 3 and
+/// close-on-exec here (the child clears that flag on it alone).
+fn bind_agent_socket(path: &Path) -> Result<OwnedFd, Error> {
+    let fail = |source| Error::Prepare {
+        path: path.to_owned(),
+        source,
+    };
+    match fs::symlink_metadata(path) {
+        Ok(_) => fs::remove_file(path).map_err(fail)?,
+        Err(e) if e.kind() == io::ErrorKind::NotFound => {}
+        Err(e) => return Err(fail(e)),
+    }
+    let listener = std::os::unix::net::UnixListener::bind(path).map_err(fail)?;
+    fs::set_permissions(path, fs::Permissions::from_mode(0o600)).map_err(fail)?;
+    let fd = OwnedFd::from(listener);
+    // Above the standard descriptors even when the daemon runs with one of them closed.
+    let high = nix::fcntl::fcntl(fd.as_raw_fd(), nix::fcntl::FcntlArg::F_DUPFD_CLOEXEC(3))
+        .map_err(|e| fail(e.into()))?;
+    // SAFETY: F_DUPFD_CLOEXEC just returned this new descriptor; nothing else owns it.
+    Ok(unsafe { OwnedFd::from_raw_fd(high) })
+}
+
+fn start(
+    spec: &SandboxSpec,
+    map: &IdMap,
+    rootless: bool,
+    groups: &Groups,
+    listener: OwnedFd,
+) -> Result<u32, Error> {
     let dir = &spec.state_dir;
     let userns = map.create_namespace()?;
     let lower_tree = if rootless {
@@ -218,7 +266,6 @@ fn start(spec: &SandboxSpec, map: &IdMap, rootless: bool, groups: &Groups) -> Re
         "HOME=/root".to_owned(),
         "container=belljar".to_owned(),
         "BELLJAR_MODE=namespace".to_owned(),
-        format!("BELLJAR_LISTEN=unix:{AGENT_SOCKET_IN_SANDBOX}"),
         format!("BELLJAR_HOSTNAME={}", spec.hostname),
     ];
     envp.extend(spec.env.iter().map(|(k, v)| format!("{k}={v}")));
@@ -238,7 +285,7 @@ fn start(spec: &SandboxSpec, map: &IdMap, rootless: bool, groups: &Groups) -> Re
             "--mode",
             "namespace",
             "--listen",
-            &format!("unix:{AGENT_SOCKET_IN_SANDBOX}"),
+            &format!("fd:{}", listener.as_raw_fd()),
         ]
         .iter()
         .map(|s| c(s))
@@ -246,6 +293,7 @@ fn start(spec: &SandboxSpec, map: &IdMap, rootless: bool, groups: &Groups) -> Re
         envp: envp.iter().map(|s| c(s)).collect(),
         stdin: OwnedFd::from(null),
         stdout: OwnedFd::from(log),
+        listener,
         _lower_tree: lower_tree,
     };
     let started = child::start(&plan)?;
@@ -551,7 +599,7 @@ fn validate(spec: &SandboxSpec) -> Result<(), Error> {
             ));
         }
     }
-    if spec.state_dir.join("run/agent.sock").as_os_str().len() >= 108 {
+    if spec.state_dir.join(AGENT_SOCKET).as_os_str().len() >= 108 {
         return bad(format!(
             "state_dir {} is too long for a Unix socket path",
             spec.state_dir.display()
@@ -625,6 +673,15 @@ impl ExitWatch {
 /// SIGTERM to PID 1, SIGKILL after `grace`; then the cgroups are removed. Stopping a sandbox
 /// that is not running only cleans up.
 pub fn stop(state_dir: &Path, grace: Duration) -> Result<(), Error> {
+    let result = stop_processes(state_dir, grace);
+    // The host's mount of the disk; the sandbox's own copy went with its mount namespace.
+    if result.is_ok() {
+        disk::unmount(&state_dir.join("fs"));
+    }
+    result
+}
+
+fn stop_processes(state_dir: &Path, grace: Duration) -> Result<(), Error> {
     let Some(st) = State::load(state_dir)? else {
         return Ok(());
     };

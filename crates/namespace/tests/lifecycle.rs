@@ -2,7 +2,7 @@
 //! agent from `belljar_namespace::testing` as PID 1.
 
 use std::io::BufRead;
-use std::os::unix::fs::MetadataExt;
+use std::os::unix::fs::{FileTypeExt, MetadataExt};
 use std::path::Path;
 use std::process::{Command, Stdio};
 use std::time::Duration;
@@ -52,7 +52,7 @@ fn launch_run_stop_destroy() {
     let spec = spec(tmp.path(), "life", Limits::default());
     let _guard = Guard(spec.state_dir.clone());
     let running = belljar_namespace::launch(&spec).expect("launch");
-    assert_eq!(running.socket, spec.state_dir.join("run/agent.sock"));
+    assert_eq!(running.socket, spec.state_dir.join("agent.sock"));
     belljar_namespace::wait_ready(&running.socket, T).unwrap();
     let out = sh(
         &running.socket,
@@ -69,12 +69,78 @@ fn launch_run_stop_destroy() {
     assert_eq!(out.text, "127.0.1.1\tlife-host\n");
     // PID 1 is the agent.
     let out = sh(&running.socket, "cat /proc/1/cmdline | tr '\\0' ' '");
-    assert_eq!(
-        out.text.trim(),
-        "/sbin/belljar-agent --mode namespace --listen unix:/run/belljar/agent.sock"
+    // Its socket is inherited, bound on the host where the sandbox cannot reach it.
+    assert!(
+        out.text
+            .trim()
+            .starts_with("/sbin/belljar-agent --mode namespace --listen fd:"),
+        "{}",
+        out.text
     );
     belljar_namespace::stop(&spec.state_dir, Duration::from_secs(2)).unwrap();
     assert!(belljar_namespace::adopt(&spec.state_dir).unwrap().is_none());
+    belljar_namespace::destroy(&spec.state_dir).unwrap();
+    assert!(!spec.state_dir.exists());
+}
+
+/// The cross-sandbox hijack: a guest that plants a link to another sandbox's socket where it
+/// can write must not change where the host's connections to its agent go.
+#[test]
+fn a_guest_cannot_swap_its_agent_socket() {
+    let tmp = tmpdir();
+    let a = spec(tmp.path(), "swap-a", Limits::default());
+    let b = spec(tmp.path(), "swap-b", Limits::default());
+    let _guards = (Guard(a.state_dir.clone()), Guard(b.state_dir.clone()));
+    let ra = belljar_namespace::launch(&a).expect("launch a");
+    let rb = belljar_namespace::launch(&b).expect("launch b");
+    belljar_namespace::wait_ready(&ra.socket, T).unwrap();
+    belljar_namespace::wait_ready(&rb.socket, T).unwrap();
+    let plant = format!(
+        "cd /run/belljar && ln -sfn {} agent.sock && ln -sfn {} agent.sock.b && ls /run/belljar",
+        b.state_dir.join("run/agent.sock").display(),
+        rb.socket.display()
+    );
+    assert_eq!(sh(&ra.socket, &plant).code, 0);
+    // The host side, as a restarted daemon finds it.
+    let adopted = belljar_namespace::adopt(&a.state_dir).unwrap().unwrap();
+    assert_eq!(sh(&adopted.socket, "hostname").text, "swap-a-host\n");
+    assert!(
+        std::fs::symlink_metadata(&adopted.socket)
+            .unwrap()
+            .file_type()
+            .is_socket()
+    );
+}
+
+/// `disk_bytes` is a real filesystem of that size under the sandbox's writable layer.
+#[test]
+fn the_disk_limit_holds_inside() {
+    if !nix::unistd::Uid::effective().is_root() {
+        assert!(std::env::var("CI").is_err(), "CI runs as root");
+        eprintln!("not root: no sized disk");
+        return;
+    }
+    let tmp = tmpdir();
+    let limits = Limits {
+        disk_bytes: Some(32 << 20),
+        ..Limits::default()
+    };
+    let spec = spec(tmp.path(), "disk", limits);
+    let _guard = Guard(spec.state_dir.clone());
+    let running = belljar_namespace::launch(&spec).expect("launch");
+    assert!(running.limits.disk.is_enforced(), "{:?}", running.limits);
+    belljar_namespace::wait_ready(&running.socket, T).unwrap();
+    let out = sh(
+        &running.socket,
+        "dd if=/dev/zero of=/workspace/big bs=1M count=64 2>&1; echo rc=$?",
+    );
+    assert!(out.text.contains("No space left on device"), "{}", out.text);
+    // Stopped and started again, the files are still there, on the same disk.
+    belljar_namespace::stop(&spec.state_dir, Duration::from_secs(2)).unwrap();
+    let again = belljar_namespace::launch(&spec).expect("relaunch");
+    belljar_namespace::wait_ready(&again.socket, T).unwrap();
+    let out = sh(&again.socket, "ls /workspace");
+    assert!(out.text.contains("big"), "{}", out.text);
     belljar_namespace::destroy(&spec.state_dir).unwrap();
     assert!(!spec.state_dir.exists());
 }
@@ -204,7 +270,9 @@ fn image_ownership_namespaces_and_confinement() {
     // Mount points and the agent binary.
     check("grep -c ' / overlay' /proc/self/mounts", "1");
     check("touch /sbin/belljar-agent >/dev/null 2>&1; echo $?", "1");
-    check("test -S /run/belljar/agent.sock && echo sock", "sock");
+    // The agent's socket is not in the sandbox's filesystem; /run/belljar is its own to write.
+    check("ls -A /run/belljar | grep -c sock", "0");
+    check("test -w /run/belljar && echo writable", "writable");
     // Capabilities are cut down; these need CAP_SYS_ADMIN or are refused by seccomp.
     let caps = belljar_namespace::caps::KEPT
         .iter()
@@ -308,6 +376,7 @@ fn limits_are_enforced_with_cgroups() {
         memory_bytes: Some(64 << 20),
         cpu: Some(0.25),
         pids: Some(40),
+        disk_bytes: None,
     };
     let spec = spec(tmp.path(), "limited", limits);
     let _guard = Guard(spec.state_dir.clone());

@@ -14,12 +14,16 @@ pub enum ListenAddr {
     Unix(PathBuf),
     /// An AF_VSOCK port on any CID (inside a microVM).
     Vsock(u32),
+    /// A Unix socket already bound and listening, inherited as this descriptor (the namespace
+    /// backend binds it on the host, in a directory the sandbox cannot reach, so the guest can
+    /// never swap the socket the daemon connects to).
+    Fd(i32),
 }
 
 #[derive(Debug, thiserror::Error)]
 pub enum ConfigError {
-    /// The listen address has neither a `unix:` nor a `vsock:` prefix.
-    #[error("Listen address must be unix:PATH or vsock:PORT, not {0}")]
+    /// The listen address has none of the `unix:`, `vsock:` or `fd:` prefixes.
+    #[error("Listen address must be unix:PATH, vsock:PORT or fd:N, not {0}")]
     BadListen(String),
     /// No listen address for a mode that has no default.
     #[error("--listen (BELLJAR_LISTEN) is required in {0:?} mode")]
@@ -36,6 +40,10 @@ impl FromStr for ListenAddr {
             }
         } else if let Some(Ok(port)) = s.strip_prefix("vsock:").map(str::parse) {
             return Ok(ListenAddr::Vsock(port));
+        } else if let Some(Ok(fd)) = s.strip_prefix("fd:").map(str::parse::<i32>)
+            && fd > 2
+        {
+            return Ok(ListenAddr::Fd(fd));
         }
         Err(ConfigError::BadListen(s.to_owned()))
     }
@@ -143,6 +151,9 @@ mod tests {
             "vsock:1024".parse::<ListenAddr>().unwrap(),
             ListenAddr::Vsock(1024)
         );
+        assert_eq!("fd:3".parse::<ListenAddr>().unwrap(), ListenAddr::Fd(3));
+        assert!("fd:1".parse::<ListenAddr>().is_err());
+        assert!("fd:-4".parse::<ListenAddr>().is_err());
         assert!("tcp:1".parse::<ListenAddr>().is_err());
         assert!("vsock:x".parse::<ListenAddr>().is_err());
         assert!("unix:".parse::<ListenAddr>().is_err());

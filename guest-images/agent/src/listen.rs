@@ -58,6 +58,7 @@ impl Listener {
                     .map_err(fail)
             }
             ListenAddr::Vsock(port) => bind_vsock(*port).map(Listener::Vsock).map_err(fail),
+            ListenAddr::Fd(fd) => inherited_unix(*fd).map(Listener::Unix).map_err(fail),
         }
     }
 
@@ -87,6 +88,36 @@ fn remove_stale(path: &Path) {
     if std::fs::symlink_metadata(path).is_ok_and(|m| m.file_type().is_socket()) {
         let _ = std::fs::remove_file(path);
     }
+}
+
+/// Takes over an inherited descriptor, after checking that it is a listening Unix stream
+/// socket (anything else is a mistake of whoever started the agent).
+fn inherited_unix(fd: i32) -> io::Result<tokio::net::UnixListener> {
+    use nix::sys::socket::{UnixAddr, getsockname, getsockopt, sockopt};
+    use std::os::fd::BorrowedFd;
+    // SAFETY: the descriptor is only borrowed for the checks; ownership is taken below, once
+    // it is known to be the socket we were handed.
+    let borrowed = unsafe { BorrowedFd::borrow_raw(fd) };
+    let listening = getsockopt(&borrowed, sockopt::AcceptConn).map_err(io::Error::from)?;
+    let is_unix = getsockname::<UnixAddr>(fd).is_ok();
+    let is_stream =
+        getsockopt(&borrowed, sockopt::SockType).map_err(io::Error::from)? == SockType::Stream;
+    if !(listening && is_unix && is_stream) {
+        return Err(io::Error::new(
+            io::ErrorKind::InvalidInput,
+            format!("fd {fd} is not a listening Unix stream socket"),
+        ));
+    }
+    // SAFETY: the checks above found an open socket at `fd`, inherited for this agent alone;
+    // nothing else in this process owns it.
+    let std_listener = unsafe { std::os::unix::net::UnixListener::from_raw_fd(fd) };
+    nix::fcntl::fcntl(
+        std_listener.as_raw_fd(),
+        nix::fcntl::FcntlArg::F_SETFD(nix::fcntl::FdFlag::FD_CLOEXEC),
+    )
+    .map_err(io::Error::from)?;
+    std_listener.set_nonblocking(true)?;
+    tokio::net::UnixListener::from_std(std_listener)
 }
 
 fn bind_vsock(port: u32) -> io::Result<AsyncFd<OwnedFd>> {

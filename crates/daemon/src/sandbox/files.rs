@@ -16,7 +16,23 @@ use futures::{Stream, StreamExt};
 use super::{SandboxError, Sandboxes};
 
 /// The largest file a thumbnail is made of.
-const THUMBNAIL_MAX_BYTES: u64 = 64 << 20;
+const THUMBNAIL_MAX_BYTES: u64 = 32 << 20;
+
+/// The largest image a thumbnail is made of, per side. A small file can claim any size (a
+/// decompression bomb), so the decoder checks its header against these before it allocates.
+const THUMBNAIL_MAX_SIDE: u32 = 16_384;
+
+/// The most pixels a thumbnail is made of: a 32-megapixel photo fits, an 11000×11000 bomb
+/// (121 megapixels in a few hundred KB of PNG) does not. Checked from the header, before
+/// anything is decoded.
+const THUMBNAIL_MAX_PIXELS: u64 = 32_000_000;
+
+/// Memory one decode may allocate (32 megapixels of RGBA, and some).
+const THUMBNAIL_MAX_ALLOC: u64 = 160 << 20;
+
+/// Thumbnails made at once; the rest wait. Each holds up to [`THUMBNAIL_MAX_BYTES`] of file
+/// and [`THUMBNAIL_MAX_ALLOC`] of pixels, so this bounds the daemon's memory for them.
+static THUMBNAIL_SLOTS: tokio::sync::Semaphore = tokio::sync::Semaphore::const_new(2);
 
 /// A PNG thumbnail.
 pub struct Thumbnail(pub Vec<u8>);
@@ -223,6 +239,10 @@ impl Sandboxes {
         if !(1..=1024).contains(&size) {
             return Err(SandboxError::BadRequest("size: must be 1..=1024".into()));
         }
+        let _slot = THUMBNAIL_SLOTS
+            .acquire()
+            .await
+            .map_err(|e| SandboxError::Thumbnail(e.to_string()))?;
         let (len, mut body) = self.read_file(id, path).await?;
         if len.is_some_and(|l| l > THUMBNAIL_MAX_BYTES) {
             return Err(SandboxError::Thumbnail(format!(
@@ -246,9 +266,27 @@ impl Sandboxes {
 
 /// Decodes an image and scales it to fit `size`×`size`, as PNG.
 pub fn make_thumbnail(bytes: &[u8], size: u32) -> Result<Thumbnail, SandboxError> {
-    let img = image::ImageReader::new(Cursor::new(bytes))
-        .with_guessed_format()
-        .map_err(|e| SandboxError::Thumbnail(e.to_string()))?
+    let mut limits = image::Limits::default();
+    limits.max_image_width = Some(THUMBNAIL_MAX_SIDE);
+    limits.max_image_height = Some(THUMBNAIL_MAX_SIDE);
+    limits.max_alloc = Some(THUMBNAIL_MAX_ALLOC);
+    let reader = || {
+        let mut reader = image::ImageReader::new(Cursor::new(bytes))
+            .with_guessed_format()
+            .map_err(|e| SandboxError::Thumbnail(e.to_string()))?;
+        reader.limits(limits.clone());
+        Ok::<_, SandboxError>(reader)
+    };
+    let (width, height) = reader()?
+        .into_dimensions()
+        .map_err(|e| SandboxError::Thumbnail(e.to_string()))?;
+    if u64::from(width) * u64::from(height) > THUMBNAIL_MAX_PIXELS {
+        return Err(SandboxError::Thumbnail(format!(
+            "{width}×{height} is past the limit of {THUMBNAIL_MAX_PIXELS} pixels"
+        )));
+    }
+    let reader = reader()?;
+    let img = reader
         .decode()
         .map_err(|e| SandboxError::Thumbnail(e.to_string()))?;
     let thumb = img.thumbnail(size, size);
@@ -277,6 +315,67 @@ mod tests {
             make_thumbnail(b"not an image", 64),
             Err(SandboxError::Thumbnail(_))
         ));
+    }
+
+    /// A PNG of `width`×`height` grey pixels, all zero: tiny on disk, huge in memory.
+    fn png_bomb(width: u32, height: u32) -> Vec<u8> {
+        use std::io::Write;
+        fn chunk(out: &mut Vec<u8>, kind: &[u8; 4], data: &[u8]) {
+            out.extend_from_slice(&(data.len() as u32).to_be_bytes());
+            let start = out.len();
+            out.extend_from_slice(kind);
+            out.extend_from_slice(data);
+            let crc = crc32(&out[start..]);
+            out.extend_from_slice(&crc.to_be_bytes());
+        }
+        fn crc32(bytes: &[u8]) -> u32 {
+            let mut crc = !0u32;
+            for &b in bytes {
+                crc ^= u32::from(b);
+                for _ in 0..8 {
+                    crc = if crc & 1 == 1 {
+                        (crc >> 1) ^ 0xEDB8_8320
+                    } else {
+                        crc >> 1
+                    };
+                }
+            }
+            !crc
+        }
+        let mut out = b"\x89PNG\r\n\x1a\n".to_vec();
+        let mut ihdr = Vec::new();
+        ihdr.extend_from_slice(&width.to_be_bytes());
+        ihdr.extend_from_slice(&height.to_be_bytes());
+        ihdr.extend_from_slice(&[8, 0, 0, 0, 0]); // 8-bit greyscale
+        chunk(&mut out, b"IHDR", &ihdr);
+        let mut z = flate2::write::ZlibEncoder::new(Vec::new(), flate2::Compression::fast());
+        let row = vec![0u8; width as usize + 1];
+        for _ in 0..height {
+            z.write_all(&row).unwrap();
+        }
+        chunk(&mut out, b"IDAT", &z.finish().unwrap());
+        chunk(&mut out, b"IEND", &[]);
+        out
+    }
+
+    #[test]
+    fn a_decompression_bomb_is_refused_before_it_costs_memory() {
+        // Within the limits the hand-made PNG decodes: the file format is right.
+        let small = png_bomb(512, 512);
+        let t = make_thumbnail(&small, 64).unwrap();
+        let back = image::load_from_memory(&t.0).unwrap();
+        assert_eq!((back.width(), back.height()), (64, 64));
+        // 6000×6000 (36 megapixels) is a file of a few dozen KB.
+        let bomb = png_bomb(6_000, 6_000);
+        assert!(bomb.len() < 1 << 20, "{}", bomb.len());
+        let err = make_thumbnail(&bomb, 64).map(|_| ()).unwrap_err();
+        assert!(
+            matches!(&err, SandboxError::Thumbnail(m) if m.contains("limit")),
+            "{err:?}"
+        );
+        // Past the side limit too, whatever the memory.
+        let tall = png_bomb(1, THUMBNAIL_MAX_SIDE + 1);
+        assert!(make_thumbnail(&tall, 64).is_err());
     }
 
     #[test]

@@ -156,6 +156,7 @@ fn launched(state_dir: &Path) -> Launched {
             memory: hv("hypervisor (guest RAM)"),
             cpu: hv("hypervisor (vCPUs)"),
             pids: hv("the guest kernel's own limit"),
+            disk: hv("hypervisor (size of the writable layer's disk)"),
         },
     }
 }

@@ -43,6 +43,7 @@ fn launched(r: &ns::Running) -> Launched {
             memory: limit_state(&r.limits.memory),
             cpu: limit_state(&r.limits.cpu),
             pids: limit_state(&r.limits.pids),
+            disk: limit_state(&r.limits.disk),
         },
     }
 }
@@ -76,6 +77,7 @@ impl Backend for Namespace {
                 memory_bytes: Some(spec.memory_mib << 20),
                 cpu: Some(f64::from(spec.vcpus)),
                 pids: Some(PIDS_LIMIT),
+                disk_bytes: Some(spec.disk_mib << 20),
             },
             env: spec.agent_env.clone(),
         };
@@ -108,6 +110,6 @@ impl Backend for Namespace {
     }
 
     fn agent_address(&self, state_dir: &Path) -> AgentAddress {
-        AgentAddress::Unix(state_dir.join("run").join("agent.sock"))
+        AgentAddress::Unix(state_dir.join(ns::AGENT_SOCKET))
     }
 }

@@ -3,7 +3,7 @@
 //!
 //! ```text
 //! belljar-ns probe
-//! belljar-ns launch ID ROOTFS STATE_DIR AGENT [--memory BYTES] [--pids N] [--cpu CPUS] [--hold]
+//! belljar-ns launch ID ROOTFS STATE_DIR AGENT [--memory BYTES] [--pids N] [--cpu CPUS] [--disk BYTES] [--hold]
 //! belljar-ns adopt STATE_DIR | stop STATE_DIR | destroy STATE_DIR | usage STATE_DIR
 //! belljar-ns bench N ROOTFS AGENT WORK_DIR     # launch → socket connectable, N times
 //! belljar-ns sh STATE_DIR COMMAND              # through the test stand-in agent only
@@ -37,6 +37,7 @@ fn main() -> Result<()> {
                 memory_bytes: flag("--memory").map(|v| v.parse()).transpose()?,
                 pids: flag("--pids").map(|v| v.parse()).transpose()?,
                 cpu: flag("--cpu").map(|v| v.parse()).transpose()?,
+                disk_bytes: flag("--disk").map(|v| v.parse()).transpose()?,
             };
             let spec = SandboxSpec {
                 id: arg(1)?,
@@ -66,7 +67,7 @@ fn main() -> Result<()> {
             println!("{}", serde_json::to_string(&usage)?);
         }
         Some("sh") => {
-            let socket = PathBuf::from(arg(1)?).join("run/agent.sock");
+            let socket = PathBuf::from(arg(1)?).join(belljar_namespace::AGENT_SOCKET);
             let out =
                 belljar_namespace::testing::shell(&socket, &arg(2)?, Duration::from_secs(60))?;
             print!("{}", out.text);
@@ -99,6 +100,7 @@ fn bench(n: usize, rootfs: PathBuf, agent: PathBuf, work: PathBuf) -> Result<()>
                 memory_bytes: Some(512 << 20),
                 pids: Some(1024),
                 cpu: Some(1.0),
+                disk_bytes: Some(1 << 30),
             },
             env: vec![],
         };

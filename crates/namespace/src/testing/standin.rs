@@ -68,8 +68,7 @@ fn main() {
         .iter()
         .position(|a| a == "--listen")
         .and_then(|i| args.get(i + 1))
-        .and_then(|l| l.strip_prefix("unix:"))
-        .expect("--listen unix:PATH")
+        .expect("--listen unix:PATH or fd:N")
         .to_owned();
     unsafe {
         signal(15, on_term as *const () as usize);
@@ -86,8 +85,17 @@ fn main() {
             std::thread::sleep(Duration::from_millis(5));
         }
     });
-    let _ = std::fs::remove_file(&listen);
-    let listener = UnixListener::bind(&listen).expect("bind");
+    let listener = match listen.strip_prefix("fd:") {
+        // An inherited, already listening socket (how the namespace backend starts PID 1).
+        Some(fd) => unsafe {
+            <UnixListener as std::os::fd::FromRawFd>::from_raw_fd(fd.parse().expect("fd:N"))
+        },
+        None => {
+            let path = listen.strip_prefix("unix:").expect("--listen unix:PATH or fd:N");
+            let _ = std::fs::remove_file(path);
+            UnixListener::bind(path).expect("bind")
+        }
+    };
     for conn in listener.incoming().flatten() {
         let statuses = statuses.clone();
         let _ = std::thread::Builder::new().spawn(move || serve(conn, statuses));

@@ -1,0 +1,312 @@
+//! The sandbox's disk limit: everything a sandbox can write to the host's disk (the overlay's
+//! upper and work directories, `/run/belljar`) lives on its own ext4 filesystem, a sparse file
+//! of the requested size in the state directory, loop-mounted at `state_dir/fs` in the host's
+//! mount namespace. A sandbox that fills it gets `ENOSPC`, and `df /` inside shows its size
+//! (overlayfs reports its upper filesystem).
+//!
+//! Mounting needs root on the host; rootless sandboxes write to the host directory and the
+//! limit is reported as not enforced, with the reason.
+
+use std::fs;
+use std::io;
+use std::os::fd::AsRawFd;
+use std::os::unix::fs::OpenOptionsExt;
+use std::path::{Path, PathBuf};
+use std::process::Command;
+
+use crate::cgroup::LimitStatus;
+
+/// The filesystem image in the state directory.
+pub(crate) const DISK_FILE: &str = "disk.ext4";
+
+/// The smallest disk a sandbox can have: ext4 needs room for its own metadata.
+pub const MIN_DISK_BYTES: u64 = 16 << 20;
+
+/// Errors making or mounting a sandbox's disk.
+#[derive(Debug, thiserror::Error)]
+pub enum Error {
+    /// The image file could not be created or sized.
+    #[error("Cannot create the disk image {}", path.display())]
+    Create {
+        path: PathBuf,
+        #[source]
+        source: io::Error,
+    },
+    /// `mkfs.ext4` failed or is missing.
+    #[error("Cannot format the disk image: {0}")]
+    Format(String),
+    /// No loop device could be attached.
+    #[error("Cannot attach a loop device")]
+    Loop(#[source] io::Error),
+    /// The mount system call failed.
+    #[error("Cannot mount the disk at {}", path.display())]
+    Mount {
+        path: PathBuf,
+        #[source]
+        source: io::Error,
+    },
+    /// The requested size is below [`MIN_DISK_BYTES`].
+    #[error("A disk of {0} bytes is too small")]
+    TooSmall(u64),
+}
+
+/// Makes (once) and mounts the disk of `bytes` at `fs_dir`; returns how the limit holds.
+/// Re-launching a stopped sandbox mounts its existing disk again.
+pub(crate) fn mount(state_dir: &Path, fs_dir: &Path, bytes: u64) -> Result<LimitStatus, Error> {
+    if !nix::unistd::Uid::effective().is_root() {
+        return Ok(LimitStatus::NotEnforced {
+            reason: "rootless: mounting a size-limited filesystem needs root".into(),
+        });
+    }
+    if bytes < MIN_DISK_BYTES {
+        return Err(Error::TooSmall(bytes));
+    }
+    let how = LimitStatus::Enforced {
+        how: format!(
+            "ext4 filesystem of {} MiB for the writable layer",
+            bytes >> 20
+        ),
+    };
+    if is_mount_point(fs_dir) {
+        return Ok(how);
+    }
+    let image = state_dir.join(DISK_FILE);
+    if !image.exists() {
+        create(&image, bytes)?;
+    }
+    fs::create_dir_all(fs_dir).map_err(|source| Error::Mount {
+        path: fs_dir.to_owned(),
+        source,
+    })?;
+    let device = attach_loop(&image)?;
+    let result = nix::mount::mount(
+        Some(device.path.as_path()),
+        fs_dir,
+        Some("ext4"),
+        nix::mount::MsFlags::MS_NOSUID | nix::mount::MsFlags::MS_NODEV,
+        Some("errors=remount-ro"),
+    );
+    // With autoclear set, the device detaches once the mount is gone and no one holds it open.
+    drop(device);
+    result.map_err(|e| Error::Mount {
+        path: fs_dir.to_owned(),
+        source: e.into(),
+    })?;
+    Ok(how)
+}
+
+/// Unmounts the disk if it is mounted; the image file stays for a later launch.
+pub(crate) fn unmount(fs_dir: &Path) {
+    if is_mount_point(fs_dir) {
+        let _ = nix::mount::umount2(fs_dir, nix::mount::MntFlags::MNT_DETACH);
+    }
+}
+
+/// Whether `dir` is a mount point in this mount namespace (a different device than its
+/// parent, or the same directory seen through a bind — neither applies to a plain directory).
+fn is_mount_point(dir: &Path) -> bool {
+    use std::os::unix::fs::MetadataExt;
+    let (Ok(me), Some(Ok(parent))) = (
+        fs::symlink_metadata(dir),
+        dir.parent().map(fs::symlink_metadata),
+    ) else {
+        return false;
+    };
+    me.is_dir() && me.dev() != parent.dev()
+}
+
+fn create(image: &Path, bytes: u64) -> Result<(), Error> {
+    let fail = |source| Error::Create {
+        path: image.to_owned(),
+        source,
+    };
+    let tmp = image.with_extension("tmp");
+    let _ = fs::remove_file(&tmp);
+    let file = fs::OpenOptions::new()
+        .write(true)
+        .create_new(true)
+        .mode(0o600)
+        .custom_flags(libc::O_NOFOLLOW)
+        .open(&tmp)
+        .map_err(fail)?;
+    file.set_len(bytes).map_err(fail)?;
+    drop(file);
+    let mkfs = ["/usr/sbin/mkfs.ext4", "/sbin/mkfs.ext4"]
+        .into_iter()
+        .map(Path::new)
+        .find(|p| p.is_file())
+        .unwrap_or(Path::new("mkfs.ext4"));
+    // No reserved blocks (the sandbox's root is the only user) and lazy initialisation, so
+    // formatting costs milliseconds whatever the size.
+    let out = Command::new(mkfs)
+        .args([
+            "-q",
+            "-F",
+            "-m",
+            "0",
+            "-E",
+            "lazy_itable_init=1,lazy_journal_init=1",
+        ])
+        .arg(&tmp)
+        .output()
+        .map_err(|e| Error::Format(format!("cannot run {}: {e}", mkfs.display())))?;
+    if !out.status.success() {
+        let _ = fs::remove_file(&tmp);
+        return Err(Error::Format(
+            String::from_utf8_lossy(&out.stderr).trim().to_owned(),
+        ));
+    }
+    fs::rename(&tmp, image).map_err(fail)
+}
+
+/// An attached loop device, open until dropped.
+struct LoopDevice {
+    path: PathBuf,
+    _file: fs::File,
+}
+
+/// `struct loop_config` of `<linux/loop.h>`.
+#[repr(C)]
+struct LoopConfig {
+    fd: u32,
+    block_size: u32,
+    info: LoopInfo64,
+    reserved: [u64; 8],
+}
+
+/// `struct loop_info64` of `<linux/loop.h>`.
+#[repr(C)]
+struct LoopInfo64 {
+    device: u64,
+    inode: u64,
+    rdevice: u64,
+    offset: u64,
+    sizelimit: u64,
+    number: u32,
+    encrypt_type: u32,
+    encrypt_key_size: u32,
+    flags: u32,
+    file_name: [u8; 64],
+    crypt_name: [u8; 64],
+    encrypt_key: [u8; 32],
+    init: [u64; 2],
+}
+
+const LOOP_CTL_GET_FREE: libc::c_ulong = 0x4C82;
+const LOOP_CONFIGURE: libc::c_ulong = 0x4C0A;
+const LO_FLAGS_AUTOCLEAR: u32 = 4;
+
+/// Attaches `image` to a free loop device with autoclear; retries when another process takes
+/// the free device first.
+fn attach_loop(image: &Path) -> Result<LoopDevice, Error> {
+    let backing = fs::OpenOptions::new()
+        .read(true)
+        .write(true)
+        .custom_flags(libc::O_NOFOLLOW | libc::O_CLOEXEC)
+        .open(image)
+        .map_err(Error::Loop)?;
+    let control = fs::OpenOptions::new()
+        .read(true)
+        .write(true)
+        .open("/dev/loop-control")
+        .map_err(Error::Loop)?;
+    for _ in 0..64 {
+        // SAFETY: LOOP_CTL_GET_FREE takes no argument and returns a device number or -1.
+        let n = unsafe { libc::ioctl(control.as_raw_fd(), LOOP_CTL_GET_FREE) };
+        if n < 0 {
+            return Err(Error::Loop(io::Error::last_os_error()));
+        }
+        let path = PathBuf::from(format!("/dev/loop{n}"));
+        let file = match fs::OpenOptions::new()
+            .read(true)
+            .write(true)
+            .custom_flags(libc::O_CLOEXEC)
+            .open(&path)
+        {
+            Ok(f) => f,
+            Err(e) if e.kind() == io::ErrorKind::NotFound => continue,
+            Err(e) => return Err(Error::Loop(e)),
+        };
+        let config = LoopConfig {
+            fd: backing.as_raw_fd() as u32,
+            block_size: 0,
+            info: LoopInfo64 {
+                device: 0,
+                inode: 0,
+                rdevice: 0,
+                offset: 0,
+                sizelimit: 0,
+                number: 0,
+                encrypt_type: 0,
+                encrypt_key_size: 0,
+                flags: LO_FLAGS_AUTOCLEAR,
+                file_name: [0; 64],
+                crypt_name: [0; 64],
+                encrypt_key: [0; 32],
+                init: [0; 2],
+            },
+            reserved: [0; 8],
+        };
+        // SAFETY: LOOP_CONFIGURE reads one initialised `loop_config` that outlives the call.
+        let ret = unsafe { libc::ioctl(file.as_raw_fd(), LOOP_CONFIGURE, &config) };
+        if ret == 0 {
+            return Ok(LoopDevice { path, _file: file });
+        }
+        let e = io::Error::last_os_error();
+        if e.raw_os_error() != Some(libc::EBUSY) {
+            return Err(Error::Loop(e));
+        }
+    }
+    Err(Error::Loop(io::Error::from_raw_os_error(libc::EBUSY)))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn loop_structs_match_the_kernel_abi() {
+        assert_eq!(std::mem::size_of::<LoopInfo64>(), 232);
+        assert_eq!(std::mem::size_of::<LoopConfig>(), 304);
+    }
+
+    #[test]
+    fn a_plain_directory_is_not_a_mount_point() {
+        let tmp = tempfile::tempdir().unwrap();
+        assert!(!is_mount_point(tmp.path()));
+        assert!(is_mount_point(Path::new("/proc")));
+    }
+
+    /// As root: the disk is a real filesystem of the requested size that refuses more.
+    #[test]
+    fn the_disk_holds_its_size_and_no_more() {
+        if !nix::unistd::Uid::effective().is_root() {
+            assert!(std::env::var("CI").is_err(), "CI runs as root");
+            eprintln!("not root: a disk cannot be mounted");
+            return;
+        }
+        let tmp = tempfile::tempdir().unwrap();
+        let fs_dir = tmp.path().join("fs");
+        let how = mount(tmp.path(), &fs_dir, 32 << 20).unwrap();
+        assert!(matches!(how, LimitStatus::Enforced { .. }), "{how:?}");
+        assert!(is_mount_point(&fs_dir));
+        let st = nix::sys::statvfs::statvfs(&fs_dir).unwrap();
+        let total = st.blocks() * st.fragment_size();
+        assert!(total > 16 << 20 && total <= 32 << 20, "{total}");
+        let chunk = vec![7u8; 1 << 20];
+        let mut file = fs::File::create(fs_dir.join("big")).unwrap();
+        let err = (0..64)
+            .find_map(|_| io::Write::write_all(&mut file, &chunk).err())
+            .expect("a 32 MiB disk refuses 64 MiB");
+        assert_eq!(err.raw_os_error(), Some(libc::ENOSPC));
+        drop(file);
+        // Mounting again while mounted is a no-op; after unmounting the files are kept.
+        mount(tmp.path(), &fs_dir, 32 << 20).unwrap();
+        unmount(&fs_dir);
+        assert!(!is_mount_point(&fs_dir));
+        assert!(!fs_dir.join("big").exists());
+        mount(tmp.path(), &fs_dir, 32 << 20).unwrap();
+        assert!(fs_dir.join("big").exists());
+        unmount(&fs_dir);
+    }
+}
