@@ -55,9 +55,9 @@ EXIT STATUS:
   1   VMM or vCPU failure (e.g. KVM emulation error)
   2   bad configuration or arguments (one-line message on stderr)
   10  guest reset / reboot (i8042 reset, triple fault)
-  11  guest power-off (or hlt without an interrupt controller). x86 without ACPI has no
-      power-off device: a Linux guest's poweroff ends PID 1, panics and, with panic=1
-      reboot=k, resets, so Linux guests end with 10 either way.
+  11  guest power-off: a byte written to I/O port 0x501 (Belljar's power-off port, which
+      the guest agent uses after syncing), or hlt without an interrupt controller. x86
+      without ACPI has no standard power-off device.
 
 A host whose /dev/kvm is software-based (no vmx/svm CPU flag, e.g. PVM) is reported in one
 line at start. There guest kernel code is emulated (about 1.6M instructions/s); the guest gets

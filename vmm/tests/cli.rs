@@ -86,6 +86,30 @@ fn guest_reset_exits_10_and_logs_console() {
     );
 }
 
+/// The agent's way to power off: one byte on Belljar's power-off port ends the VMM with 11.
+#[test]
+fn guest_power_off_port_exits_11() {
+    assert!(
+        Path::new("/dev/kvm").exists() || std::env::var("CI").is_err(),
+        "CI machines have /dev/kvm"
+    );
+    if !have_kvm() {
+        return;
+    }
+    let dir = tempfile::tempdir().unwrap();
+    // mov al, 1; mov dx, 0x501; out dx, al; cli; hlt
+    let code = [0xb0, 0x01, 0x66, 0xba, 0x01, 0x05, 0xee, 0xfa, 0xf4];
+    let kernel = dir.path().join("guest.bin");
+    std::fs::write(&kernel, code).unwrap();
+    let out = Command::new(BIN)
+        .arg("--kernel")
+        .arg(&kernel)
+        .args(["--boot", "raw", "--memory-mib", "16"])
+        .output()
+        .unwrap();
+    assert_eq!(out.status.code(), Some(11), "{out:?}");
+}
+
 fn request(stream: &mut UnixStream, reader: &mut impl BufRead, cmd: &str) -> serde_json::Value {
     stream
         .write_all(format!("{{\"cmd\":\"{cmd}\"}}\n").as_bytes())

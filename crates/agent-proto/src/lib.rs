@@ -64,6 +64,11 @@ use serde::{Deserialize, Serialize};
 /// The vsock port the agent listens on inside a microVM.
 pub const AGENT_VSOCK_PORT: u32 = 1024;
 
+/// The x86 I/O port of `belljar-vmm`'s power-off device: the agent, as a microVM's init,
+/// writes one byte there to end the VM once its disks are synced (x86 without ACPI has no
+/// other power-off path; the kernel would only halt).
+pub const POWER_OFF_PORT: u16 = 0x501;
+
 /// The unprivileged user that commands run as unless they ask for root.
 pub const DEFAULT_USER: &str = "belljar";
 

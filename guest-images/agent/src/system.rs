@@ -294,6 +294,9 @@ pub fn end(mode: Mode, reboot: bool) -> ! {
     }
     nix::unistd::sync();
     if pid1 && mode == Mode::Microvm {
+        if !reboot {
+            power_off_port();
+        }
         let how = if reboot {
             nix::sys::reboot::RebootMode::RB_AUTOBOOT
         } else {
@@ -306,6 +309,24 @@ pub fn end(mode: Mode, reboot: bool) -> ! {
         }
     }
     std::process::exit(0)
+}
+
+/// Writes to `belljar-vmm`'s power-off port, which ends the VM at once. Returns only where
+/// the port cannot be reached (not x86, or `ioperm` refused), leaving `reboot(2)` to try.
+fn power_off_port() {
+    #[cfg(target_arch = "x86_64")]
+    {
+        let port = belljar_agent_proto::POWER_OFF_PORT;
+        // SAFETY: ioperm only changes this process's I/O permission bitmap.
+        if unsafe { libc::ioperm(libc::c_ulong::from(port), 1, 1) } != 0 {
+            return;
+        }
+        // SAFETY: a one-byte `out` to a port this process was just allowed; the VMM ends the
+        // VM on it, and on a machine without the device the write goes nowhere.
+        unsafe {
+            std::arch::asm!("out dx, al", in("dx") port, in("al") 1u8, options(nomem, nostack));
+        }
+    }
 }
 
 #[cfg(test)]

@@ -1,4 +1,5 @@
-//! The i8042 keyboard controller, reduced to reset (vm-superio's model).
+//! The i8042 keyboard controller, reduced to reset (vm-superio's model), and the power-off
+//! port.
 
 use std::sync::Arc;
 
@@ -50,9 +51,45 @@ impl BusDevice for I8042 {
     }
 }
 
+/// One I/O port: any one-byte write powers the VM off. Reads return 0.
+pub struct PowerOff {
+    exit: Arc<ExitLatch>,
+}
+
+impl PowerOff {
+    pub const LEN: u64 = 1;
+
+    pub fn new(exit: Arc<ExitLatch>) -> Self {
+        PowerOff { exit }
+    }
+}
+
+impl BusDevice for PowerOff {
+    fn read(&mut self, _offset: u64, data: &mut [u8]) {
+        data.fill(0);
+    }
+
+    fn write(&mut self, _offset: u64, data: &[u8]) {
+        if data.len() == 1 {
+            tracing::info!("guest power-off through the power-off port");
+            self.exit.set(ExitReason::PowerOff);
+        }
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_byte_on_the_power_off_port_powers_off() {
+        let exit = Arc::new(ExitLatch::new());
+        let mut dev = PowerOff::new(exit.clone());
+        dev.write(0, &[0, 0]); // wrong width
+        assert_eq!(exit.get(), None);
+        dev.write(0, &[1]);
+        assert_eq!(exit.get(), Some(ExitReason::PowerOff));
+    }
 
     #[test]
     fn reset_command_latches_reset() {

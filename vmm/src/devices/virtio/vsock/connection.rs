@@ -49,8 +49,13 @@ pub struct Connection {
     pub peer_port: u32,
     pub state: ConnState,
     stream: UnixStream,
-    /// Guest data not yet accepted by the host socket.
+    /// Guest data not yet accepted by the host socket (after `handshake_left` bytes of the
+    /// VMM's own `OK <port>` line).
     to_host: VecDeque<u8>,
+    /// Bytes at the front of `to_host` that the VMM wrote itself, not the guest: they must not
+    /// count into `fwd_cnt`, or the guest believes the host consumed data it never sent and its
+    /// credit arithmetic stalls the stream.
+    handshake_left: usize,
     /// Bytes forwarded to the host socket (our `fwd_cnt`).
     fwd_cnt: Wrapping<u32>,
     /// `fwd_cnt` last told to the guest.
@@ -89,6 +94,7 @@ impl Connection {
             state,
             stream,
             to_host: VecDeque::new(),
+            handshake_left: 0,
             fwd_cnt: Wrapping(0),
             fwd_cnt_sent: Wrapping(0),
             rx_cnt: Wrapping(0),
@@ -135,8 +141,9 @@ impl Connection {
         match (hdr.op(), self.state) {
             (OP_RESPONSE, ConnState::AwaitingGuest) => {
                 self.state = ConnState::Established;
-                self.to_host
-                    .extend(format!("OK {}\n", self.local_port).as_bytes());
+                let line = format!("OK {}\n", self.local_port);
+                self.handshake_left = line.len();
+                self.to_host.extend(line.as_bytes());
                 self.flush_to_host()
             }
             (OP_RW, ConnState::Established | ConnState::HostClosed) => {
@@ -186,7 +193,9 @@ impl Connection {
                 Ok(0) => return Verdict::Close { rst: true },
                 Ok(n) => {
                     self.to_host.drain(..n);
-                    self.fwd_cnt += Wrapping(n as u32);
+                    let own = n.min(self.handshake_left);
+                    self.handshake_left -= own;
+                    self.fwd_cnt += Wrapping((n - own) as u32);
                 }
                 Err(e) if e.kind() == ErrorKind::WouldBlock => break,
                 Err(e) if e.kind() == ErrorKind::Interrupted => continue,
@@ -322,6 +331,43 @@ mod tests {
         let mut line = [0u8; 14];
         host.read_exact(&mut line).unwrap();
         assert_eq!(&line, b"OK 1073741824\n");
+        // The line is the VMM's, not the guest's: the guest must not see it as consumed.
+        assert_eq!(c.fwd_cnt(), 0);
+        let v = c.on_guest_packet(&hdr(OP_RW, 0, 3, 4096, 0), b"abc");
+        assert_eq!(v, Verdict::Keep);
+        assert_eq!(c.fwd_cnt(), 3, "only the guest's bytes count");
+        let mut got = [0u8; 3];
+        host.read_exact(&mut got).unwrap();
+        assert_eq!(&got, b"abc");
+    }
+
+    #[test]
+    fn after_the_handshake_fwd_cnt_counts_exactly_the_guest_bytes() {
+        let (vmm_side, mut host) = pair();
+        let mut c = Connection::host_initiated(7, 1024, vmm_side);
+        let mut buf = [0u8; 64];
+        c.next_outgoing(&mut buf);
+        c.on_guest_packet(&hdr(OP_RESPONSE, 0, 0, 4096, 0), &[]);
+        let payload = vec![b'x'; 300_000];
+        let mut sent = 0;
+        let mut received = Vec::new();
+        let mut chunk = vec![0u8; 65536];
+        while received.len() < 5 + payload.len() {
+            if sent < payload.len() {
+                let n = (payload.len() - sent).min(MAX_PKT_DATA as usize);
+                let room = CONN_BUF_ALLOC as usize - c.to_host.len();
+                let n = n.min(room);
+                if n > 0 {
+                    c.on_guest_packet(&hdr(OP_RW, 0, n as u32, 4096, 0), &payload[sent..sent + n]);
+                    sent += n;
+                }
+            }
+            let n = host.read(&mut chunk).unwrap();
+            received.extend_from_slice(&chunk[..n]);
+            c.flush_to_host();
+        }
+        assert_eq!(&received[..5], b"OK 7\n");
+        assert_eq!(c.fwd_cnt() as usize, payload.len());
     }
 
     #[test]
