@@ -67,30 +67,74 @@ impl LogRegistry {
     }
 }
 
+/// The largest a command's log file grows on the host. The agent stops at 64 MiB of output,
+/// which is at most ~90 MiB as NDJSON (binary output is base64); an agent that ignores its own
+/// cap (a hostile guest) must not fill the host's disk.
+pub const MAX_LOG_BYTES: u64 = 96 << 20;
+
 /// Appends agent output lines to a command's log file.
 pub struct LogWriter {
     file: File,
     state: Arc<watch::Sender<LogState>>,
+    /// Bytes in the file.
+    len: u64,
+    limit: u64,
+    /// Output bytes of lines dropped past `limit`.
+    dropped: u64,
 }
 
 impl LogWriter {
     pub async fn open(path: &Path, state: Arc<watch::Sender<LogState>>) -> io::Result<Self> {
+        Self::with_limit(path, state, MAX_LOG_BYTES).await
+    }
+
+    /// A writer that drops lines once the file would pass `limit` bytes.
+    pub async fn with_limit(
+        path: &Path,
+        state: Arc<watch::Sender<LogState>>,
+        limit: u64,
+    ) -> io::Result<Self> {
         let file = OpenOptions::new()
             .create(true)
             .append(true)
+            .custom_flags(nix::fcntl::OFlag::O_NOFOLLOW.bits())
             .open(path)
             .await?;
-        Ok(Self { file, state })
+        let len = file.metadata().await?.len();
+        Ok(Self {
+            file,
+            state,
+            len,
+            limit,
+            dropped: 0,
+        })
     }
 
-    /// Appends one line; it is in the file (the page cache) when this returns.
+    /// Appends one line; it is in the file (the page cache) when this returns. A line that
+    /// would take the file past its limit is dropped and counted in [`Self::dropped`].
     pub async fn append(&mut self, line: &OutputLine) -> io::Result<()> {
         let mut buf = serde_json::to_vec(line).map_err(io::Error::other)?;
         buf.push(b'\n');
+        if self.len + buf.len() as u64 > self.limit {
+            if self.dropped == 0 {
+                tracing::warn!(
+                    limit = self.limit,
+                    "a command's log is full; dropping output"
+                );
+            }
+            self.dropped += line.bytes().len() as u64;
+            return Ok(());
+        }
         self.file.write_all(&buf).await?;
         self.file.flush().await?;
+        self.len += buf.len() as u64;
         self.state.send_modify(|s| s.lines += 1);
         Ok(())
+    }
+
+    /// Output bytes dropped because the log was full.
+    pub fn dropped(&self) -> u64 {
+        self.dropped
     }
 
     pub fn lines(&self) -> u64 {
@@ -101,20 +145,41 @@ impl LogWriter {
 /// Makes a log file end at a line boundary (a `kill -9` mid-write can leave half a line) and
 /// returns how many complete lines it holds. A missing file is created empty.
 pub fn repair(path: &Path) -> io::Result<u64> {
-    let data = match std::fs::read(path) {
-        Ok(d) => d,
+    use std::io::BufRead;
+    use std::os::unix::fs::OpenOptionsExt;
+    let file = match std::fs::OpenOptions::new()
+        .read(true)
+        .write(true)
+        .custom_flags(nix::fcntl::OFlag::O_NOFOLLOW.bits())
+        .open(path)
+    {
+        Ok(f) => f,
         Err(e) if e.kind() == io::ErrorKind::NotFound => {
             std::fs::write(path, b"")?;
             return Ok(0);
         }
         Err(e) => return Err(e),
     };
-    let complete = data.iter().rposition(|&b| b == b'\n').map_or(0, |i| i + 1);
-    if complete != data.len() {
-        let f = std::fs::OpenOptions::new().write(true).open(path)?;
-        f.set_len(complete as u64)?;
+    // Streamed: a log may be as large as `MAX_LOG_BYTES`.
+    let mut reader = io::BufReader::with_capacity(64 * 1024, &file);
+    let (mut lines, mut complete, mut pos) = (0u64, 0u64, 0u64);
+    loop {
+        let buf = reader.fill_buf()?;
+        if buf.is_empty() {
+            break;
+        }
+        for (i, _) in buf.iter().enumerate().filter(|(_, b)| **b == b'\n') {
+            lines += 1;
+            complete = pos + i as u64 + 1;
+        }
+        let n = buf.len();
+        pos += n as u64;
+        reader.consume(n);
     }
-    Ok(data[..complete].iter().filter(|&&b| b == b'\n').count() as u64)
+    if complete != pos {
+        file.set_len(complete)?;
+    }
+    Ok(lines)
 }
 
 /// The log's complete lines as a byte stream; with `follow`, waits for more until `state`
@@ -224,5 +289,43 @@ mod tests {
         // Without follow, a reader gets what is there and ends.
         let now: Vec<Bytes> = tail(p, false, None).try_collect().await.unwrap();
         assert_eq!(now.concat().iter().filter(|&&b| b == b'\n').count(), 2);
+    }
+
+    #[tokio::test]
+    async fn an_agent_that_ignores_its_cap_cannot_fill_the_disk() {
+        let dir = tempfile::tempdir().unwrap();
+        let p = dir.path().join("c.ndjson");
+        let reg = LogRegistry::default();
+        let mut w = LogWriter::with_limit(&p, reg.register("cmd_a", 0), 4096)
+            .await
+            .unwrap();
+        let chunk = vec![b'x'; 1000];
+        for i in 0..100 {
+            w.append(&OutputLine::new(Out::Stdout, &chunk, i))
+                .await
+                .unwrap();
+        }
+        let len = std::fs::metadata(&p).unwrap().len();
+        assert!(len <= 4096, "{len}");
+        assert_eq!(w.lines(), 3);
+        assert_eq!(w.dropped(), 97 * 1000);
+        // A writer opened again (after a restart) counts what is already there.
+        let mut again = LogWriter::with_limit(&p, reg.register("cmd_a", 3), 4096)
+            .await
+            .unwrap();
+        again
+            .append(&OutputLine::new(Out::Stdout, &chunk, 0))
+            .await
+            .unwrap();
+        assert_eq!(std::fs::metadata(&p).unwrap().len(), len);
+        assert_eq!(again.dropped(), 1000);
+        // A link planted at the log's path is not followed.
+        let link = dir.path().join("link.ndjson");
+        std::os::unix::fs::symlink(&p, &link).unwrap();
+        assert!(
+            LogWriter::open(&link, reg.register("cmd_b", 0))
+                .await
+                .is_err()
+        );
     }
 }
