@@ -173,7 +173,12 @@ impl Sandboxes {
             }
             .await;
             match result {
-                Ok(info) => return Some(info),
+                Ok(mut info) => {
+                    // What the host dropped counts as truncated too, whatever the agent says.
+                    info.output_truncated_bytes =
+                        info.output_truncated_bytes.saturating_add(writer.dropped());
+                    return Some(info);
+                }
                 Err(SandboxError::Agent(ClientError::Api { code, .. }))
                     if code == agent_codes::COMMAND_NOT_FOUND =>
                 {
