@@ -12,7 +12,8 @@ const BIN: &str = env!("CARGO_BIN_EXE_belljar-vmm");
 fn have_kvm() -> bool {
     let ok = Path::new("/dev/kvm").exists();
     if !ok {
-        eprintln!("skipping: no /dev/kvm");
+        assert!(std::env::var_os("CI").is_none(), "CI machines have /dev/kvm");
+        eprintln!("not run: no /dev/kvm");
     }
     ok
 }
@@ -89,10 +90,6 @@ fn guest_reset_exits_10_and_logs_console() {
 /// The agent's way to power off: one byte on Belljar's power-off port ends the VMM with 11.
 #[test]
 fn guest_power_off_port_exits_11() {
-    assert!(
-        Path::new("/dev/kvm").exists() || std::env::var("CI").is_err(),
-        "CI machines have /dev/kvm"
-    );
     if !have_kvm() {
         return;
     }

@@ -29,7 +29,8 @@ fn have_unshare() -> bool {
 #[tokio::test]
 async fn namespace_mode_is_init_of_its_namespaces() {
     if !have_unshare() {
-        eprintln!("skipped: needs root and unshare");
+        assert!(std::env::var_os("CI").is_none(), "CI runs as root with unshare");
+        eprintln!("not run: needs root and unshare");
         return;
     }
     let wrapper = [
@@ -108,7 +109,8 @@ fn listens_on_vsock() {
     )
     .is_err()
     {
-        eprintln!("skipped: no AF_VSOCK here");
+        assert!(std::env::var_os("CI").is_none(), "CI machines have AF_VSOCK");
+        eprintln!("not run: no AF_VSOCK here");
         return;
     }
     let dir = tempfile::tempdir().unwrap();
