@@ -85,7 +85,10 @@ fn elf(code: &[u8], pvh: bool) -> Vec<u8> {
 
 fn boot(dir: &Path, image: &[u8]) -> Option<Vec<u8>> {
     if !Path::new("/dev/kvm").exists() {
-        assert!(std::env::var_os("CI").is_none(), "CI machines have /dev/kvm");
+        assert!(
+            std::env::var_os("CI").is_none(),
+            "CI machines have /dev/kvm"
+        );
         eprintln!("not run: no /dev/kvm");
         return None;
     }

@@ -12,7 +12,10 @@ const BIN: &str = env!("CARGO_BIN_EXE_belljar-vmm");
 fn have_kvm() -> bool {
     let ok = Path::new("/dev/kvm").exists();
     if !ok {
-        assert!(std::env::var_os("CI").is_none(), "CI machines have /dev/kvm");
+        assert!(
+            std::env::var_os("CI").is_none(),
+            "CI machines have /dev/kvm"
+        );
         eprintln!("not run: no /dev/kvm");
     }
     ok

@@ -78,7 +78,10 @@ impl Asm {
 
 fn kvm() -> Option<KvmHypervisor> {
     if !Path::new("/dev/kvm").exists() {
-        assert!(std::env::var_os("CI").is_none(), "CI machines have /dev/kvm");
+        assert!(
+            std::env::var_os("CI").is_none(),
+            "CI machines have /dev/kvm"
+        );
         eprintln!("not run: no /dev/kvm");
         return None;
     }

@@ -29,7 +29,10 @@ fn have_unshare() -> bool {
 #[tokio::test]
 async fn namespace_mode_is_init_of_its_namespaces() {
     if !have_unshare() {
-        assert!(std::env::var_os("CI").is_none(), "CI runs as root with unshare");
+        assert!(
+            std::env::var_os("CI").is_none(),
+            "CI runs as root with unshare"
+        );
         eprintln!("not run: needs root and unshare");
         return;
     }
@@ -109,7 +112,10 @@ fn listens_on_vsock() {
     )
     .is_err()
     {
-        assert!(std::env::var_os("CI").is_none(), "CI machines have AF_VSOCK");
+        assert!(
+            std::env::var_os("CI").is_none(),
+            "CI machines have AF_VSOCK"
+        );
         eprintln!("not run: no AF_VSOCK here");
         return;
     }
