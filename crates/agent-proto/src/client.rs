@@ -21,9 +21,9 @@ use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt};
 use tokio::net::UnixStream;
 
 use crate::{
-    AgentInfo, CommandInfo, ErrorBody, FileEntry, Metrics, MkdirRequest, MoveRequest, OutputLine,
-    PtySize, RemoveRequest, ShutdownAction, ShutdownRequest, SignalRequest, StartCommand,
-    WatchEvent, query,
+    AgentInfo, CommandInfo, ErrorBody, FileEntry, FileListPage, Metrics, MkdirRequest, MoveRequest,
+    OutputLine, PtySize, RemoveRequest, ShutdownAction, ShutdownRequest, SignalRequest,
+    StartCommand, WatchEvent, query,
 };
 
 /// The body type of every request the client sends.
@@ -419,10 +419,42 @@ impl AgentClient {
         self.json(Method::POST, "/v1/files/mkdir", Some(req)).await
     }
 
-    /// `GET /v1/files/list`.
+    /// `GET /v1/files/list`: one page of at most `limit` entries after `cursor`. The body is
+    /// read with a bound, so a hostile agent cannot make the caller buffer more than a page.
+    pub async fn list_page(
+        &self,
+        path: &str,
+        limit: Option<usize>,
+        cursor: Option<&str>,
+    ) -> Result<FileListPage, ClientError> {
+        let limit = limit.map(|l| l.to_string());
+        let mut pairs = vec![("path", path)];
+        if let Some(limit) = &limit {
+            pairs.push(("limit", limit));
+        }
+        if let Some(cursor) = cursor {
+            pairs.push(("cursor", cursor));
+        }
+        let uri = format!("/v1/files/list{}", query::build(&pairs));
+        let resp = self.send(Method::GET, &uri, None, empty_body()).await?;
+        // Twice the agent's own bound leaves room for its estimate being off.
+        let bytes = bounded(resp, 2 * crate::LIST_PAGE_BYTES).await?;
+        Ok(serde_json::from_slice(&bytes)?)
+    }
+
+    /// Every entry of a directory, page by page. For tests and small directories: the result
+    /// grows with the directory, so the daemon pages with [`AgentClient::list_page`] instead.
     pub async fn list(&self, path: &str) -> Result<Vec<FileEntry>, ClientError> {
-        let uri = format!("/v1/files/list{}", query::build(&[("path", path)]));
-        self.json(Method::GET, &uri, None::<&()>).await
+        let mut entries = Vec::new();
+        let mut cursor = None;
+        loop {
+            let page = self.list_page(path, None, cursor.as_deref()).await?;
+            entries.extend(page.entries);
+            match page.next_cursor {
+                Some(next) => cursor = Some(next),
+                None => return Ok(entries),
+            }
+        }
     }
 
     /// `GET /v1/files/stat`.

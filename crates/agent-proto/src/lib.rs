@@ -18,10 +18,10 @@
 //! | POST | `/v1/commands/{id}/stdin` | raw bytes, streamed; `?close=true` closes stdin at body end | 204 |
 //! | POST | `/v1/commands/{id}/signal` | [`SignalRequest`] | 204 |
 //! | POST | `/v1/commands/{id}/resize` | [`PtySize`] | 204 |
-//! | GET | `/v1/files/read` | `?path=` | raw bytes, streamed, with `content-length` |
+//! | GET | `/v1/files/read` | `?path=` | raw bytes, streamed; `content-length` when known |
 //! | PUT | `/v1/files/write` | `?path=&mode=644&user=` raw bytes, streamed | [`FileEntry`] |
 //! | POST | `/v1/files/mkdir` | [`MkdirRequest`] | [`FileEntry`] |
-//! | GET | `/v1/files/list` | `?path=` | `Vec<FileEntry>` sorted by name |
+//! | GET | `/v1/files/list` | `?path=&limit=&cursor=` | [`FileListPage`], sorted by name |
 //! | GET | `/v1/files/stat` | `?path=` | [`FileEntry`] |
 //! | POST | `/v1/files/remove` | [`RemoveRequest`] | 204 |
 //! | POST | `/v1/files/move` | [`MoveRequest`] | [`FileEntry`] |
@@ -43,6 +43,12 @@
 //!
 //! Signalling or writing stdin to an exited command is `command_finished` (HTTP 409);
 //! `stdin?close=true` on a PTY command sends `^D` rather than closing the terminal.
+//! `GET /v1/files/read` refuses FIFOs, sockets and devices (`not_a_regular_file`) without
+//! opening them for long; a regular file whose size the kernel does not know (`/proc`, `/sys`)
+//! is streamed until its end without a `content-length`. `GET /v1/files/list` answers pages of
+//! at most `limit` entries ([`LIST_DEFAULT_LIMIT`], at most [`LIST_MAX_LIMIT`]) and at most
+//! [`LIST_PAGE_BYTES`] of JSON; `next_cursor`, passed back as `cursor`, continues after the
+//! page's last name.
 //! `GET /v1/files/tar` carries the contents of a directory (entries relative to it) or a single
 //! file under its base name; `PUT /v1/files/tar` skips entries that would land outside `path`.
 //! `guest-images/agent/README.md` lists every behaviour the daemon may rely on.
@@ -104,8 +110,25 @@ pub mod codes {
     pub const COMMAND_FINISHED: &str = "command_finished";
     pub const EXEC_FAILED: &str = "exec_failed";
     pub const UNKNOWN_USER: &str = "unknown_user";
+    /// A FIFO, socket or device where a regular file is needed.
+    pub const NOT_A_REGULAR_FILE: &str = "not_a_regular_file";
+    /// The file or mount is in use (`EBUSY`, `ETXTBSY`).
+    pub const BUSY: &str = "busy";
+    /// The file would exceed the filesystem's largest file (`EFBIG`).
+    pub const FILE_TOO_LARGE: &str = "file_too_large";
+    /// The agent is out of file descriptors or memory for now (`EMFILE`, `ENFILE`, `ENOMEM`).
+    pub const TRY_AGAIN: &str = "try_again";
     pub const INTERNAL: &str = "internal";
 }
+
+/// Entries in a listing page when the request names no `limit`.
+pub const LIST_DEFAULT_LIMIT: usize = 1000;
+
+/// The largest `limit` a listing page may ask for.
+pub const LIST_MAX_LIMIT: usize = 5000;
+
+/// The most JSON one listing page carries; a page of long names ends early to stay under it.
+pub const LIST_PAGE_BYTES: usize = 4 << 20;
 
 /// What `/v1/health` answers.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
@@ -265,6 +288,15 @@ pub struct FileEntry {
     /// The target, for symlinks.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub link_target: Option<String>,
+}
+
+/// One page of a directory listing, sorted by name.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct FileListPage {
+    pub entries: Vec<FileEntry>,
+    /// Opaque; pass it back as `cursor` for the next page. Absent on the last page.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub next_cursor: Option<String>,
 }
 
 /// `mkdir -p` unless `parents` is false.

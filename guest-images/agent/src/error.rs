@@ -47,6 +47,18 @@ pub enum AgentError {
     /// No such user in /etc/passwd.
     #[error("Unknown user: {0}")]
     UnknownUser(String),
+    /// A FIFO, socket or device where a regular file is needed.
+    #[error("Not a regular file: {0}")]
+    NotARegularFile(String),
+    /// The file or mount is in use.
+    #[error("Busy: {0}")]
+    Busy(String),
+    /// The file would grow past the filesystem's largest file.
+    #[error("File too large: {0}")]
+    FileTooLarge(String),
+    /// Out of file descriptors or memory for now.
+    #[error("Out of resources, try again: {0}")]
+    TryAgain(String),
     /// Anything else; the message is for logs and humans.
     #[error("Internal error: {0}")]
     Internal(String),
@@ -69,6 +81,10 @@ impl AgentError {
             AgentError::CommandFinished(_) => codes::COMMAND_FINISHED,
             AgentError::ExecFailed { .. } => codes::EXEC_FAILED,
             AgentError::UnknownUser(_) => codes::UNKNOWN_USER,
+            AgentError::NotARegularFile(_) => codes::NOT_A_REGULAR_FILE,
+            AgentError::Busy(_) => codes::BUSY,
+            AgentError::FileTooLarge(_) => codes::FILE_TOO_LARGE,
+            AgentError::TryAgain(_) => codes::TRY_AGAIN,
             AgentError::Internal(_) => codes::INTERNAL,
         }
     }
@@ -81,12 +97,16 @@ impl AgentError {
             | AgentError::ExecFailed { .. }
             | AgentError::UnknownUser(_)
             | AgentError::NotADirectory(_)
-            | AgentError::IsADirectory(_) => StatusCode::BAD_REQUEST,
+            | AgentError::IsADirectory(_)
+            | AgentError::NotARegularFile(_) => StatusCode::BAD_REQUEST,
             AgentError::NotFound(_) | AgentError::CommandNotFound(_) => StatusCode::NOT_FOUND,
             AgentError::PermissionDenied(_) => StatusCode::FORBIDDEN,
-            AgentError::Exists(_) | AgentError::NotEmpty(_) | AgentError::CommandFinished(_) => {
-                StatusCode::CONFLICT
-            }
+            AgentError::Exists(_)
+            | AgentError::NotEmpty(_)
+            | AgentError::CommandFinished(_)
+            | AgentError::Busy(_) => StatusCode::CONFLICT,
+            AgentError::FileTooLarge(_) => StatusCode::PAYLOAD_TOO_LARGE,
+            AgentError::TryAgain(_) => StatusCode::SERVICE_UNAVAILABLE,
             AgentError::NoSpace(_) => StatusCode::INSUFFICIENT_STORAGE,
             AgentError::Internal(_) => StatusCode::INTERNAL_SERVER_ERROR,
         }
@@ -105,7 +125,18 @@ impl AgentError {
             Some(libc::EEXIST) => return AgentError::Exists(what),
             Some(libc::ENOTEMPTY) => return AgentError::NotEmpty(what),
             Some(libc::ENOSPC | libc::EDQUOT) => return AgentError::NoSpace(what),
-            Some(libc::ENAMETOOLONG | libc::ELOOP) => return AgentError::InvalidPath(what),
+            // EINVAL from the calls files.rs makes is a path problem: renaming a directory into
+            // itself, or a name the filesystem does not accept.
+            Some(libc::ENAMETOOLONG | libc::ELOOP | libc::EINVAL) => {
+                return AgentError::InvalidPath(what);
+            }
+            Some(libc::EBUSY | libc::ETXTBSY) => return AgentError::Busy(what),
+            Some(libc::EMLINK) => return AgentError::NoSpace(what),
+            Some(libc::EFBIG) => return AgentError::FileTooLarge(what),
+            Some(libc::ENXIO | libc::ENODEV) => return AgentError::NotARegularFile(what),
+            Some(libc::EMFILE | libc::ENFILE | libc::ENOMEM | libc::EAGAIN) => {
+                return AgentError::TryAgain(what);
+            }
             _ => {}
         }
         match err.kind() {
@@ -140,6 +171,12 @@ mod tests {
             (libc::EEXIST, codes::EXISTS),
             (libc::ENOTEMPTY, codes::NOT_EMPTY),
             (libc::ENOSPC, codes::NO_SPACE),
+            (libc::EBUSY, codes::BUSY),
+            (libc::ETXTBSY, codes::BUSY),
+            (libc::EINVAL, codes::INVALID_PATH),
+            (libc::EFBIG, codes::FILE_TOO_LARGE),
+            (libc::ENXIO, codes::NOT_A_REGULAR_FILE),
+            (libc::EMFILE, codes::TRY_AGAIN),
             (libc::EIO, codes::INTERNAL),
         ];
         for (errno, code) in cases {

@@ -115,7 +115,7 @@ async fn route(app: Arc<App>, req: Request<Incoming>) -> Result<Response<ResBody
         }
         (Method::GET, ["v1", "files", "read"]) => {
             let (len, bytes) = files::read(param(&q, "path")?).await?;
-            Ok(stream(bytes, "application/octet-stream", Some(len)))
+            Ok(stream(bytes, "application/octet-stream", len))
         }
         (Method::PUT, ["v1", "files", "write"]) => {
             let mode = match q.get("mode") {
@@ -135,7 +135,11 @@ async fn route(app: Arc<App>, req: Request<Incoming>) -> Result<Response<ResBody
             let mkdir: MkdirRequest = read_json(req).await?;
             json(&files::mkdir(mkdir).await?)
         }
-        (Method::GET, ["v1", "files", "list"]) => json(&files::list(param(&q, "path")?).await?),
+        (Method::GET, ["v1", "files", "list"]) => {
+            let limit = files::parse_limit(q.get("limit").map(String::as_str))?;
+            let cursor = q.get("cursor").map(String::as_str);
+            json(&files::list(param(&q, "path")?, limit, cursor).await?)
+        }
         (Method::GET, ["v1", "files", "stat"]) => json(&files::stat(param(&q, "path")?).await?),
         (Method::POST, ["v1", "files", "remove"]) => {
             let remove: RemoveRequest = read_json(req).await?;

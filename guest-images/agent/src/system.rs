@@ -272,10 +272,37 @@ pub fn loopback_up() -> Result<(), SystemError> {
 /// Prepares the system for `config`'s mode; nothing in plain mode.
 pub fn init(config: &Config) -> Result<(), SystemError> {
     match config.mode() {
-        Mode::Microvm if std::process::id() == 1 => microvm_init(config),
-        Mode::Namespace => namespace_init(config),
-        _ => Ok(()),
+        Mode::Microvm if std::process::id() == 1 => microvm_init(config)?,
+        Mode::Namespace => namespace_init(config)?,
+        _ => return Ok(()),
     }
+    protect_from_oom();
+    Ok(())
+}
+
+/// Takes the agent out of the OOM killer's choice: when the sandbox runs out of memory, a
+/// command must die, not PID 1, whose death ends the sandbox. In a microVM the agent may set
+/// this itself; in a namespace sandbox only the host may lower it (the backend does, before
+/// the agent starts), so this then only confirms it.
+fn protect_from_oom() {
+    const PATH: &str = "/proc/self/oom_score_adj";
+    match std::fs::write(PATH, "-1000") {
+        Ok(()) => OOM_PROTECTED.store(true, std::sync::atomic::Ordering::Relaxed),
+        Err(e) => {
+            let now = std::fs::read_to_string(PATH).unwrap_or_default();
+            tracing::warn!(
+                "cannot protect the agent from the OOM killer ({e}); oom_score_adj is {}",
+                now.trim()
+            );
+        }
+    }
+}
+
+static OOM_PROTECTED: std::sync::atomic::AtomicBool = std::sync::atomic::AtomicBool::new(false);
+
+/// Whether the agent is protected from the OOM killer, so its commands must be unprotected.
+pub fn oom_protected() -> bool {
+    OOM_PROTECTED.load(std::sync::atomic::Ordering::Relaxed)
 }
 
 /// Ends the sandbox as its mode wants: a microVM's init stops every process, syncs and powers

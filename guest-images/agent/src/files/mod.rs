@@ -1,18 +1,28 @@
 //! File operations on the sandbox's filesystem: streamed reads and writes in constant memory,
 //! directories, metadata, removal, moves and whole trees as tar. Files and directories the API
 //! creates belong to the requesting user (see `users::resolve`).
+//!
+//! Only regular files are read: a FIFO would block a thread forever and a device has no end,
+//! so both are refused before they are opened for reading (and checked again on the opened
+//! descriptor, in case the path was swapped in between).
 
-use std::io::{self, Write};
-use std::os::unix::fs::{MetadataExt, PermissionsExt, lchown};
+mod list;
+mod tar;
+
+pub use list::{list, parse_limit};
+pub use tar::{tar_download, tar_upload};
+
+use std::io;
+use std::os::fd::AsRawFd;
+use std::os::unix::fs::{MetadataExt, OpenOptionsExt, PermissionsExt, lchown};
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicU64, Ordering};
 
 use belljar_agent_proto::{FileEntry, FileKind, MkdirRequest, MoveRequest, RemoveRequest};
 use bytes::Bytes;
 use futures::{Stream, StreamExt};
-use tokio::io::AsyncWriteExt;
-use tokio::sync::mpsc;
-use tokio_util::io::{ReaderStream, StreamReader, SyncIoBridge};
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use tokio_util::io::ReaderStream;
 
 use crate::error::AgentError;
 use crate::users;
@@ -122,17 +132,72 @@ fn create_dirs(dir: &Path, mode: u32, owner: Owner) -> Result<(), AgentError> {
     Ok(())
 }
 
-/// Opens a file for a streamed read; returns its length and its bytes.
+/// Filesystems whose files' sizes say nothing about their contents (`/proc` files are 0 bytes,
+/// `/sys` files 4096): their files are read until their end, with no length announced.
+const SIZELESS_FILESYSTEMS: [libc::c_long; 6] = [
+    libc::PROC_SUPER_MAGIC,
+    libc::SYSFS_MAGIC,
+    libc::DEBUGFS_MAGIC,
+    libc::SECURITYFS_MAGIC,
+    libc::CGROUP_SUPER_MAGIC,
+    libc::CGROUP2_SUPER_MAGIC,
+];
+
+/// Refuses what is not a regular file: a directory as `is_a_directory`, anything else
+/// (FIFO, socket, device) as `not_a_regular_file`.
+fn require_regular(meta: &std::fs::Metadata, path: &Path) -> Result<(), AgentError> {
+    let ft = meta.file_type();
+    if ft.is_file() {
+        Ok(())
+    } else if ft.is_dir() {
+        Err(AgentError::IsADirectory(path.display().to_string()))
+    } else {
+        Err(AgentError::NotARegularFile(path.display().to_string()))
+    }
+}
+
+/// Opens a regular file for reading without ever blocking on a FIFO or opening a device, and
+/// returns it with its length when that length can be trusted.
+pub(crate) fn open_regular(path: &Path) -> Result<(std::fs::File, Option<u64>), AgentError> {
+    // The path is checked first so that a device is never opened (opening one can have
+    // effects); the descriptor is checked again because the path may change in between.
+    require_regular(&std::fs::metadata(path).map_err(err(path))?, path)?;
+    let file = std::fs::OpenOptions::new()
+        .read(true)
+        .custom_flags(libc::O_NONBLOCK | libc::O_NOCTTY | libc::O_CLOEXEC)
+        .open(path)
+        .map_err(err(path))?;
+    let meta = file.metadata().map_err(err(path))?;
+    require_regular(&meta, path)?;
+    nix::fcntl::fcntl(
+        file.as_raw_fd(),
+        nix::fcntl::FcntlArg::F_SETFL(nix::fcntl::OFlag::empty()),
+    )
+    .map_err(|e| err(path)(e.into()))?;
+    let sizeless = nix::sys::statfs::fstatfs(&file)
+        .map(|fs| SIZELESS_FILESYSTEMS.contains(&(fs.filesystem_type().0 as libc::c_long)))
+        .unwrap_or(true);
+    let len = (!sizeless && meta.len() > 0).then_some(meta.len());
+    Ok((file, len))
+}
+
+/// Opens a regular file for a streamed read; returns its length (when known) and its bytes.
+/// A known length is also the most that is sent, so a file that grows while it is read still
+/// matches the `content-length` announced.
 pub async fn read(
     path: &str,
-) -> Result<(u64, impl Stream<Item = io::Result<Bytes>> + Send + 'static), AgentError> {
+) -> Result<
+    (
+        Option<u64>,
+        impl Stream<Item = io::Result<Bytes>> + Send + 'static,
+    ),
+    AgentError,
+> {
     let p = check_path(path)?;
-    let file = tokio::fs::File::open(&p).await.map_err(err(&p))?;
-    let meta = file.metadata().await.map_err(err(&p))?;
-    if meta.is_dir() {
-        return Err(AgentError::IsADirectory(path.to_owned()));
-    }
-    Ok((meta.len(), ReaderStream::with_capacity(file, CHUNK)))
+    let (file, len) = blocking(move || open_regular(&p)).await?;
+    let file = tokio::fs::File::from_std(file);
+    let reader = file.take(len.unwrap_or(u64::MAX));
+    Ok((len, ReaderStream::with_capacity(reader, CHUNK)))
 }
 
 /// Streams `body` into `path` through a temporary file renamed into place, so that readers
@@ -226,29 +291,6 @@ pub async fn mkdir(req: MkdirRequest) -> Result<FileEntry, AgentError> {
     .await
 }
 
-/// A directory's entries, sorted by name.
-pub async fn list(path: &str) -> Result<Vec<FileEntry>, AgentError> {
-    let p = check_path(path)?;
-    blocking(move || {
-        let meta = std::fs::metadata(&p).map_err(err(&p))?;
-        if !meta.is_dir() {
-            return Err(AgentError::NotADirectory(p.display().to_string()));
-        }
-        let mut entries = Vec::new();
-        for dirent in std::fs::read_dir(&p).map_err(err(&p))? {
-            let dirent = dirent.map_err(err(&p))?;
-            let child = dirent.path();
-            // A file removed while listing is simply not listed.
-            if let Ok(meta) = std::fs::symlink_metadata(&child) {
-                entries.push(entry_from(&child, &meta));
-            }
-        }
-        entries.sort_by(|a, b| a.name.cmp(&b.name));
-        Ok(entries)
-    })
-    .await
-}
-
 /// Metadata of `path` itself (a symlink is reported as one).
 pub async fn stat(path: &str) -> Result<FileEntry, AgentError> {
     let p = check_path(path)?;
@@ -280,6 +322,14 @@ pub async fn remove(req: RemoveRequest) -> Result<(), AgentError> {
 pub async fn move_path(req: MoveRequest) -> Result<FileEntry, AgentError> {
     let from = check_path(&req.from)?;
     let to = check_path(&req.to)?;
+    for p in [&from, &to] {
+        if p.parent().is_none() {
+            return Err(AgentError::InvalidPath(format!(
+                "{}: the root directory cannot be moved or replaced",
+                p.display()
+            )));
+        }
+    }
     blocking(move || {
         std::fs::symlink_metadata(&from).map_err(err(&from))?;
         if std::fs::symlink_metadata(&to).is_ok() && !req.overwrite {
@@ -319,8 +369,14 @@ fn copy_tree(from: &Path, to: &Path) -> Result<(), AgentError> {
             let dirent = dirent.map_err(err(from))?;
             copy_tree(&dirent.path(), &to.join(dirent.file_name()))?;
         }
-    } else {
+    } else if ft.is_file() {
         std::fs::copy(from, to).map_err(err(to))?;
+    } else {
+        // A FIFO, socket or device is made anew: copying its "contents" would block or never end.
+        let kind = nix::sys::stat::SFlag::from_bits_truncate(meta.mode() & libc::S_IFMT);
+        let perm = nix::sys::stat::Mode::from_bits_truncate(meta.mode() & 0o7777);
+        nix::sys::stat::mknod(to, kind, perm, meta.rdev())
+            .map_err(|e| err(to)(io::Error::from(e)))?;
     }
     if !ft.is_symlink() {
         std::fs::set_permissions(to, std::fs::Permissions::from_mode(meta.mode() & 0o7777))
@@ -330,129 +386,4 @@ fn copy_tree(from: &Path, to: &Path) -> Result<(), AgentError> {
         lchown(to, Some(meta.uid()), Some(meta.gid())).map_err(err(to))?;
     }
     Ok(())
-}
-
-/// A `Write` that hands full chunks to an async receiver, so the `tar` crate (which is
-/// synchronous) can run on a blocking thread and feed a response body.
-struct ChannelWriter {
-    tx: mpsc::Sender<io::Result<Bytes>>,
-    buf: Vec<u8>,
-}
-
-impl ChannelWriter {
-    fn send(&mut self) -> io::Result<()> {
-        if self.buf.is_empty() {
-            return Ok(());
-        }
-        let chunk = Bytes::from(std::mem::replace(&mut self.buf, Vec::with_capacity(CHUNK)));
-        self.tx
-            .blocking_send(Ok(chunk))
-            .map_err(|_| io::Error::from(io::ErrorKind::BrokenPipe))
-    }
-}
-
-impl Write for ChannelWriter {
-    fn write(&mut self, data: &[u8]) -> io::Result<usize> {
-        self.buf.extend_from_slice(data);
-        if self.buf.len() >= CHUNK {
-            self.send()?;
-        }
-        Ok(data.len())
-    }
-
-    fn flush(&mut self) -> io::Result<()> {
-        self.send()
-    }
-}
-
-fn append_tree(builder: &mut tar::Builder<ChannelWriter>, root: &Path) -> io::Result<()> {
-    let meta = std::fs::symlink_metadata(root)?;
-    if !meta.is_dir() {
-        let name = root.file_name().map(PathBuf::from).unwrap_or_default();
-        return builder.append_path_with_name(root, name);
-    }
-    let mut children: Vec<_> = std::fs::read_dir(root)?.collect::<Result<_, _>>()?;
-    children.sort_by_key(|d| d.file_name());
-    for child in children {
-        let path = child.path();
-        let name = PathBuf::from(child.file_name());
-        let ft = child.file_type()?;
-        if ft.is_dir() {
-            builder.append_dir_all(&name, &path)?;
-        } else if ft.is_file() || ft.is_symlink() {
-            builder.append_path_with_name(&path, &name)?;
-        }
-        // Sockets, FIFOs and devices are not part of a file tree worth downloading.
-    }
-    Ok(())
-}
-
-/// The tree under `path` (its contents, not the directory itself; a file on its own) as a tar
-/// stream, produced on a blocking thread as the client reads it.
-pub async fn tar_download(
-    path: &str,
-) -> Result<impl Stream<Item = io::Result<Bytes>> + Send + 'static, AgentError> {
-    let p = check_path(path)?;
-    tokio::fs::symlink_metadata(&p).await.map_err(err(&p))?;
-    let (tx, rx) = mpsc::channel::<io::Result<Bytes>>(8);
-    tokio::task::spawn_blocking(move || {
-        let writer = ChannelWriter {
-            tx: tx.clone(),
-            buf: Vec::with_capacity(CHUNK),
-        };
-        let mut builder = tar::Builder::new(writer);
-        builder.follow_symlinks(false);
-        let result = append_tree(&mut builder, &p)
-            .and_then(|()| builder.into_inner())
-            .and_then(|mut w| w.flush());
-        if let Err(e) = result {
-            tracing::warn!(path = %p.display(), "tar download failed: {e}");
-            let _ = tx.blocking_send(Err(e));
-        }
-    });
-    Ok(futures::stream::unfold(rx, |mut rx| async move {
-        rx.recv().await.map(|item| (item, rx))
-    }))
-}
-
-/// Extracts the tar stream `body` under `path` (created if needed); entries that would land
-/// outside `path` are skipped, and everything extracted belongs to the requesting user.
-pub async fn tar_upload<S, E>(path: &str, user: Option<&str>, body: S) -> Result<(), AgentError>
-where
-    S: Stream<Item = Result<Bytes, E>> + Send + 'static,
-    E: std::fmt::Display,
-{
-    let p = check_path(path)?;
-    let owner = owner(user)?;
-    blocking({
-        let p = p.clone();
-        move || create_dirs(&p, 0o755, owner)
-    })
-    .await?;
-    let body = body.map(|r| r.map_err(|e| io::Error::other(e.to_string())));
-    let reader = SyncIoBridge::new(StreamReader::new(Box::pin(body)));
-    blocking(move || {
-        let mut archive = tar::Archive::new(reader);
-        archive.set_preserve_permissions(true);
-        archive.set_preserve_mtime(true);
-        archive.set_overwrite(true);
-        let bad = |e: io::Error| match e.kind() {
-            io::ErrorKind::Other | io::ErrorKind::InvalidData | io::ErrorKind::UnexpectedEof => {
-                AgentError::BadRequest(format!("bad tar stream: {e}"))
-            }
-            _ => AgentError::io(e, &p.display().to_string()),
-        };
-        for entry in archive.entries().map_err(bad)? {
-            let mut entry = entry.map_err(bad)?;
-            let rel = entry.path().map_err(bad)?.into_owned();
-            if entry.unpack_in(&p).map_err(bad)?
-                && let Some((uid, gid)) = owner
-            {
-                let target = p.join(&rel);
-                lchown(&target, Some(uid), Some(gid)).map_err(err(&target))?;
-            }
-        }
-        Ok(())
-    })
-    .await
 }
