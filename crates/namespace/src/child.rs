@@ -183,6 +183,19 @@ fn starter(plan: &Plan, pid_fd: RawFd, err_fd: RawFd) -> ! {
     // owned by `plan`, which outlives the calls; pointers passed are valid for the call.
     unsafe {
         check(libc::setsid(), err_fd, "setsid");
+        // The agent must outlive anything the sandbox runs: the OOM killer should pick a
+        // command, never PID 1, whose death fails the sandbox. Only here, before joining the
+        // user namespace, does the starter hold the host's CAP_SYS_RESOURCE that lowering the
+        // score needs; PID 1 inherits it, and the agent resets it to 0 for every command.
+        // A rootless daemon cannot lower it, and the sandbox then runs unprotected.
+        let fd = libc::open(
+            c"/proc/self/oom_score_adj".as_ptr(),
+            libc::O_WRONLY | libc::O_CLOEXEC,
+        );
+        if fd >= 0 {
+            libc::write(fd, b"-1000".as_ptr().cast::<c_void>(), 5);
+            libc::close(fd);
+        }
         for procs in &plan.cgroup_procs {
             let fd = libc::open(procs.as_ptr(), libc::O_WRONLY | libc::O_CLOEXEC);
             check(fd, err_fd, "open cgroup.procs");

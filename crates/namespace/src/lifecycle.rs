@@ -257,7 +257,11 @@ fn start(
             target: c("lower"),
         });
     }
-    steps.extend(mount_plan(&lower, map.maps_gid(5)));
+    steps.extend(mount_plan(
+        &lower,
+        map.maps_gid(5),
+        spec.limits.memory_bytes,
+    ));
     steps.push(Step::HostsEntry {
         hostname: spec.hostname.clone(),
     });
@@ -300,8 +304,20 @@ fn start(
     Ok(started.pid)
 }
 
+/// The `size=` of the sandbox's RAM-backed filesystems: tmpfs pages are charged to the
+/// sandbox's memory and cannot be reclaimed, so an unbounded `/tmp` lets one `dd` use the
+/// whole limit and leave the OOM killer nothing to free. Half the limit for `/tmp` and a
+/// quarter for `/dev/shm` make the writer get ENOSPC first, as in a microVM, whose tmpfs
+/// defaults to half its RAM. Without a memory limit the kernel's default applies.
+fn tmpfs_options(base: &str, memory_bytes: Option<u64>, share: u64) -> String {
+    match memory_bytes {
+        Some(bytes) => format!("{base},size={}k", (bytes / share / 1024).max(1024)),
+        None => base.to_owned(),
+    }
+}
+
 /// PID 1's mounts, relative to `state_dir/fs` until the pivot.
-pub(crate) fn mount_plan(lower: &str, have_tty_gid: bool) -> Vec<Step> {
+pub(crate) fn mount_plan(lower: &str, have_tty_gid: bool, memory_bytes: Option<u64>) -> Vec<Step> {
     use libc::{MS_BIND, MS_NODEV, MS_NOEXEC, MS_NOSUID, MS_RDONLY, MS_REC};
     let m =
         |source: Option<&str>, target: &str, fstype: Option<&str>, flags, data: Option<&str>| {
@@ -386,7 +402,7 @@ pub(crate) fn mount_plan(lower: &str, have_tty_gid: bool) -> Vec<Step> {
             "merged/dev/shm",
             Some("tmpfs"),
             MS_NOSUID | MS_NODEV,
-            Some("mode=1777"),
+            Some(&tmpfs_options("mode=1777", memory_bytes, 4)),
         ),
         dir("merged/dev/mqueue", 0o755),
         m(
@@ -418,7 +434,7 @@ pub(crate) fn mount_plan(lower: &str, have_tty_gid: bool) -> Vec<Step> {
             "merged/tmp",
             Some("tmpfs"),
             MS_NOSUID | MS_NODEV,
-            Some("mode=1777"),
+            Some(&tmpfs_options("mode=1777", memory_bytes, 2)),
         ),
         dir("merged/run", 0o755),
         m(
@@ -842,7 +858,7 @@ mod tests {
 
     #[test]
     fn plan_pivots_last_and_mounts_overlay_first() {
-        let plan = mount_plan("lower", true);
+        let plan = mount_plan("lower", true, None);
         assert!(matches!(plan.last(), Some(Step::Pivot { .. })));
         let Step::Mount { fstype, data, .. } = &plan[0] else {
             panic!("{:?}", plan[0])
@@ -856,6 +872,31 @@ mod tests {
                 .starts_with("lowerdir=lower,")
         );
         assert!(plan.iter().any(|s| matches!(s, Step::BindAgent { .. })));
+    }
+
+    #[test]
+    fn ram_backed_mounts_follow_the_memory_limit() {
+        let data_of = |plan: &[Step], target: &std::ffi::CStr| {
+            plan.iter()
+                .find_map(|s| match s {
+                    Step::Mount {
+                        target: t, data, ..
+                    } if t.as_c_str() == target => data.clone(),
+                    _ => None,
+                })
+                .unwrap()
+        };
+        let plan = mount_plan("lower", true, Some(256 << 20));
+        assert_eq!(
+            data_of(&plan, c"merged/tmp"),
+            c"mode=1777,size=131072k".to_owned()
+        );
+        assert_eq!(
+            data_of(&plan, c"merged/dev/shm"),
+            c"mode=1777,size=65536k".to_owned()
+        );
+        let plan = mount_plan("lower", true, None);
+        assert_eq!(data_of(&plan, c"merged/tmp"), c"mode=1777".to_owned());
     }
 
     #[test]
