@@ -28,9 +28,11 @@ impl ErrorBody {
     }
 }
 
-/// Stable error codes of the daemon. Codes from the agent (`not_found`, `is_a_directory`,
-/// `not_a_directory`, `permission_denied`, `exists`, ...) pass through unchanged; see
-/// `belljar_agent_proto::codes`.
+/// Stable error codes of the daemon. The agent's file codes (`not_found`, `is_a_directory`,
+/// `not_a_directory`, `not_a_regular_file`, `permission_denied`, `exists`, `not_empty`, `busy`,
+/// `no_space`, `file_too_large`, `invalid_path`, ...) are passed on when they are in the
+/// daemon's list (`crates/daemon/src/http/error.rs`); any other code from a sandbox becomes
+/// [`codes::AGENT_ERROR`], so a guest cannot choose the codes clients see.
 pub mod codes {
     /// 400: the request is malformed; the message names the field.
     pub const BAD_REQUEST: &str = "bad_request";
@@ -52,6 +54,8 @@ pub mod codes {
     pub const BACKEND_UNAVAILABLE: &str = "backend_unavailable";
     /// 502: the sandbox's agent did not answer.
     pub const AGENT_UNAVAILABLE: &str = "agent_unavailable";
+    /// 502: the sandbox's agent failed in a way it has no code for (or sent one we do not know).
+    pub const AGENT_ERROR: &str = "agent_error";
     /// 500: a bug or an unexpected host failure; details are in the daemon's log.
     pub const INTERNAL: &str = "internal";
 }

@@ -29,12 +29,24 @@ pub struct FileEntry {
     pub link_target: Option<String>,
 }
 
-/// A directory listing, sorted by name.
+/// One page of a directory listing, sorted by name. `GET .../files/list?path=&limit=&cursor=`
+/// answers at most `limit` entries ([`LIST_DEFAULT_LIMIT`] when absent, at most
+/// [`LIST_MAX_LIMIT`]); pass `next_cursor` back as `cursor` for the next page.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, ToSchema, TS)]
 pub struct FileList {
     pub path: String,
     pub entries: Vec<FileEntry>,
+    /// Opaque; absent on the last page.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[ts(optional)]
+    pub next_cursor: Option<String>,
 }
+
+/// Entries in a listing page when the request names no `limit`.
+pub const LIST_DEFAULT_LIMIT: u32 = 1000;
+
+/// The largest `limit` a listing page may ask for.
+pub const LIST_MAX_LIMIT: u32 = 5000;
 
 /// `POST .../files/mkdir` (always `mkdir -p`).
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, ToSchema, TS)]

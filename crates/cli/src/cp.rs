@@ -353,19 +353,48 @@ fn tar_stream(
 fn write_tar<W: Write>(dir: &Path, writer: W) -> std::io::Result<()> {
     let mut builder = tar::Builder::new(writer);
     builder.follow_symlinks(false);
+    append_children(&mut builder, dir, Path::new(""))?;
+    let mut writer = builder.into_inner()?;
+    writer.flush()
+}
+
+/// Appends the entries of `dir` under `prefix`, in name order. Symlinks are written with
+/// their target's bytes as they are: the `tar` crate's own helper renders a link to `/` as
+/// `//`. Sockets, FIFOs and devices are skipped (reading a FIFO would block).
+fn append_children<W: Write>(
+    builder: &mut tar::Builder<W>,
+    dir: &Path,
+    prefix: &Path,
+) -> std::io::Result<()> {
+    use std::os::unix::ffi::OsStrExt;
     let mut entries: Vec<_> = std::fs::read_dir(dir)?.collect::<Result<_, _>>()?;
     entries.sort_by_key(|e| e.file_name());
     for entry in entries {
-        let name = entry.file_name();
+        let name = prefix.join(entry.file_name());
         let path = entry.path();
-        if entry.file_type()?.is_dir() {
-            builder.append_dir_all(&name, &path)?;
-        } else {
+        let ft = entry.file_type()?;
+        if ft.is_dir() {
+            builder.append_dir(&name, &path)?;
+            append_children(builder, &path, &name)?;
+        } else if ft.is_symlink() {
+            let target = std::fs::read_link(&path)?;
+            let mut header = tar::Header::new_gnu();
+            header.set_metadata(&std::fs::symlink_metadata(&path)?);
+            header.set_entry_type(tar::EntryType::Symlink);
+            header.set_size(0);
+            let bytes = target.as_os_str().as_bytes();
+            let field = &mut header.as_old_mut().linkname;
+            if bytes.len() <= field.len() {
+                field[..bytes.len()].copy_from_slice(bytes);
+                builder.append_data(&mut header, &name, std::io::empty())?;
+            } else {
+                builder.append_link(&mut header, &name, &target)?;
+            }
+        } else if ft.is_file() {
             builder.append_path_with_name(&path, &name)?;
         }
     }
-    let mut writer = builder.into_inner()?;
-    writer.flush()
+    Ok(())
 }
 
 /// A `Read` over chunks from the async side, for the tar unpacker.
@@ -412,10 +441,17 @@ async fn download(
             let resp = client
                 .request(Method::GET, &url, client::empty(), None)
                 .await?;
+            // A file whose size the sandbox's kernel does not know (`/proc`, `/sys`) comes
+            // without a length and is read to its end.
+            let len = resp
+                .headers()
+                .get(http::header::CONTENT_LENGTH)
+                .and_then(|v| v.to_str().ok())
+                .and_then(|v| v.parse::<u64>().ok());
             let mut file = tokio::fs::File::create(&target)
                 .await
                 .map_err(local_err(&target))?;
-            let pb = bar(progress, Some(entry.size), remote_name(src));
+            let pb = bar(progress, len, remote_name(src));
             let mut body = resp.into_body();
             let mut bytes = 0u64;
             while let Some(frame) = body.frame().await {
@@ -433,10 +469,11 @@ async fn download(
                 let _ = tokio::fs::set_permissions(&target, std::fs::Permissions::from_mode(mode))
                     .await;
             }
-            if bytes != entry.size {
+            if let Some(len) = len
+                && bytes != len
+            {
                 return Err(CopyError::Transfer(format!(
-                    "{id}:{src}: got {bytes} of {} bytes",
-                    entry.size
+                    "{id}:{src}: got {bytes} of {len} bytes"
                 )));
             }
             Ok(CopyReport {
@@ -642,6 +679,33 @@ mod tests {
         assert_eq!(local_target(dir.path(), "f"), dir.path().join("f"));
         let new = dir.path().join("new");
         assert_eq!(local_target(&new, "f"), new);
+    }
+
+    #[test]
+    fn tar_keeps_a_link_to_the_root_as_it_is() {
+        let src = tempfile::tempdir().unwrap();
+        std::os::unix::fs::symlink("/", src.path().join("root")).unwrap();
+        std::fs::create_dir(src.path().join("d")).unwrap();
+        std::os::unix::fs::symlink("../x", src.path().join("d/up")).unwrap();
+        let mut tarball = Vec::new();
+        write_tar(src.path(), &mut tarball).unwrap();
+        let mut links = Vec::new();
+        for entry in tar::Archive::new(&tarball[..]).entries().unwrap() {
+            let entry = entry.unwrap();
+            if let Some(target) = entry.link_name_bytes() {
+                links.push((
+                    entry.path().unwrap().display().to_string(),
+                    String::from_utf8(target.into_owned()).unwrap(),
+                ));
+            }
+        }
+        assert_eq!(
+            links,
+            [
+                ("d/up".to_owned(), "../x".to_owned()),
+                ("root".to_owned(), "/".to_owned())
+            ]
+        );
     }
 
     #[test]

@@ -178,7 +178,11 @@ path: string, kind: FileKind, size: number,
  */
 mode: number, mtime: number, link_target?: string, };
 
-export type FileList = { path: string, entries: Array<FileEntry>, };
+export type FileList = { path: string, entries: Array<FileEntry>, 
+/**
+ * Opaque; absent on the last page.
+ */
+next_cursor?: string, };
 
 export type MkdirRequest = { path: string, };
 

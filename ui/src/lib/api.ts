@@ -65,7 +65,9 @@ export const api = {
     await readNdjson<LogLine>(res, onLine);
   },
 
-  listFiles: (id: string, path: string) => json<FileList>(`${sbx(id)}/files/list?` + q({ path })),
+  /** One page of a folder; pass the previous page's `next_cursor` for the next one. */
+  listFiles: (id: string, path: string, cursor?: string) =>
+    json<FileList>(`${sbx(id)}/files/list?` + q(cursor ? { path, cursor } : { path })),
   stat: (id: string, path: string) => json<FileEntry>(`${sbx(id)}/files/stat?` + q({ path })),
   async readFile(id: string, path: string): Promise<Blob> {
     const res = await check(await client.fetch(`${sbx(id)}/files?` + q({ path })));

@@ -1,15 +1,19 @@
 //! The one HTTP error type: each failure becomes `{"error":{"code","message"}}` with a status.
 //!
-//! Agent error codes pass through unchanged, with these statuses:
+//! Agent error codes are guest input: the ones in this closed list pass through, with these
+//! statuses, and any other becomes `agent_error` (502), so a sandbox cannot pick the codes or
+//! statuses the daemon's clients see.
 //!
 //! | agent code | status |
 //! |---|---|
 //! | `not_found`, `command_not_found` | 404 |
-//! | `bad_request`, `invalid_path`, `is_a_directory`, `not_a_directory`, `exec_failed`, `unknown_user` | 400 |
-//! | `exists`, `not_empty`, `command_finished` | 409 |
+//! | `bad_request`, `invalid_path`, `is_a_directory`, `not_a_directory`, `not_a_regular_file`, `exec_failed`, `unknown_user` | 400 |
+//! | `exists`, `not_empty`, `command_finished`, `busy` | 409 |
 //! | `permission_denied` | 403 |
+//! | `file_too_large` | 413 |
 //! | `no_space` | 507 |
-//! | anything else | 502 (the agent's own failure) |
+//! | `try_again` | 503 |
+//! | `internal` and anything else | 502 `agent_error` (the agent's own failure) |
 //!
 //! Internal failures (store, host I/O) are logged with their cause and answered with a
 //! generic message.
@@ -102,9 +106,7 @@ fn sandbox_parts(e: &SandboxError, msg: String) -> (StatusCode, String, String) 
         }
         // The reason a sandbox could not start is the user's business; it holds no secret.
         SandboxError::Backend(_) => simple(StatusCode::INTERNAL_SERVER_ERROR, codes::INTERNAL),
-        SandboxError::Agent(ClientError::Api { code, message, .. }) => {
-            (agent_status(code), code.clone(), message.clone())
-        }
+        SandboxError::Agent(ClientError::Api { code, message, .. }) => agent_parts(code, message),
         SandboxError::Agent(_) | SandboxError::AgentTimeout(_) => {
             simple(StatusCode::BAD_GATEWAY, codes::AGENT_UNAVAILABLE)
         }
@@ -120,21 +122,50 @@ fn sandbox_parts(e: &SandboxError, msg: String) -> (StatusCode, String, String) 
     }
 }
 
-/// The status an agent error code is answered with.
-pub fn agent_status(code: &str) -> StatusCode {
-    match code {
-        agent::NOT_FOUND | agent::COMMAND_NOT_FOUND => StatusCode::NOT_FOUND,
-        agent::BAD_REQUEST
-        | agent::INVALID_PATH
-        | agent::IS_A_DIRECTORY
-        | agent::NOT_A_DIRECTORY
-        | agent::EXEC_FAILED
-        | agent::UNKNOWN_USER => StatusCode::BAD_REQUEST,
-        agent::EXISTS | agent::NOT_EMPTY | agent::COMMAND_FINISHED => StatusCode::CONFLICT,
-        agent::PERMISSION_DENIED => StatusCode::FORBIDDEN,
-        agent::NO_SPACE => StatusCode::INSUFFICIENT_STORAGE,
-        _ => StatusCode::BAD_GATEWAY,
+/// The longest agent message passed on; the rest of a guest's text is not the client's concern.
+const MAX_AGENT_MESSAGE: usize = 1024;
+
+/// The status and the daemon's own code for an agent error code: known codes keep their name,
+/// anything else (including the agent's `internal`) is `agent_error`.
+pub fn agent_status(code: &str) -> (StatusCode, &'static str) {
+    let known = [
+        (agent::NOT_FOUND, StatusCode::NOT_FOUND),
+        (agent::COMMAND_NOT_FOUND, StatusCode::NOT_FOUND),
+        (agent::BAD_REQUEST, StatusCode::BAD_REQUEST),
+        (agent::INVALID_PATH, StatusCode::BAD_REQUEST),
+        (agent::IS_A_DIRECTORY, StatusCode::BAD_REQUEST),
+        (agent::NOT_A_DIRECTORY, StatusCode::BAD_REQUEST),
+        (agent::NOT_A_REGULAR_FILE, StatusCode::BAD_REQUEST),
+        (agent::EXEC_FAILED, StatusCode::BAD_REQUEST),
+        (agent::UNKNOWN_USER, StatusCode::BAD_REQUEST),
+        (agent::EXISTS, StatusCode::CONFLICT),
+        (agent::NOT_EMPTY, StatusCode::CONFLICT),
+        (agent::COMMAND_FINISHED, StatusCode::CONFLICT),
+        (agent::BUSY, StatusCode::CONFLICT),
+        (agent::PERMISSION_DENIED, StatusCode::FORBIDDEN),
+        (agent::FILE_TOO_LARGE, StatusCode::PAYLOAD_TOO_LARGE),
+        (agent::NO_SPACE, StatusCode::INSUFFICIENT_STORAGE),
+        (agent::TRY_AGAIN, StatusCode::SERVICE_UNAVAILABLE),
+    ];
+    known
+        .into_iter()
+        .find(|(known, _)| *known == code)
+        .map(|(code, status)| (status, code))
+        .unwrap_or((StatusCode::BAD_GATEWAY, codes::AGENT_ERROR))
+}
+
+fn agent_parts(code: &str, message: &str) -> (StatusCode, String, String) {
+    let (status, code) = agent_status(code);
+    let mut message = message.to_owned();
+    if message.len() > MAX_AGENT_MESSAGE {
+        let mut end = MAX_AGENT_MESSAGE;
+        while !message.is_char_boundary(end) {
+            end -= 1;
+        }
+        message.truncate(end);
+        message.push('…');
     }
+    (status, code.to_owned(), message)
 }
 
 impl IntoResponse for ApiError {
@@ -188,7 +219,20 @@ mod tests {
         check(agent_err("is_a_directory"), 400, "is_a_directory");
         check(agent_err("not_found"), 404, "not_found");
         check(agent_err("exists"), 409, "exists");
-        check(agent_err("internal"), 502, "internal");
+        check(agent_err("internal"), 502, "agent_error");
+        check(agent_err("busy"), 409, "busy");
+        check(agent_err("not_a_regular_file"), 400, "not_a_regular_file");
+        check(agent_err("file_too_large"), 413, "file_too_large");
+        check(agent_err("try_again"), 503, "try_again");
+        // A guest cannot pick the daemon's codes or statuses.
+        check(agent_err("unauthorized"), 502, "agent_error");
+        check(agent_err("sandbox_not_running"), 502, "agent_error");
+        let long = ApiError::Sandbox(SandboxError::Agent(ClientError::Api {
+            status: 400,
+            code: "not_found".into(),
+            message: "é".repeat(4000),
+        }));
+        assert!(long.parts().2.len() <= MAX_AGENT_MESSAGE + 4);
         check(
             ApiError::Sandbox(SandboxError::NotRunning {
                 id: "sbx_a".into(),

@@ -38,6 +38,15 @@ struct PathQuery {
 }
 
 #[derive(Deserialize)]
+struct ListQuery {
+    path: String,
+    #[serde(default)]
+    limit: Option<u32>,
+    #[serde(default)]
+    cursor: Option<String>,
+}
+
+#[derive(Deserialize)]
 struct WriteQuery {
     path: String,
     #[serde(default)]
@@ -112,9 +121,13 @@ async fn remove(
 async fn list(
     State(st): State<AppState>,
     Path(id): Path<String>,
-    ApiQuery(q): ApiQuery<PathQuery>,
+    ApiQuery(q): ApiQuery<ListQuery>,
 ) -> Result<Json<FileList>, ApiError> {
-    Ok(Json(st.sandboxes.list_files(&id, &q.path).await?))
+    let page = st
+        .sandboxes
+        .list_files(&id, &q.path, q.limit, q.cursor.as_deref())
+        .await?;
+    Ok(Json(page))
 }
 
 async fn stat(

@@ -261,8 +261,8 @@ fn routes() -> Vec<Route> {
         r(
             Get,
             "/v1/sandboxes/{id}/files/list",
-            "List a directory",
-            &["path"],
+            "List a directory, one page at a time",
+            &["path", "limit", "cursor"],
             Nothing,
             "200",
             Json("FileList"),

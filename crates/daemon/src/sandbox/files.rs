@@ -9,7 +9,8 @@ use belljar_agent_proto::{
     MoveRequest as AgentMove,
 };
 use belljar_api::{
-    FileEntry, FileKind, FileList, MkdirRequest, MoveRequest, WatchEvent, WatchKind,
+    FileEntry, FileKind, FileList, LIST_DEFAULT_LIMIT, LIST_MAX_LIMIT, MkdirRequest, MoveRequest,
+    WatchEvent, WatchKind,
 };
 use futures::{Stream, StreamExt};
 
@@ -119,16 +120,34 @@ impl Sandboxes {
             .map_err(|e| self.agent_error(id, e))
     }
 
-    pub async fn list_files(&self, id: &str, path: &str) -> Result<FileList, SandboxError> {
+    /// One page of a directory: at most `limit` entries after `cursor`. The agent bounds the
+    /// page and the client reads it with a bound, so no directory costs the daemon more.
+    pub async fn list_files(
+        &self,
+        id: &str,
+        path: &str,
+        limit: Option<u32>,
+        cursor: Option<&str>,
+    ) -> Result<FileList, SandboxError> {
         check_path("path", path)?;
+        let limit = limit.unwrap_or(LIST_DEFAULT_LIMIT);
+        if !(1..=LIST_MAX_LIMIT).contains(&limit) {
+            return Err(SandboxError::BadRequest(format!(
+                "limit: must be 1..={LIST_MAX_LIMIT}"
+            )));
+        }
+        if cursor.is_some_and(|c| c.is_empty() || c.len() > 2 * 4096) {
+            return Err(SandboxError::BadRequest("cursor: not a cursor".into()));
+        }
         let agent = self.agent_of(id).await?;
-        let entries = agent
-            .list(path)
+        let page = agent
+            .list_page(path, Some(limit as usize), cursor)
             .await
             .map_err(|e| self.agent_error(id, e))?;
         Ok(FileList {
             path: path.to_owned(),
-            entries: entries.into_iter().map(entry).collect(),
+            entries: page.entries.into_iter().map(entry).collect(),
+            next_cursor: page.next_cursor,
         })
     }
 
