@@ -38,7 +38,11 @@ timeout_ms?: number,
  */
 env?: { [key in string]: string }, tags?: { [key in string]: string }, name?: string, source?: Source, };
 
-export type LimitsReport = { memory: LimitState, cpu: LimitState, pids: LimitState, };
+export type LimitsReport = { memory: LimitState, cpu: LimitState, pids: LimitState, 
+/**
+ * The sandbox's writable disk (`disk_mib`).
+ */
+disk: LimitState, };
 
 export type LimitState = { enforced: boolean, 
 /**
