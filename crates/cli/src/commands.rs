@@ -54,12 +54,10 @@ pub async fn run(cli: Cli) -> Result<i32> {
     let paths = Paths::from_env()?;
     match cli.command {
         Cmd::Completions { shell } => {
-            clap_complete::generate(
-                shell,
-                &mut Cli::command(),
-                "belljar",
-                &mut std::io::stdout(),
-            );
+            // Rendered first: clap_complete panics on a write error such as a closed pipe.
+            let mut script = Vec::new();
+            clap_complete::generate(shell, &mut Cli::command(), "belljar", &mut script);
+            std::io::stdout().lock().write_all(&script)?;
             Ok(0)
         }
         Cmd::Daemon { action } => daemon(&paths, action, json).await,
@@ -80,13 +78,13 @@ async fn dispatch(client: &Client, paths: &Paths, command: Cmd, json: bool) -> R
             if json {
                 print_json(&s)?;
             } else {
-                print!("{}", output::sandbox(&s, now_ms()));
+                out!("{}", output::sandbox(&s, now_ms()))?;
                 let cmds: CommandList = client.get(&format!("/v1/sandboxes/{id}/commands")).await?;
                 if !cmds.commands.is_empty() {
-                    println!(
+                    outln!(
                         "\n{}",
                         output::commands(&cmds.commands, now_ms()).trim_end()
-                    );
+                    )?;
                 }
             }
             Ok(0)
@@ -141,10 +139,10 @@ async fn dispatch(client: &Client, paths: &Paths, command: Cmd, json: bool) -> R
             if json {
                 print_json(&s)?;
             } else if let Some(at) = s.expires_at {
-                println!(
+                outln!(
                     "{id} now expires in {}",
                     belljar_cli::duration::format_ms((at - now_ms()).max(0))
-                );
+                )?;
             }
             Ok(0)
         }
@@ -179,7 +177,7 @@ async fn dispatch(client: &Client, paths: &Paths, command: Cmd, json: bool) -> R
             if json {
                 print_json(&images)?;
             } else {
-                print!("{}", output::images(&images));
+                out!("{}", output::images(&images))?;
             }
             Ok(0)
         }
@@ -192,9 +190,10 @@ async fn dispatch(client: &Client, paths: &Paths, command: Cmd, json: bool) -> R
 }
 
 fn print_json<T: serde::Serialize>(value: &T) -> Result<()> {
-    let mut out = std::io::stdout().lock();
-    serde_json::to_writer_pretty(&mut out, value)?;
-    writeln!(out)?;
+    // Rendered first: serde_json's writer errors hide the `io::Error` (a closed pipe) that
+    // `main` looks for.
+    let text = serde_json::to_string_pretty(value)?;
+    outln!("{text}")?;
     Ok(())
 }
 
@@ -320,7 +319,7 @@ async fn create(client: &Client, a: CreateArgs, json: bool) -> Result<i32> {
     if json {
         print_json(&s)?;
     } else {
-        println!("{}", s.id);
+        outln!("{}", s.id)?;
     }
     Ok(0)
 }
@@ -359,7 +358,7 @@ async fn ls(client: &Client, a: LsArgs, json: bool) -> Result<i32> {
     if json {
         print_json(&all)?;
     } else {
-        print!("{}", output::sandboxes(&all, now_ms()));
+        out!("{}", output::sandboxes(&all, now_ms()))?;
     }
     Ok(0)
 }
@@ -381,7 +380,7 @@ async fn exec_cmd(client: &Client, a: ExecArgs, json: bool) -> Result<i32> {
         if json {
             print_json(&cmd)?;
         } else {
-            println!("{}", cmd.id);
+            outln!("{}", cmd.id)?;
         }
         return Ok(0);
     }
@@ -435,7 +434,7 @@ async fn build_image(client: &Client, name: &str, json: bool) -> Result<i32> {
     let mut lines = Lines::new(resp.into_body());
     while let Some(event) = lines.next::<ImageBuildEvent>().await? {
         if json {
-            println!("{}", serde_json::to_string(&event)?);
+            outln!("{}", serde_json::to_string(&event)?)?;
         }
         match event {
             ImageBuildEvent::Progress { message } => {
@@ -445,11 +444,11 @@ async fn build_image(client: &Client, name: &str, json: bool) -> Result<i32> {
             }
             ImageBuildEvent::Done { image } => {
                 if !json {
-                    println!(
+                    outln!(
                         "{} built{}",
                         image.name,
                         image.digest.map(|d| format!(" ({d})")).unwrap_or_default()
-                    );
+                    )?;
                 }
                 return Ok(0);
             }
@@ -472,7 +471,7 @@ async fn ui(client: &Client, paths: &Paths, no_open: bool) -> Result<i32> {
         .port()
         .context("The daemon has not written its TCP port")?;
     let url = format!("http://127.0.0.1:{port}/ui?token={}", encode(&t.token));
-    println!("{url}");
+    outln!("{url}")?;
     let has_display =
         std::env::var_os("DISPLAY").is_some() || std::env::var_os("WAYLAND_DISPLAY").is_some();
     if !no_open && has_display {
@@ -500,17 +499,17 @@ async fn daemon(paths: &Paths, action: DaemonCmd, json: bool) -> Result<i32> {
             if json {
                 print_json(&serde_json::json!({"pid": pid, "socket": paths.socket}))?;
             } else {
-                println!(
+                outln!(
                     "belljard started (pid {pid}), log: {}",
                     paths.log_file.display()
-                );
+                )?;
             }
             Ok(0)
         }
         DaemonCmd::Stop => {
             let pid = launcher::stop(paths).await?;
             if !json {
-                println!("belljard stopped (pid {pid})");
+                outln!("belljard stopped (pid {pid})")?;
             }
             Ok(0)
         }
@@ -519,7 +518,7 @@ async fn daemon(paths: &Paths, action: DaemonCmd, json: bool) -> Result<i32> {
                 if json {
                     print_json(&serde_json::json!({"running": false}))?;
                 } else {
-                    println!("running:   no");
+                    outln!("running:   no")?;
                 }
                 return Ok(1);
             }
@@ -535,10 +534,10 @@ async fn daemon(paths: &Paths, action: DaemonCmd, json: bool) -> Result<i32> {
                     "info": info,
                 }))?;
             } else {
-                print!(
+                out!(
                     "{}",
                     output::daemon(&info, pid, &paths.socket.display().to_string(), port)
-                );
+                )?;
             }
             Ok(0)
         }

@@ -29,13 +29,9 @@ pub enum LauncherError {
     /// Creating the log file or spawning the process failed.
     #[error("Cannot start {bin}: {source}")]
     Spawn { bin: String, source: std::io::Error },
-    /// The daemon exited before it answered.
-    #[error("belljard exited with {status} before it was ready; see {log}{tail}")]
-    Exited {
-        status: String,
-        log: String,
-        tail: String,
-    },
+    /// The daemon exited before it answered; `reason` is its own one-line error.
+    #[error("belljard could not start: {reason} (see {log})")]
+    Exited { reason: String, log: String },
     /// The daemon did not answer in time.
     #[error("belljard did not answer on {socket} within {secs}s; see {log}")]
     Timeout {
@@ -131,6 +127,8 @@ pub async fn start(paths: &Paths, args: &[String]) -> Result<u32, LauncherError>
         .append(true)
         .open(&paths.log_file)
         .map_err(spawn_err)?;
+    // Only what this start writes explains why it failed.
+    let log_start = log.metadata().map(|m| m.len()).unwrap_or(0);
     let log2 = log.try_clone().map_err(spawn_err)?;
     let mut cmd = Command::new(&bin);
     cmd.args(args).stdin(Stdio::null()).stdout(log).stderr(log2);
@@ -145,9 +143,9 @@ pub async fn start(paths: &Paths, args: &[String]) -> Result<u32, LauncherError>
         }
         if let Ok(Some(status)) = child.try_wait() {
             return Err(LauncherError::Exited {
-                status: status.to_string(),
+                reason: failure_reason(&paths.log_file, log_start)
+                    .unwrap_or_else(|| format!("it exited with {status}")),
                 log: paths.log_file.display().to_string(),
-                tail: log_tail(&paths.log_file),
             });
         }
         if Instant::now() > deadline {
@@ -174,15 +172,18 @@ fn detach(cmd: &mut Command) {
     }
 }
 
-/// The last lines of the daemon's log, to show why it did not start.
-fn log_tail(log: &Path) -> String {
-    let text = std::fs::read_to_string(log).unwrap_or_default();
-    let lines: Vec<&str> = text.lines().rev().take(5).collect();
-    if lines.is_empty() {
-        return String::new();
-    }
-    let tail: Vec<&str> = lines.into_iter().rev().collect();
-    format!(": {}", tail.join(" | "))
+/// The daemon's own error line (`belljard: error: ...`) among what it logged from byte
+/// `from` on, or else its last line: why it did not start, in one line.
+fn failure_reason(log: &Path, from: u64) -> Option<String> {
+    let bytes = std::fs::read(log).ok()?;
+    let start = usize::try_from(from).unwrap_or(usize::MAX).min(bytes.len());
+    let text = String::from_utf8_lossy(&bytes[start..]);
+    let lines = || text.lines().map(str::trim).filter(|l| !l.is_empty());
+    lines()
+        .filter_map(|l| l.strip_prefix("belljard: error: "))
+        .next_back()
+        .or_else(|| lines().next_back())
+        .map(str::to_owned)
 }
 
 /// Whether a process with this id exists.
@@ -249,11 +250,22 @@ mod tests {
     }
 
     #[test]
-    fn log_tail_shows_last_lines() {
+    fn the_failure_reason_is_the_daemons_error_line_of_this_start() {
         let dir = tempfile::tempdir().unwrap();
         let log = dir.path().join("log");
-        std::fs::write(&log, "a\nb\nc\nd\ne\nf\n").unwrap();
-        assert_eq!(log_tail(&log), ": b | c | d | e | f");
-        assert_eq!(log_tail(&dir.path().join("none")), "");
+        let old = "belljard: error: an earlier failure\n";
+        std::fs::write(
+            &log,
+            format!("{old}INFO starting\nbelljard: error: Cannot listen on 127.0.0.1:7423: Address in use\n   \n"),
+        )
+        .unwrap();
+        assert_eq!(
+            failure_reason(&log, old.len() as u64).as_deref(),
+            Some("Cannot listen on 127.0.0.1:7423: Address in use")
+        );
+        std::fs::write(&log, "a\nthe last line\n").unwrap();
+        assert_eq!(failure_reason(&log, 0).as_deref(), Some("the last line"));
+        assert_eq!(failure_reason(&log, 1000), None);
+        assert_eq!(failure_reason(&dir.path().join("none"), 0), None);
     }
 }

@@ -1,8 +1,30 @@
 //! `belljar`: the command-line client of `belljard`. Parses the command line, runs one
 //! command, and prints errors as one line (`error: <message> (<code>)`) with exit status 1
 //! (clap's usage errors exit with 2).
+//!
+//! A closed standard output (`belljar ls | head -1`) ends the CLI quietly with status 141,
+//! the status of a process that SIGPIPE killed, as `ls`, `cat` and `seq` report it: every
+//! write to stdout goes through [`out!`]/[`outln!`], which return the error instead of
+//! panicking as `print!` does, and [`main`] turns a broken pipe anywhere in an error's chain
+//! into that status.
 
 #![forbid(unsafe_code)]
+
+/// `print!` that returns the `io::Error` instead of panicking on it.
+macro_rules! out {
+    ($($arg:tt)*) => {{
+        use std::io::Write as _;
+        write!(std::io::stdout().lock(), $($arg)*)
+    }};
+}
+
+/// `println!` that returns the `io::Error` instead of panicking on it.
+macro_rules! outln {
+    ($($arg:tt)*) => {{
+        use std::io::Write as _;
+        writeln!(std::io::stdout().lock(), $($arg)*)
+    }};
+}
 
 mod args;
 mod commands;
@@ -31,15 +53,32 @@ fn main() -> ExitCode {
     };
     let status = match runtime.block_on(commands::run(cli)) {
         Ok(status) => status,
+        Err(err) if is_broken_pipe(&err) => BROKEN_PIPE,
         Err(err) => {
             let _ = std::io::stdout().flush();
             eprintln!("error: {} ({})", one_line(&err), code_of(&err));
             1
         }
     };
-    let _ = std::io::stdout().flush();
+    let status = match std::io::stdout().flush() {
+        Err(e) if e.kind() == std::io::ErrorKind::BrokenPipe => BROKEN_PIPE,
+        _ => status,
+    };
     // Exit now: a thread blocked reading stdin must not keep the process alive.
     std::process::exit(status);
+}
+
+/// The exit status after the reader of stdout went away: 128 + SIGPIPE, what a shell reports
+/// for a process that the signal killed.
+const BROKEN_PIPE: i32 = 141;
+
+/// Whether the error, or any cause of it, is a write into a closed pipe.
+fn is_broken_pipe(err: &anyhow::Error) -> bool {
+    err.chain().any(|cause| {
+        cause
+            .downcast_ref::<std::io::Error>()
+            .is_some_and(|e| e.kind() == std::io::ErrorKind::BrokenPipe)
+    })
 }
 
 /// The message of an error and its causes on one line.

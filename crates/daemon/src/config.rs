@@ -17,9 +17,11 @@ pub struct Config {
     /// The image cache, shared across homes; default `${XDG_CACHE_HOME:-~/.cache}/belljar`.
     #[arg(long, env = "BELLJAR_CACHE")]
     pub cache: Option<PathBuf>,
-    /// TCP port on 127.0.0.1; 0 picks a free one. The port is written to `<runtime>/port`.
-    #[arg(long, env = "BELLJAR_PORT", default_value_t = belljar_api::routes::DEFAULT_PORT)]
-    pub port: u16,
+    /// TCP port on 127.0.0.1; 0 picks a free one. Without it the daemon takes 7423, or a free
+    /// port when another program (another daemon's home) holds 7423; a port asked for here
+    /// that is taken is an error. The port is written to `<runtime>/port`, where clients read it.
+    #[arg(long, env = "BELLJAR_PORT")]
+    pub port: Option<u16>,
     /// The built web UI; default `<repo>/ui/dist`.
     #[arg(long, env = "BELLJAR_UI_DIR")]
     pub ui_dir: Option<PathBuf>,
@@ -91,7 +93,8 @@ mod tests {
     #[test]
     fn flags_parse_with_defaults() {
         let c = Config::try_parse_from(["belljard", "--home", "/tmp/h", "--port", "0"]).unwrap();
-        assert_eq!(c.port, 0);
+        assert_eq!(c.port, Some(0));
+        assert_eq!(Config::try_parse_from(["belljard"]).unwrap().port, None);
         assert_eq!(c.max_timeout, 86_400_000);
         assert_eq!(c.default_timeout, 300_000);
         assert!(c.ui_dir().ends_with("ui/dist"));

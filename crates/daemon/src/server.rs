@@ -44,6 +44,13 @@ pub enum ServerError {
         #[source]
         source: io::Error,
     },
+    /// The TCP port cannot be bound (taken, or not allowed).
+    #[error("Cannot listen on 127.0.0.1:{port}: {source}")]
+    Listen {
+        port: u16,
+        #[source]
+        source: io::Error,
+    },
     /// Adopting the sandboxes found at start failed.
     #[error("Cannot adopt running sandboxes")]
     Adopt(#[from] SandboxError),
@@ -124,12 +131,7 @@ async fn serve(config: Config, paths: &Paths) -> Result<(), ServerError> {
         auth: auth.clone(),
         ui_dir: config.ui_dir(),
     };
-    let tcp = TcpListener::bind(("127.0.0.1", config.port))
-        .await
-        .map_err(io_err(format!(
-            "Cannot listen on 127.0.0.1:{}",
-            config.port
-        )))?;
+    let tcp = listen_tcp(config.port).await?;
     let port = tcp.local_addr().map_err(io_err("No local address"))?.port();
     auth.set_port(port);
     write_private(&paths.port_file(), &format!("{port}\n"))?;
@@ -154,6 +156,33 @@ async fn serve(config: Config, paths: &Paths) -> Result<(), ServerError> {
     monitor.abort();
     tracing::info!("belljard stopped; sandboxes keep running");
     result
+}
+
+/// The TCP listener on 127.0.0.1: the port asked for, or else the default port and, when
+/// another program holds that, any free one (clients read the port file, not the default).
+async fn listen_tcp(asked: Option<u16>) -> Result<TcpListener, ServerError> {
+    if let Some(port) = asked {
+        return TcpListener::bind(("127.0.0.1", port))
+            .await
+            .map_err(|source| ServerError::Listen { port, source });
+    }
+    let default = belljar_api::routes::DEFAULT_PORT;
+    match TcpListener::bind(("127.0.0.1", default)).await {
+        Ok(tcp) => Ok(tcp),
+        Err(e) if e.kind() == io::ErrorKind::AddrInUse => {
+            tracing::warn!(
+                port = default,
+                "the default port is taken; using a free one"
+            );
+            TcpListener::bind(("127.0.0.1", 0))
+                .await
+                .map_err(|source| ServerError::Listen { port: 0, source })
+        }
+        Err(source) => Err(ServerError::Listen {
+            port: default,
+            source,
+        }),
+    }
 }
 
 /// Writes a file readable only by the user.
