@@ -6,26 +6,41 @@ use serde::{Deserialize, Serialize};
 use ts_rs::TS;
 use utoipa::ToSchema;
 
+use crate::limits::{self, Invalid, Validate};
+
 /// Rows and columns of a terminal.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, ToSchema, TS)]
 pub struct PtySize {
+    #[schema(minimum = 1, maximum = 1000)]
     pub rows: u16,
+    #[schema(minimum = 1, maximum = 1000)]
     pub cols: u16,
+}
+
+impl Validate for PtySize {
+    fn validate(&self) -> Result<(), Invalid> {
+        limits::range("rows", Some(self.rows), 1, limits::MAX_PTY_CELLS)?;
+        limits::range("cols", Some(self.cols), 1, limits::MAX_PTY_CELLS)
+    }
 }
 
 /// `POST /v1/sandboxes/{id}/commands`.
 #[derive(Debug, Clone, PartialEq, Eq, Default, Serialize, Deserialize, ToSchema, TS)]
 #[serde(deny_unknown_fields)]
 pub struct RunCommand {
-    /// Program and arguments. Must not be empty.
+    /// Program and arguments. Must not be empty; at most 4096 arguments of up to 32 KiB,
+    /// 256 KiB in all.
+    #[schema(schema_with = limits::argv_schema)]
     pub argv: Vec<String>,
     /// Default `/workspace`.
     #[serde(default)]
     #[ts(optional)]
+    #[schema(min_length = 1, max_length = 4096)]
     pub cwd: Option<String>,
-    /// Merged over the sandbox's env.
+    /// Merged over the sandbox's env (the bounds of `CreateSandbox.env`).
     #[serde(default)]
     #[ts(optional)]
+    #[schema(schema_with = limits::env_schema, nullable)]
     pub env: Option<BTreeMap<String, String>>,
     /// Run as root instead of `belljar`.
     #[serde(default)]
@@ -40,6 +55,20 @@ pub struct RunCommand {
     /// Keep stdin open for `POST .../stdin`.
     #[serde(default)]
     pub stdin: bool,
+}
+
+impl Validate for RunCommand {
+    fn validate(&self) -> Result<(), Invalid> {
+        limits::argv("argv", &self.argv)?;
+        if let Some(cwd) = &self.cwd {
+            limits::path("cwd", cwd)?;
+        }
+        limits::env("env", self.env.as_ref())?;
+        self.pty.as_ref().map_or(Ok(()), |p| {
+            p.validate()
+                .map_err(|e| Invalid::new(format!("pty.{}", e.field), e.problem))
+        })
+    }
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, ToSchema, TS)]
@@ -108,7 +137,18 @@ pub struct KillCommand {
     /// A number or a name (`TERM`, `SIGKILL`); default `TERM`.
     #[serde(default)]
     #[ts(optional)]
+    #[schema(min_length = 1, max_length = 16)]
     pub signal: Option<String>,
+}
+
+impl Validate for KillCommand {
+    fn validate(&self) -> Result<(), Invalid> {
+        match &self.signal {
+            Some(s) if s.is_empty() => Err(Invalid::new("signal", "must not be empty")),
+            Some(s) => limits::text("signal", s, limits::MAX_SIGNAL),
+            None => Ok(()),
+        }
+    }
 }
 
 /// A control message on a terminal WebSocket (text frames). Binary frames carry raw terminal

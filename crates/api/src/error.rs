@@ -46,6 +46,8 @@ pub mod codes {
     pub const SANDBOX_NOT_RUNNING: &str = "sandbox_not_running";
     /// 409: the operation conflicts with the current state.
     pub const CONFLICT: &str = "conflict";
+    /// 413: a JSON request body larger than `limits::MAX_JSON_BODY`.
+    pub const PAYLOAD_TOO_LARGE: &str = "payload_too_large";
     /// 507: not enough free host memory (or disk) for the sandbox.
     pub const INSUFFICIENT_RESOURCES: &str = "insufficient_resources";
     /// 400: the image is unknown or not built yet.

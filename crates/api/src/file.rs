@@ -4,6 +4,8 @@ use serde::{Deserialize, Serialize};
 use ts_rs::TS;
 use utoipa::ToSchema;
 
+use crate::limits::{self, Invalid, Validate};
+
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, ToSchema, TS)]
 #[serde(rename_all = "snake_case")]
 pub enum FileKind {
@@ -52,17 +54,33 @@ pub const LIST_MAX_LIMIT: u32 = 5000;
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, ToSchema, TS)]
 #[serde(deny_unknown_fields)]
 pub struct MkdirRequest {
+    #[schema(min_length = 1, max_length = 4096)]
     pub path: String,
+}
+
+impl Validate for MkdirRequest {
+    fn validate(&self) -> Result<(), Invalid> {
+        limits::path("path", &self.path)
+    }
 }
 
 /// `POST .../files/move`.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, ToSchema, TS)]
 #[serde(deny_unknown_fields)]
 pub struct MoveRequest {
+    #[schema(min_length = 1, max_length = 4096)]
     pub from: String,
+    #[schema(min_length = 1, max_length = 4096)]
     pub to: String,
     #[serde(default)]
     pub overwrite: bool,
+}
+
+impl Validate for MoveRequest {
+    fn validate(&self) -> Result<(), Invalid> {
+        limits::path("from", &self.from)?;
+        limits::path("to", &self.to)
+    }
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, ToSchema, TS)]

@@ -6,6 +6,8 @@ use serde::{Deserialize, Serialize};
 use ts_rs::TS;
 use utoipa::{IntoParams, ToSchema};
 
+use crate::limits::{self, Invalid, Validate};
+
 /// Where a sandbox is in its life: `pending → running → stopping → stopped`, or `failed`.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize, ToSchema, TS)]
 #[serde(rename_all = "snake_case")]
@@ -62,12 +64,17 @@ pub enum BackendChoice {
 #[serde(tag = "type", rename_all = "snake_case")]
 pub enum Source {
     /// A directory or a tarball (`.tar`, `.tar.gz`, `.tgz`) on the host, unpacked into `/workspace`.
-    Path { path: String },
+    Path {
+        #[schema(min_length = 1, max_length = 4096)]
+        path: String,
+    },
     /// A git repository (a host path or a URL the sandbox can reach) cloned into `/workspace`.
     Git {
+        #[schema(min_length = 1, max_length = 4096)]
         url: String,
         #[serde(default)]
         #[ts(optional)]
+        #[schema(max_length = 256)]
         revision: Option<String>,
     },
 }
@@ -79,35 +86,46 @@ pub struct CreateSandbox {
     /// `base` (default), `python3.13`, `node24` or `node22`.
     #[serde(default)]
     #[ts(optional)]
+    #[schema(max_length = 128)]
     pub image: Option<String>,
     #[serde(default)]
     #[ts(optional)]
     pub backend: Option<BackendChoice>,
-    /// Default 2.
+    /// Default 2; at most 32.
     #[serde(default)]
     #[ts(optional)]
+    #[schema(minimum = 1, maximum = 32)]
     pub vcpus: Option<u32>,
-    /// Default 1024.
+    /// Default 1024; 64 to 262144.
     #[serde(default)]
     #[ts(optional)]
+    #[schema(minimum = 64, maximum = 262144)]
     pub memory_mib: Option<u64>,
-    /// Size of the writable layer. Default 4096.
+    /// Size of the writable layer. Default 4096; 64 to 1048576 (1 TiB).
     #[serde(default)]
     #[ts(optional)]
+    #[schema(minimum = 64, maximum = 1048576)]
     pub disk_mib: Option<u64>,
-    /// Milliseconds until the sandbox stops by itself. Default 5 minutes.
+    /// Milliseconds until the sandbox stops by itself. Default 5 minutes; at most the daemon's
+    /// maximum (24 hours by default).
     #[serde(default)]
     #[ts(optional)]
+    #[schema(minimum = 1, maximum = 2592000000_i64)]
     pub timeout_ms: Option<i64>,
-    /// Environment of every command, overridden per command.
+    /// Environment of every command, overridden per command: at most 256 names matching
+    /// `[A-Za-z_][A-Za-z0-9_]*`, values up to 32 KiB, 256 KiB in all.
     #[serde(default)]
     #[ts(optional)]
+    #[schema(schema_with = limits::env_schema, nullable)]
     pub env: Option<BTreeMap<String, String>>,
+    /// At most 50; keys 1 to 64 bytes without `=`, values up to 256 bytes.
     #[serde(default)]
     #[ts(optional)]
+    #[schema(schema_with = limits::tags_schema, nullable)]
     pub tags: Option<BTreeMap<String, String>>,
     #[serde(default)]
     #[ts(optional)]
+    #[schema(max_length = 128)]
     pub name: Option<String>,
     #[serde(default)]
     #[ts(optional)]
@@ -167,6 +185,48 @@ pub struct Sandbox {
     pub limits: LimitsReport,
 }
 
+impl Validate for Source {
+    fn validate(&self) -> Result<(), Invalid> {
+        match self {
+            Source::Path { path } => limits::path("source.path", path),
+            Source::Git { url, revision } => {
+                limits::path("source.url", url)?;
+                revision
+                    .as_deref()
+                    .map_or(Ok(()), |r| limits::text("source.revision", r, 256))
+            }
+        }
+    }
+}
+
+impl Validate for CreateSandbox {
+    fn validate(&self) -> Result<(), Invalid> {
+        if let Some(image) = &self.image {
+            limits::text("image", image, limits::MAX_NAME)?;
+        }
+        limits::range("vcpus", self.vcpus, 1, limits::MAX_VCPUS)?;
+        limits::range(
+            "memory_mib",
+            self.memory_mib,
+            limits::MIN_MEMORY_MIB,
+            limits::MAX_MEMORY_MIB,
+        )?;
+        limits::range(
+            "disk_mib",
+            self.disk_mib,
+            limits::MIN_DISK_MIB,
+            limits::MAX_DISK_MIB,
+        )?;
+        limits::range("timeout_ms", self.timeout_ms, 1, limits::MAX_TIMEOUT_MS)?;
+        limits::env("env", self.env.as_ref())?;
+        limits::tags("tags", self.tags.as_ref())?;
+        if let Some(name) = &self.name {
+            limits::text("name", name, limits::MAX_NAME)?;
+        }
+        self.source.as_ref().map_or(Ok(()), Validate::validate)
+    }
+}
+
 /// `GET /v1/sandboxes` query.
 #[derive(Debug, Clone, PartialEq, Eq, Default, Serialize, Deserialize, IntoParams, TS)]
 #[into_params(parameter_in = Query)]
@@ -176,6 +236,7 @@ pub struct ListSandboxesQuery {
     pub status: Option<SandboxStatus>,
     /// `key=value`; only sandboxes carrying this tag.
     #[serde(default)]
+    #[param(max_length = 321)]
     pub tag: Option<String>,
     /// Created at or after this time (Unix ms).
     #[serde(default)]
@@ -185,9 +246,11 @@ pub struct ListSandboxesQuery {
     pub until: Option<i64>,
     /// Page size, 1..=200, default 50.
     #[serde(default)]
+    #[param(minimum = 1, maximum = 200)]
     pub limit: Option<u32>,
     /// `next_cursor` of the previous page.
     #[serde(default)]
+    #[param(max_length = 256)]
     pub cursor: Option<String>,
 }
 
@@ -199,17 +262,42 @@ pub struct SandboxList {
     pub next_cursor: Option<String>,
 }
 
+impl Validate for ListSandboxesQuery {
+    fn validate(&self) -> Result<(), Invalid> {
+        limits::range("limit", self.limit, 1, 200)?;
+        if let Some(tag) = &self.tag {
+            limits::text("tag", tag, limits::MAX_TAG_KEY + 1 + limits::MAX_TAG_VALUE)?;
+        }
+        if let Some(cursor) = &self.cursor {
+            limits::text("cursor", cursor, 256)?;
+        }
+        Ok(())
+    }
+}
+
 /// `PATCH /v1/sandboxes/{id}`.
 #[derive(Debug, Clone, PartialEq, Eq, Default, Serialize, Deserialize, ToSchema, TS)]
 #[serde(deny_unknown_fields)]
 pub struct UpdateSandbox {
-    /// Replaces all tags.
+    /// Replaces all tags (the bounds of `CreateSandbox.tags`).
     #[serde(default)]
     #[ts(optional)]
+    #[schema(schema_with = limits::tags_schema, nullable)]
     pub tags: Option<BTreeMap<String, String>>,
     #[serde(default)]
     #[ts(optional)]
+    #[schema(max_length = 128)]
     pub name: Option<String>,
+}
+
+impl Validate for UpdateSandbox {
+    fn validate(&self) -> Result<(), Invalid> {
+        limits::tags("tags", self.tags.as_ref())?;
+        if let Some(name) = &self.name {
+            limits::text("name", name, limits::MAX_NAME)?;
+        }
+        Ok(())
+    }
 }
 
 /// `POST /v1/sandboxes/{id}/extend`.
@@ -217,5 +305,17 @@ pub struct UpdateSandbox {
 #[serde(deny_unknown_fields)]
 pub struct ExtendSandbox {
     /// Milliseconds added to the timeout; must be positive.
+    #[schema(minimum = 1, maximum = 2592000000_i64)]
     pub duration_ms: i64,
+}
+
+impl Validate for ExtendSandbox {
+    fn validate(&self) -> Result<(), Invalid> {
+        limits::range(
+            "duration_ms",
+            Some(self.duration_ms),
+            1,
+            limits::MAX_TIMEOUT_MS,
+        )
+    }
 }

@@ -18,25 +18,31 @@ export type CreateSandbox = {
  */
 image?: string, backend?: BackendChoice, 
 /**
- * Default 2.
+ * Default 2; at most 32.
  */
 vcpus?: number, 
 /**
- * Default 1024.
+ * Default 1024; 64 to 262144.
  */
 memory_mib?: number, 
 /**
- * Size of the writable layer. Default 4096.
+ * Size of the writable layer. Default 4096; 64 to 1048576 (1 TiB).
  */
 disk_mib?: number, 
 /**
- * Milliseconds until the sandbox stops by itself. Default 5 minutes.
+ * Milliseconds until the sandbox stops by itself. Default 5 minutes; at most the daemon's
+ * maximum (24 hours by default).
  */
 timeout_ms?: number, 
 /**
- * Environment of every command, overridden per command.
+ * Environment of every command, overridden per command: at most 256 names matching
+ * `[A-Za-z_][A-Za-z0-9_]*`, values up to 32 KiB, 256 KiB in all.
  */
-env?: { [key in string]: string }, tags?: { [key in string]: string }, name?: string, source?: Source, };
+env?: { [key in string]: string }, 
+/**
+ * At most 50; keys 1 to 64 bytes without `=`, values up to 256 bytes.
+ */
+tags?: { [key in string]: string }, name?: string, source?: Source, };
 
 export type LimitsReport = { memory: LimitState, cpu: LimitState, pids: LimitState, 
 /**
@@ -102,7 +108,7 @@ export type SandboxList = { sandboxes: Array<Sandbox>, next_cursor?: string, };
 
 export type UpdateSandbox = { 
 /**
- * Replaces all tags.
+ * Replaces all tags (the bounds of `CreateSandbox.tags`).
  */
 tags?: { [key in string]: string }, name?: string, };
 
@@ -116,7 +122,8 @@ export type PtySize = { rows: number, cols: number, };
 
 export type RunCommand = { 
 /**
- * Program and arguments. Must not be empty.
+ * Program and arguments. Must not be empty; at most 4096 arguments of up to 32 KiB,
+ * 256 KiB in all.
  */
 argv: Array<string>, 
 /**
@@ -124,7 +131,7 @@ argv: Array<string>,
  */
 cwd?: string, 
 /**
- * Merged over the sandbox's env.
+ * Merged over the sandbox's env (the bounds of `CreateSandbox.env`).
  */
 env?: { [key in string]: string }, 
 /**

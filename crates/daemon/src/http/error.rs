@@ -44,6 +44,9 @@ pub enum ApiError {
     /// No such route or resource.
     #[error("{0}")]
     NotFound(String),
+    /// A JSON body over the limit.
+    #[error("body: larger than {0} bytes")]
+    PayloadTooLarge(usize),
     /// A sandbox operation failed.
     #[error(transparent)]
     Sandbox(#[from] SandboxError),
@@ -65,6 +68,9 @@ impl ApiError {
             ApiError::Unauthorized => simple(StatusCode::UNAUTHORIZED, codes::UNAUTHORIZED),
             ApiError::Forbidden(_) => simple(StatusCode::FORBIDDEN, codes::FORBIDDEN),
             ApiError::NotFound(_) => simple(StatusCode::NOT_FOUND, codes::NOT_FOUND),
+            ApiError::PayloadTooLarge(_) => {
+                simple(StatusCode::PAYLOAD_TOO_LARGE, codes::PAYLOAD_TOO_LARGE)
+            }
             ApiError::Image(e) => image_parts(e, msg.clone()),
             ApiError::Internal(detail) => {
                 tracing::error!(%detail, "internal error");

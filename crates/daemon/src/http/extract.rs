@@ -1,40 +1,49 @@
-//! Extractors whose rejections are our own `bad_request` errors naming the field, instead of
-//! axum's plain-text ones.
+//! Extractors whose rejections are our own errors naming the field, instead of axum's plain
+//! text ones, and which check every body and query against its bounds
+//! ([`belljar_api::limits`]) before a handler sees it.
 
-use axum::extract::{FromRequest, FromRequestParts, Query, Request};
+use axum::extract::{FromRequest, FromRequestParts, Path, Query, Request};
 use axum::http::request::Parts;
-use bytes::Bytes;
+use belljar_api::Validate;
+use belljar_api::limits::MAX_JSON_BODY;
+use http_body_util::{BodyExt, LengthLimitError, Limited};
 use serde::de::DeserializeOwned;
 
 use super::error::ApiError;
 
-/// The largest JSON body accepted.
-const MAX_JSON: usize = 1 << 20;
-
-/// A JSON body; an empty body counts as `{}` so that bodies with only optional fields may be
-/// left out. Any content type is accepted (the CLI and curl users forget it).
+/// A JSON object body, within its bounds; an empty body counts as `{}` so that bodies with
+/// only optional fields may be left out. Any content type is accepted (the CLI and curl users
+/// forget it). At most [`MAX_JSON_BODY`] bytes are read (413 beyond).
 pub struct ApiJson<T>(pub T);
 
-impl<T: DeserializeOwned, S: Send + Sync> FromRequest<S> for ApiJson<T> {
+impl<T: DeserializeOwned + Validate, S: Send + Sync> FromRequest<S> for ApiJson<T> {
     type Rejection = ApiError;
 
-    async fn from_request(req: Request, state: &S) -> Result<Self, Self::Rejection> {
-        let bytes = Bytes::from_request(req, state)
-            .await
-            .map_err(|e| ApiError::BadRequest(format!("body: {}", e.body_text())))?;
-        if bytes.len() > MAX_JSON {
-            return Err(ApiError::BadRequest("body: larger than 1 MiB".into()));
-        }
-        parse_json(&bytes).map(ApiJson)
+    async fn from_request(req: Request, _state: &S) -> Result<Self, Self::Rejection> {
+        let body = Limited::new(req.into_body(), MAX_JSON_BODY);
+        let bytes = match body.collect().await {
+            Ok(collected) => collected.to_bytes(),
+            Err(e) if e.downcast_ref::<LengthLimitError>().is_some() => {
+                return Err(ApiError::PayloadTooLarge(MAX_JSON_BODY));
+            }
+            Err(e) => return Err(ApiError::BadRequest(format!("body: {e}"))),
+        };
+        let value: T = parse_json(&bytes)?;
+        value
+            .validate()
+            .map_err(|e| ApiError::BadRequest(e.to_string()))?;
+        Ok(ApiJson(value))
     }
 }
 
-/// Parses JSON, naming the offending field in the error.
+/// Parses a JSON object, naming the offending field in the error. Anything but an object is
+/// refused first: serde reads a struct from a JSON array too (`[null,null]` would be a
+/// `CreateSandbox`), which no client means.
 pub fn parse_json<T: DeserializeOwned>(bytes: &[u8]) -> Result<T, ApiError> {
-    let bytes: &[u8] = if bytes.iter().all(u8::is_ascii_whitespace) {
-        b"{}"
-    } else {
-        bytes
+    let bytes: &[u8] = match bytes.iter().find(|b| !b.is_ascii_whitespace()) {
+        None => b"{}",
+        Some(b'{') => bytes,
+        Some(_) => return Err(ApiError::BadRequest("body: must be a JSON object".into())),
     };
     let de = &mut serde_json::Deserializer::from_slice(bytes);
     serde_path_to_error::deserialize(de).map_err(|e| {
@@ -49,28 +58,44 @@ pub fn parse_json<T: DeserializeOwned>(bytes: &[u8]) -> Result<T, ApiError> {
     })
 }
 
-/// A query string.
+/// A query string, within its bounds.
 pub struct ApiQuery<T>(pub T);
 
-impl<T: DeserializeOwned, S: Send + Sync> FromRequestParts<S> for ApiQuery<T> {
+impl<T: DeserializeOwned + Validate, S: Send + Sync> FromRequestParts<S> for ApiQuery<T> {
     type Rejection = ApiError;
 
     async fn from_request_parts(parts: &mut Parts, state: &S) -> Result<Self, Self::Rejection> {
-        Query::<T>::from_request_parts(parts, state)
+        let Query(q) = Query::<T>::from_request_parts(parts, state)
             .await
-            .map(|Query(q)| ApiQuery(q))
             .map_err(|e| {
                 ApiError::BadRequest(
                     e.body_text()
                         .replace("Failed to deserialize query string: ", ""),
                 )
-            })
+            })?;
+        q.validate()
+            .map_err(|e| ApiError::BadRequest(e.to_string()))?;
+        Ok(ApiQuery(q))
+    }
+}
+
+/// Path parameters. A malformed one (bad percent-encoding, not UTF-8) is a 400 naming it.
+pub struct ApiPath<T>(pub T);
+
+impl<T: DeserializeOwned + Send, S: Send + Sync> FromRequestParts<S> for ApiPath<T> {
+    type Rejection = ApiError;
+
+    async fn from_request_parts(parts: &mut Parts, state: &S) -> Result<Self, Self::Rejection> {
+        Path::<T>::from_request_parts(parts, state)
+            .await
+            .map(|Path(p)| ApiPath(p))
+            .map_err(|e| ApiError::BadRequest(format!("path: {}", e.body_text())))
     }
 }
 
 #[cfg(test)]
 mod tests {
-    use belljar_api::{CreateSandbox, ExtendSandbox, RunCommand};
+    use belljar_api::{CreateSandbox, ExtendSandbox, RunCommand, UpdateSandbox};
 
     use super::*;
 
@@ -97,5 +122,14 @@ mod tests {
         assert!(message(e).starts_with("body: "));
         let ok: CreateSandbox = parse_json(b"  ").unwrap();
         assert_eq!(ok, CreateSandbox::default());
+    }
+
+    #[test]
+    fn only_objects_are_bodies() {
+        for body in [&b"[null,null]"[..], b" [] ", b"null", b"1", b"\"x\""] {
+            let e = parse_json::<CreateSandbox>(body).err().unwrap();
+            assert_eq!(message(e), "body: must be a JSON object");
+            assert!(parse_json::<UpdateSandbox>(body).is_err());
+        }
     }
 }

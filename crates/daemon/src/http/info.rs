@@ -1,24 +1,29 @@
 //! `/v1/info`, `/v1/images`, image builds and the OpenAPI document.
 
-use axum::extract::{Path, State};
+use axum::Json;
+use axum::extract::State;
 use axum::response::Response;
-use axum::routing::{get, post};
-use axum::{Json, Router};
-use belljar_api::{Image, Info};
+use belljar_api::{Image, ImageBuildEvent, Info};
+use utoipa_axum::router::OpenApiRouter;
+use utoipa_axum::routes;
 
 use super::AppState;
 use super::error::ApiError;
-use super::openapi;
+use super::extract::ApiPath;
+use super::openapi::{self, Errors, ImagePath};
 use super::stream::ndjson;
 
-pub fn router() -> Router<AppState> {
-    Router::new()
-        .route("/v1/info", get(info))
-        .route("/v1/openapi.json", get(openapi_json))
-        .route("/v1/images", get(images))
-        .route("/v1/images/{name}/build", post(build))
+pub fn router() -> OpenApiRouter<AppState> {
+    OpenApiRouter::new()
+        .routes(routes!(info))
+        .routes(routes!(openapi_json))
+        .routes(routes!(images))
+        .routes(routes!(build))
 }
 
+/// The daemon, its backends and images.
+#[utoipa::path(get, path = "/v1/info", operation_id = "info", tag = "daemon",
+    responses((status = 200, description = "What the daemon is and can do", body = Info), Errors))]
 async fn info(State(st): State<AppState>) -> Json<Info> {
     let backends = st.sandboxes.backends();
     Json(Info {
@@ -31,14 +36,27 @@ async fn info(State(st): State<AppState>) -> Json<Info> {
     })
 }
 
+/// This document.
+#[utoipa::path(get, path = "/v1/openapi.json", operation_id = "openapi", tag = "daemon",
+    responses((status = 200, description = "The OpenAPI document", body = Object), Errors))]
 async fn openapi_json() -> Json<utoipa::openapi::OpenApi> {
     Json(openapi::document())
 }
 
+/// The images and whether each is built.
+#[utoipa::path(get, path = "/v1/images", operation_id = "images_list", tag = "images",
+    responses((status = 200, description = "Every image", body = Vec<Image>), Errors))]
 async fn images(State(st): State<AppState>) -> Json<Vec<Image>> {
     Json(st.images.list())
 }
 
-async fn build(State(st): State<AppState>, Path(name): Path<String>) -> Result<Response, ApiError> {
+/// Build an image; progress streams as NDJSON.
+#[utoipa::path(post, path = "/v1/images/{name}/build", operation_id = "image_build", tag = "images", params(ImagePath),
+    responses((status = 200, description = "NDJSON of `ImageBuildEvent`", body = ImageBuildEvent,
+        content_type = "application/x-ndjson"), Errors))]
+async fn build(
+    State(st): State<AppState>,
+    ApiPath(ImagePath { name }): ApiPath<ImagePath>,
+) -> Result<Response, ApiError> {
     Ok(ndjson(st.images.build(&name)?))
 }

@@ -21,6 +21,8 @@ use std::path::PathBuf;
 use std::sync::Arc;
 
 use axum::Router;
+use utoipa::OpenApi;
+use utoipa_axum::router::OpenApiRouter;
 
 use crate::events::Events;
 use crate::images::Images;
@@ -37,16 +39,23 @@ pub struct AppState {
     pub ui_dir: PathBuf,
 }
 
-/// The whole API and the UI.
-pub fn router(state: AppState) -> Router {
-    Router::new()
+/// Every `/v1` route with its OpenAPI operation. Only routes added here (through
+/// `utoipa_axum::routes!`) are served under `/v1`, so each is in the document.
+pub fn api_router() -> OpenApiRouter<AppState> {
+    OpenApiRouter::with_openapi(openapi::ApiDoc::openapi())
         .merge(info::router())
         .merge(sandboxes::router())
         .merge(commands::router())
         .merge(files::router())
         .merge(terminal::router())
         .merge(events::router())
-        .merge(ui::router())
+        .merge(ui::api_router())
+}
+
+/// The whole API and the UI.
+pub fn router(state: AppState) -> Router {
+    let (api, _document) = api_router().split_for_parts();
+    api.merge(ui::router())
         .fallback(ui::fallback)
         .with_state(state)
 }

@@ -4,45 +4,74 @@
 //! (`resize` from the client; `started`, `exit` and `error` from the daemon). The shell is an
 //! ordinary PTY command of the sandbox, so its output is also in its command log.
 
-use axum::Router;
+use axum::extract::State;
 use axum::extract::ws::{Message, WebSocket, WebSocketUpgrade};
-use axum::extract::{Path, State};
 use axum::response::Response;
-use axum::routing::get;
 use belljar_agent_proto::client::body_from_stream;
-use belljar_api::{PtySize, TerminalMessage};
+use belljar_api::{Invalid, PtySize, TerminalMessage, Validate};
 use bytes::Bytes;
 use futures::StreamExt;
 use serde::Deserialize;
 use tokio::sync::mpsc;
+use utoipa::IntoParams;
+use utoipa_axum::router::OpenApiRouter;
+use utoipa_axum::routes;
 
 use super::AppState;
 use super::error::ApiError;
-use super::extract::ApiQuery;
+use super::extract::{ApiPath, ApiQuery};
+use super::openapi::{Errors, SandboxPath};
 use crate::sandbox::Terminal;
 
-pub fn router() -> Router<AppState> {
-    Router::new().route("/v1/sandboxes/{id}/terminal", get(terminal))
+pub fn router() -> OpenApiRouter<AppState> {
+    OpenApiRouter::new().routes(routes!(terminal))
 }
 
-#[derive(Deserialize)]
+#[derive(Deserialize, IntoParams)]
+#[into_params(parameter_in = Query)]
 struct TerminalQuery {
+    /// Default 24.
     #[serde(default)]
+    #[param(minimum = 1, maximum = 1000)]
     rows: Option<u16>,
+    /// Default 80.
     #[serde(default)]
+    #[param(minimum = 1, maximum = 1000)]
     cols: Option<u16>,
+    /// Default `/workspace`.
     #[serde(default)]
+    #[param(min_length = 1, max_length = 4096)]
     cwd: Option<String>,
+    /// A root shell.
     #[serde(default)]
     sudo: bool,
 }
 
+impl Validate for TerminalQuery {
+    fn validate(&self) -> Result<(), Invalid> {
+        let cells = belljar_api::limits::MAX_PTY_CELLS;
+        belljar_api::limits::range("rows", self.rows, 1, cells)?;
+        belljar_api::limits::range("cols", self.cols, 1, cells)?;
+        self.cwd
+            .as_deref()
+            .map_or(Ok(()), |c| belljar_api::limits::path("cwd", c))
+    }
+}
+
+/// An interactive `bash -l` on a pseudo-terminal, over a WebSocket only (binary frames are
+/// terminal bytes, text frames `TerminalMessage`s).
+#[utoipa::path(get, path = "/v1/sandboxes/{id}/terminal", operation_id = "terminal", tag = "commands",
+    params(SandboxPath, TerminalQuery),
+    responses((status = 101, description = "Switching to the WebSocket protocol"), Errors))]
 async fn terminal(
     State(st): State<AppState>,
-    Path(id): Path<String>,
+    ApiPath(SandboxPath { id }): ApiPath<SandboxPath>,
     ApiQuery(q): ApiQuery<TerminalQuery>,
-    ws: WebSocketUpgrade,
+    ws: Result<WebSocketUpgrade, axum::extract::ws::rejection::WebSocketUpgradeRejection>,
 ) -> Result<Response, ApiError> {
+    let ws = ws.map_err(|_| {
+        ApiError::BadRequest("The terminal needs a WebSocket upgrade request".into())
+    })?;
     let size = PtySize {
         rows: q.rows.unwrap_or(24),
         cols: q.cols.unwrap_or(80),

@@ -8,24 +8,36 @@
 use axum::extract::{Request, State};
 use axum::http::{StatusCode, header};
 use axum::response::{Html, IntoResponse, Response};
-use axum::routing::{get, post};
+use axum::routing::get;
 use axum::{Extension, Json, Router};
-use belljar_api::SessionToken;
+use belljar_api::{SessionToken, Validate};
 use serde::Deserialize;
 use tower::ServiceExt;
 use tower_http::services::{ServeDir, ServeFile};
+use utoipa_axum::router::OpenApiRouter;
+use utoipa_axum::routes;
 
 use super::AppState;
 use super::auth::{Caller, session_set_cookie};
 use super::error::ApiError;
 use super::extract::ApiQuery;
+use super::openapi::Errors;
 
-pub fn router() -> Router<AppState> {
-    Router::new()
-        .route("/v1/session/token", post(session_token))
-        .route("/ui", get(ui_login))
+/// `POST /v1/session/token`, part of the API.
+pub fn api_router() -> OpenApiRouter<AppState> {
+    OpenApiRouter::new().routes(routes!(session_token))
 }
 
+/// `GET /ui?token=`, outside the API: a browser's entry.
+pub fn router() -> Router<AppState> {
+    Router::new().route("/ui", get(ui_login))
+}
+
+/// A one-time token for `GET /ui?token=`, which trades it for the session cookie; needs the
+/// bearer token (or the Unix socket).
+#[utoipa::path(post, path = "/v1/session/token", operation_id = "session_token", tag = "daemon",
+    responses((status = 200, description = "Valid once, for 60 seconds", body = SessionToken),
+        Errors))]
 async fn session_token(
     State(st): State<AppState>,
     caller: Option<Extension<Caller>>,
@@ -44,6 +56,8 @@ async fn session_token(
 struct LoginQuery {
     token: String,
 }
+
+impl Validate for LoginQuery {}
 
 async fn ui_login(
     State(st): State<AppState>,
