@@ -325,8 +325,14 @@ fn host_sockets_and_loopback_are_not_reachable() {
     let tcp = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
     let port = tcp.local_addr().unwrap().port();
     let sb = Sandbox::launch(tmp.path(), "esc-sock", Limits::default());
-    // Controls: the probe works, on the sandbox's own socket and loopback.
-    assert!(sb.succeeds("belljar-probe connect /run/belljar/agent.sock"));
+    // Controls: the probe works, on a socket the sandbox made and on its loopback.
+    sb.ok("belljar-probe listen /tmp/own.sock >/dev/null 2>&1 &");
+    let mut tries = 0;
+    while !sb.succeeds("belljar-probe connect /tmp/own.sock") {
+        tries += 1;
+        assert!(tries < 200, "the sandbox's own socket never listened");
+        std::thread::sleep(Duration::from_millis(10));
+    }
     sb.ok("nc -ll -p 7777 -e /bin/cat >/dev/null 2>&1 &");
     std::thread::sleep(Duration::from_millis(200));
     assert!(sb.succeeds("belljar-probe connect-tcp 127.0.0.1:7777"));

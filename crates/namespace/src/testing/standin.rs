@@ -1,11 +1,12 @@
 // A stand-in for `belljar-agent` in tests, compiled at test time with
 // `rustc -C target-feature=+crt-static` so it runs on a busybox-only root filesystem.
 //
-// As `--listen unix:PATH` it is PID 1: each connection sends one shell command (until it shuts
+// As `--listen unix:PATH` or `--listen fd:N` (an inherited listening socket) it is PID 1: each connection sends one shell command (until it shuts
 // down its write half) and receives the merged stdout/stderr followed by `\0EXIT <code>\n`.
 // It reaps every orphan; exit statuses of its own commands are dispatched by pid.
 // As `connect PATH`, `connect-abstract NAME` or `connect-tcp ADDR:PORT` it tries to connect
-// and exits 0 on success, 1 otherwise (used by escape tests). `syscall NR [ARG...]` prints the
+// and exits 0 on success, 1 otherwise (used by escape tests); `listen PATH` binds a Unix socket
+// at PATH and accepts on it until killed (their control: a socket the sandbox made itself). `syscall NR [ARG...]` prints the
 // errno of a raw system call, to see what the seccomp filter refuses.
 use std::collections::HashMap;
 use std::io::{Read, Write};
@@ -35,6 +36,14 @@ fn main() {
         Some("connect") => {
             let ok = UnixStream::connect(&args[2]).is_ok();
             std::process::exit(if ok { 0 } else { 1 });
+        }
+        Some("listen") => {
+            let _ = std::fs::remove_file(&args[2]);
+            let listener = UnixListener::bind(&args[2]).expect("bind");
+            for conn in listener.incoming() {
+                drop(conn);
+            }
+            std::process::exit(0);
         }
         Some("syscall") => {
             // `syscall NR [ARG...]`: prints the errno of the raw system call (0 on success).
