@@ -47,6 +47,11 @@ pub struct Config {
     /// Host memory (MiB) never given to sandboxes.
     #[arg(long, env = "BELLJAR_MEMORY_RESERVE_MIB", default_value_t = 512)]
     pub memory_reserve_mib: u64,
+    /// Testing only (the nested-KVM harness, `scripts/test-microvm.sh`): accept explicit
+    /// `--backend microvm` requests on KVM that the speed probe rejects as too slow. `auto`
+    /// still follows the probe.
+    #[arg(long, env = "BELLJAR_TESTING_FORCE_MICROVM", hide = true)]
+    pub testing_force_microvm: bool,
     /// Extra browser origins allowed to call the daemon (e.g. a UI dev server), comma-separated.
     #[arg(long, env = "BELLJAR_ALLOWED_ORIGINS", value_delimiter = ',')]
     pub allowed_origins: Vec<String>,

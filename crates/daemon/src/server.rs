@@ -100,7 +100,7 @@ async fn serve(config: Config, paths: &Paths) -> Result<(), ServerError> {
         .clone()
         .or_else(|| crate::sandbox::vmm::find_kernel(&paths.cache));
     let backends: Vec<Box<dyn Backend>> = vec![
-        Box::new(Microvm::new(vmm, kernel)),
+        Box::new(Microvm::new(vmm, kernel).force_for_testing(config.testing_force_microvm)),
         Box::new(Namespace::default()),
     ];
     let backends = Backends::new(backends);

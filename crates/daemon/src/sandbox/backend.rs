@@ -85,6 +85,12 @@ pub trait Backend: Send + Sync {
     fn destroy(&self, state_dir: &Path) -> Result<(), BackendError>;
     /// Where the sandbox's agent listens.
     fn agent_address(&self, state_dir: &Path) -> AgentAddress;
+    /// `Some(reason)` when this backend is forced usable for testing despite a failed probe
+    /// (the microVM harness on nested KVM, whose speed the probe rightly rejects). Only an
+    /// explicit request for the backend honours it; `auto` always follows the probe.
+    fn forced_for_testing(&self) -> Option<String> {
+        None
+    }
 }
 
 /// The backends of this daemon, probed once at start.
@@ -160,13 +166,19 @@ impl Backends {
                     backend: name,
                     reason: "not built into this daemon".into(),
                 })?;
-        if !probe.available {
-            return Err(BackendError::Unavailable {
+        if probe.available {
+            return Ok((backend.as_ref(), reason));
+        }
+        match backend.forced_for_testing() {
+            Some(forced) if choice != BackendChoice::Auto => Ok((
+                backend.as_ref(),
+                format!("{forced} (the probe said: {})", probe.reason),
+            )),
+            _ => Err(BackendError::Unavailable {
                 backend: name,
                 reason: probe.reason.clone(),
-            });
+            }),
         }
-        Ok((backend.as_ref(), reason))
     }
 
     /// What `GET /v1/info` reports per backend.
@@ -251,5 +263,51 @@ mod tests {
         ]);
         assert_eq!(b.default, BackendKind::Microvm);
         assert_eq!(b.info().len(), 2);
+    }
+
+    /// A microVM backend whose probe fails but which is forced usable for testing.
+    struct Forced;
+
+    impl Backend for Forced {
+        fn kind(&self) -> BackendKind {
+            BackendKind::Microvm
+        }
+        fn probe(&self) -> Probe {
+            Fixed(BackendKind::Microvm, false, "too slow: nested KVM").probe()
+        }
+        fn launch(&self, _: &LaunchSpec) -> Result<Launched, BackendError> {
+            Err(BackendError::Launch("not in this test".into()))
+        }
+        fn adopt(&self, _: &Path) -> Result<Option<Launched>, BackendError> {
+            Ok(None)
+        }
+        fn stop(&self, _: &Path, _: Duration) -> Result<(), BackendError> {
+            Ok(())
+        }
+        fn destroy(&self, _: &Path) -> Result<(), BackendError> {
+            Ok(())
+        }
+        fn agent_address(&self, p: &Path) -> AgentAddress {
+            AgentAddress::Unix(p.to_path_buf())
+        }
+        fn forced_for_testing(&self) -> Option<String> {
+            Some("forced usable for testing".into())
+        }
+    }
+
+    #[test]
+    fn forcing_for_testing_serves_explicit_requests_but_never_changes_auto() {
+        let b = Backends::new(vec![
+            Box::new(Forced),
+            Box::new(Fixed(BackendKind::Namespace, true, "ok")),
+        ]);
+        assert_eq!(b.default, BackendKind::Namespace);
+        let (chosen, _) = b.choose(BackendChoice::Auto).unwrap();
+        assert_eq!(chosen.kind(), BackendKind::Namespace);
+        let (chosen, reason) = b.choose(BackendChoice::Microvm).unwrap();
+        assert_eq!(chosen.kind(), BackendKind::Microvm);
+        assert!(reason.contains("for testing") && reason.contains("nested KVM"), "{reason}");
+        // `GET /v1/info` still reports the probe's verdict.
+        assert!(!b.info()[0].available);
     }
 }

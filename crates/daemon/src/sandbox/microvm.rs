@@ -74,12 +74,25 @@ pub fn host_verdict(facts: &HostFacts) -> Result<&'static str, String> {
 pub struct Microvm {
     vmm: Option<PathBuf>,
     kernel: Option<PathBuf>,
+    force_for_testing: bool,
 }
 
 impl Microvm {
     /// `vmm` is the `belljar-vmm` binary and `kernel` the guest kernel, when found.
     pub fn new(vmm: Option<PathBuf>, kernel: Option<PathBuf>) -> Self {
-        Self { vmm, kernel }
+        Self {
+            vmm,
+            kernel,
+            force_for_testing: false,
+        }
+    }
+
+    /// Accepts explicit `--backend microvm` requests even when the speed probe fails, as long
+    /// as KVM itself is there (`belljard --testing-force-microvm`, for the nested-KVM test
+    /// harness `scripts/test-microvm.sh`). What `auto` picks does not change.
+    pub fn force_for_testing(mut self, force: bool) -> Self {
+        self.force_for_testing = force;
+        self
     }
 
     /// Boots a tiny raw guest that loops a million times in kernel mode, writes to its
@@ -228,6 +241,16 @@ impl Backend for Microvm {
             socket: state_dir.join("vsock.sock"),
             port: belljar_agent_proto::AGENT_VSOCK_PORT,
         }
+    }
+
+    fn forced_for_testing(&self) -> Option<String> {
+        if !self.force_for_testing {
+            return None;
+        }
+        let flag = host_verdict(&HostFacts::gather()).ok()?;
+        Some(format!(
+            "forced usable for testing by --testing-force-microvm on KVM ({flag})"
+        ))
     }
 }
 

@@ -1,0 +1,213 @@
+#!/usr/bin/env bash
+# Runs real microVM sandboxes: the VMM's `--ignored` Linux boot tests and the daemon end to
+# end on `--backend microvm` (tests/microvm/job.sh).
+#
+# On a host whose /dev/kvm is hardware-backed the job runs directly. Elsewhere (no KVM, or the
+# software PVM flavour, as on our build machines) it runs inside an L1 guest under QEMU TCG
+# with emulated AMD SVM, whose kernel gives it a working nested /dev/kvm: Debian's stock
+# kernel, a busybox initramfs with the KVM and 9p modules (tests/microvm/l1-init.sh), the
+# host's root shared read-only over 9p and chrooted into, so the project's own binaries,
+# guest kernel and images run unchanged. Results come back over a second, writable 9p share.
+#
+# Usage: scripts/test-microvm.sh [--nested|--direct]
+# Environment: BELLJAR_MICROVM_TIMEOUT (seconds for the whole L1 run, default 900),
+# BELLJAR_MICROVM_REFRESH=1 (look for newer QEMU/kernel packages), BELLJAR_CACHE (images,
+# guest kernel), BELLJAR_MICROVM_CACHE (default $BELLJAR_CACHE/microvm-harness).
+# Output: progress and timings on stderr, the job's output, and a last line
+# `microvm job: N passed, M failed ...`; exit status 0 only when every test passed.
+set -euo pipefail
+here=$(cd "$(dirname "$0")/.." && pwd)
+cd "$here"
+. "$here/scripts/env.sh"
+. "$here/tests/microvm/fetch.sh"
+
+mv_cache="${BELLJAR_MICROVM_CACHE:-$BELLJAR_CACHE/microvm-harness}"
+apt_dir="$mv_cache/apt"
+limit="${BELLJAR_MICROVM_TIMEOUT:-900}"
+mkdir -p "$mv_cache"
+t_start=$(date +%s.%N)
+elapsed() { awk -v a="$1" -v b="$(date +%s.%N)" 'BEGIN { printf "%.1f", b - a }'; }
+timing() { printf 'timing: %-32s %6ss\n' "$1" "$2" >&2; }
+
+# Hardware KVM: /dev/kvm opens, the CPU has vmx or svm, and it is not PVM (the same facts
+# crates/daemon/src/sandbox/microvm.rs probes).
+hardware_kvm() {
+  [ -c /dev/kvm ] && { : < /dev/kvm; } 2> /dev/null &&
+    grep -qwE 'vmx|svm' /proc/cpuinfo && [ ! -e /sys/module/kvm_pvm ]
+}
+mode=auto
+case "${1:-}" in
+  --nested) mode=nested ;;
+  --direct) mode=direct ;;
+  "") ;;
+  *) echo "usage: $0 [--nested|--direct]" >&2; exit 2 ;;
+esac
+if [ "$mode" = auto ]; then
+  if hardware_kvm; then mode=direct; else mode=nested; fi
+fi
+
+# --- What the job runs: the binaries, the two test executables, the guest kernel and image.
+step "microVM tests: building the binaries and tests"
+t=$(date +%s.%N)
+cargo build --quiet -p belljard -p belljar-cli -p belljar-vmm -p belljar-agent --bins
+test_exe() {
+  cargo test --quiet -p "$1" --test "$2" --no-run --message-format=json |
+    jq -r 'select(.reason == "compiler-artifact" and .profile.test and .executable != null) | .executable'
+}
+tests="$(test_exe belljar-vmm linux_boot):$(test_exe belljar-e2e e2e_microvm)"
+guest_kernel=$(guest-images/kernel/build.sh | tail -1)
+[ -f "$BELLJAR_CACHE/images/base/current/rootfs.ext4" ] || {
+  echo "the base image is not built: run guest-images/build-all.sh" >&2
+  exit 1
+}
+timing "build (cargo, cached kernel)" "$(elapsed "$t")"
+
+bin_dir=$(dirname "$(dirname "${tests%%:*}")")
+job_env=(BELLJAR_JOB_BIN="$bin_dir" BELLJAR_JOB_TESTS="$tests" BELLJAR_CACHE="$BELLJAR_CACHE"
+  BELLJAR_KERNEL="$guest_kernel")
+run_dir="$mv_cache/run"
+rm -rf "$run_dir" && mkdir -p "$run_dir/results"
+
+finish() {
+  local status=$1 summary
+  summary=$(cat "$run_dir/results/summary" 2> /dev/null || echo "microvm job: no result")
+  timing "total ($mode)" "$(elapsed "$t_start")"
+  echo "$summary"
+  exit "$status"
+}
+
+if [ "$mode" = direct ]; then
+  step "microVM tests: hardware KVM, running the job directly"
+  status=0
+  env "${job_env[@]}" BELLJAR_RESULTS="$run_dir/results" bash tests/microvm/job.sh || status=$?
+  finish "$status"
+fi
+
+# --- Nested: QEMU, the L1 kernel and its initramfs, all cached by their inputs.
+step "microVM tests: no hardware KVM here, running them nested in a QEMU-TCG guest"
+t=$(date +%s.%N)
+qemu_note=""
+if [ -z "${BELLJAR_MICROVM_REFRESH:-}" ] && [ -s "$mv_cache/qemu.version" ] &&
+  [ -s "$mv_cache/kernel.version" ] &&
+  [ -d "$mv_cache/$(cut -d' ' -f2 "$mv_cache/kernel.version")/root" ]; then
+  use_qemu "$mv_cache/$(cut -d' ' -f2 "$mv_cache/qemu.version")"
+  l1_kernel_version=$(cut -d' ' -f1 "$mv_cache/kernel.version")
+  l1_kernel_root="$mv_cache/$(cut -d' ' -f2 "$mv_cache/kernel.version")/root"
+else
+  apt_setup
+  fetch_kernel || { echo "cannot fetch Debian's linux-image-amd64" >&2; exit 1; }
+  if ! fetch_qemu; then
+    rm -f "$mv_cache/qemu.version"
+  fi
+fi
+if [ -n "${qemu_bin:-}" ] && [ -x "$qemu_bin" ]; then
+  # Its own loadable modules, never the system QEMU's (those refuse to load into another build).
+  qemu=(env LD_LIBRARY_PATH="$qemu_libs" QEMU_MODULE_DIR="$qemu_libs/qemu" "$qemu_bin" -L "$qemu_data")
+  qemu_note="QEMU $(cut -d' ' -f1 "$mv_cache/qemu.version") (backports, unpacked)"
+  tries=1
+else
+  # Debian 12's QEMU 7.2 crashes L1 in about one nested boot of six: allow one retry.
+  qemu=(qemu-system-x86_64)
+  qemu_note="system QEMU ($(qemu-system-x86_64 --version | head -1)); QEMU from backports was unavailable, so a crashed L1 run is retried once"
+  tries=2
+fi
+echo "L1: $qemu_note; kernel $l1_kernel_version" >&2
+
+# The initramfs: busybox, the init script and the modules KVM (nested SVM) and 9p need, in
+# dependency order from modules.dep.
+kver=$(ls "$l1_kernel_root/lib/modules" | head -1)
+busybox_version=$(dpkg-query -W -f='${Version}' busybox-static 2> /dev/null || /bin/busybox | head -1)
+key=$( { echo "$l1_kernel_version"; echo "$busybox_version"; cat tests/microvm/l1-init.sh; } | sha256sum | cut -c1-16)
+initrd="$mv_cache/initramfs-$key.cpio.gz"
+if [ ! -f "$initrd" ]; then
+  moddir="$l1_kernel_root/lib/modules/$kver"
+  declare -A seen=()
+  order=()
+  visit() {
+    local m=$1 d
+    [ -n "${seen[$m]:-}" ] && return
+    seen[$m]=1
+    for d in $(awk -v m="$m" -F': *' '$1 == m { print $2 }' "$moddir/modules.dep"); do visit "$d"; done
+    order+=("$m")
+  }
+  for name in kvm-amd 9p 9pnet_virtio virtio_pci; do
+    m=$(awk -F: -v n="$name" '{ f = $1; sub(/.*\//, "", f); sub(/\.ko(\.[a-z]+)?$/, "", f); if (f == n) { print $1; exit } }' "$moddir/modules.dep")
+    if [ -z "$m" ]; then
+      grep -q "/$name.ko" "$moddir/modules.builtin" || { echo "module $name not found" >&2; exit 1; }
+      continue
+    fi
+    visit "$m"
+  done
+  ird=$(mktemp -d)
+  mkdir -p "$ird/bin" "$ird/lib/modules" "$ird/proc" "$ird/sys" "$ird/dev"
+  # The kernel opens /dev/console for init before init can mount devtmpfs.
+  mknod "$ird/dev/console" c 5 1 2> /dev/null || true
+  cp /bin/busybox "$ird/bin/busybox"
+  cp tests/microvm/l1-init.sh "$ird/init"
+  chmod +x "$ird/init"
+  for m in "${order[@]}"; do
+    base=$(basename "$m")
+    case "$base" in
+      *.ko.xz) xz -dc "$moddir/$m" > "$ird/lib/modules/${base%.xz}"; base=${base%.xz} ;;
+      *.ko.zst) zstd -qdc "$moddir/$m" > "$ird/lib/modules/${base%.zst}"; base=${base%.zst} ;;
+      *) cp "$moddir/$m" "$ird/lib/modules/$base" ;;
+    esac
+    echo "$base" >> "$ird/modules.order"
+  done
+  (cd "$ird" && find . | cpio --quiet -o -H newc | gzip -1 > "$initrd.tmp")
+  mv "$initrd.tmp" "$initrd"
+  rm -rf "$ird"
+  echo "L1 initramfs: ${#order[@]} modules -> $initrd" >&2
+fi
+timing "L1 tools (cached by version)" "$(elapsed "$t")"
+
+# --- The L1 run, under a hard timeout.
+{
+  echo "JOB_SCRIPT=$here/tests/microvm/job.sh"
+  printf 'JOB_ENV="%s"\n' "${job_env[*]}"
+} > "$run_dir/results/job.env"
+console="$run_dir/console.log"
+run_l1() {
+  rm -f "$run_dir/results/summary" "$run_dir/results/status"
+  : > "$console"
+  local t=$(date +%s.%N) rc=0
+  timeout -k 10 "$limit" "${qemu[@]}" 2> "$run_dir/qemu.log" \
+    -accel tcg,thread=multi -M q35 -cpu EPYC,+svm,+npt -smp 2 -m 3072 \
+    -kernel "$l1_kernel_root/boot/vmlinuz-$kver" -initrd "$initrd" \
+    -append "console=ttyS0 panic=-1 mitigations=off loglevel=4" \
+    -display none -vga none -nic none -audio none -no-reboot -monitor none -serial "file:$console" \
+    -virtfs local,path=/,mount_tag=hostroot,security_model=none,readonly=on,multidevs=remap \
+    -virtfs "local,path=$run_dir/results,mount_tag=results,security_model=none" || rc=$?
+  timing "L1 run (boot + job)" "$(elapsed "$t")"
+  grep -o 'belljar-l1: chroot ready after [0-9.]*s' "$console" | sed 's/.*after /timing: L1 boot to chroot (guest uptime) /' >&2 || true
+  grep -v "TCG doesn't support requested feature" "$run_dir/qemu.log" >&2 || true
+  if [ "$rc" = 124 ] || [ "$rc" = 137 ]; then
+    echo "L1 run timed out after ${limit}s (BELLJAR_MICROVM_TIMEOUT)" >&2
+    return 2
+  fi
+  # The job's output (interleaved with L1's kernel messages) from the console.
+  sed -n '/belljar-l1: chroot ready/,$p' "$console"
+  grep -q '^BELLJAR-L1-STATUS=' "$console" || return 2
+  return 0
+}
+
+attempt=1
+while :; do
+  step "microVM tests: L1 run $attempt of at most $tries (timeout ${limit}s, console $console)"
+  crashed=0
+  run_l1 || crashed=1
+  if [ "$crashed" = 0 ] || [ "$attempt" -ge "$tries" ]; then break; fi
+  echo "L1 ended without a job status (QEMU 7.2's nested crash?); console tail:" >&2
+  tail -n 30 "$console" >&2
+  attempt=$((attempt + 1))
+done
+
+status=$(cat "$run_dir/results/status" 2> /dev/null ||
+  sed -n 's/^BELLJAR-L1-STATUS=\([0-9]*\).*/\1/p' "$console" | tail -1)
+if [ "${status:-x}" != 0 ]; then
+  echo "microVM job failed (status ${status:-none}); console tail:" >&2
+  tail -n 80 "$console" >&2
+  [ "$crashed" = 1 ] && status=1
+fi
+echo "L1: $qemu_note" >&2
+finish "${status:-1}"
