@@ -1,8 +1,7 @@
 #!/usr/bin/env bash
 # Sets up everything (scripts/setup.sh) and runs every test: formatting and lints, the Rust
 # workspace (unit, KVM tiny-guest, QEMU boot, namespace escape and end-to-end tests), and the
-# UI in a real browser and in the real desktop app, then real microVM sandboxes
-# (scripts/test-microvm.sh).
+# UI in a real browser and in the real desktop app.
 set -euo pipefail
 here=$(cd "$(dirname "$0")/.." && pwd)
 cd "$here"
@@ -23,6 +22,3 @@ if [ -x tests/ui/run.sh ]; then
   step "UI tests (Playwright in Chromium, WebDriver in the desktop app)"
   tests/ui/run.sh
 fi
-
-step "microVM tests (scripts/test-microvm.sh: nested KVM in a QEMU-TCG guest here)"
-BELLJAR_MICROVM_TIMEOUT="${BELLJAR_MICROVM_TIMEOUT:-720}" scripts/test-microvm.sh

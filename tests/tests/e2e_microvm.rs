@@ -108,7 +108,10 @@ fn create_exec_files_and_stop() {
             back.as_os_str(),
         ]);
         assert!(down.status.success(), "download {name}: {}", stderr(&down));
-        assert!(same_file(&l(name), &back), "{name} changed in the round trip");
+        assert!(
+            same_file(&l(name), &back),
+            "{name} changed in the round trip"
+        );
         eprintln!("microvm: {name} round trip {:?}", t.elapsed());
     }
     let out = d.cli(["exec", &id, "--", "sha256sum", "/tmp/binary.bin"]);

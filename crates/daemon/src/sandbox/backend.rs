@@ -306,7 +306,10 @@ mod tests {
         assert_eq!(chosen.kind(), BackendKind::Namespace);
         let (chosen, reason) = b.choose(BackendChoice::Microvm).unwrap();
         assert_eq!(chosen.kind(), BackendKind::Microvm);
-        assert!(reason.contains("for testing") && reason.contains("nested KVM"), "{reason}");
+        assert!(
+            reason.contains("for testing") && reason.contains("nested KVM"),
+            "{reason}"
+        );
         // `GET /v1/info` still reports the probe's verdict.
         assert!(!b.info()[0].available);
     }
