@@ -9,7 +9,7 @@
 use std::io::{self, Read, Write};
 use std::os::unix::ffi::OsStrExt;
 use std::os::unix::fs::lchown;
-use std::path::{Path, PathBuf};
+use std::path::{Component, Path, PathBuf};
 use std::sync::atomic::Ordering;
 
 use bytes::Bytes;
@@ -256,11 +256,23 @@ fn extract(reader: impl Read, staging: &Path, owner: Owner) -> Result<(), AgentE
         if entry.unpack_in(staging).map_err(bad)?
             && let Some((uid, gid)) = owner
         {
-            let target = staging.join(&rel);
+            let target = unpacked_path(staging, &rel);
             lchown(&target, Some(uid), Some(gid)).map_err(err(&target))?;
         }
     }
     Ok(())
+}
+
+/// Where `unpack_in` put an entry named `rel`: its plain components under `dir`, the way the
+/// tar crate drops a leading `/` and `.` (entries with `..` are not unpacked at all). Never
+/// `dir.join(rel)`, which for an absolute name is the name itself, outside `dir`.
+fn unpacked_path(dir: &Path, rel: &Path) -> PathBuf {
+    let mut target = dir.to_path_buf();
+    target.extend(rel.components().filter_map(|c| match c {
+        Component::Normal(part) => Some(part),
+        _ => None,
+    }));
+    target
 }
 
 /// Moves everything in `from` into `to`: into existing directories (never through a
