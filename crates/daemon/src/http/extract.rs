@@ -1,11 +1,16 @@
 //! Extractors whose rejections are our own errors naming the field, instead of axum's plain
 //! text ones, and which check every body and query against its bounds
-//! ([`belljar_api::limits`]) before a handler sees it.
+//! ([`belljar_api::limits`]) before a handler sees it; and a layer that gives the rejections
+//! axum still makes on its own the same error shape.
 
+use axum::Json;
 use axum::extract::{FromRequest, FromRequestParts, Path, Query, Request};
+use axum::http::StatusCode;
 use axum::http::request::Parts;
-use belljar_api::Validate;
+use axum::middleware::Next;
+use axum::response::{IntoResponse, Response};
 use belljar_api::limits::MAX_JSON_BODY;
+use belljar_api::{ErrorBody, Validate, codes};
 use http_body_util::{BodyExt, LengthLimitError, Limited};
 use serde::de::DeserializeOwned;
 
@@ -91,6 +96,45 @@ impl<T: DeserializeOwned + Send, S: Send + Sync> FromRequestParts<S> for ApiPath
             .map(|Path(p)| ApiPath(p))
             .map_err(|e| ApiError::BadRequest(format!("path: {}", e.body_text())))
     }
+}
+
+/// Turns the plain-text answers axum makes on its own under `/v1` (a path segment that is
+/// not UTF-8 once decoded, a WebSocket route asked without an upgrade, a method the route
+/// does not have) into `{"error":{"code","message"}}` with the same status. Answers that are
+/// already JSON, and everything outside the API (the web UI), pass unchanged.
+pub async fn json_rejections(req: Request, next: Next) -> Response {
+    let path = req.uri().path();
+    let api = path == "/v1" || path.starts_with("/v1/");
+    let resp = next.run(req).await;
+    let status = resp.status();
+    let is_json = resp
+        .headers()
+        .get(axum::http::header::CONTENT_TYPE)
+        .is_some_and(|ct| ct.as_bytes().starts_with(b"application/json"));
+    if !api || is_json || !(status.is_client_error() || status.is_server_error()) {
+        return resp;
+    }
+    let code = match status {
+        StatusCode::UNAUTHORIZED => codes::UNAUTHORIZED,
+        StatusCode::FORBIDDEN => codes::FORBIDDEN,
+        StatusCode::NOT_FOUND => codes::NOT_FOUND,
+        s if s.is_server_error() => codes::INTERNAL,
+        _ => codes::BAD_REQUEST,
+    };
+    // axum's rejection texts are one short line; a longer body is not one of them.
+    let text = axum::body::to_bytes(resp.into_body(), 4096)
+        .await
+        .unwrap_or_default();
+    let text = String::from_utf8_lossy(&text).trim().to_owned();
+    let message = if text.is_empty() {
+        status
+            .canonical_reason()
+            .unwrap_or("Bad request")
+            .to_owned()
+    } else {
+        text
+    };
+    (status, Json(ErrorBody::new(code, message))).into_response()
 }
 
 #[cfg(test)]

@@ -57,5 +57,6 @@ pub fn router(state: AppState) -> Router {
     let (api, _document) = api_router().split_for_parts();
     api.merge(ui::router())
         .fallback(ui::fallback)
+        .layer(axum::middleware::from_fn(extract::json_rejections))
         .with_state(state)
 }
