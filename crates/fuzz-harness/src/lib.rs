@@ -1,0 +1,34 @@
+//! The bodies of Belljar's fuzz targets, one module per parser that a guest or a client can
+//! reach.
+//!
+//! They live in a normal workspace crate (not in `fuzz/`, which needs nightly and
+//! libFuzzer) so that `cargo test` replays every committed corpus file through exactly the
+//! code the fuzzer runs: a crash once found stays found. Each module's `run` takes the raw
+//! fuzz input, never panics on behalf of the input, and panics (the fuzzer's "crash") when
+//! the code under test panics or breaks one of the invariants the module checks.
+#![forbid(unsafe_code)]
+
+pub mod agent_answer;
+pub mod agent_request;
+pub mod daemon;
+pub mod daemon_body;
+pub mod daemon_query;
+pub mod input;
+pub mod tar_upload;
+pub mod virtio_blk_chain;
+pub mod virtqueue;
+pub mod vsock_chain;
+
+/// A target's body: takes one fuzz input.
+pub type Harness = fn(&[u8]);
+
+/// Every target by the name of its `fuzz/fuzz_targets/<name>.rs` and corpus directory.
+pub const TARGETS: &[(&str, Harness)] = &[
+    ("virtio_blk_chain", virtio_blk_chain::run),
+    ("vsock_chain", vsock_chain::run),
+    ("agent_request", agent_request::run),
+    ("agent_answer", agent_answer::run),
+    ("tar_upload", tar_upload::run),
+    ("daemon_body", daemon_body::run),
+    ("daemon_query", daemon_query::run),
+];
