@@ -58,4 +58,8 @@ for t in "${targets[@]}"; do
     rate=$(sed -n 's/^stat::average_exec_per_sec: *//p' "$work/log" | tail -1)
     crashes=$(($(ls "fuzz/artifacts/$t" | wc -l) - before))
     printf '%-18s %12s %9s %8s %8s %8s\n' "$t" "${execs:-?}" "${rate:-?}" "$cpu" "$wall" "$crashes"
+    # Scratch directories of fuzzers that are gone (the harnesses name them by pid).
+    for d in /tmp/belljar-fuzz-*-[0-9]*; do
+        if [[ -d "$d" ]] && ! kill -0 "${d##*-}" 2>/dev/null; then rm -rf "$d"; fi
+    done
 done

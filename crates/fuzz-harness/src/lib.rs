@@ -32,3 +32,15 @@ pub const TARGETS: &[(&str, Harness)] = &[
     ("daemon_body", daemon_body::run),
     ("daemon_query", daemon_query::run),
 ];
+
+/// Removes the scratch directories this process's harnesses made under the temporary
+/// directory (they live as long as the process, which for a fuzzer is the whole run).
+pub fn remove_scratch() {
+    let pid = std::process::id();
+    for kind in ["blk", "vsock", "agent", "home"] {
+        let _ = std::fs::remove_dir_all(
+            std::env::temp_dir().join(format!("belljar-fuzz-{kind}-{pid}")),
+        );
+    }
+    let _ = std::fs::remove_dir_all(tar_upload::BASE);
+}

@@ -23,5 +23,6 @@ fn every_corpus_file_replays_without_a_crash() {
             total += 1;
         }
     }
+    belljar_fuzz_harness::remove_scratch();
     assert!(total >= belljar_fuzz_harness::TARGETS.len());
 }
