@@ -1,0 +1,265 @@
+//! End to end through the HTTP API on the namespace backend: what a hostile or careless
+//! sandbox user can do to the files API and to the agent behind it — FIFOs, devices and
+//! `/proc` files, busy mounts, moving `/`, directories of 200 000 entries, and filling
+//! RAM-backed `/tmp` or the whole memory limit — leaves the daemon bounded and the sandbox
+//! `running` with a working agent.
+
+use std::time::Duration;
+
+use belljar_api::{Command, CreateSandbox, FileList, RunCommand, Sandbox, SandboxStatus};
+use belljar_cli::client::{self, Client};
+use belljar_cli::exec::log_bytes;
+use belljar_cli::ndjson::Lines;
+use belljar_cli::query::with_query;
+use belljar_e2e::{Daemon, get_bytes};
+use http::Method;
+use http_body_util::BodyExt;
+
+/// Long enough for any answer here; a hang (the FIFO defect) fails instead of blocking CI.
+const DEADLINE: Duration = Duration::from_secs(60);
+
+async fn sh(c: &Client, id: &str, script: &str) -> Command {
+    let req = RunCommand {
+        argv: vec!["sh".into(), "-c".into(), script.into()],
+        sudo: true,
+        ..Default::default()
+    };
+    c.call(Method::POST, &format!("/v1/sandboxes/{id}/commands"), &req)
+        .await
+        .expect("run command")
+}
+
+/// Stdout and stderr of a finished command.
+async fn output(c: &Client, id: &str, cmd: &str) -> (String, String) {
+    let path = format!("/v1/sandboxes/{id}/commands/{cmd}/logs");
+    let resp = c
+        .request(Method::GET, &path, client::empty(), None)
+        .await
+        .expect("logs");
+    let mut lines = Lines::new(resp.into_body());
+    let (mut out, mut err) = (Vec::new(), Vec::new());
+    while let Some(line) = lines.next::<belljar_api::LogLine>().await.unwrap() {
+        match line.stream {
+            belljar_api::Stream::Stdout => out.extend(log_bytes(&line)),
+            belljar_api::Stream::Stderr => err.extend(log_bytes(&line)),
+        }
+    }
+    (
+        String::from_utf8_lossy(&out).into_owned(),
+        String::from_utf8_lossy(&err).into_owned(),
+    )
+}
+
+/// Status and error code of a request, within [`DEADLINE`].
+async fn status_of(c: &Client, method: Method, path: &str, body: Option<&str>) -> (u16, String) {
+    let body = match body {
+        Some(b) => client::full(b.to_owned()),
+        None => client::empty(),
+    };
+    let ct = body_type(method.clone());
+    let send = c.request(method, path, body, ct);
+    let resp = match tokio::time::timeout(DEADLINE, send).await.expect("answer") {
+        Ok(resp) => resp,
+        Err(client::ClientError::Api { status, code, .. }) => return (status, code),
+        Err(e) => panic!("{path}: {e}"),
+    };
+    let status = resp.status().as_u16();
+    let bytes = resp.into_body().collect().await.unwrap().to_bytes();
+    let code = serde_json::from_slice::<serde_json::Value>(&bytes)
+        .ok()
+        .and_then(|v| v["error"]["code"].as_str().map(str::to_owned))
+        .unwrap_or_default();
+    (status, code)
+}
+
+fn body_type(method: Method) -> Option<&'static str> {
+    (method == Method::POST).then_some("application/json")
+}
+
+fn vm_rss_kib(pid: i32) -> u64 {
+    let status = std::fs::read_to_string(format!("/proc/{pid}/status")).unwrap();
+    status
+        .lines()
+        .find_map(|l| l.strip_prefix("VmRSS:"))
+        .and_then(|v| v.trim().trim_end_matches("kB").trim().parse().ok())
+        .unwrap()
+}
+
+async fn still_running(c: &Client, d: &Daemon, id: &str) {
+    let s: Sandbox = c.get(&format!("/v1/sandboxes/{id}")).await.unwrap();
+    assert_eq!(s.status, SandboxStatus::Running, "{}", d.log());
+    let cmd = sh(c, id, "echo alive").await;
+    assert_eq!(cmd.exit_code, Some(0));
+    assert_eq!(output(c, id, &cmd.id).await.0, "alive\n");
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn special_files_busy_mounts_and_moving_root_get_their_own_codes() {
+    let d = Daemon::start();
+    let c = d.http();
+    let s = d.create(&c, CreateSandbox::default()).await;
+    let files = format!("/v1/sandboxes/{}/files", s.id);
+    let get = |path: &str| with_query(&files, &[("path", Some(path.to_owned()))]);
+    assert_eq!(
+        sh(&c, &s.id, "mkfifo /workspace/fifo").await.exit_code,
+        Some(0)
+    );
+
+    // A FIFO used to hang the request and an agent thread for ever; several at once.
+    let fifo = get("/workspace/fifo");
+    let reads: Vec<_> = (0..6)
+        .map(|_| status_of(&c, Method::GET, &fifo, None))
+        .collect();
+    for r in futures::future::join_all(reads).await {
+        assert_eq!(r, (400, "not_a_regular_file".to_owned()));
+    }
+    for device in ["/dev/zero", "/dev/null"] {
+        assert_eq!(
+            status_of(&c, Method::GET, &get(device), None).await,
+            (400, "not_a_regular_file".to_owned()),
+            "{device}"
+        );
+    }
+
+    // /proc files say they are empty; their contents come through.
+    let cpuinfo = get_bytes(&c, &get("/proc/cpuinfo")).await;
+    assert!(
+        String::from_utf8_lossy(&cpuinfo).contains("processor"),
+        "{} bytes",
+        cpuinfo.len()
+    );
+
+    // A mount point cannot be removed: busy, not an internal error.
+    let rm = with_query(&files, &[("path", Some("/proc".into()))]);
+    assert_eq!(
+        status_of(&c, Method::DELETE, &rm, None).await,
+        (409, "busy".to_owned())
+    );
+    let mv = format!("{files}/move");
+    assert_eq!(
+        status_of(
+            &c,
+            Method::POST,
+            &mv,
+            Some(r#"{"from":"/","to":"/workspace/root"}"#)
+        )
+        .await,
+        (400, "invalid_path".to_owned())
+    );
+    still_running(&c, &d, &s.id).await;
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn a_directory_of_200k_entries_lists_in_pages_in_bounded_daemon_memory() {
+    let d = Daemon::start();
+    let c = d.http();
+    let s = d.create(&c, CreateSandbox::default()).await;
+    let count = 200_000;
+    let made = sh(
+        &c,
+        &s.id,
+        &format!("mkdir /workspace/big && cd /workspace/big && seq -f 'file-%06g' 1 {count} | xargs touch"),
+    )
+    .await;
+    assert_eq!(
+        made.exit_code,
+        Some(0),
+        "{:?}",
+        output(&c, &s.id, &made.id).await
+    );
+    let list = format!("/v1/sandboxes/{}/files/list", s.id);
+    let page_url = |limit: Option<u32>, cursor: Option<String>| {
+        with_query(
+            &list,
+            &[
+                ("path", Some("/workspace/big".to_owned())),
+                ("limit", limit.map(|l| l.to_string())),
+                ("cursor", cursor),
+            ],
+        )
+    };
+
+    let rss_before = vm_rss_kib(d.pid());
+    // Four at once: the load that used to make the agent the OOM killer's choice.
+    let first = page_url(None, None);
+    let firsts = (0..4).map(|_| c.get::<FileList>(&first));
+    for page in futures::future::join_all(firsts).await {
+        let page = page.unwrap();
+        assert_eq!(page.entries.len(), 1000, "the default page");
+        assert!(page.next_cursor.is_some());
+    }
+
+    let mut seen = 0;
+    let mut last = String::new();
+    let mut cursor = None;
+    loop {
+        let page: FileList = c.get(&page_url(Some(5000), cursor)).await.unwrap();
+        assert!(page.entries.len() <= 5000);
+        for e in &page.entries {
+            assert!(e.name > last, "{} after {last}", e.name);
+            last.clone_from(&e.name);
+        }
+        seen += page.entries.len();
+        match page.next_cursor {
+            Some(next) => cursor = Some(next),
+            None => break,
+        }
+    }
+    assert_eq!(seen, count);
+    let rss_after = vm_rss_kib(d.pid());
+    eprintln!(
+        "daemon VmRSS {rss_before} KiB before, {rss_after} KiB after listing {count} entries"
+    );
+    assert!(
+        rss_after < rss_before + 64 * 1024,
+        "the daemon grew from {rss_before} to {rss_after} KiB"
+    );
+
+    for bad in [page_url(Some(0), None), page_url(Some(5001), None)] {
+        assert_eq!(
+            status_of(&c, Method::GET, &bad, None).await,
+            (400, "bad_request".to_owned())
+        );
+    }
+    still_running(&c, &d, &s.id).await;
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn filling_tmp_or_memory_kills_the_command_not_the_agent() {
+    let d = Daemon::start();
+    let c = d.http();
+    let req = CreateSandbox {
+        memory_mib: Some(256),
+        ..Default::default()
+    };
+    let s = d.create(&c, req).await;
+
+    if nix::unistd::geteuid().is_root() {
+        // Only a root daemon holds the host capability that lowering the score needs.
+        let cmd = sh(
+            &c,
+            &s.id,
+            "cat /proc/1/oom_score_adj /proc/self/oom_score_adj",
+        )
+        .await;
+        assert_eq!(output(&c, &s.id, &cmd.id).await.0, "-1000\n0\n");
+    }
+
+    // /tmp is half the memory limit: the writer gets ENOSPC long before the limit.
+    let fill = sh(
+        &c,
+        &s.id,
+        "dd if=/dev/zero of=/tmp/big bs=1M count=2048; df -k /tmp | tail -1",
+    )
+    .await;
+    let (out, err) = output(&c, &s.id, &fill.id).await;
+    assert!(err.contains("No space left"), "{err}");
+    let size_kib: u64 = out.split_whitespace().nth(1).unwrap().parse().unwrap();
+    assert!(size_kib <= 128 * 1024, "/tmp is {size_kib} KiB");
+    still_running(&c, &d, &s.id).await;
+
+    // Using the whole memory limit: the OOM killer takes the command.
+    let hog = sh(&c, &s.id, "tail /dev/zero").await;
+    assert_eq!(hog.signal, Some(9), "{hog:?}\n{}", d.log());
+    still_running(&c, &d, &s.id).await;
+}
