@@ -58,6 +58,9 @@ fn mount_fs(
 }
 
 /// /proc, /sys, /dev, /dev/pts, /dev/shm, /tmp and /run, as a microVM's init mounts them.
+/// The VM's RAM is the sandbox's memory limit and tmpfs pages cannot be swapped out, so `/tmp`
+/// gets half of it and `/dev/shm` a quarter: a writer that fills them gets ENOSPC while the
+/// agent and the commands keep memory to run (the namespace backend sizes them the same way).
 fn mount_pseudo() -> Result<(), SystemError> {
     let secure = MsFlags::MS_NOSUID | MsFlags::MS_NODEV | MsFlags::MS_NOEXEC;
     mount_fs("proc", "/proc", "proc", secure, None)?;
@@ -81,14 +84,14 @@ fn mount_pseudo() -> Result<(), SystemError> {
         "/dev/shm",
         "tmpfs",
         MsFlags::MS_NOSUID | MsFlags::MS_NODEV,
-        Some("mode=1777"),
+        Some("mode=1777,size=25%"),
     )?;
     mount_fs(
         "tmpfs",
         "/tmp",
         "tmpfs",
         MsFlags::MS_NOSUID | MsFlags::MS_NODEV,
-        Some("mode=1777"),
+        Some("mode=1777,size=50%"),
     )?;
     mount_fs(
         "tmpfs",
