@@ -85,6 +85,17 @@ fn vm_rss_kib(pid: i32) -> u64 {
         .unwrap()
 }
 
+/// Whether `pid` may lower OOM scores: bit 24 (CAP_SYS_RESOURCE) of its effective set.
+fn has_cap_sys_resource(pid: i32) -> bool {
+    let status = std::fs::read_to_string(format!("/proc/{pid}/status")).unwrap();
+    let eff = status
+        .lines()
+        .find_map(|l| l.strip_prefix("CapEff:"))
+        .and_then(|v| u64::from_str_radix(v.trim(), 16).ok())
+        .unwrap();
+    eff & (1 << 24) != 0
+}
+
 async fn still_running(c: &Client, d: &Daemon, id: &str) {
     let s: Sandbox = c.get(&format!("/v1/sandboxes/{id}")).await.unwrap();
     assert_eq!(s.status, SandboxStatus::Running, "{}", d.log());
@@ -234,16 +245,21 @@ async fn filling_tmp_or_memory_kills_the_command_not_the_agent() {
     };
     let s = d.create(&c, req).await;
 
-    if nix::unistd::geteuid().is_root() {
-        // Only a root daemon holds the host capability that lowering the score needs.
-        let cmd = sh(
-            &c,
-            &s.id,
-            "cat /proc/1/oom_score_adj /proc/self/oom_score_adj",
-        )
-        .await;
-        assert_eq!(output(&c, &s.id, &cmd.id).await.0, "-1000\n0\n");
-    }
+    // Commands always score above the agent: 0 against its -1000 when the host may lower
+    // scores (CAP_SYS_RESOURCE), else the agent keeps its 0 and commands get 1000.
+    let cmd = sh(
+        &c,
+        &s.id,
+        "cat /proc/1/oom_score_adj /proc/self/oom_score_adj",
+    )
+    .await;
+    let scores = output(&c, &s.id, &cmd.id).await.0;
+    let want = if has_cap_sys_resource(d.pid()) {
+        "-1000\n0\n"
+    } else {
+        "0\n1000\n"
+    };
+    assert_eq!(scores, want);
 
     // /tmp is half the memory limit: the writer gets ENOSPC long before the limit.
     let fill = sh(
@@ -259,7 +275,7 @@ async fn filling_tmp_or_memory_kills_the_command_not_the_agent() {
     still_running(&c, &d, &s.id).await;
 
     // Using the whole memory limit: the OOM killer takes the command.
-    let hog = sh(&c, &s.id, "tail /dev/zero").await;
+    let hog = sh(&c, &s.id, "exec tail /dev/zero").await;
     assert_eq!(hog.signal, Some(9), "{hog:?}\n{}", d.log());
     still_running(&c, &d, &s.id).await;
 }

@@ -285,27 +285,42 @@ pub fn init(config: &Config) -> Result<(), SystemError> {
 
 /// Takes the agent out of the OOM killer's choice: when the sandbox runs out of memory, a
 /// command must die, not PID 1, whose death ends the sandbox. In a microVM the agent may set
-/// this itself; in a namespace sandbox only the host may lower it (the backend does, before
-/// the agent starts), so this then only confirms it.
+/// this itself; in a namespace sandbox only a host holding CAP_SYS_RESOURCE may lower it (the
+/// backend does, before the agent starts), so this then only confirms it. Where nobody could
+/// lower it, commands are raised to the maximum instead (which needs no privilege), so that
+/// they are still chosen before the agent.
 fn protect_from_oom() {
     const PATH: &str = "/proc/self/oom_score_adj";
-    match std::fs::write(PATH, "-1000") {
-        Ok(()) => OOM_PROTECTED.store(true, std::sync::atomic::Ordering::Relaxed),
+    let state = match std::fs::write(PATH, "-1000") {
+        Ok(()) => OOM_AGENT_PROTECTED,
         Err(e) => {
             let now = std::fs::read_to_string(PATH).unwrap_or_default();
             tracing::warn!(
-                "cannot protect the agent from the OOM killer ({e}); oom_score_adj is {}",
+                "cannot protect the agent from the OOM killer ({e}); oom_score_adj is {}; \
+                 commands get 1000 instead",
                 now.trim()
             );
+            OOM_COMMANDS_RAISED
         }
-    }
+    };
+    OOM_STATE.store(state, std::sync::atomic::Ordering::Relaxed);
 }
 
-static OOM_PROTECTED: std::sync::atomic::AtomicBool = std::sync::atomic::AtomicBool::new(false);
+const OOM_UNTOUCHED: u8 = 0;
+const OOM_AGENT_PROTECTED: u8 = 1;
+const OOM_COMMANDS_RAISED: u8 = 2;
 
-/// Whether the agent is protected from the OOM killer, so its commands must be unprotected.
-pub fn oom_protected() -> bool {
-    OOM_PROTECTED.load(std::sync::atomic::Ordering::Relaxed)
+static OOM_STATE: std::sync::atomic::AtomicU8 = std::sync::atomic::AtomicU8::new(OOM_UNTOUCHED);
+
+/// The `oom_score_adj` every command must start with, so that the OOM killer picks commands
+/// before the agent: `0` when the agent is at -1000, `1000` when it could not be lowered, and
+/// none (inherit) when the agent is not the sandbox's init.
+pub fn command_oom_score() -> Option<&'static [u8]> {
+    match OOM_STATE.load(std::sync::atomic::Ordering::Relaxed) {
+        OOM_AGENT_PROTECTED => Some(b"0"),
+        OOM_COMMANDS_RAISED => Some(b"1000"),
+        _ => None,
+    }
 }
 
 /// Ends the sandbox as its mode wants: a microVM's init stops every process, syncs and powers

@@ -82,7 +82,7 @@ pub fn spawn(spec: &Spec<'_>) -> io::Result<Spawned> {
     let (uid, gid) = (spec.user.uid, spec.user.gid);
     let switch_user = spec.switch_user;
     let pty = spec.pty.is_some();
-    let reset_oom = crate::system::oom_protected();
+    let oom_score = crate::system::command_oom_score();
     let setup = move || -> io::Result<()> {
         // SAFETY: only async-signal-safe syscalls on memory (`groups`, `cwd`) that was
         // allocated before the fork and is not touched by anyone else in the child.
@@ -94,14 +94,15 @@ pub fn spawn(spec: &Spec<'_>) -> io::Result<Spawned> {
                 return Err(io::Error::last_os_error());
             }
             // Commands inherit the agent's -1000; they must be the OOM killer's choice, not
-            // immune like the agent. Raising the score needs no privilege, but it must happen
-            // before the user switch makes /proc/self root's.
-            if reset_oom {
+            // immune like the agent (see `system::command_oom_score`). Raising the score needs
+            // no privilege, but it must happen before the user switch makes /proc/self root's.
+            if let Some(score) = oom_score {
                 let fd = libc::open(
                     c"/proc/self/oom_score_adj".as_ptr(),
                     libc::O_WRONLY | libc::O_CLOEXEC,
                 );
-                if fd < 0 || libc::write(fd, b"0".as_ptr().cast::<libc::c_void>(), 1) < 0 {
+                if fd < 0 || libc::write(fd, score.as_ptr().cast::<libc::c_void>(), score.len()) < 0
+                {
                     return Err(io::Error::last_os_error());
                 }
                 libc::close(fd);
