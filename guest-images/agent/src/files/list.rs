@@ -65,20 +65,24 @@ fn page(p: PathBuf, limit: usize, after: Option<Vec<u8>>) -> Result<FileListPage
     if !meta.is_dir() {
         return Err(AgentError::NotADirectory(p.display().to_string()));
     }
-    // A max-heap of the smallest names seen so far: the largest is dropped whenever the heap
-    // grows past the page, so it never holds more than `limit + 1` names.
-    let mut smallest: BinaryHeap<Vec<u8>> = BinaryHeap::with_capacity(limit + 1);
+    // A max-heap of the smallest names seen so far, never more than `limit` of them: once it
+    // is full, a smaller name replaces the largest.
+    let mut smallest: BinaryHeap<Vec<u8>> = BinaryHeap::with_capacity(limit);
     let mut more = false;
     for dirent in std::fs::read_dir(&p).map_err(err(&p))? {
         let name = dirent.map_err(err(&p))?.file_name().into_vec();
         if after.as_ref().is_some_and(|a| name <= *a) {
             continue;
         }
-        smallest.push(name);
-        if smallest.len() > limit {
-            smallest.pop();
+        if smallest.len() == limit {
             more = true;
+            // Most names of a big directory fall behind a full page: one comparison each.
+            if smallest.peek().is_some_and(|largest| name >= *largest) {
+                continue;
+            }
+            smallest.pop();
         }
+        smallest.push(name);
     }
     let names = smallest.into_sorted_vec();
     let mut entries = Vec::with_capacity(names.len());
