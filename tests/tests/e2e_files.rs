@@ -4,6 +4,7 @@
 //! RAM-backed `/tmp` or the whole memory limit — leaves the daemon bounded and the sandbox
 //! `running` with a working agent.
 
+use std::path::Path;
 use std::time::Duration;
 
 use belljar_api::{Command, CreateSandbox, FileList, RunCommand, Sandbox, SandboxStatus};
@@ -278,4 +279,73 @@ async fn filling_tmp_or_memory_kills_the_command_not_the_agent() {
     let hog = sh(&c, &s.id, "exec tail /dev/zero").await;
     assert_eq!(hog.signal, Some(9), "{hog:?}\n{}", d.log());
     still_running(&c, &d, &s.id).await;
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn cp_keeps_links_to_the_root_copies_proc_files_and_big_trees() {
+    let d = Daemon::start();
+    let c = d.http();
+    let s = d.create(&c, CreateSandbox::default()).await;
+    let made = sh(
+        &c,
+        &s.id,
+        "mkdir -p /workspace/tree/many && cd /workspace/tree && ln -s / root && ln -s /etc/ etc \
+         && cd many && seq -f 'f%05g' 1 20000 | xargs touch",
+    )
+    .await;
+    assert_eq!(made.exit_code, Some(0));
+    let local = tempfile::tempdir().unwrap();
+    let cli = |args: &[&str]| {
+        let out = d.cli(args);
+        assert!(
+            out.status.success(),
+            "belljar {args:?}: {}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+    };
+    let tree = local.path().join("tree");
+    cli(&[
+        "cp",
+        &format!("{}:/workspace/tree", s.id),
+        tree.to_str().unwrap(),
+    ]);
+    assert_eq!(
+        std::fs::read_link(tree.join("root")).unwrap(),
+        Path::new("/")
+    );
+    assert_eq!(
+        std::fs::read_link(tree.join("etc")).unwrap(),
+        Path::new("/etc/")
+    );
+    assert_eq!(
+        std::fs::read_dir(tree.join("many")).unwrap().count(),
+        20_000
+    );
+
+    // A /proc file has no length; it is copied to its end.
+    let cpuinfo = local.path().join("cpuinfo");
+    cli(&[
+        "cp",
+        &format!("{}:/proc/cpuinfo", s.id),
+        cpuinfo.to_str().unwrap(),
+    ]);
+    assert!(
+        std::fs::read_to_string(&cpuinfo)
+            .unwrap()
+            .contains("processor")
+    );
+
+    // And the tree goes back up, links intact.
+    cli(&[
+        "cp",
+        tree.to_str().unwrap(),
+        &format!("{}:/workspace/again", s.id),
+    ]);
+    let check = sh(
+        &c,
+        &s.id,
+        "readlink /workspace/again/root; ls /workspace/again/many | wc -l",
+    )
+    .await;
+    assert_eq!(output(&c, &s.id, &check.id).await.0, "/\n20000\n");
 }
