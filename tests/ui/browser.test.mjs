@@ -136,6 +136,21 @@ try {
     await tree.getByRole("treeitem", { name: "from-shell.txt" }).waitFor({ timeout: 20_000 });
   });
 
+  await steps.step("a folder of 1500 files shows a page, then the next on Show more", async () => {
+    await api.json("POST", `/v1/sandboxes/${sandboxId}/commands`, {
+      argv: ["sh", "-c", "mkdir -p /workspace/many && cd /workspace/many && seq -f 'f%04g' 1 1500 | xargs touch"],
+    });
+    const tree = page.getByRole("tree", { name: "Files in /workspace" });
+    await tree.getByRole("treeitem", { name: "many" }).click({ timeout: 20_000 });
+    await tree.getByRole("treeitem", { name: "f1000" }).waitFor({ timeout: 20_000 });
+    if ((await tree.getByRole("treeitem", { name: "f1001" }).count()) !== 0) throw new Error("more than a page at first");
+    await tree.getByRole("button", { name: "Show more (1000 shown)" }).click();
+    await tree.getByRole("treeitem", { name: "f1500" }).waitFor({ timeout: 20_000 });
+    if ((await tree.getByRole("button", { name: /Show more/ }).count()) !== 0) throw new Error("Show more after the last page");
+    await tree.getByRole("treeitem", { name: "many" }).click();
+    await until("many to fold", async () => (await tree.getByRole("treeitem", { name: "f0001" }).count()) === 0);
+  });
+
   await steps.step("open files: text with syntax colouring", async () => {
     const tree = page.getByRole("tree", { name: "Files in /workspace" });
     await tree.getByRole("treeitem", { name: "dropped.txt" }).click();
