@@ -19,6 +19,8 @@ packages=(
   libxdo-dev librsvg2-bin
   # UI tests
   chromium xvfb webkit2gtk-driver
+  # API fuzzing (tests/api-fuzz)
+  python3-venv
 )
 
 missing=()
@@ -47,6 +49,16 @@ for dir in ui tests/ui; do
     sha256sum "$dir/package-lock.json" >"$stamp"
   fi
 done
+
+# Schemathesis for tests/api-fuzz/run.sh, in a virtualenv under the cache; a stamp of the
+# requirements file it came from lets a second run skip the install.
+venv="${BELLJAR_VENV:-$BELLJAR_CACHE/venv}"
+if ! sha256sum tests/api-fuzz/requirements.txt | cmp -s - "$venv/.belljar-requirements.sha256"; then
+  step "installing schemathesis into $venv"
+  python3 -m venv "$venv"
+  "$venv/bin/pip" install --quiet --disable-pip-version-check -r tests/api-fuzz/requirements.txt
+  sha256sum tests/api-fuzz/requirements.txt >"$venv/.belljar-requirements.sha256"
+fi
 
 step "building the web UI"
 (cd ui && npm run build --silent)

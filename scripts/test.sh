@@ -18,6 +18,9 @@ cargo clippy --workspace --all-targets --quiet -- -D warnings
 step "cargo test --workspace"
 cargo test --workspace --no-fail-fast 2>&1 | tee "$BELLJAR_CACHE/last-cargo-test.log"
 
+step "API fuzzing: schemathesis against a real daemon (bounded, tests/api-fuzz/run.sh)"
+BELLJAR_FUZZ_SECONDS="${BELLJAR_FUZZ_SECONDS:-150}" timeout 300 tests/api-fuzz/run.sh
+
 if [ -x tests/ui/run.sh ]; then
   step "UI tests (Playwright in Chromium, WebDriver in the desktop app)"
   tests/ui/run.sh

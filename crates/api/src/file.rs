@@ -54,13 +54,13 @@ pub const LIST_MAX_LIMIT: u32 = 5000;
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, ToSchema, TS)]
 #[serde(deny_unknown_fields)]
 pub struct MkdirRequest {
-    #[schema(min_length = 1, max_length = 4096)]
+    #[schema(min_length = 1, max_length = 4096, pattern = "^/")]
     pub path: String,
 }
 
 impl Validate for MkdirRequest {
     fn validate(&self) -> Result<(), Invalid> {
-        limits::path("path", &self.path)
+        limits::sandbox_path("path", &self.path)
     }
 }
 
@@ -68,9 +68,9 @@ impl Validate for MkdirRequest {
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, ToSchema, TS)]
 #[serde(deny_unknown_fields)]
 pub struct MoveRequest {
-    #[schema(min_length = 1, max_length = 4096)]
+    #[schema(min_length = 1, max_length = 4096, pattern = "^/")]
     pub from: String,
-    #[schema(min_length = 1, max_length = 4096)]
+    #[schema(min_length = 1, max_length = 4096, pattern = "^/")]
     pub to: String,
     #[serde(default)]
     pub overwrite: bool,
@@ -78,8 +78,8 @@ pub struct MoveRequest {
 
 impl Validate for MoveRequest {
     fn validate(&self) -> Result<(), Invalid> {
-        limits::path("from", &self.from)?;
-        limits::path("to", &self.to)
+        limits::sandbox_path("from", &self.from)?;
+        limits::sandbox_path("to", &self.to)
     }
 }
 

@@ -121,6 +121,15 @@ pub fn path(field: &str, p: &str) -> Result<(), Invalid> {
     text(field, p, MAX_PATH)
 }
 
+/// A file inside the sandbox: an absolute [`path`].
+pub fn sandbox_path(field: &str, p: &str) -> Result<(), Invalid> {
+    path(field, p)?;
+    if !p.starts_with('/') {
+        return Err(Invalid::new(field, "must be an absolute path"));
+    }
+    Ok(())
+}
+
 fn is_env_key(k: &str) -> bool {
     let mut bytes = k.bytes();
     bytes

@@ -36,7 +36,7 @@ pub fn router() -> OpenApiRouter<AppState> {
 #[into_params(parameter_in = Query)]
 struct PathQuery {
     /// An absolute path inside the sandbox.
-    #[param(min_length = 1, max_length = 4096)]
+    #[param(min_length = 1, max_length = 4096, pattern = "^/")]
     path: String,
 }
 
@@ -44,7 +44,7 @@ struct PathQuery {
 #[into_params(parameter_in = Query)]
 struct ListQuery {
     /// A directory inside the sandbox.
-    #[param(min_length = 1, max_length = 4096)]
+    #[param(min_length = 1, max_length = 4096, pattern = "^/")]
     path: String,
     /// Entries in this page, 1..=5000, default 1000.
     #[serde(default)]
@@ -60,7 +60,7 @@ struct ListQuery {
 #[into_params(parameter_in = Query)]
 struct WriteQuery {
     /// An absolute path inside the sandbox; missing parents are created.
-    #[param(min_length = 1, max_length = 4096)]
+    #[param(min_length = 1, max_length = 4096, pattern = "^/")]
     path: String,
     /// Octal permission bits, e.g. `644`.
     #[serde(default)]
@@ -72,7 +72,7 @@ struct WriteQuery {
 #[into_params(parameter_in = Query)]
 struct RemoveQuery {
     /// An absolute path inside the sandbox.
-    #[param(min_length = 1, max_length = 4096)]
+    #[param(min_length = 1, max_length = 4096, pattern = "^/")]
     path: String,
     /// Remove a directory with everything in it.
     #[serde(default)]
@@ -83,7 +83,7 @@ struct RemoveQuery {
 #[into_params(parameter_in = Query)]
 struct WatchQuery {
     /// An absolute path inside the sandbox.
-    #[param(min_length = 1, max_length = 4096)]
+    #[param(min_length = 1, max_length = 4096, pattern = "^/")]
     path: String,
     /// Watch the whole tree under `path` (default true).
     #[serde(default = "yes")]
@@ -98,7 +98,7 @@ fn yes() -> bool {
 #[into_params(parameter_in = Query)]
 struct ThumbnailQuery {
     /// An image file inside the sandbox.
-    #[param(min_length = 1, max_length = 4096)]
+    #[param(min_length = 1, max_length = 4096, pattern = "^/")]
     path: String,
     /// The longer side in pixels, 1..=1024, default 128.
     #[serde(default)]
@@ -107,7 +107,7 @@ struct ThumbnailQuery {
 }
 
 fn sandbox_path(p: &str) -> Result<(), Invalid> {
-    belljar_api::limits::path("path", p)
+    belljar_api::limits::sandbox_path("path", p)
 }
 
 impl Validate for PathQuery {

@@ -6,7 +6,7 @@
 //! the operations share: the security schemes, the error responses, the path parameters and
 //! the schema of raw bodies.
 
-use belljar_api::{ErrorBody, limits};
+use belljar_api::ErrorBody;
 use serde::Deserialize;
 use utoipa::openapi::schema::{KnownFormat, ObjectBuilder, SchemaFormat, Type};
 use utoipa::openapi::security::{ApiKey, ApiKeyValue, HttpAuthScheme, HttpBuilder, SecurityScheme};
@@ -139,11 +139,6 @@ impl PartialSchema for RawBytes {
 }
 
 impl ToSchema for RawBytes {}
-
-/// A sandbox path in a query, within [`limits::MAX_PATH`].
-pub fn check_path(path: &str) -> Result<(), super::error::ApiError> {
-    limits::path("path", path).map_err(|e| super::error::ApiError::BadRequest(e.to_string()))
-}
 
 /// The whole document of `router`'s operations.
 pub fn document() -> Document {

@@ -8,7 +8,7 @@
 
 use std::io::{self, Read, Write};
 use std::os::unix::ffi::OsStrExt;
-use std::os::unix::fs::lchown;
+use std::os::unix::fs::{MetadataExt, lchown};
 use std::path::{Component, Path, PathBuf};
 use std::sync::atomic::Ordering;
 
@@ -110,11 +110,15 @@ fn append_symlink<W: Write>(
 }
 
 /// Appends `path` under `name`: directories with their contents, regular files and symlinks.
-/// Sockets, FIFOs and devices are not part of a file tree worth downloading.
+/// Sockets, FIFOs and devices are not part of a file tree worth downloading, and neither is
+/// what another filesystem mounts inside the tree (`/proc`, `/sys`, `/dev` under `/`), whose
+/// files lie about their sizes and fail to read: like `tar --one-file-system`, a mount point
+/// comes without its contents. `dev` is the device of the tree's root.
 fn append_entry<W: Write>(
     builder: &mut tar::Builder<W>,
     path: &Path,
     name: &Path,
+    dev: u64,
 ) -> io::Result<()> {
     let meta = std::fs::symlink_metadata(path)?;
     let ft = meta.file_type();
@@ -123,7 +127,10 @@ fn append_entry<W: Write>(
     } else if ft.is_dir() {
         let mut header = header(&meta, tar::EntryType::Directory);
         builder.append_data(&mut header, name, io::empty())?;
-        append_children(builder, path, Some(name))
+        if meta.dev() != dev {
+            return Ok(());
+        }
+        append_children(builder, path, Some(name), dev)
     } else if ft.is_file() {
         // Opened like a read through the API: a path swapped for a FIFO is skipped, not hung on.
         let Ok((file, _)) = super::open_regular(path) else {
@@ -146,6 +153,7 @@ fn append_children<W: Write>(
     builder: &mut tar::Builder<W>,
     dir: &Path,
     prefix: Option<&Path>,
+    dev: u64,
 ) -> io::Result<()> {
     let mut children: Vec<_> = std::fs::read_dir(dir)?
         .map(|d| d.map(|d| d.file_name()))
@@ -156,7 +164,7 @@ fn append_children<W: Write>(
             Some(prefix) => prefix.join(&child),
             None => PathBuf::from(&child),
         };
-        match append_entry(builder, &dir.join(&child), &name) {
+        match append_entry(builder, &dir.join(&child), &name, dev) {
             // Removed while the tree was walked: not part of it any more.
             Err(e) if e.kind() == io::ErrorKind::NotFound => {}
             other => other?,
@@ -168,10 +176,10 @@ fn append_children<W: Write>(
 fn append_tree<W: Write>(builder: &mut tar::Builder<W>, root: &Path) -> io::Result<()> {
     let meta = std::fs::symlink_metadata(root)?;
     if meta.is_dir() {
-        append_children(builder, root, None)
+        append_children(builder, root, None, meta.dev())
     } else {
         let name = root.file_name().map(PathBuf::from).unwrap_or_default();
-        append_entry(builder, root, &name)
+        append_entry(builder, root, &name, meta.dev())
     }
 }
 
