@@ -11,13 +11,13 @@ use super::Vsock;
 
 impl MutEventSubscriber for Vsock {
     fn process(&mut self, events: Events, _ops: &mut EventOps) {
-        if events.fd() == self.epoll.as_raw_fd() {
+        if events.fd() == self.muxer.epoll.as_raw_fd() {
             self.handle_host_events();
         }
     }
 
     fn init(&mut self, ops: &mut EventOps) {
-        if let Err(e) = ops.add(Events::new(&self.epoll, EventSet::IN)) {
+        if let Err(e) = ops.add(Events::new(&self.muxer.epoll, EventSet::IN)) {
             tracing::error!(error = ?e, "vsock: cannot register with the event loop");
         }
     }

@@ -10,7 +10,10 @@
 mod connection;
 mod device;
 mod event_handler;
+mod muxer;
 mod packet;
+#[cfg(test)]
+mod test_utils;
 
 pub use connection::{ConnState, Connection};
 pub use device::{Vsock, VsockConfig};
