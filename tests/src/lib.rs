@@ -94,20 +94,27 @@ pub struct Daemon {
     pub home: tempfile::TempDir,
     pub paths: Paths,
     started_by: StartedBy,
+    /// Extra environment of the daemon, kept for restarts.
+    env: Vec<(String, String)>,
 }
 
 impl Daemon {
     /// Starts `belljard` directly; needs the `base` image.
     pub fn start() -> Self {
-        Self::start_with(StartedBy::Direct)
+        Self::start_with(StartedBy::Direct, &[])
+    }
+
+    /// Starts `belljard` directly with extra environment (e.g. a small output limit).
+    pub fn start_with_env(env: &[(&str, &str)]) -> Self {
+        Self::start_with(StartedBy::Direct, env)
     }
 
     /// Starts the daemon through `belljar daemon start`.
     pub fn start_via_cli() -> Self {
-        Self::start_with(StartedBy::Cli)
+        Self::start_with(StartedBy::Cli, &[])
     }
 
-    fn start_with(started_by: StartedBy) -> Self {
+    fn start_with(started_by: StartedBy, env: &[(&str, &str)]) -> Self {
         require_image("base");
         let home = tempfile::Builder::new()
             .prefix("belljar-e2e-")
@@ -118,6 +125,10 @@ impl Daemon {
             home,
             paths,
             started_by,
+            env: env
+                .iter()
+                .map(|(k, v)| (k.to_string(), v.to_string()))
+                .collect(),
         };
         d.spawn();
         d
@@ -136,6 +147,7 @@ impl Daemon {
                     .arg(self.home.path())
                     .args(["--port", "0"])
                     .env("BELLJAR_HOME", self.home.path())
+                    .envs(self.env.iter().map(|(k, v)| (k, v)))
                     .stdin(Stdio::null())
                     .stdout(log.try_clone().expect("log"))
                     .stderr(log)

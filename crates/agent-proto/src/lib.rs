@@ -168,7 +168,16 @@ pub struct StartCommand {
     /// Keep stdin open for `/stdin` writes; otherwise stdin is `/dev/null`.
     #[serde(default)]
     pub stdin: bool,
+    /// The client's own id for this command (the daemon's `cmd_...`), at most
+    /// [`MAX_CLIENT_ID_LEN`] bytes. The agent reports it back in [`CommandInfo`], and a second
+    /// start with a client id it already knows returns that command instead of starting
+    /// another: a client that lost the answer (or restarted) can ask again safely.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub client_id: Option<String>,
 }
+
+/// The longest [`StartCommand::client_id`] the agent accepts.
+pub const MAX_CLIENT_ID_LEN: usize = 128;
 
 /// Where a command is in its life.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
@@ -199,6 +208,9 @@ pub struct CommandInfo {
     /// Bytes of output dropped because the command exceeded the kept-output bound.
     #[serde(default)]
     pub output_truncated_bytes: u64,
+    /// The [`StartCommand::client_id`] it was started with.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub client_id: Option<String>,
 }
 
 /// Which stream a chunk of output came from. A PTY command's output is all `stdout`.
@@ -409,5 +421,13 @@ mod tests {
         let cmd: StartCommand = serde_json::from_str(r#"{"argv":["true"]}"#).unwrap();
         assert_eq!(cmd.argv, ["true"]);
         assert!(cmd.pty.is_none() && !cmd.stdin && cmd.user.is_none());
+        assert!(cmd.client_id.is_none());
+        // An agent that predates client ids still answers in a form the daemon reads.
+        let info: CommandInfo = serde_json::from_str(
+            r#"{"id":"cmd-1","argv":["true"],"cwd":"/","user":"belljar","pty":false,"pid":2,
+                "status":"running","exit_code":null,"signal":null,"started_at":1,"finished_at":null}"#,
+        )
+        .unwrap();
+        assert!(info.client_id.is_none() && info.output_truncated_bytes == 0);
     }
 }

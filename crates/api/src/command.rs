@@ -74,6 +74,8 @@ impl Validate for RunCommand {
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, ToSchema, TS)]
 #[serde(rename_all = "snake_case")]
 pub enum CommandStatus {
+    /// Recorded by the daemon, not yet confirmed started by the sandbox's agent.
+    Pending,
     Running,
     Exited,
     /// The sandbox ended while the command ran.
@@ -99,6 +101,24 @@ pub struct Command {
     pub started_at: i64,
     #[ts(optional)]
     pub finished_at: Option<i64>,
+    /// Why a `lost` command is lost, when the daemon knows.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[ts(optional)]
+    pub status_reason: Option<String>,
+    /// Output bytes the sandbox dropped because the command printed more than it keeps
+    /// (64 MiB by default); the logs hold the rest. 0 when nothing was dropped.
+    #[serde(default)]
+    pub output_truncated_bytes: u64,
+}
+
+/// The request header that makes `POST /v1/sandboxes/{id}/commands` idempotent: a second
+/// request with the same key for the same sandbox returns the command the first one started
+/// instead of starting another. 1 to 255 visible ASCII characters.
+pub const IDEMPOTENCY_KEY_HEADER: &str = "idempotency-key";
+
+/// Whether `key` is a well-formed idempotency key.
+pub fn valid_idempotency_key(key: &str) -> bool {
+    (1..=255).contains(&key.len()) && key.bytes().all(|b| b.is_ascii_graphic())
 }
 
 /// One page of commands, newest first.
@@ -169,4 +189,29 @@ pub enum TerminalMessage {
     },
     /// Daemon → client: something went wrong; the socket closes after it.
     Error { code: String, message: String },
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn idempotency_keys_are_short_visible_ascii() {
+        assert!(valid_idempotency_key("retry-7f3a"));
+        assert!(valid_idempotency_key(&"k".repeat(255)));
+        for bad in ["", "with space", "tab\t", "é", &"k".repeat(256)] {
+            assert!(!valid_idempotency_key(bad), "{bad:?}");
+        }
+    }
+
+    #[test]
+    fn a_command_from_an_older_daemon_reads_as_untruncated() {
+        let c: Command = serde_json::from_str(
+            r#"{"id":"cmd_a","sandbox_id":"sbx_a","argv":["true"],"cwd":"/","user":"u",
+                "pty":false,"status":"exited","exit_code":0,"started_at":1}"#,
+        )
+        .unwrap();
+        assert_eq!(c.output_truncated_bytes, 0);
+        assert!(c.status_reason.is_none());
+    }
 }

@@ -384,7 +384,14 @@ async fn exec_cmd(client: &Client, a: ExecArgs, json: bool) -> Result<i32> {
         }
         return Ok(0);
     }
+    warn_if_truncated(&cmd);
     Ok(exec::exit_status(&cmd))
+}
+
+fn warn_if_truncated(cmd: &belljar_api::Command) {
+    if let Some(w) = exec::truncation_warning(cmd) {
+        eprintln!("{w}");
+    }
 }
 
 async fn run_cmd(client: &Client, a: RunArgs) -> Result<i32> {
@@ -401,7 +408,12 @@ async fn run_cmd(client: &Client, a: RunArgs) -> Result<i32> {
     };
     let mut sink = |stream: Stream, data: &[u8]| write_stream(stream, data);
     let result = tokio::select! {
-        r = exec::exec(client, &s.id, &opts, &mut sink) => r.map(|c| exec::exit_status(&c)).map_err(anyhow::Error::from),
+        r = exec::exec(client, &s.id, &opts, &mut sink) => r
+            .map(|c| {
+                warn_if_truncated(&c);
+                exec::exit_status(&c)
+            })
+            .map_err(anyhow::Error::from),
         _ = tokio::signal::ctrl_c() => Ok(130),
     };
     if !a.keep {

@@ -178,6 +178,18 @@ pub fn exit_status(cmd: &Command) -> i32 {
     terminal::exit_status(cmd.exit_code, cmd.signal)
 }
 
+/// The one-line warning for a command whose output the sandbox did not keep in full, so that
+/// a cut-off output is never mistaken for the whole of it.
+pub fn truncation_warning(cmd: &Command) -> Option<String> {
+    (cmd.output_truncated_bytes > 0).then(|| {
+        format!(
+            "belljar: warning: output truncated: the sandbox dropped {} bytes of {}'s output \
+             (over its per-command output limit)",
+            cmd.output_truncated_bytes, cmd.id
+        )
+    })
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -192,6 +204,19 @@ mod tests {
         let r = o.request();
         assert!(r.stdin && r.pty.is_some());
         assert_eq!(r.env.unwrap()["A"], "1");
+    }
+
+    #[test]
+    fn only_a_truncated_command_gets_a_warning() {
+        let mut cmd: Command = serde_json::from_str(
+            r#"{"id":"cmd_a","sandbox_id":"sbx_a","argv":["yes"],"cwd":"/","user":"u",
+                "pty":false,"status":"exited","exit_code":0,"started_at":1}"#,
+        )
+        .unwrap();
+        assert_eq!(truncation_warning(&cmd), None);
+        cmd.output_truncated_bytes = 4096;
+        let w = truncation_warning(&cmd).unwrap();
+        assert!(w.contains("4096 bytes") && w.contains("cmd_a") && !w.contains('\n'));
     }
 
     #[test]

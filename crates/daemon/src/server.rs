@@ -111,6 +111,7 @@ async fn serve(config: Config, paths: &Paths) -> Result<(), ServerError> {
         max_timeout_ms: config.max_timeout.max(config.default_timeout),
         memory_reserve_mib: config.memory_reserve_mib,
         agent: config.agent.clone(),
+        command_output_limit: config.command_output_limit,
         ..Settings::default()
     };
     let sandboxes = Sandboxes::new(

@@ -684,6 +684,12 @@ impl ExitWatch {
         };
         Ok(ExitWatch::open(st.pid, st.start_time)?)
     }
+
+    /// Watches any process by pid and start time (field 22 of `/proc/<pid>/stat`), such as a
+    /// `belljar-vmm`; `None` when that process is gone.
+    pub fn for_process(pid: u32, start_time: u64) -> Result<Option<Self>, Error> {
+        Ok(ExitWatch::open(pid, start_time)?)
+    }
 }
 
 /// SIGTERM to PID 1, SIGKILL after `grace`; then the cgroups are removed. Stopping a sandbox

@@ -389,3 +389,41 @@ async fn output_ends_even_when_a_background_process_keeps_the_pipe() {
     assert_eq!(out, "started\n");
     assert!(t.elapsed() < Duration::from_secs(10), "{:?}", t.elapsed());
 }
+
+#[tokio::test]
+async fn a_client_id_starts_a_command_once_and_is_reported_back() {
+    let agent = Agent::start().await;
+    let marker = agent.path("runs");
+    let mut start = argv(&["/bin/sh", "-c", &format!("echo x >> {marker}")]);
+    start.client_id = Some("cmd_daemon1".into());
+    // Concurrent and repeated starts with one client id: one process, one agent id.
+    let starts = (0..8).map(|_| agent.client.start_command(&start));
+    let infos: Vec<_> = futures::future::try_join_all(starts).await.unwrap();
+    assert!(infos.iter().all(|i| i.id == infos[0].id), "{infos:?}");
+    assert_eq!(infos[0].client_id.as_deref(), Some("cmd_daemon1"));
+    agent.client.wait_command(&infos[0].id).await.unwrap();
+    let again = agent.client.start_command(&start).await.unwrap();
+    assert_eq!(again.id, infos[0].id);
+    assert_eq!(again.status, CommandStatus::Exited);
+    assert_eq!(std::fs::read_to_string(&marker).unwrap(), "x\n");
+    let listed = agent.client.list_commands().await.unwrap();
+    assert_eq!(
+        listed
+            .iter()
+            .filter(|c| c.client_id.as_deref() == Some("cmd_daemon1"))
+            .count(),
+        1
+    );
+
+    // Without a client id every start is a new command; a bad one is refused.
+    start.client_id = None;
+    let (a, b) = (
+        agent.client.start_command(&start).await.unwrap(),
+        agent.client.start_command(&start).await.unwrap(),
+    );
+    assert_ne!(a.id, b.id);
+    assert!(a.client_id.is_none());
+    start.client_id = Some("x".repeat(belljar_agent_proto::MAX_CLIENT_ID_LEN + 1));
+    let err = agent.client.start_command(&start).await.unwrap_err();
+    assert_eq!(err.code(), Some(codes::BAD_REQUEST));
+}

@@ -151,7 +151,7 @@ pty?: PtySize,
  */
 stdin: boolean, };
 
-export type CommandStatus = "running" | "exited" | "lost";
+export type CommandStatus = "pending" | "running" | "exited" | "lost";
 
 export type Command = { 
 /**
@@ -161,7 +161,16 @@ id: string, sandbox_id: string, argv: Array<string>, cwd: string, user: string, 
 /**
  * The signal that killed it.
  */
-signal?: number, started_at: number, finished_at?: number, };
+signal?: number, started_at: number, finished_at?: number, 
+/**
+ * Why a `lost` command is lost, when the daemon knows.
+ */
+status_reason?: string, 
+/**
+ * Output bytes the sandbox dropped because the command printed more than it keeps
+ * (64 MiB by default); the logs hold the rest. 0 when nothing was dropped.
+ */
+output_truncated_bytes: number, };
 
 export type CommandList = { commands: Array<Command>, };
 

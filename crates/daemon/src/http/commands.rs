@@ -3,9 +3,12 @@
 use axum::Json;
 use axum::body::Body;
 use axum::extract::State;
-use axum::http::{StatusCode, header};
+use axum::http::{HeaderMap, StatusCode, header};
 use axum::response::{IntoResponse, Response};
-use belljar_api::{Command, CommandList, KillCommand, LogLine, PtySize, RunCommand, Validate};
+use belljar_api::{
+    Command, CommandList, IDEMPOTENCY_KEY_HEADER, KillCommand, LogLine, PtySize, RunCommand,
+    Validate,
+};
 use serde::Deserialize;
 use utoipa::IntoParams;
 use utoipa_axum::router::OpenApiRouter;
@@ -57,16 +60,23 @@ impl Validate for FollowQuery {}
 impl Validate for CloseQuery {}
 
 /// Run a command; it has exited when this answers, unless `detached`.
-#[utoipa::path(post, path = "/v1/sandboxes/{id}/commands", operation_id = "command_run", tag = "commands", params(SandboxPath),
+#[utoipa::path(post, path = "/v1/sandboxes/{id}/commands", operation_id = "command_run", tag = "commands",
+    params(SandboxPath, ("Idempotency-Key" = Option<String>, Header,
+        description = "1 to 255 visible ASCII characters; a second request with the same key returns the command the first one started")),
     request_body = RunCommand,
     responses((status = 200, description = "The command", body = Command), Errors))]
 async fn run(
     State(st): State<AppState>,
     ApiPath(SandboxPath { id }): ApiPath<SandboxPath>,
+    headers: HeaderMap,
     ApiJson(req): ApiJson<RunCommand>,
 ) -> Result<Json<Command>, ApiError> {
+    // A key that is not visible ASCII is passed on as an empty one, which the check refuses.
+    let key = headers
+        .get(IDEMPOTENCY_KEY_HEADER)
+        .map(|v| v.to_str().unwrap_or_default().to_owned());
     Ok(Json(
-        detached(async move { st.sandboxes.run_command(&id, req).await }).await?,
+        detached(async move { st.sandboxes.run_command(&id, req, key).await }).await?,
     ))
 }
 

@@ -8,6 +8,7 @@ use std::path::{Path, PathBuf};
 use std::time::Duration;
 
 use belljar_api::{Backend as BackendKind, BackendChoice, BackendInfo, LimitsReport};
+pub use belljar_namespace::ExitWatch;
 
 #[derive(Debug, thiserror::Error)]
 pub enum BackendError {
@@ -23,6 +24,9 @@ pub enum BackendError {
     /// Stopping or deleting the sandbox failed.
     #[error("Stopping the sandbox failed: {0}")]
     Stop(String),
+    /// The sandbox's process cannot be watched for its end.
+    #[error("Cannot watch the sandbox's process: {0}")]
+    Watch(String),
 }
 
 /// How the daemon reaches a sandbox's agent.
@@ -79,6 +83,9 @@ pub trait Backend: Send + Sync {
     fn alive(&self, state_dir: &Path) -> bool {
         matches!(self.adopt(state_dir), Ok(Some(_)))
     }
+    /// A pidfd on the process whose end is the sandbox's end (PID 1, or the VMM), so that
+    /// the daemon can wait for it instead of polling; `None` when the sandbox does not run.
+    fn exit_watch(&self, state_dir: &Path) -> Result<Option<ExitWatch>, BackendError>;
     /// Stops the sandbox: a graceful end, then a forced one after `grace`.
     fn stop(&self, state_dir: &Path, grace: Duration) -> Result<(), BackendError>;
     /// Stops the sandbox if needed and deletes its writable layer and state.
@@ -222,6 +229,9 @@ mod tests {
             Err(BackendError::Launch("not in this test".into()))
         }
         fn adopt(&self, _: &Path) -> Result<Option<Launched>, BackendError> {
+            Ok(None)
+        }
+        fn exit_watch(&self, _: &Path) -> Result<Option<ExitWatch>, BackendError> {
             Ok(None)
         }
         fn stop(&self, _: &Path, _: Duration) -> Result<(), BackendError> {

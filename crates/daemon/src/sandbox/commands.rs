@@ -5,8 +5,12 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use belljar_agent_proto::client::{AgentClient, ClientError, RequestBody};
-use belljar_agent_proto::{CommandInfo, PtySize as AgentPty, StartCommand, codes as agent_codes};
-use belljar_api::{Command, CommandStatus, KillCommand, PtySize, RunCommand, SandboxStatus};
+use belljar_agent_proto::{
+    CommandInfo, DEFAULT_CWD, DEFAULT_USER, PtySize as AgentPty, StartCommand, codes as agent_codes,
+};
+use belljar_api::{
+    Command, CommandStatus, KillCommand, PtySize, RunCommand, SandboxStatus, valid_idempotency_key,
+};
 use bytes::Bytes;
 use futures::{Stream, StreamExt};
 use tokio::sync::watch;
@@ -24,10 +28,17 @@ pub struct Terminal {
 }
 
 impl Sandboxes {
-    /// Runs a command; returns at once when `detached`, else when it has exited.
-    pub async fn run_command(&self, id: &str, req: RunCommand) -> Result<Command, SandboxError> {
+    /// Runs a command; returns at once when `detached`, else when it has exited. With an
+    /// idempotency key that the sandbox has seen, the command started then is returned (and
+    /// waited for unless `detached`) instead of starting another.
+    pub async fn run_command(
+        &self,
+        id: &str,
+        req: RunCommand,
+        idempotency_key: Option<String>,
+    ) -> Result<Command, SandboxError> {
         let detached = req.detached;
-        let (rec, _) = self.start_command(id, req).await?;
+        let (rec, _) = self.start_command(id, req, idempotency_key).await?;
         if detached {
             return Ok(rec.command);
         }
@@ -51,7 +62,7 @@ impl Sandboxes {
             stdin: true,
             env: Some([("TERM".to_owned(), "xterm-256color".to_owned())].into()),
         };
-        let (rec, agent) = self.start_command(id, req).await?;
+        let (rec, agent) = self.start_command(id, req, None).await?;
         Ok(Terminal {
             agent_id: rec.agent_id.clone().unwrap_or_default(),
             command: rec.command,
@@ -59,10 +70,14 @@ impl Sandboxes {
         })
     }
 
+    /// Records the command as `pending`, then asks the agent to start it under the record's
+    /// id, so that a daemon killed in between finds the record at its next start and can ask
+    /// the agent whether the command ran (see `resolve_pending`).
     async fn start_command(
         &self,
         id: &str,
         req: RunCommand,
+        idempotency_key: Option<String>,
     ) -> Result<(CommandRecord, AgentClient), SandboxError> {
         if req.argv.is_empty() || req.argv[0].is_empty() {
             return Err(SandboxError::BadRequest("argv: must not be empty".into()));
@@ -74,55 +89,161 @@ impl Sandboxes {
                 "pty: rows and cols must be positive".into(),
             ));
         }
+        if let Some(key) = &idempotency_key
+            && !valid_idempotency_key(key)
+        {
+            return Err(SandboxError::BadRequest(
+                "Idempotency-Key: must be 1 to 255 visible ASCII characters".into(),
+            ));
+        }
         let sandbox = self.running(id)?;
+        if let Some(existing) = self.replay(id, idempotency_key.as_deref(), &req.argv)? {
+            let agent = self.agent(&sandbox).await?;
+            return Ok((existing, agent));
+        }
         let agent = self.agent(&sandbox).await?;
         let mut env = sandbox.env.clone();
         env.extend(req.env.unwrap_or_default());
-        let start = StartCommand {
-            argv: req.argv,
-            cwd: req.cwd,
-            env,
-            user: req.sudo.then(|| "root".to_owned()),
-            pty: req.pty.map(|p| AgentPty {
-                rows: p.rows,
-                cols: p.cols,
-            }),
-            stdin: req.stdin,
-        };
-        let info = agent
-            .start_command(&start)
-            .await
-            .map_err(|e| self.agent_error(id, e))?;
         let cid = new_id("cmd");
         let log_path = self.inner.paths.command_log(id, &cid);
         if let Some(dir) = log_path.parent() {
             tokio::fs::create_dir_all(dir).await?;
         }
         tokio::fs::write(&log_path, b"").await?;
-        let rec = CommandRecord {
+        let user = req.sudo.then(|| "root".to_owned());
+        let mut rec = CommandRecord {
             command: Command {
                 id: cid.clone(),
                 sandbox_id: id.to_owned(),
-                argv: info.argv.clone(),
-                cwd: info.cwd.clone(),
-                user: info.user.clone(),
-                pty: info.pty,
-                status: CommandStatus::Running,
+                argv: req.argv.clone(),
+                cwd: req.cwd.clone().unwrap_or_else(|| DEFAULT_CWD.to_owned()),
+                user: user.clone().unwrap_or_else(|| DEFAULT_USER.to_owned()),
+                pty: req.pty.is_some(),
+                status: CommandStatus::Pending,
                 exit_code: None,
                 signal: None,
-                started_at: info.started_at,
+                started_at: now_ms(),
                 finished_at: None,
+                status_reason: None,
+                output_truncated_bytes: 0,
             },
-            agent_id: Some(info.id.clone()),
+            agent_id: None,
             log_path,
+            idempotency_key: idempotency_key.clone(),
         };
+        if !self.inner.store.insert_command(&rec)? {
+            // Another request with the same key won the race.
+            let _ = tokio::fs::remove_file(&rec.log_path).await;
+            return match self.replay(id, idempotency_key.as_deref(), &req.argv)? {
+                Some(existing) => Ok((existing, agent)),
+                None => Err(SandboxError::Conflict(
+                    "A command with this Idempotency-Key was just removed".into(),
+                )),
+            };
+        }
+        // Registered now, so that a replay of a pending command waits for it.
         let state = self.inner.logs.register(&cid, 0);
-        self.inner.store.put_command(&rec)?;
+        let start = StartCommand {
+            argv: req.argv,
+            cwd: req.cwd,
+            env,
+            user,
+            pty: req.pty.map(|p| AgentPty {
+                rows: p.rows,
+                cols: p.cols,
+            }),
+            stdin: req.stdin,
+            client_id: Some(cid.clone()),
+        };
+        let info = match self.ask_start(id, agent.clone(), &start).await {
+            Ok(info) => info,
+            Err(e) => {
+                self.unstarted(&rec, &e).await;
+                return Err(e);
+            }
+        };
+        rec.agent_id = Some(info.id.clone());
+        rec.command.argv = info.argv;
+        rec.command.cwd = info.cwd;
+        rec.command.user = info.user;
+        rec.command.pty = info.pty;
+        rec.command.status = CommandStatus::Running;
+        rec.command.started_at = info.started_at;
+        if !self.inner.store.promote_command(&rec)? {
+            // The sandbox ended (and the command was settled as lost) while the agent answered.
+            self.inner.logs.finish(&cid);
+            let settled = self.command_record(id, &cid)?;
+            return Ok((settled, agent));
+        }
         self.inner
             .events
             .emit(EventBody::Command(Box::new(rec.command.clone())));
         self.spawn_pump(rec.clone(), state);
         Ok((rec, agent))
+    }
+
+    /// The command an earlier request with this idempotency key started, if any.
+    fn replay(
+        &self,
+        id: &str,
+        key: Option<&str>,
+        argv: &[String],
+    ) -> Result<Option<CommandRecord>, SandboxError> {
+        let Some(key) = key else { return Ok(None) };
+        let Some(existing) = self.inner.store.command_by_key(id, key)? else {
+            return Ok(None);
+        };
+        if existing.command.argv != argv {
+            return Err(SandboxError::Conflict(format!(
+                "Idempotency-Key {key:?} was used for command {} with other arguments",
+                existing.command.id
+            )));
+        }
+        Ok(Some(existing))
+    }
+
+    /// Asks the agent to start the command; when the answer is lost in transport, asks once
+    /// more on a new connection. The agent knows the command by its client id, so asking
+    /// again never starts it twice.
+    async fn ask_start(
+        &self,
+        id: &str,
+        agent: AgentClient,
+        start: &StartCommand,
+    ) -> Result<CommandInfo, SandboxError> {
+        match agent.start_command(start).await {
+            Ok(info) => Ok(info),
+            Err(e @ ClientError::Api { .. }) => Err(SandboxError::Agent(e)),
+            Err(e) => {
+                tracing::debug!(sandbox = %id, error = %e, "asking the agent again");
+                let _ = self.agent_error(id, e);
+                let agent = self.agent_of(id).await?;
+                agent
+                    .start_command(start)
+                    .await
+                    .map_err(|e| self.agent_error(id, e))
+            }
+        }
+    }
+
+    /// Settles the record of a command the agent did not confirm: removed when the agent
+    /// refused it (nothing ran), else `lost`, since it may have started.
+    async fn unstarted(&self, rec: &CommandRecord, e: &SandboxError) {
+        let (sid, cid) = (&rec.command.sandbox_id, &rec.command.id);
+        if matches!(e, SandboxError::Agent(ClientError::Api { .. })) {
+            if let Err(e) = self.inner.store.delete_command(sid, cid) {
+                tracing::warn!(command = %cid, error = %e, "cannot remove a refused command");
+            }
+            let _ = tokio::fs::remove_file(&rec.log_path).await;
+        } else {
+            self.record_end(
+                sid,
+                cid,
+                None,
+                &format!("the sandbox's agent did not confirm the start: {e}"),
+            );
+        }
+        self.inner.logs.finish(cid);
     }
 
     /// Follows the command's output into its log until it ends, then records how it ended.
@@ -142,7 +263,12 @@ impl Sandboxes {
             }
             (None, _) => None,
         };
-        self.record_end(&sid, &cid, outcome);
+        self.record_end(
+            &sid,
+            &cid,
+            outcome,
+            "the command's output could not be followed to its end",
+        );
         self.inner.logs.finish(&cid);
     }
 
@@ -200,12 +326,21 @@ impl Sandboxes {
         }
     }
 
-    /// Records that a command ended (`None`: lost with its sandbox) unless it already has.
-    pub(super) fn record_end(&self, sid: &str, cid: &str, outcome: Option<CommandInfo>) {
+    /// Records that a command ended (`None`: lost, for `lost_reason`) unless it already has.
+    pub(super) fn record_end(
+        &self,
+        sid: &str,
+        cid: &str,
+        outcome: Option<CommandInfo>,
+        lost_reason: &str,
+    ) {
         let Ok(Some(mut rec)) = self.inner.store.command(sid, cid) else {
             return;
         };
-        if rec.command.status != CommandStatus::Running {
+        if !matches!(
+            rec.command.status,
+            CommandStatus::Running | CommandStatus::Pending
+        ) {
             return;
         }
         match outcome {
@@ -214,9 +349,11 @@ impl Sandboxes {
                 rec.command.exit_code = info.exit_code;
                 rec.command.signal = info.signal;
                 rec.command.finished_at = info.finished_at.or(Some(now_ms()));
+                rec.command.output_truncated_bytes = info.output_truncated_bytes;
             }
             None => {
                 rec.command.status = CommandStatus::Lost;
+                rec.command.status_reason = Some(lost_reason.to_owned());
                 rec.command.finished_at = Some(now_ms());
             }
         }

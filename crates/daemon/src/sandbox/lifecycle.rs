@@ -103,7 +103,11 @@ impl Sandboxes {
             vcpus,
             memory_mib,
             disk_mib,
-            agent_env: vec![],
+            agent_env: s
+                .command_output_limit
+                .map(|l| ("BELLJAR_OUTPUT_LIMIT".to_owned(), l.to_string()))
+                .into_iter()
+                .collect(),
         };
         let started = async {
             std::fs::create_dir_all(&state_dir)?;
@@ -210,6 +214,7 @@ impl Sandboxes {
     /// Writes the sandbox and tells subscribers.
     pub(super) fn save(&self, sandbox: &Sandbox) -> Result<(), SandboxError> {
         self.inner.store.put_sandbox(sandbox)?;
+        self.track(sandbox);
         self.inner
             .events
             .emit(EventBody::Sandbox(Box::new(sandbox.clone())));
@@ -293,7 +298,7 @@ impl Sandboxes {
         self.stop_locked(id, status, reason).await
     }
 
-    async fn stop_locked(
+    pub(super) async fn stop_locked(
         &self,
         id: &str,
         status: SandboxStatus,
@@ -311,7 +316,7 @@ impl Sandboxes {
             .blocking_backend(&s, move |b| b.stop(&dir, grace))
             .await;
         self.forget_agent(id);
-        self.lose_running_commands(id)?;
+        self.lose_running_commands(id, &format!("the sandbox stopped ({reason})"))?;
         match stopped {
             Ok(()) => {
                 s.status = status;
@@ -328,10 +333,10 @@ impl Sandboxes {
         Ok(s)
     }
 
-    /// Marks the commands still running in a sandbox that ended as lost.
-    pub(super) fn lose_running_commands(&self, id: &str) -> Result<(), SandboxError> {
-        for rec in self.inner.store.running_commands(id)? {
-            self.record_end(id, &rec.command.id, None);
+    /// Marks the commands still running (or not yet started) in a sandbox that ended as lost.
+    pub(super) fn lose_running_commands(&self, id: &str, reason: &str) -> Result<(), SandboxError> {
+        for rec in self.inner.store.unfinished_commands(id)? {
+            self.record_end(id, &rec.command.id, None, reason);
             self.inner.logs.finish(&rec.command.id);
         }
         Ok(())

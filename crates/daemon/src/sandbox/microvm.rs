@@ -11,7 +11,7 @@ use std::time::Duration;
 
 use belljar_api::{Backend as BackendKind, LimitState, LimitsReport};
 
-use super::backend::{AgentAddress, Backend, BackendError, LaunchSpec, Launched, Probe};
+use super::backend::{AgentAddress, Backend, BackendError, ExitWatch, LaunchSpec, Launched, Probe};
 use super::vmm;
 
 /// What the probe looks at, gathered from the host so the decision itself is testable.
@@ -220,6 +220,14 @@ impl Backend for Microvm {
 
     fn adopt(&self, state_dir: &Path) -> Result<Option<Launched>, BackendError> {
         Ok(vmm::adopt(state_dir).map(|_| launched(state_dir)))
+    }
+
+    fn exit_watch(&self, state_dir: &Path) -> Result<Option<ExitWatch>, BackendError> {
+        let Some(proc) = vmm::adopt(state_dir) else {
+            return Ok(None);
+        };
+        ExitWatch::for_process(proc.pid, proc.start_time)
+            .map_err(|e| BackendError::Watch(e.to_string()))
     }
 
     fn stop(&self, state_dir: &Path, grace: Duration) -> Result<(), BackendError> {

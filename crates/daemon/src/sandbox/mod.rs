@@ -7,6 +7,7 @@
 //! log followers, per-sandbox locks) is rebuilt after a restart.
 
 pub mod admission;
+mod adopt;
 pub mod backend;
 mod commands;
 mod files;
@@ -96,6 +97,8 @@ pub struct Settings {
     pub stop_grace: Duration,
     /// How long a new sandbox's agent gets to answer.
     pub ready_timeout: Duration,
+    /// Output bytes the agent keeps per command; `None` leaves the agent's default (64 MiB).
+    pub command_output_limit: Option<u64>,
 }
 
 impl Default for Settings {
@@ -111,6 +114,7 @@ impl Default for Settings {
             agent: None,
             stop_grace: Duration::from_secs(2),
             ready_timeout: Duration::from_secs(20),
+            command_output_limit: None,
         }
     }
 }
@@ -137,6 +141,7 @@ struct Inner {
     locks: Mutex<HashMap<String, Arc<tokio::sync::Mutex<()>>>>,
     /// Serialises admission so that two creations cannot both take the last free memory.
     admission: tokio::sync::Mutex<()>,
+    monitor: monitor::MonitorState,
 }
 
 impl Sandboxes {
@@ -161,6 +166,7 @@ impl Sandboxes {
                 logs: LogRegistry::default(),
                 locks: Default::default(),
                 admission: Default::default(),
+                monitor: Default::default(),
             }),
         }
     }
@@ -171,6 +177,11 @@ impl Sandboxes {
 
     pub fn settings(&self) -> &Settings {
         &self.inner.settings
+    }
+
+    /// The store, for tests that count what the daemon reads.
+    pub fn store(&self) -> &Store {
+        &self.inner.store
     }
 
     /// A sandbox by id.

@@ -95,6 +95,13 @@ impl Backend for Namespace {
             .map_err(|e| BackendError::Launch(e.to_string()))
     }
 
+    fn exit_watch(&self, state_dir: &Path) -> Result<Option<ns::ExitWatch>, BackendError> {
+        if !state_dir.exists() {
+            return Ok(None);
+        }
+        ns::ExitWatch::for_sandbox(state_dir).map_err(|e| BackendError::Watch(e.to_string()))
+    }
+
     fn stop(&self, state_dir: &Path, grace: Duration) -> Result<(), BackendError> {
         if !state_dir.exists() {
             return Ok(());

@@ -7,30 +7,84 @@ use rusqlite::{OptionalExtension, Row, params};
 
 use super::{Store, StoreError, enum_col, enum_to_sql, json_col};
 
-const COLUMNS: &str = "id, sandbox_id, agent_id, argv, cwd, user, pty, status, exit_code, \
-    signal, started_at, finished_at, log_path";
+const VALUES: &str = "?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, ?11, ?12, ?13, ?14, ?15, ?16";
 
-/// A command as the daemon keeps it: the public view plus the agent's id for it and the
-/// NDJSON log file its output is appended to.
+const COLUMNS: &str = "id, sandbox_id, agent_id, argv, cwd, user, pty, status, exit_code, \
+    signal, started_at, finished_at, log_path, idempotency_key, status_reason, \
+    output_truncated_bytes";
+
+/// A command as the daemon keeps it: the public view plus the agent's id for it (none while
+/// `pending`), the NDJSON log file its output is appended to, and the client's idempotency key.
 #[derive(Debug, Clone, PartialEq)]
 pub struct CommandRecord {
     pub command: Command,
     pub agent_id: Option<String>,
     pub log_path: PathBuf,
+    pub idempotency_key: Option<String>,
 }
 
 impl Store {
     /// Inserts or replaces the whole row.
     pub fn put_command(&self, rec: &CommandRecord) -> Result<(), StoreError> {
-        let c = &rec.command;
         let sql = format!(
-            "INSERT INTO commands ({COLUMNS}) VALUES \
-             (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, ?11, ?12, ?13) \
+            "INSERT INTO commands ({COLUMNS}) VALUES ({VALUES}) \
              ON CONFLICT (id) DO UPDATE SET {}",
             super::sandboxes::update_set(COLUMNS)
         );
+        self.write_command(&sql, rec)?;
+        Ok(())
+    }
+
+    /// Inserts a new command; `false` (and nothing written) when the sandbox already has a
+    /// command with the same idempotency key.
+    pub fn insert_command(&self, rec: &CommandRecord) -> Result<bool, StoreError> {
+        let sql = format!(
+            "INSERT INTO commands ({COLUMNS}) VALUES ({VALUES}) \
+             ON CONFLICT (sandbox_id, idempotency_key) WHERE idempotency_key IS NOT NULL \
+             DO NOTHING"
+        );
+        Ok(self.write_command(&sql, rec)? == 1)
+    }
+
+    /// Replaces the row only while it is still `pending`; `false` when something else (the
+    /// sandbox stopping, adoption) settled it first.
+    pub fn promote_command(&self, rec: &CommandRecord) -> Result<bool, StoreError> {
+        let sql = format!(
+            "INSERT INTO commands ({COLUMNS}) VALUES ({VALUES}) \
+             ON CONFLICT (id) DO UPDATE SET {} WHERE status = 'pending'",
+            super::sandboxes::update_set(COLUMNS)
+        );
+        Ok(self.write_command(&sql, rec)? == 1)
+    }
+
+    /// Removes a command that never started.
+    pub fn delete_command(&self, sandbox_id: &str, id: &str) -> Result<(), StoreError> {
         self.conn().execute(
-            &sql,
+            "DELETE FROM commands WHERE sandbox_id = ?1 AND id = ?2",
+            [sandbox_id, id],
+        )?;
+        Ok(())
+    }
+
+    /// The sandbox's command with this idempotency key.
+    pub fn command_by_key(
+        &self,
+        sandbox_id: &str,
+        key: &str,
+    ) -> Result<Option<CommandRecord>, StoreError> {
+        let sql = format!(
+            "SELECT {COLUMNS} FROM commands WHERE sandbox_id = ?1 AND idempotency_key = ?2"
+        );
+        Ok(self
+            .conn()
+            .query_row(&sql, [sandbox_id, key], row_to_command)
+            .optional()?)
+    }
+
+    fn write_command(&self, sql: &str, rec: &CommandRecord) -> Result<usize, StoreError> {
+        let c = &rec.command;
+        Ok(self.conn().execute(
+            sql,
             params![
                 c.id,
                 c.sandbox_id,
@@ -45,9 +99,11 @@ impl Store {
                 c.started_at,
                 c.finished_at,
                 rec.log_path.to_string_lossy(),
+                rec.idempotency_key,
+                c.status_reason,
+                i64::try_from(c.output_truncated_bytes).unwrap_or(i64::MAX),
             ],
-        )?;
-        Ok(())
+        )?)
     }
 
     pub fn command(&self, sandbox_id: &str, id: &str) -> Result<Option<CommandRecord>, StoreError> {
@@ -69,12 +125,12 @@ impl Store {
         )
     }
 
-    /// The sandbox's commands still marked running, oldest first.
-    pub fn running_commands(&self, sandbox_id: &str) -> Result<Vec<CommandRecord>, StoreError> {
+    /// The sandbox's commands still marked running or pending, oldest first.
+    pub fn unfinished_commands(&self, sandbox_id: &str) -> Result<Vec<CommandRecord>, StoreError> {
         self.query_commands(
             &format!(
-                "SELECT {COLUMNS} FROM commands WHERE sandbox_id = ?1 AND status = 'running' \
-                 ORDER BY started_at, id"
+                "SELECT {COLUMNS} FROM commands WHERE sandbox_id = ?1 \
+                 AND status IN ('running', 'pending') ORDER BY started_at, id"
             ),
             sandbox_id,
         )
@@ -103,9 +159,12 @@ fn row_to_command(r: &Row<'_>) -> rusqlite::Result<CommandRecord> {
             signal: r.get(9)?,
             started_at: r.get(10)?,
             finished_at: r.get(11)?,
+            status_reason: r.get(14)?,
+            output_truncated_bytes: r.get::<_, i64>(15)?.max(0) as u64,
         },
         agent_id: r.get(2)?,
         log_path: PathBuf::from(r.get::<_, String>(12)?),
+        idempotency_key: r.get(13)?,
     })
 }
 
@@ -128,9 +187,12 @@ mod tests {
                 signal: None,
                 started_at,
                 finished_at: None,
+                status_reason: None,
+                output_truncated_bytes: 0,
             },
             agent_id: Some("a1".into()),
             log_path: PathBuf::from(format!("/logs/{id}.ndjson")),
+            idempotency_key: None,
         }
     }
 
@@ -151,6 +213,7 @@ mod tests {
         a.command.status = CommandStatus::Exited;
         a.command.exit_code = Some(3);
         a.command.finished_at = Some(5);
+        a.command.output_truncated_bytes = 1 << 40;
         store.put_command(&a).unwrap();
         assert_eq!(store.command("sbx_a", "cmd_a").unwrap().unwrap(), a);
         assert!(store.command("sbx_other", "cmd_a").unwrap().is_none());
@@ -161,8 +224,54 @@ mod tests {
             .map(|c| c.command.id)
             .collect();
         assert_eq!(all, ["cmd_b", "cmd_a"]);
-        assert_eq!(store.running_commands("sbx_a").unwrap().len(), 1);
+        assert_eq!(store.unfinished_commands("sbx_a").unwrap().len(), 1);
         store.delete_sandbox("sbx_a").unwrap();
         assert!(store.commands("sbx_a").unwrap().is_empty());
+    }
+
+    #[test]
+    fn one_command_per_idempotency_key_and_sandbox_and_promotion_only_from_pending() {
+        let store = Store::open_in_memory().unwrap();
+        store.put_sandbox(&sample("sbx_a", 1)).unwrap();
+        let mut first = cmd("cmd_a", 1, CommandStatus::Pending);
+        first.idempotency_key = Some("k1".into());
+        assert!(store.insert_command(&first).unwrap());
+        let mut second = cmd("cmd_b", 2, CommandStatus::Pending);
+        second.idempotency_key = Some("k1".into());
+        assert!(!store.insert_command(&second).unwrap());
+        assert!(store.command("sbx_a", "cmd_b").unwrap().is_none());
+        assert_eq!(
+            store
+                .command_by_key("sbx_a", "k1")
+                .unwrap()
+                .unwrap()
+                .command
+                .id,
+            "cmd_a"
+        );
+        // Commands without a key never collide.
+        assert!(
+            store
+                .insert_command(&cmd("cmd_c", 3, CommandStatus::Pending))
+                .unwrap()
+        );
+        assert!(
+            store
+                .insert_command(&cmd("cmd_d", 4, CommandStatus::Pending))
+                .unwrap()
+        );
+        assert_eq!(store.unfinished_commands("sbx_a").unwrap().len(), 3);
+
+        // Once settled (say lost), a late answer from the agent does not revive it.
+        first.command.status = CommandStatus::Running;
+        assert!(store.promote_command(&first).unwrap());
+        let mut lost = cmd("cmd_c", 3, CommandStatus::Lost);
+        lost.command.status_reason = Some("gone".into());
+        store.put_command(&lost).unwrap();
+        let late = cmd("cmd_c", 3, CommandStatus::Running);
+        assert!(!store.promote_command(&late).unwrap());
+        assert_eq!(store.command("sbx_a", "cmd_c").unwrap().unwrap(), lost);
+        store.delete_command("sbx_a", "cmd_d").unwrap();
+        assert!(store.command("sbx_a", "cmd_d").unwrap().is_none());
     }
 }

@@ -65,6 +65,16 @@ const MIGRATIONS: &[&str] = &[
         body            TEXT NOT NULL
     );
     "#,
+    // 2: commands are recorded before they start (`pending`), may carry a client's
+    // idempotency key (one command per key and sandbox), say why they were lost, and count
+    // the output the agent dropped.
+    r#"
+    ALTER TABLE commands ADD COLUMN idempotency_key TEXT;
+    ALTER TABLE commands ADD COLUMN status_reason TEXT;
+    ALTER TABLE commands ADD COLUMN output_truncated_bytes INTEGER NOT NULL DEFAULT 0;
+    CREATE UNIQUE INDEX commands_idempotency_key ON commands (sandbox_id, idempotency_key)
+        WHERE idempotency_key IS NOT NULL;
+    "#,
 ];
 
 /// The schema version this daemon writes.

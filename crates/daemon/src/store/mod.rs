@@ -12,6 +12,7 @@ mod migrations;
 mod sandboxes;
 
 use std::path::Path;
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard};
 
 use rusqlite::Connection;
@@ -42,6 +43,9 @@ pub enum StoreError {
 #[derive(Clone)]
 pub struct Store {
     conn: Arc<Mutex<Connection>>,
+    /// Statements run so far, so that tests can check that an idle daemon leaves the
+    /// database alone.
+    statements: Arc<AtomicU64>,
 }
 
 impl Store {
@@ -64,10 +68,17 @@ impl Store {
         migrations::migrate(&mut conn)?;
         Ok(Self {
             conn: Arc::new(Mutex::new(conn)),
+            statements: Arc::default(),
         })
     }
 
+    /// How many times the database has been used (each read or write) since it was opened.
+    pub fn statements(&self) -> u64 {
+        self.statements.load(Ordering::Relaxed)
+    }
+
     fn conn(&self) -> MutexGuard<'_, Connection> {
+        self.statements.fetch_add(1, Ordering::Relaxed);
         // A panic while holding the lock cannot leave SQLite half-written (statements are
         // atomic), so a poisoned lock is still safe to use.
         self.conn.lock().unwrap_or_else(|e| e.into_inner())

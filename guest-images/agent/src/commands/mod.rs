@@ -60,6 +60,8 @@ pub struct Command {
     /// agent does not collect descriptors.
     pty_master: Mutex<Option<OwnedFd>>,
     log: Arc<OutputLog>,
+    /// The client's id for it, so that a client can find it again after losing the answer.
+    client_id: Option<String>,
 }
 
 impl Command {
@@ -88,6 +90,7 @@ impl Command {
             started_at: self.started_at,
             finished_at: exit.map(|(_, at)| at),
             output_truncated_bytes: self.log.progress().dropped,
+            client_id: self.client_id.clone(),
         }
     }
 
@@ -104,6 +107,9 @@ pub struct Commands {
     limit: u64,
     next: AtomicU64,
     map: Mutex<HashMap<String, Arc<Command>>>,
+    /// Agent ids by client id. Held across a start with a client id, so that two starts with
+    /// the same id cannot both run the command.
+    by_client: Mutex<HashMap<String, String>>,
 }
 
 impl Commands {
@@ -117,11 +123,35 @@ impl Commands {
             limit,
             next: AtomicU64::new(1),
             map: Mutex::new(HashMap::new()),
+            by_client: Mutex::new(HashMap::new()),
         })
     }
 
-    /// Starts a command and returns at once.
+    /// Starts a command and returns at once. A start with a client id that a command of this
+    /// sandbox already has returns that command instead.
     pub fn start(&self, req: StartCommand) -> Result<CommandInfo, AgentError> {
+        let Some(client_id) = req.client_id.clone() else {
+            return self.start_new(req);
+        };
+        if client_id.is_empty()
+            || client_id.len() > belljar_agent_proto::MAX_CLIENT_ID_LEN
+            || client_id.chars().any(char::is_control)
+        {
+            return Err(AgentError::BadRequest(format!(
+                "client_id must be 1..={} bytes without control characters",
+                belljar_agent_proto::MAX_CLIENT_ID_LEN
+            )));
+        }
+        let mut by_client = self.by_client.lock().unwrap_or_else(|e| e.into_inner());
+        if let Some(existing) = by_client.get(&client_id) {
+            return Ok(self.get(existing)?.info());
+        }
+        let info = self.start_new(req)?;
+        by_client.insert(client_id, info.id.clone());
+        Ok(info)
+    }
+
+    fn start_new(&self, req: StartCommand) -> Result<CommandInfo, AgentError> {
         if req.argv.first().is_none_or(|p| p.is_empty()) {
             return Err(AgentError::BadRequest("argv must name a program".into()));
         }
@@ -204,6 +234,7 @@ impl Commands {
             pty: spawned.pty_master.is_some(),
             pty_master: Mutex::new(spawned.pty_master),
             log: Arc::new(log),
+            client_id: req.client_id,
         });
         {
             let command = command.clone();

@@ -1,0 +1,148 @@
+//! Adoption after a daemon restart: sandboxes that still run are re-attached (their
+//! commands' output followed again, commands recorded but not confirmed started resolved with
+//! what the agent knows), and those that ended while the daemon was away are settled.
+
+use std::time::Duration;
+
+use belljar_agent_proto::CommandInfo;
+use belljar_api::{CommandStatus, Sandbox, SandboxStatus};
+
+use super::{SandboxError, Sandboxes};
+use crate::store::{CommandRecord, EventBody};
+
+/// How long adoption waits for an agent to list its commands.
+const AGENT_LIST_TIMEOUT: Duration = Duration::from_secs(5);
+
+impl Sandboxes {
+    /// At start: re-attaches to sandboxes that still run and settles those that ended while
+    /// the daemon was away.
+    pub async fn adopt_all(&self) -> Result<(), SandboxError> {
+        let unsettled = self.inner.store.sandboxes_with_status(&[
+            SandboxStatus::Pending,
+            SandboxStatus::Running,
+            SandboxStatus::Paused,
+            SandboxStatus::Stopping,
+        ])?;
+        for s in unsettled {
+            let dir = self.state_dir(&s.id);
+            let adopted = self.blocking_backend(&s, move |b| b.adopt(&dir)).await;
+            match (s.status, adopted) {
+                (SandboxStatus::Running | SandboxStatus::Paused, Ok(Some(_))) => {
+                    tracing::info!(sandbox = %s.id, "adopted a running sandbox");
+                    self.reattach(&s).await?;
+                    self.track(&s);
+                }
+                (SandboxStatus::Running | SandboxStatus::Paused, result) => {
+                    if let Err(e) = result {
+                        tracing::warn!(sandbox = %s.id, error = %e, "cannot adopt sandbox");
+                    }
+                    self.settle_dead(&s.id, "the sandbox ended while the daemon was not running")
+                        .await?;
+                }
+                (SandboxStatus::Pending, _) => {
+                    self.stop_with(
+                        &s.id,
+                        SandboxStatus::Failed,
+                        "the daemon restarted while the sandbox was starting",
+                    )
+                    .await?;
+                }
+                _ => {
+                    let reason = s.status_reason.clone().unwrap_or_else(|| "stopped".into());
+                    self.stop_with(&s.id, SandboxStatus::Stopped, &reason)
+                        .await?;
+                }
+            }
+        }
+        Ok(())
+    }
+
+    /// Settles the sandbox's `pending` commands with what its agent knows, then follows the
+    /// output of its running commands again, from the first line not yet stored.
+    async fn reattach(&self, s: &Sandbox) -> Result<(), SandboxError> {
+        let unfinished = self.inner.store.unfinished_commands(&s.id)?;
+        let known = if unfinished
+            .iter()
+            .any(|r| r.command.status == CommandStatus::Pending)
+        {
+            Some(self.agent_commands(s).await)
+        } else {
+            None
+        };
+        for mut rec in unfinished {
+            if rec.command.status == CommandStatus::Pending {
+                let known = known.as_ref().expect("listed when a command is pending");
+                match self.resolve_pending(rec, known)? {
+                    Some(running) => rec = running,
+                    None => continue,
+                }
+            }
+            let lines = super::logs::repair(&rec.log_path)?;
+            let state = self.inner.logs.register(&rec.command.id, lines);
+            self.spawn_pump(rec, state);
+        }
+        Ok(())
+    }
+
+    /// The commands the sandbox's agent knows, within [`AGENT_LIST_TIMEOUT`].
+    async fn agent_commands(&self, s: &Sandbox) -> Result<Vec<CommandInfo>, String> {
+        let list = async {
+            let agent = self.agent(s).await?;
+            agent
+                .list_commands()
+                .await
+                .map_err(|e| self.agent_error(&s.id, e))
+        };
+        match tokio::time::timeout(AGENT_LIST_TIMEOUT, list).await {
+            Ok(Ok(list)) => Ok(list),
+            Ok(Err(e)) => Err(e.to_string()),
+            Err(_) => Err(format!("no answer within {AGENT_LIST_TIMEOUT:?}")),
+        }
+    }
+
+    /// A command recorded but not confirmed started when the daemon died: adopted as running
+    /// (its pump then reads its output and its end) when the agent has a command with its id,
+    /// else settled as `lost` with the reason. `None` when settled.
+    fn resolve_pending(
+        &self,
+        mut rec: CommandRecord,
+        known: &Result<Vec<CommandInfo>, String>,
+    ) -> Result<Option<CommandRecord>, SandboxError> {
+        let (sid, cid) = (rec.command.sandbox_id.clone(), rec.command.id.clone());
+        let info = match known {
+            Ok(list) => list
+                .iter()
+                .find(|c| c.client_id.as_deref() == Some(cid.as_str())),
+            Err(e) => {
+                let reason =
+                    format!("cannot ask the sandbox's agent whether the command started: {e}");
+                self.record_end(&sid, &cid, None, &reason);
+                return Ok(None);
+            }
+        };
+        let Some(info) = info else {
+            self.record_end(
+                &sid,
+                &cid,
+                None,
+                "the daemon stopped before the sandbox's agent started the command",
+            );
+            return Ok(None);
+        };
+        tracing::info!(command = %cid, agent_id = %info.id, "adopted a command started during a restart");
+        rec.agent_id = Some(info.id.clone());
+        rec.command.argv = info.argv.clone();
+        rec.command.cwd = info.cwd.clone();
+        rec.command.user = info.user.clone();
+        rec.command.pty = info.pty;
+        rec.command.started_at = info.started_at;
+        rec.command.status = CommandStatus::Running;
+        if !self.inner.store.promote_command(&rec)? {
+            return Ok(None);
+        }
+        self.inner
+            .events
+            .emit(EventBody::Command(Box::new(rec.command.clone())));
+        Ok(Some(rec))
+    }
+}

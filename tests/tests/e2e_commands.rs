@@ -1,0 +1,300 @@
+//! Commands against a real daemon where it is easy to lose them: a `kill -9` of the daemon
+//! while many commands are being started (every command that ran must have a record with its
+//! output, and a retry with the same idempotency key must not run it again), and output over
+//! the per-command limit (the truncation must reach the API and the CLI).
+
+use std::collections::{BTreeMap, HashMap};
+use std::sync::Arc;
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::time::Duration;
+
+use belljar_api::{
+    Command, CommandList, CommandStatus, CreateSandbox, IDEMPOTENCY_KEY_HEADER, LogLine, RunCommand,
+};
+use belljar_cli::client::{self, Client, ClientError};
+use belljar_cli::exec::log_bytes;
+use belljar_cli::ndjson::Lines;
+use belljar_cli::query::with_query;
+use belljar_e2e::{Daemon, get_bytes, stderr, stdout};
+use http::{Method, header};
+
+/// Commands started at once in the kill test.
+const IN_FLIGHT: usize = 120;
+
+/// `POST .../commands` with an idempotency key.
+async fn run_keyed(
+    c: &Client,
+    sandbox: &str,
+    key: &str,
+    req: &RunCommand,
+) -> Result<Command, ClientError> {
+    let path = format!("/v1/sandboxes/{sandbox}/commands");
+    let http_req = c
+        .builder(Method::POST, &path)
+        .header(header::CONTENT_TYPE, "application/json")
+        .header(IDEMPOTENCY_KEY_HEADER, key)
+        .body(client::json(req))
+        .expect("request");
+    let resp = client::check(c.send(http_req).await?).await?;
+    client::decode(resp, &path).await
+}
+
+/// A detached command that appends its number to `/workspace/ran` and prints it.
+fn appender(i: usize) -> RunCommand {
+    RunCommand {
+        argv: vec![
+            "sh".into(),
+            "-c".into(),
+            format!("echo {i} >> /workspace/ran; echo out-{i}"),
+        ],
+        detached: true,
+        ..Default::default()
+    }
+}
+
+async fn logs(c: &Client, sandbox: &str, cmd: &str) -> Vec<u8> {
+    let resp = c
+        .request(
+            Method::GET,
+            &format!("/v1/sandboxes/{sandbox}/commands/{cmd}/logs?follow=true"),
+            client::empty(),
+            None,
+        )
+        .await
+        .unwrap();
+    let mut lines = Lines::new(resp.into_body());
+    let mut out = Vec::new();
+    while let Some(l) = lines.next::<LogLine>().await.unwrap() {
+        out.extend(log_bytes(&l));
+    }
+    out
+}
+
+async fn wait(c: &Client, sandbox: &str, cmd: &str) -> Command {
+    c.get(&format!("/v1/sandboxes/{sandbox}/commands/{cmd}?wait=true"))
+        .await
+        .unwrap()
+}
+
+/// How many times each command number was appended to `/workspace/ran`.
+async fn ran(c: &Client, sandbox: &str) -> HashMap<usize, usize> {
+    let get = with_query(
+        &format!("/v1/sandboxes/{sandbox}/files"),
+        &[("path", Some("/workspace/ran".into()))],
+    );
+    let body = get_bytes(c, &get).await;
+    let mut counts = HashMap::new();
+    for line in String::from_utf8_lossy(&body).lines() {
+        *counts
+            .entry(line.parse().expect("a command number"))
+            .or_default() += 1;
+    }
+    counts
+}
+
+/// The command number in an appender's argv.
+fn number(cmd: &Command) -> usize {
+    let script = &cmd.argv[2];
+    script["echo ".len()..script.find(" >>").unwrap()]
+        .parse()
+        .unwrap()
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn kill_9_while_commands_start_leaves_a_record_for_every_command_that_ran() {
+    let d = Daemon::start();
+    let c = d.unix();
+    let s = d.create(&c, CreateSandbox::default()).await;
+
+    // Many starts in flight; the daemon dies once a few have been answered.
+    let answered = Arc::new(AtomicUsize::new(0));
+    let (first_answers, mut enough) = tokio::sync::mpsc::channel::<()>(IN_FLIGHT);
+    let mut tasks = Vec::new();
+    for i in 0..IN_FLIGHT {
+        let (c, id, answered, tx) = (
+            c.clone(),
+            s.id.clone(),
+            answered.clone(),
+            first_answers.clone(),
+        );
+        tasks.push(tokio::spawn(async move {
+            let r = run_keyed(&c, &id, &format!("k-{i}"), &appender(i)).await;
+            if r.is_ok() {
+                answered.fetch_add(1, Ordering::SeqCst);
+                let _ = tx.send(()).await;
+            }
+            r.ok()
+        }));
+    }
+    drop(first_answers);
+    for _ in 0..5 {
+        tokio::time::timeout(Duration::from_secs(60), enough.recv())
+            .await
+            .expect("the first commands are answered")
+            .expect("some commands start");
+    }
+    d.kill9();
+    let before: Vec<Option<Command>> = futures_join(tasks).await;
+    let answered_before = before.iter().flatten().count();
+    assert!(
+        answered_before < IN_FLIGHT,
+        "every command was answered before the kill: the test kills too late"
+    );
+
+    d.restart();
+    let c = d.unix();
+    let list: CommandList = c
+        .get(&format!("/v1/sandboxes/{}/commands", s.id))
+        .await
+        .unwrap();
+    let mut by_number: BTreeMap<usize, Command> = BTreeMap::new();
+    for cmd in list.commands {
+        assert_ne!(
+            cmd.status,
+            CommandStatus::Pending,
+            "unresolved after adoption: {cmd:?}"
+        );
+        assert!(
+            by_number.insert(number(&cmd), cmd).is_none(),
+            "two records for one command"
+        );
+    }
+    // Every command answered before the kill has its record.
+    for cmd in before.iter().flatten() {
+        assert!(
+            by_number.contains_key(&number(cmd)),
+            "record of {} is missing",
+            cmd.id
+        );
+    }
+    // Every command that ran has a record, ends `exited` and has its output; every record
+    // that is `lost` names why and never ran.
+    let mut exited = 0;
+    let mut ended = HashMap::new();
+    for (i, cmd) in &by_number {
+        let done = wait(&c, &s.id, &cmd.id).await;
+        ended.insert(*i, done.status);
+        match done.status {
+            CommandStatus::Exited => {
+                exited += 1;
+                assert_eq!(done.exit_code, Some(0), "{done:?}");
+                assert_eq!(
+                    logs(&c, &s.id, &cmd.id).await,
+                    format!("out-{i}\n").into_bytes()
+                );
+            }
+            CommandStatus::Lost => {
+                assert!(done.status_reason.is_some(), "{done:?}");
+            }
+            other => panic!("{} ended {other:?}", cmd.id),
+        }
+    }
+    let counts = ran(&c, &s.id).await;
+    for (i, n) in &counts {
+        assert_eq!(*n, 1, "command {i} ran {n} times");
+        let cmd = by_number
+            .get(i)
+            .unwrap_or_else(|| panic!("command {i} ran but has no record\nlog:\n{}", d.log()));
+        assert_eq!(wait(&c, &s.id, &cmd.id).await.status, CommandStatus::Exited);
+    }
+    assert_eq!(
+        counts.len(),
+        exited,
+        "an exited record whose command did not run"
+    );
+
+    // Retrying every request with its key: a command that has a record is returned, not run
+    // again; one the daemon never recorded runs now, once.
+    for i in 0..IN_FLIGHT {
+        let again = run_keyed(&c, &s.id, &format!("k-{i}"), &appender(i))
+            .await
+            .unwrap();
+        if let Some(cmd) = by_number.get(&i) {
+            assert_eq!(again.id, cmd.id, "the retry of {i} started another command");
+        }
+        wait(&c, &s.id, &again.id).await;
+    }
+    let counts = ran(&c, &s.id).await;
+    for i in 0..IN_FLIGHT {
+        let n = counts.get(&i).copied().unwrap_or(0);
+        // A command lost before it started stays lost under its key: it never runs.
+        let expected = usize::from(ended.get(&i) != Some(&CommandStatus::Lost));
+        assert_eq!(n, expected, "command {i} ran {n} times");
+    }
+    // The same key with other arguments is refused rather than answered with a stranger.
+    let err = run_keyed(&c, &s.id, "k-0", &appender(IN_FLIGHT + 1))
+        .await
+        .unwrap_err();
+    assert_eq!(err.code(), "conflict", "{err}");
+}
+
+async fn futures_join<T: Send + 'static>(tasks: Vec<tokio::task::JoinHandle<T>>) -> Vec<T> {
+    let mut out = Vec::with_capacity(tasks.len());
+    for t in tasks {
+        out.push(t.await.expect("request task"));
+    }
+    out
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn output_over_the_limit_is_reported_by_the_api_and_the_cli() {
+    let d = Daemon::start_with_env(&[("BELLJAR_COMMAND_OUTPUT_LIMIT", "4096")]);
+    let c = d.unix();
+    let s = d.create(&c, CreateSandbox::default()).await;
+    let print = |n: usize| RunCommand {
+        argv: vec![
+            "sh".into(),
+            "-c".into(),
+            format!("head -c {n} /dev/zero | tr '\\0' x"),
+        ],
+        ..Default::default()
+    };
+
+    let big: Command = c
+        .call(
+            Method::POST,
+            &format!("/v1/sandboxes/{}/commands", s.id),
+            &print(10_000),
+        )
+        .await
+        .unwrap();
+    assert_eq!(big.status, CommandStatus::Exited);
+    assert_eq!(big.output_truncated_bytes, 10_000 - 4096);
+    assert_eq!(logs(&c, &s.id, &big.id).await, vec![b'x'; 4096]);
+    let listed: CommandList = c
+        .get(&format!("/v1/sandboxes/{}/commands", s.id))
+        .await
+        .unwrap();
+    assert_eq!(listed.commands[0].output_truncated_bytes, 10_000 - 4096);
+
+    let small: Command = c
+        .call(
+            Method::POST,
+            &format!("/v1/sandboxes/{}/commands", s.id),
+            &print(100),
+        )
+        .await
+        .unwrap();
+    assert_eq!(small.output_truncated_bytes, 0);
+
+    let out = d.cli([
+        "exec",
+        &s.id,
+        "--",
+        "sh",
+        "-c",
+        "head -c 5000 /dev/zero | tr '\\0' y",
+    ]);
+    assert!(out.status.success(), "{}", stderr(&out));
+    assert_eq!(stdout(&out), "y".repeat(4096));
+    let warning = stderr(&out);
+    assert_eq!(warning.lines().count(), 1, "{warning}");
+    assert!(
+        warning.contains("output truncated") && warning.contains("904 bytes"),
+        "{warning}"
+    );
+
+    let out = d.cli(["exec", &s.id, "--", "echo", "fits"]);
+    assert!(out.status.success());
+    assert_eq!(stderr(&out), "");
+}
