@@ -9,7 +9,8 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::Duration;
 
 use belljar_api::{
-    Command, CommandList, CommandStatus, CreateSandbox, IDEMPOTENCY_KEY_HEADER, LogLine, RunCommand,
+    BackendChoice, Command, CommandList, CommandStatus, CreateSandbox, IDEMPOTENCY_KEY_HEADER,
+    LogLine, RunCommand, Sandbox, SandboxList,
 };
 use belljar_cli::client::{self, Client, ClientError};
 use belljar_cli::exec::log_bytes;
@@ -240,7 +241,29 @@ async fn futures_join<T: Send + 'static>(tasks: Vec<tokio::task::JoinHandle<T>>)
 async fn output_over_the_limit_is_reported_by_the_api_and_the_cli() {
     let d = Daemon::start_with_env(&[("BELLJAR_COMMAND_OUTPUT_LIMIT", "4096")]);
     let c = d.unix();
-    let s = d.create(&c, CreateSandbox::default()).await;
+    // A sandbox created with an idempotency key; the retry returns it rather than a second.
+    let create = |c: Client| async move {
+        let req = CreateSandbox {
+            backend: Some(BackendChoice::Namespace),
+            ..Default::default()
+        };
+        let http_req = c
+            .builder(Method::POST, "/v1/sandboxes")
+            .header(header::CONTENT_TYPE, "application/json")
+            .header(IDEMPOTENCY_KEY_HEADER, "create-once")
+            .body(client::json(&req))
+            .expect("request");
+        let resp = client::check(c.send(http_req).await.unwrap())
+            .await
+            .unwrap();
+        client::decode::<Sandbox>(resp, "/v1/sandboxes")
+            .await
+            .unwrap()
+    };
+    let s = create(c.clone()).await;
+    assert_eq!(create(c.clone()).await.id, s.id);
+    let all: SandboxList = c.get("/v1/sandboxes").await.unwrap();
+    assert_eq!(all.sandboxes.len(), 1);
     let print = |n: usize| RunCommand {
         argv: vec![
             "sh".into(),

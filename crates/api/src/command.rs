@@ -113,7 +113,9 @@ pub struct Command {
 
 /// The request header that makes `POST /v1/sandboxes/{id}/commands` idempotent: a second
 /// request with the same key for the same sandbox returns the command the first one started
-/// instead of starting another. 1 to 255 visible ASCII characters.
+/// instead of starting another (and a different command under a used key is a `conflict`).
+/// `POST /v1/sandboxes` takes it too: the same key returns the sandbox created with it.
+/// 1 to 255 visible ASCII characters.
 pub const IDEMPOTENCY_KEY_HEADER: &str = "idempotency-key";
 
 /// Whether `key` is a well-formed idempotency key.

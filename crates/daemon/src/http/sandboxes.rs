@@ -5,7 +5,7 @@
 
 use axum::Json;
 use axum::extract::State;
-use axum::http::StatusCode;
+use axum::http::{HeaderMap, StatusCode};
 use belljar_api::{
     CreateSandbox, ExtendSandbox, ListSandboxesQuery, Sandbox, SandboxList, UpdateSandbox,
 };
@@ -37,12 +37,19 @@ pub async fn detached<T: Send + 'static>(
 
 /// Create a sandbox; it is running when this answers.
 #[utoipa::path(post, path = "/v1/sandboxes", operation_id = "sandbox_create", tag = "sandboxes", request_body = CreateSandbox,
+    params(("Idempotency-Key" = Option<String>, Header,
+        description = "1 to 255 visible ASCII characters; a second request with the same key returns the sandbox the first one created")),
     responses((status = 201, description = "The running sandbox", body = Sandbox), Errors))]
 async fn create(
     State(st): State<AppState>,
+    headers: HeaderMap,
     ApiJson(req): ApiJson<CreateSandbox>,
 ) -> Result<(StatusCode, Json<Sandbox>), ApiError> {
-    let s = detached(async move { st.sandboxes.create(req).await }).await?;
+    // A key that is not visible ASCII is passed on as an empty one, which the check refuses.
+    let key = headers
+        .get(belljar_api::IDEMPOTENCY_KEY_HEADER)
+        .map(|v| v.to_str().unwrap_or_default().to_owned());
+    let s = detached(async move { st.sandboxes.create_with_key(req, key).await }).await?;
     Ok((StatusCode::CREATED, Json(s)))
 }
 

@@ -15,6 +15,26 @@ use crate::util::{is_id, new_id, now_ms};
 impl Sandboxes {
     /// Creates a sandbox and returns it running, or the reason it could not start.
     pub async fn create(&self, req: CreateSandbox) -> Result<Sandbox, SandboxError> {
+        self.create_with_key(req, None).await
+    }
+
+    /// [`Sandboxes::create`] with a client's idempotency key: when a sandbox was already
+    /// created with that key, it is returned (in whatever state it is now) instead.
+    pub async fn create_with_key(
+        &self,
+        req: CreateSandbox,
+        idempotency_key: Option<String>,
+    ) -> Result<Sandbox, SandboxError> {
+        if let Some(key) = &idempotency_key {
+            if !belljar_api::valid_idempotency_key(key) {
+                return Err(SandboxError::BadRequest(
+                    "Idempotency-Key: must be 1 to 255 visible ASCII characters".into(),
+                ));
+            }
+            if let Some(id) = self.inner.store.sandbox_by_key(key)? {
+                return self.get(&id);
+            }
+        }
         let s = &self.inner.settings;
         let timeout_ms = req.timeout_ms.unwrap_or(s.default_timeout_ms);
         if timeout_ms <= 0 {
@@ -92,6 +112,17 @@ impl Sandboxes {
                 s.memory_reserve_mib,
             )?;
             self.save(&sandbox)?;
+            if let Some(key) = &idempotency_key
+                && !self.inner.store.claim_sandbox_key(&id, key)?
+            {
+                // A concurrent request with the same key recorded its sandbox first.
+                self.inner.store.delete_sandbox(&id)?;
+                self.inner
+                    .events
+                    .emit(EventBody::SandboxDeleted(id.clone()));
+                let winner = self.inner.store.sandbox_by_key(key)?;
+                return self.get(&winner.unwrap_or_default());
+            }
         }
 
         let state_dir = self.state_dir(&id);

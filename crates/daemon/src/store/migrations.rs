@@ -67,12 +67,15 @@ const MIGRATIONS: &[&str] = &[
     "#,
     // 2: commands are recorded before they start (`pending`), may carry a client's
     // idempotency key (one command per key and sandbox), say why they were lost, and count
-    // the output the agent dropped.
+    // the output the agent dropped; sandboxes may carry an idempotency key too.
     r#"
     ALTER TABLE commands ADD COLUMN idempotency_key TEXT;
     ALTER TABLE commands ADD COLUMN status_reason TEXT;
     ALTER TABLE commands ADD COLUMN output_truncated_bytes INTEGER NOT NULL DEFAULT 0;
     CREATE UNIQUE INDEX commands_idempotency_key ON commands (sandbox_id, idempotency_key)
+        WHERE idempotency_key IS NOT NULL;
+    ALTER TABLE sandboxes ADD COLUMN idempotency_key TEXT;
+    CREATE UNIQUE INDEX sandboxes_idempotency_key ON sandboxes (idempotency_key)
         WHERE idempotency_key IS NOT NULL;
     "#,
 ];

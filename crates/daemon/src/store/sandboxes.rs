@@ -71,6 +71,34 @@ impl Store {
             > 0)
     }
 
+    /// Gives the sandbox a client's idempotency key; `false` when another sandbox has it.
+    pub fn claim_sandbox_key(&self, id: &str, key: &str) -> Result<bool, StoreError> {
+        match self.conn().execute(
+            "UPDATE sandboxes SET idempotency_key = ?2 WHERE id = ?1",
+            [id, key],
+        ) {
+            Ok(n) => Ok(n == 1),
+            Err(rusqlite::Error::SqliteFailure(e, _))
+                if e.code == rusqlite::ErrorCode::ConstraintViolation =>
+            {
+                Ok(false)
+            }
+            Err(e) => Err(e.into()),
+        }
+    }
+
+    /// The id of the sandbox created with this idempotency key.
+    pub fn sandbox_by_key(&self, key: &str) -> Result<Option<String>, StoreError> {
+        Ok(self
+            .conn()
+            .query_row(
+                "SELECT id FROM sandboxes WHERE idempotency_key = ?1",
+                [key],
+                |r| r.get(0),
+            )
+            .optional()?)
+    }
+
     /// Sandboxes in any of `statuses`, oldest first.
     pub fn sandboxes_with_status(
         &self,
@@ -215,6 +243,19 @@ pub(crate) mod tests {
             expires_at: Some(created_at + 300_000),
             limits: LimitsReport::default(),
         }
+    }
+
+    #[test]
+    fn an_idempotency_key_names_one_sandbox() {
+        let store = Store::open_in_memory().unwrap();
+        store.put_sandbox(&sample("sbx_a", 1)).unwrap();
+        store.put_sandbox(&sample("sbx_b", 2)).unwrap();
+        assert!(store.claim_sandbox_key("sbx_a", "k").unwrap());
+        assert!(!store.claim_sandbox_key("sbx_b", "k").unwrap());
+        // Saving the sandbox again keeps its key.
+        store.put_sandbox(&sample("sbx_a", 1)).unwrap();
+        assert_eq!(store.sandbox_by_key("k").unwrap().as_deref(), Some("sbx_a"));
+        assert_eq!(store.sandbox_by_key("other").unwrap(), None);
     }
 
     #[test]
