@@ -1,7 +1,7 @@
 //! Commands against a real daemon where it is easy to lose them: a `kill -9` of the daemon
 //! while many commands are being started (every command that ran must have a record with its
-//! output, and a retry with the same idempotency key must not run it again), and output over
-//! the per-command limit (the truncation must reach the API and the CLI).
+//! output, and retries with the same idempotency keys must run each command exactly once), and
+//! output over the per-command limit (the truncation must reach the API and the CLI).
 
 use std::collections::{BTreeMap, HashMap};
 use std::sync::Arc;
@@ -171,10 +171,8 @@ async fn kill_9_while_commands_start_leaves_a_record_for_every_command_that_ran(
     // Every command that ran has a record, ends `exited` and has its output; every record
     // that is `lost` names why and never ran.
     let mut exited = 0;
-    let mut ended = HashMap::new();
     for (i, cmd) in &by_number {
         let done = wait(&c, &s.id, &cmd.id).await;
-        ended.insert(*i, done.status);
         match done.status {
             CommandStatus::Exited => {
                 exited += 1;
@@ -191,6 +189,13 @@ async fn kill_9_while_commands_start_leaves_a_record_for_every_command_that_ran(
         }
     }
     let counts = ran(&c, &s.id).await;
+    eprintln!(
+        "{IN_FLIGHT} starts, {answered_before} answered before the kill: {} records after it \
+         ({exited} exited, {} lost), {} commands ran",
+        by_number.len(),
+        by_number.len() - exited,
+        counts.len()
+    );
     for (i, n) in &counts {
         assert_eq!(*n, 1, "command {i} ran {n} times");
         let cmd = by_number
@@ -204,23 +209,29 @@ async fn kill_9_while_commands_start_leaves_a_record_for_every_command_that_ran(
         "an exited record whose command did not run"
     );
 
-    // Retrying every request with its key: a command that has a record is returned, not run
-    // again; one the daemon never recorded runs now, once.
+    // Retrying every request with its key: a command that ran is returned, not run again; one
+    // that was lost before it started, or never recorded, runs now. Each runs exactly once.
     for i in 0..IN_FLIGHT {
         let again = run_keyed(&c, &s.id, &format!("k-{i}"), &appender(i))
             .await
             .unwrap();
         if let Some(cmd) = by_number.get(&i) {
-            assert_eq!(again.id, cmd.id, "the retry of {i} started another command");
+            assert_eq!(again.id, cmd.id, "the retry of {i} has another id");
         }
-        wait(&c, &s.id, &again.id).await;
+        let done = wait(&c, &s.id, &again.id).await;
+        assert_eq!(done.status, CommandStatus::Exited, "{done:?}");
+        assert_eq!(
+            logs(&c, &s.id, &again.id).await,
+            format!("out-{i}\n").into_bytes()
+        );
     }
     let counts = ran(&c, &s.id).await;
     for i in 0..IN_FLIGHT {
-        let n = counts.get(&i).copied().unwrap_or(0);
-        // A command lost before it started stays lost under its key: it never runs.
-        let expected = usize::from(ended.get(&i) != Some(&CommandStatus::Lost));
-        assert_eq!(n, expected, "command {i} ran {n} times");
+        assert_eq!(
+            counts.get(&i),
+            Some(&1),
+            "command {i} did not run exactly once"
+        );
     }
     // The same key with other arguments is refused rather than answered with a stranger.
     let err = run_keyed(&c, &s.id, "k-0", &appender(IN_FLIGHT + 1))

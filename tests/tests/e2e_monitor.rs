@@ -162,6 +162,10 @@ async fn the_monitor_waits_on_events_instead_of_reading_the_store() {
     })
     .await;
     let noticed = killed.elapsed();
+    eprintln!(
+        "{IDLE} idle sandboxes: {during} store uses in 2 s; timeout stop {late} ms after the \
+         deadline; PID 1 death noticed after {noticed:?}"
+    );
     assert_eq!(failed.status, SandboxStatus::Failed, "{failed:?}");
     assert!(
         noticed < Duration::from_secs(1),

@@ -20,6 +20,18 @@ use super::{SandboxError, Sandboxes};
 use crate::store::{CommandRecord, EventBody};
 use crate::util::{is_id, new_id, now_ms};
 
+/// What recording a new command found.
+enum Recorded {
+    New(CommandRecord),
+    /// A concurrent request with the same idempotency key recorded this one first.
+    Existing(CommandRecord),
+}
+
+/// Lost before the agent confirmed it: it may never have run.
+fn never_started(rec: &CommandRecord) -> bool {
+    rec.command.status == CommandStatus::Lost && rec.agent_id.is_none()
+}
+
 /// A PTY shell started for a terminal WebSocket.
 pub struct Terminal {
     pub command: Command,
@@ -97,50 +109,23 @@ impl Sandboxes {
             ));
         }
         let sandbox = self.running(id)?;
-        if let Some(existing) = self.replay(id, idempotency_key.as_deref(), &req.argv)? {
-            let agent = self.agent(&sandbox).await?;
-            return Ok((existing, agent));
-        }
         let agent = self.agent(&sandbox).await?;
+        let key = idempotency_key.as_deref();
+        let user = req.sudo.then(|| "root".to_owned());
+        let mut rec = match self.replay(id, key, &req.argv)? {
+            Some(lost) if never_started(&lost) => match self.revive(&lost).await? {
+                Some(rec) => rec,
+                None => return Ok((self.command_record(id, &lost.command.id)?, agent)),
+            },
+            Some(existing) => return Ok((existing, agent)),
+            None => match self.record_new(id, &req, user.clone(), key).await? {
+                Recorded::New(rec) => rec,
+                Recorded::Existing(rec) => return Ok((rec, agent)),
+            },
+        };
+        let cid = rec.command.id.clone();
         let mut env = sandbox.env.clone();
         env.extend(req.env.unwrap_or_default());
-        let cid = new_id("cmd");
-        let log_path = self.inner.paths.command_log(id, &cid);
-        if let Some(dir) = log_path.parent() {
-            tokio::fs::create_dir_all(dir).await?;
-        }
-        tokio::fs::write(&log_path, b"").await?;
-        let user = req.sudo.then(|| "root".to_owned());
-        let mut rec = CommandRecord {
-            command: Command {
-                id: cid.clone(),
-                sandbox_id: id.to_owned(),
-                argv: req.argv.clone(),
-                cwd: req.cwd.clone().unwrap_or_else(|| DEFAULT_CWD.to_owned()),
-                user: user.clone().unwrap_or_else(|| DEFAULT_USER.to_owned()),
-                pty: req.pty.is_some(),
-                status: CommandStatus::Pending,
-                exit_code: None,
-                signal: None,
-                started_at: now_ms(),
-                finished_at: None,
-                status_reason: None,
-                output_truncated_bytes: 0,
-            },
-            agent_id: None,
-            log_path,
-            idempotency_key: idempotency_key.clone(),
-        };
-        if !self.inner.store.insert_command(&rec)? {
-            // Another request with the same key won the race.
-            let _ = tokio::fs::remove_file(&rec.log_path).await;
-            return match self.replay(id, idempotency_key.as_deref(), &req.argv)? {
-                Some(existing) => Ok((existing, agent)),
-                None => Err(SandboxError::Conflict(
-                    "A command with this Idempotency-Key was just removed".into(),
-                )),
-            };
-        }
         // Registered now, so that a replay of a pending command waits for it.
         let state = self.inner.logs.register(&cid, 0);
         let start = StartCommand {
@@ -180,6 +165,76 @@ impl Sandboxes {
             .emit(EventBody::Command(Box::new(rec.command.clone())));
         self.spawn_pump(rec.clone(), state);
         Ok((rec, agent))
+    }
+
+    /// Records a new `pending` command, or finds the one a concurrent request with the same
+    /// idempotency key recorded first.
+    async fn record_new(
+        &self,
+        id: &str,
+        req: &RunCommand,
+        user: Option<String>,
+        key: Option<&str>,
+    ) -> Result<Recorded, SandboxError> {
+        let cid = new_id("cmd");
+        let log_path = self.inner.paths.command_log(id, &cid);
+        if let Some(dir) = log_path.parent() {
+            tokio::fs::create_dir_all(dir).await?;
+        }
+        tokio::fs::write(&log_path, b"").await?;
+        let rec = CommandRecord {
+            command: Command {
+                id: cid,
+                sandbox_id: id.to_owned(),
+                argv: req.argv.clone(),
+                cwd: req.cwd.clone().unwrap_or_else(|| DEFAULT_CWD.to_owned()),
+                user: user.unwrap_or_else(|| DEFAULT_USER.to_owned()),
+                pty: req.pty.is_some(),
+                status: CommandStatus::Pending,
+                exit_code: None,
+                signal: None,
+                started_at: now_ms(),
+                finished_at: None,
+                status_reason: None,
+                output_truncated_bytes: 0,
+            },
+            agent_id: None,
+            log_path,
+            idempotency_key: key.map(str::to_owned),
+        };
+        if self.inner.store.insert_command(&rec)? {
+            return Ok(Recorded::New(rec));
+        }
+        let _ = tokio::fs::remove_file(&rec.log_path).await;
+        match self.replay(id, key, &req.argv)? {
+            Some(existing) => Ok(Recorded::Existing(existing)),
+            None => Err(SandboxError::Conflict(
+                "A command with this Idempotency-Key was just removed".into(),
+            )),
+        }
+    }
+
+    /// Makes a keyed command that was lost before the agent confirmed it `pending` again, so
+    /// that a client's retry starts it. Safe even if it did start: it is asked for under the
+    /// same client id, which the agent answers with the command it already has. `None` when a
+    /// concurrent retry revived it first.
+    async fn revive(&self, lost: &CommandRecord) -> Result<Option<CommandRecord>, SandboxError> {
+        let c = &lost.command;
+        let started_at = now_ms();
+        if !self
+            .inner
+            .store
+            .revive_command(&c.sandbox_id, &c.id, started_at)?
+        {
+            return Ok(None);
+        }
+        tokio::fs::write(&lost.log_path, b"").await?;
+        let mut rec = lost.clone();
+        rec.command.status = CommandStatus::Pending;
+        rec.command.status_reason = None;
+        rec.command.finished_at = None;
+        rec.command.started_at = started_at;
+        Ok(Some(rec))
     }
 
     /// The command an earlier request with this idempotency key started, if any.

@@ -57,6 +57,22 @@ impl Store {
         Ok(self.write_command(&sql, rec)? == 1)
     }
 
+    /// Makes a command lost before the agent confirmed it `pending` again; `false` when it is
+    /// not in that state (any more).
+    pub fn revive_command(
+        &self,
+        sandbox_id: &str,
+        id: &str,
+        started_at: i64,
+    ) -> Result<bool, StoreError> {
+        Ok(self.conn().execute(
+            "UPDATE commands SET status = 'pending', status_reason = NULL, finished_at = NULL, \
+             started_at = ?3 WHERE sandbox_id = ?1 AND id = ?2 AND status = 'lost' \
+             AND agent_id IS NULL",
+            params![sandbox_id, id, started_at],
+        )? == 1)
+    }
+
     /// Removes a command that never started.
     pub fn delete_command(&self, sandbox_id: &str, id: &str) -> Result<(), StoreError> {
         self.conn().execute(
@@ -271,6 +287,16 @@ mod tests {
         let late = cmd("cmd_c", 3, CommandStatus::Running);
         assert!(!store.promote_command(&late).unwrap());
         assert_eq!(store.command("sbx_a", "cmd_c").unwrap().unwrap(), lost);
+        // Lost before the agent confirmed it: revivable once; a confirmed one never.
+        let mut unconfirmed = lost.clone();
+        unconfirmed.agent_id = None;
+        store.put_command(&unconfirmed).unwrap();
+        assert!(store.revive_command("sbx_a", "cmd_c", 9).unwrap());
+        assert!(!store.revive_command("sbx_a", "cmd_c", 9).unwrap());
+        let revived = store.command("sbx_a", "cmd_c").unwrap().unwrap();
+        assert_eq!(revived.command.status, CommandStatus::Pending);
+        assert!(revived.command.status_reason.is_none());
+        assert!(!store.revive_command("sbx_a", "cmd_a", 9).unwrap());
         store.delete_command("sbx_a", "cmd_d").unwrap();
         assert!(store.command("sbx_a", "cmd_d").unwrap().is_none());
     }
