@@ -291,6 +291,9 @@ mod tests {
         fn adopt(&self, _: &Path) -> Result<Option<Launched>, BackendError> {
             Ok(None)
         }
+        fn exit_watch(&self, _: &Path) -> Result<Option<ExitWatch>, BackendError> {
+            Ok(None)
+        }
         fn stop(&self, _: &Path, _: Duration) -> Result<(), BackendError> {
             Ok(())
         }
