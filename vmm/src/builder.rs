@@ -176,7 +176,8 @@ impl Vmm {
         let mut virtio_devices = Vec::new();
         for (i, (name, dev)) in devices.into_iter().enumerate() {
             let addr = VIRTIO_MMIO_BASE + i as u64 * VIRTIO_MMIO_SIZE;
-            let irq = VIRTIO_IRQ_BASE + i as u32;
+            // Three virtio devices at most, so the index fits (IRQs 5..=7).
+            let irq = VIRTIO_IRQ_BASE + u32::try_from(i).expect("few devices");
             metrics.devices.push((
                 name.clone(),
                 dev.lock().unwrap_or_else(|e| e.into_inner()).metrics(),
@@ -219,8 +220,8 @@ impl Vmm {
                 let len = file
                     .metadata()
                     .map_err(|e| Error::RawImage(name.clone(), e))?
-                    .len() as usize;
-                let mut code = vec![0u8; len];
+                    .len();
+                let mut code = vec![0u8; crate::conv::to_usize(len)];
                 file.read_exact_at(&mut code, 0)
                     .map_err(|e| Error::RawImage(name.clone(), e))?;
                 mem.write_slice(&code, GuestAddress(HIMEM_START))

@@ -156,11 +156,11 @@ mod tests {
 
     impl BusDevice for Scratch {
         fn read(&mut self, offset: u64, data: &mut [u8]) {
-            let o = offset as usize;
+            let o = crate::conv::to_usize(offset);
             data.copy_from_slice(&self.0[o..o + data.len()]);
         }
         fn write(&mut self, offset: u64, data: &[u8]) {
-            let o = offset as usize;
+            let o = crate::conv::to_usize(offset);
             self.0[o..o + data.len()].copy_from_slice(data);
         }
     }

@@ -47,7 +47,7 @@ pub fn handle_line(vmm: &Vmm, line: &str) -> Value {
         "status" => json!({
             "ok": true,
             "state": vmm.state(),
-            "uptime_ms": vmm.uptime().as_millis() as u64,
+            "uptime_ms": u64::try_from(vmm.uptime().as_millis()).unwrap_or(u64::MAX),
             "exit_reason": vmm.exit_reason().map(|r| format!("{r:?}").to_lowercase()),
         }),
         "metrics" => json!({"ok": true, "metrics": vmm.metrics()}),

@@ -9,6 +9,7 @@ pub mod builder;
 pub mod bus;
 pub mod config;
 pub mod control;
+pub mod conv;
 pub mod devices;
 pub mod exit;
 pub mod hypervisor;

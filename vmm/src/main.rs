@@ -247,7 +247,7 @@ fn main() -> ExitCode {
         );
     }
     match run(&config) {
-        Ok(reason) => ExitCode::from(reason.exit_code() as u8),
+        Ok(reason) => ExitCode::from(u8::try_from(reason.exit_code()).unwrap_or(1)),
         Err(e) => {
             eprintln!("belljar-vmm: {e:#}");
             ExitCode::from(1)

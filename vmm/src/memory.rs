@@ -2,6 +2,7 @@
 
 use vm_memory::{GuestAddress, GuestMemoryBackend};
 
+use crate::conv::to_usize;
 use crate::layout::{MMIO_GAP_END, MMIO_GAP_START};
 
 /// Guest physical memory as every part of the VMM sees it.
@@ -19,11 +20,11 @@ pub enum Error {
 /// The guest RAM ranges for `size` bytes: below the MMIO window, then above 4 GiB.
 pub fn ram_ranges(size: u64) -> Vec<(GuestAddress, usize)> {
     if size <= MMIO_GAP_START {
-        vec![(GuestAddress(0), size as usize)]
+        vec![(GuestAddress(0), to_usize(size))]
     } else {
         vec![
-            (GuestAddress(0), MMIO_GAP_START as usize),
-            (GuestAddress(MMIO_GAP_END), (size - MMIO_GAP_START) as usize),
+            (GuestAddress(0), to_usize(MMIO_GAP_START)),
+            (GuestAddress(MMIO_GAP_END), to_usize(size - MMIO_GAP_START)),
         ]
     }
 }

@@ -122,7 +122,8 @@ impl VmmMetrics {
                 .vcpus
                 .iter()
                 .enumerate()
-                .map(|(i, v)| v.snapshot(i as u8))
+                // `VmConfig` caps vCPUs at MAX_VCPUS (32), so the index fits.
+                .map(|(i, v)| v.snapshot(u8::try_from(i).unwrap_or(u8::MAX)))
                 .collect(),
             unknown_pio: self.bus.unknown_pio.load(Ordering::Relaxed),
             unknown_mmio: self.bus.unknown_mmio.load(Ordering::Relaxed),

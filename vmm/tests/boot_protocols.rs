@@ -42,9 +42,9 @@ fn bzimage(code: &[u8]) -> Vec<u8> {
 /// PT_NOTE carrying XEN_ELFNOTE_PHYS32_ENTRY = 0x100000.
 fn elf(code: &[u8], pvh: bool) -> Vec<u8> {
     let phnum: u16 = if pvh { 2 } else { 1 };
-    let note_off = 0x100u64;
-    let code_off = 0x200u64;
-    let mut e = vec![0u8; code_off as usize];
+    let note_off = 0x100usize;
+    let code_off = 0x200usize;
+    let mut e = vec![0u8; code_off];
     e[..4].copy_from_slice(b"\x7fELF");
     e[4] = 2; // 64-bit
     e[5] = 1; // little endian
@@ -68,7 +68,7 @@ fn elf(code: &[u8], pvh: bool) -> Vec<u8> {
         e[at + 40..at + 48].copy_from_slice(&size.to_le_bytes()); // memsz
         e[at + 48..at + 56].copy_from_slice(&4u64.to_le_bytes());
     };
-    phdr(&mut e, 0, 1, code_off, 0x10_0000, code.len() as u64);
+    phdr(&mut e, 0, 1, code_off as u64, 0x10_0000, code.len() as u64);
     if pvh {
         let mut note = Vec::new();
         note.extend(4u32.to_le_bytes()); // namesz
@@ -76,8 +76,8 @@ fn elf(code: &[u8], pvh: bool) -> Vec<u8> {
         note.extend(18u32.to_le_bytes()); // XEN_ELFNOTE_PHYS32_ENTRY
         note.extend(b"Xen\0");
         note.extend(0x10_0000u32.to_le_bytes());
-        e[note_off as usize..note_off as usize + note.len()].copy_from_slice(&note);
-        phdr(&mut e, 1, 4, note_off, 0, note.len() as u64);
+        e[note_off..note_off + note.len()].copy_from_slice(&note);
+        phdr(&mut e, 1, 4, note_off as u64, 0, note.len() as u64);
     }
     e.extend(code);
     e

@@ -17,6 +17,14 @@ use belljar_vmm::hypervisor::kvm::KvmHypervisor;
 use vm_memory::{Bytes, GuestAddress};
 
 const BASE: u64 = 0x10_0000;
+/// `BASE` for 32-bit guest fields (virtqueue addresses, `lidt` operands).
+const BASE32: u32 = 0x10_0000;
+
+/// A small test length or index as the u32 a guest structure holds.
+fn u32_of(n: usize) -> u32 {
+    u32::try_from(n).unwrap()
+}
+
 const MMIO: u32 = 0xd000_0000;
 
 /// A tiny x86-64 assembler for the handful of instructions these guests use.
@@ -183,22 +191,22 @@ struct Ring {
 
 fn ring(off: u32) -> Ring {
     Ring {
-        desc: BASE as u32 + off,
-        avail: BASE as u32 + off + 0x100,
-        used: BASE as u32 + off + 0x200,
+        desc: BASE32 + off,
+        avail: BASE32 + off + 0x100,
+        used: BASE32 + off + 0x200,
     }
 }
 
 fn put_desc(img: &mut [u8], r: &Ring, idx: usize, addr: u32, len: u32, flags: u16) {
-    let at = (r.desc - BASE as u32) as usize + idx * 16;
+    let at = usize::try_from(r.desc - BASE32).unwrap() + idx * 16;
     img[at..at + 8].copy_from_slice(&u64::from(addr).to_le_bytes());
     img[at + 8..at + 12].copy_from_slice(&len.to_le_bytes());
     img[at + 12..at + 14].copy_from_slice(&flags.to_le_bytes());
 }
 
 fn put_avail(img: &mut [u8], r: &Ring, heads: &[u16]) {
-    let at = (r.avail - BASE as u32) as usize;
-    img[at + 2..at + 4].copy_from_slice(&(heads.len() as u16).to_le_bytes());
+    let at = usize::try_from(r.avail - BASE32).unwrap();
+    img[at + 2..at + 4].copy_from_slice(&u16::try_from(heads.len()).unwrap().to_le_bytes());
     for (i, h) in heads.iter().enumerate() {
         img[at + 4 + 2 * i..at + 6 + 2 * i].copy_from_slice(&h.to_le_bytes());
     }
@@ -234,8 +242,8 @@ fn vsock_packet_exchange() {
     rw.extend(b"hello");
     img[0x4000..0x4000 + req.len()].copy_from_slice(&req);
     img[0x4100..0x4100 + rw.len()].copy_from_slice(&rw);
-    put_desc(&mut img, &tx, 0, BASE as u32 + 0x4000, req.len() as u32, 0);
-    put_desc(&mut img, &tx, 1, BASE as u32 + 0x4100, rw.len() as u32, 0);
+    put_desc(&mut img, &tx, 0, BASE32 + 0x4000, u32_of(req.len()), 0);
+    put_desc(&mut img, &tx, 1, BASE32 + 0x4100, u32_of(rw.len()), 0);
     put_avail(&mut img, &tx, &[0, 1]);
     // Four writable rx buffers.
     for i in 0..4 {
@@ -243,7 +251,7 @@ fn vsock_packet_exchange() {
             &mut img,
             &rx,
             i,
-            BASE as u32 + 0x5000 + i as u32 * 0x400,
+            BASE32 + 0x5000 + u32_of(i) * 0x400,
             0x400,
             2,
         );
@@ -258,7 +266,7 @@ fn vsock_packet_exchange() {
         .store(0x020, 1) // VIRTIO_F_VERSION_1
         .store(0x070, 0xb);
     for (q, r) in [&rx, &tx, &ev].into_iter().enumerate() {
-        a.store(0x030, q as u32)
+        a.store(0x030, u32_of(q))
             .store(0x038, 16)
             .store(0x080, r.desc)
             .store(0x084, 0)
@@ -340,17 +348,21 @@ fn ioapic_interrupt_reaches_the_guest() {
     let handler = BASE + 0x800;
     // IDT at +0x3000 with one 64-bit interrupt gate; IDTR at +0x2000.
     let gate = 0x3000 + usize::from(VECTOR) * 16;
-    img[gate..gate + 2].copy_from_slice(&(handler as u16).to_le_bytes());
+    img[gate..gate + 2].copy_from_slice(&u16::try_from(handler & 0xffff).unwrap().to_le_bytes());
     img[gate + 2..gate + 4].copy_from_slice(&8u16.to_le_bytes()); // 64-bit code selector
     img[gate + 5] = 0x8e; // present, DPL 0, interrupt gate
-    img[gate + 6..gate + 8].copy_from_slice(&((handler >> 16) as u16).to_le_bytes());
-    img[gate + 8..gate + 12].copy_from_slice(&((handler >> 32) as u32).to_le_bytes());
+    img[gate + 6..gate + 8].copy_from_slice(
+        &u16::try_from((handler >> 16) & 0xffff)
+            .unwrap()
+            .to_le_bytes(),
+    );
+    img[gate + 8..gate + 12].copy_from_slice(&u32::try_from(handler >> 32).unwrap().to_le_bytes());
     img[0x2000..0x2002].copy_from_slice(&0xfffu16.to_le_bytes());
     img[0x2002..0x200a].copy_from_slice(&(BASE + 0x3000).to_le_bytes());
 
     let mut a = Asm::default();
     a.0.extend([0x0f, 0x01, 0x1c, 0x25]); // lidt [abs32]
-    a.0.extend(((BASE + 0x2000) as u32).to_le_bytes());
+    a.0.extend((BASE32 + 0x2000).to_le_bytes());
     a.mov_ebx(0xfee0_0000).store(0xf0, 0x1ff); // local APIC on, spurious vector 0xff
     a.mov_ebx(0xfec0_0000)
         .store(0x00, 0x10 + 2 * 5) // IOAPIC redirection entry for pin 5, low half

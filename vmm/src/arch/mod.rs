@@ -91,7 +91,8 @@ fn base_sregs(code_sel: u16) -> SpecialRegs {
         },
         gdt: DescriptorTable {
             base: BOOT_GDT_START,
-            limit: (BOOT_GDT.len() * 8 - 1) as u16,
+            // A handful of 8-byte entries: far below the 64 KiB a GDT limit can express.
+            limit: u16::try_from(std::mem::size_of_val(&BOOT_GDT) - 1).expect("small GDT"),
         },
         idt: DescriptorTable {
             base: BOOT_IDT_START,

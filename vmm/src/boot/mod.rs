@@ -15,6 +15,7 @@ use linux_loader::loader::elf::{Elf, PvhBootCapability};
 use linux_loader::loader::{KernelLoader, load_cmdline};
 use vm_memory::{ByteValued, Bytes, GuestAddress, GuestMemoryBackend, GuestMemoryRegion};
 
+use crate::conv::lo32;
 use crate::hypervisor::Vcpu;
 use crate::layout::*;
 use crate::memory::GuestMemory;
@@ -113,7 +114,9 @@ pub fn load_kernel(mem: &GuestMemory, path: &Path, cmdline: &Cmdline) -> Result<
         .as_cstring()
         .map_err(|e| Error::Cmdline(e.to_string()))?
         .as_bytes_with_nul()
-        .len() as u32;
+        .len();
+    let cmdline_len =
+        u32::try_from(cmdline_len).map_err(|_| Error::Cmdline("too long".to_string()))?;
 
     let (entry, setup_header) = match format {
         KernelFormat::Elf => {
@@ -150,7 +153,7 @@ fn write_zero_page(
         params.hdr.kernel_alignment = KERNEL_MIN_ALIGNMENT_BYTES;
     }
     params.hdr.type_of_loader = KERNEL_LOADER_OTHER;
-    params.hdr.cmd_line_ptr = CMDLINE_START as u32;
+    params.hdr.cmd_line_ptr = lo32(CMDLINE_START); // below 1 MiB
     params.hdr.cmdline_size = cmdline_len;
     let map = ram_map(mem);
     for (i, (addr, size)) in map.iter().enumerate().take(params.e820_table.len()) {
@@ -158,7 +161,8 @@ fn write_zero_page(
         params.e820_table[i].size = *size;
         params.e820_table[i].r#type = E820_RAM;
     }
-    params.e820_entries = map.len().min(params.e820_table.len()) as u8;
+    // The zero page holds 128 entries, so the count fits its u8.
+    params.e820_entries = u8::try_from(map.len().min(params.e820_table.len())).unwrap_or(u8::MAX);
     mem.write_obj(params, GuestAddress(ZERO_PAGE_START))
         .map_err(Error::Memory)
 }
@@ -211,7 +215,8 @@ fn write_pvh_start_info(mem: &GuestMemory, _cmdline_len: u32) -> Result<(), Erro
         version: 1,
         cmdline_paddr: CMDLINE_START,
         memmap_paddr: PVH_MEMMAP_START,
-        memmap_entries: map.len() as u32,
+        // At most two RAM ranges (below and above the MMIO gap).
+        memmap_entries: u32::try_from(map.len()).expect("two ranges"),
         ..Default::default()
     };
     mem.write_obj(info, GuestAddress(PVH_INFO_START))
@@ -286,7 +291,7 @@ mod tests {
         let e = p.e820_table[1];
         assert_eq!({ e.addr }, HIMEM_START);
         assert_eq!({ e.size }, (64 << 20) - HIMEM_START);
-        assert_eq!({ p.hdr.cmd_line_ptr }, CMDLINE_START as u32);
+        assert_eq!(u64::from(p.hdr.cmd_line_ptr), CMDLINE_START);
         assert_eq!({ p.hdr.header }, KERNEL_HDR_MAGIC);
     }
 

@@ -3,6 +3,7 @@
 
 use vm_memory::{Bytes, GuestAddress};
 
+use crate::conv::lo32;
 use crate::layout::{IRQ_MAX, MPTABLE_START};
 use crate::memory::GuestMemory;
 
@@ -50,7 +51,7 @@ pub fn build(cpus: u8) -> Result<Vec<u8>, Error> {
     entries.extend([2, ioapic_id, IOAPIC_VERSION, 1]);
     entries.extend(IO_APIC_DEFAULT_PHYS_BASE.to_le_bytes());
     count += 1;
-    for irq in 0..=IRQ_MAX as u8 {
+    for irq in 0..=u8::try_from(IRQ_MAX).expect("IRQ_MAX is 23") {
         // INT, default polarity/trigger, ISA bus irq -> same IOAPIC pin
         entries.extend([3, 0, 0, 0, 0, irq, ioapic_id, irq]);
         count += 1;
@@ -63,7 +64,9 @@ pub fn build(cpus: u8) -> Result<Vec<u8>, Error> {
     let table_len = 44 + entries.len();
     let mut table = Vec::with_capacity(table_len);
     table.extend(b"PCMP");
-    table.extend((table_len as u16).to_le_bytes());
+    // 20 bytes per vCPU (MAX_CPUS at most) and 8 per IRQ: about 5 KiB, within u16.
+    let table_len = u16::try_from(table_len).expect("MP table under 64 KiB");
+    table.extend(table_len.to_le_bytes());
     table.push(4); // spec 1.4
     table.push(0); // checksum, below
     table.extend(b"BELLJAR ");
@@ -78,7 +81,7 @@ pub fn build(cpus: u8) -> Result<Vec<u8>, Error> {
 
     let mut out = Vec::with_capacity(16 + table.len());
     out.extend(b"_MP_");
-    out.extend((MPTABLE_START as u32 + 16).to_le_bytes());
+    out.extend((lo32(MPTABLE_START) + 16).to_le_bytes()); // below 1 MiB
     out.extend([1, 4, 0, 0, 0, 0, 0, 0]);
     out[10] = checksum(&out[..16]);
     out.extend(table);

@@ -51,7 +51,8 @@ impl Segment {
     /// Decodes a segment from a GDT entry, the way the CPU loads it.
     pub fn from_gdt_entry(entry: u64, selector: u16) -> Self {
         let base = ((entry >> 16) & 0xff_ffff) | (((entry >> 56) & 0xff) << 24);
-        let limit = ((entry & 0xffff) | (((entry >> 48) & 0xf) << 16)) as u32;
+        // 16 + 4 bits of limit: always within u32.
+        let limit = crate::conv::lo32((entry & 0xffff) | (((entry >> 48) & 0xf) << 16));
         let g = (entry >> 55) & 1 == 1;
         Segment {
             base,

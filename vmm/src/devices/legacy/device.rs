@@ -39,14 +39,20 @@ impl I8042 {
 impl BusDevice for I8042 {
     fn read(&mut self, offset: u64, data: &mut [u8]) {
         data.fill(0);
-        if data.len() == 1 {
-            data[0] = self.inner.read(offset as u8);
+        // The bus routes only offsets below LEN here, so they fit a u8.
+        if data.len() == 1
+            && let Ok(offset) = u8::try_from(offset)
+        {
+            data[0] = self.inner.read(offset);
         }
     }
 
     fn write(&mut self, offset: u64, data: &[u8]) {
-        if data.len() == 1 {
-            let _ = self.inner.write(offset as u8, data[0]);
+        // The bus routes only offsets below LEN here, so they fit a u8.
+        if data.len() == 1
+            && let Ok(offset) = u8::try_from(offset)
+        {
+            let _ = self.inner.write(offset, data[0]);
         }
     }
 }

@@ -6,6 +6,7 @@
 use virtio_queue::{Queue, QueueT};
 use vm_memory::{Bytes, GuestAddress};
 
+use crate::conv::{hi32, lo32};
 use crate::memory::GuestMemory;
 
 pub const VIRTQ_DESC_F_NEXT: u16 = 1;
@@ -59,7 +60,7 @@ impl TestQueue {
     /// and makes it available.
     pub fn add_chain(&mut self, mem: &GuestMemory, first: u16, descs: &[(u64, u32, bool)]) {
         for (i, &(addr, len, write)) in descs.iter().enumerate() {
-            let idx = first + i as u16;
+            let idx = first + u16::try_from(i).unwrap();
             let mut flags = if write { VIRTQ_DESC_F_WRITE } else { 0 };
             if i + 1 < descs.len() {
                 flags |= VIRTQ_DESC_F_NEXT;
@@ -96,9 +97,9 @@ impl TestQueue {
     pub fn queue(&self) -> Queue {
         let mut q = Queue::new(self.size).unwrap();
         q.set_size(self.size);
-        q.set_desc_table_address(Some(self.desc as u32), Some((self.desc >> 32) as u32));
-        q.set_avail_ring_address(Some(self.avail as u32), Some((self.avail >> 32) as u32));
-        q.set_used_ring_address(Some(self.used as u32), Some((self.used >> 32) as u32));
+        q.set_desc_table_address(Some(lo32(self.desc)), Some(hi32(self.desc)));
+        q.set_avail_ring_address(Some(lo32(self.avail)), Some(hi32(self.avail)));
+        q.set_used_ring_address(Some(lo32(self.used)), Some(hi32(self.used)));
         q.set_ready(true);
         q
     }

@@ -113,7 +113,8 @@ impl Vm for KvmVm {
     fn map_memory(&self, memory: &GuestMemory) -> Result<()> {
         for (slot, region) in memory.iter().enumerate() {
             let mem_region = kvm_userspace_memory_region {
-                slot: slot as u32,
+                // Two RAM regions at most (below and above the MMIO gap).
+                slot: u32::try_from(slot).expect("two regions"),
                 guest_phys_addr: region.start_addr().0,
                 memory_size: region.len(),
                 userspace_addr: region.as_ptr() as u64,

@@ -153,27 +153,35 @@ fn handle_request(
     let sector = header.sector.to_native();
     let (status, data_written) = match header.type_.to_native() {
         VIRTIO_BLK_T_IN => {
-            let len = writer.available_bytes() as u64;
-            if !in_range(sector, len, capacity) {
-                (VIRTIO_BLK_S_IOERR, 0)
-            } else {
-                match copy_file_to_guest(file, sector * SECTOR_SIZE, len, &mut writer) {
-                    Ok(()) => {
-                        metrics.add_out(len);
-                        (VIRTIO_BLK_S_OK, len as u32)
+            let len = writer.available_bytes();
+            // The used ring reports the bytes written as a u32. Descriptors may alias the
+            // same guest memory, so a chain can claim more than that: refuse it rather than
+            // copy gigabytes and report a truncated length.
+            match u32::try_from(len) {
+                Ok(len32) if in_range(sector, len as u64, capacity) => {
+                    match copy_file_to_guest(file, sector * SECTOR_SIZE, len, &mut writer) {
+                        Ok(()) => {
+                            metrics.add_out(len as u64);
+                            (VIRTIO_BLK_S_OK, len32)
+                        }
+                        // Never more than `len32` bytes were written.
+                        Err(_) => (
+                            VIRTIO_BLK_S_IOERR,
+                            u32::try_from(writer.bytes_written()).unwrap_or(len32),
+                        ),
                     }
-                    Err(_) => (VIRTIO_BLK_S_IOERR, writer.bytes_written() as u32),
                 }
+                _ => (VIRTIO_BLK_S_IOERR, 0),
             }
         }
         VIRTIO_BLK_T_OUT => {
-            let len = reader.available_bytes() as u64;
-            if config.read_only || !in_range(sector, len, capacity) {
+            let len = reader.available_bytes();
+            if config.read_only || !in_range(sector, len as u64, capacity) {
                 (VIRTIO_BLK_S_IOERR, 0)
             } else {
                 match copy_guest_to_file(file, sector * SECTOR_SIZE, len, &mut reader) {
                     Ok(()) => {
-                        metrics.add_in(len);
+                        metrics.add_in(len as u64);
                         (VIRTIO_BLK_S_OK, 0)
                     }
                     Err(_) => (VIRTIO_BLK_S_IOERR, 0),
@@ -191,7 +199,7 @@ fn handle_request(
             id[..n].copy_from_slice(&src[..n]);
             let n = writer.available_bytes().min(ID_BYTES);
             match writer.write_all(&id[..n]) {
-                Ok(()) => (VIRTIO_BLK_S_OK, n as u32),
+                Ok(()) => (VIRTIO_BLK_S_OK, u32::try_from(n).expect("at most ID_BYTES")),
                 Err(_) => (VIRTIO_BLK_S_IOERR, 0),
             }
         }
@@ -214,11 +222,11 @@ fn in_range(sector: u64, len: u64, capacity: u64) -> bool {
 fn copy_file_to_guest(
     file: &File,
     mut offset: u64,
-    len: u64,
+    len: usize,
     writer: &mut impl Write,
 ) -> std::io::Result<()> {
-    let mut buf = vec![0u8; CHUNK.min(len as usize)];
-    let mut left = len as usize;
+    let mut buf = vec![0u8; CHUNK.min(len)];
+    let mut left = len;
     while left > 0 {
         let n = left.min(buf.len());
         file.read_exact_at(&mut buf[..n], offset)?;
@@ -232,11 +240,11 @@ fn copy_file_to_guest(
 fn copy_guest_to_file(
     file: &File,
     mut offset: u64,
-    len: u64,
+    len: usize,
     reader: &mut impl Read,
 ) -> std::io::Result<()> {
-    let mut buf = vec![0u8; CHUNK.min(len as usize)];
-    let mut left = len as usize;
+    let mut buf = vec![0u8; CHUNK.min(len)];
+    let mut left = len;
     while left > 0 {
         let n = left.min(buf.len());
         reader.read_exact(&mut buf[..n])?;
@@ -268,7 +276,7 @@ impl VirtioDevice for Block {
         let mut config = [0u8; 8];
         config.copy_from_slice(&self.capacity.to_le_bytes());
         data.fill(0);
-        let start = offset as usize;
+        let start = crate::conv::to_usize(offset);
         if start < config.len() {
             let n = data.len().min(config.len() - start);
             data[..n].copy_from_slice(&config[start..start + n]);
@@ -449,7 +457,7 @@ mod tests {
             let len = if sector == 2047 { 1024 } else { 512 };
             f.tq.add_chain(
                 &f.mem,
-                (i * 3) as u16,
+                u16::try_from(i * 3).unwrap(),
                 &[(HDR, 16, false), (DATA, len, true), (STATUS, 1, true)],
             );
             f.blk.queue_notify(0);

@@ -7,6 +7,7 @@ use virtio_queue::{Queue, QueueT};
 use super::regs;
 use super::*;
 use crate::bus::BusDevice;
+use crate::conv::{hi32, lo32};
 use crate::devices::Interrupt;
 use crate::devices::virtio::{VIRTIO_F_VERSION_1, VirtioDevice, VirtioInterrupt};
 use crate::memory::GuestMemory;
@@ -134,7 +135,8 @@ impl MmioTransport {
         }
         let queues = std::mem::replace(&mut self.queues, Self::fresh_queues(&self.device));
         let mut dev = lock(&self.device);
-        let count = queues.len() as u16;
+        // A device has a handful of queues (`queue_max_sizes`), so the count fits.
+        let count = u16::try_from(queues.len()).unwrap_or(u16::MAX);
         if let Err(e) = dev.activate(self.mem.clone(), self.interrupt.clone(), queues) {
             tracing::warn!(error = %e, "virtio-mmio: activation failed");
             dev.metrics().error();
@@ -157,8 +159,8 @@ impl MmioTransport {
             regs::DEVICE_FEATURES => {
                 let f = lock(&self.device).avail_features();
                 match self.device_features_sel {
-                    0 => f as u32,
-                    1 => (f >> 32) as u32,
+                    0 => lo32(f),
+                    1 => hi32(f),
                     _ => 0,
                 }
             }
@@ -199,7 +201,15 @@ impl MmioTransport {
                 }
             }
             regs::QUEUE_SEL => self.queue_sel = value,
-            regs::QUEUE_NUM => self.with_queue(|q| q.set_size(value as u16)),
+            regs::QUEUE_NUM => match u16::try_from(value) {
+                Ok(size) => self.with_queue(|q| q.set_size(size)),
+                // Ignored like any other invalid size (virtio-queue keeps the old one);
+                // truncating could turn it into a valid size the driver never asked for.
+                Err(_) => {
+                    tracing::debug!(value, "virtio-mmio: queue size above 65535 ignored");
+                    lock(&self.device).metrics().error();
+                }
+            },
             regs::QUEUE_READY => self.with_queue(|q| q.set_ready(value == 1)),
             regs::QUEUE_DESC_LOW => self.with_queue(|q| lo(q, Queue::set_desc_table_address)),
             regs::QUEUE_DESC_HIGH => self.with_queue(|q| hi(q, Queue::set_desc_table_address)),
@@ -210,7 +220,12 @@ impl MmioTransport {
             regs::QUEUE_NOTIFY => {
                 let mut dev = lock(&self.device);
                 if self.status & STATUS_DRIVER_OK != 0 && dev.is_activated() {
-                    dev.queue_notify(value as u16);
+                    // Without VIRTIO_F_NOTIFICATION_DATA the value is the whole queue index:
+                    // one above 65535 names no queue, it is not queue `value & 0xffff`.
+                    match u16::try_from(value) {
+                        Ok(index) => dev.queue_notify(index),
+                        Err(_) => dev.metrics().error(),
+                    }
                 } else {
                     tracing::debug!("virtio-mmio: notify before the device is live");
                 }
@@ -299,9 +314,9 @@ mod tests {
     fn setup_queue(t: &mut MmioTransport, tq: &TestQueue) {
         wr(t, regs::QUEUE_SEL, 0);
         wr(t, regs::QUEUE_NUM, u32::from(tq.size));
-        wr(t, regs::QUEUE_DESC_LOW, tq.desc as u32);
-        wr(t, regs::QUEUE_AVAIL_LOW, tq.avail as u32);
-        wr(t, regs::QUEUE_USED_LOW, tq.used as u32);
+        wr(t, regs::QUEUE_DESC_LOW, lo32(tq.desc));
+        wr(t, regs::QUEUE_AVAIL_LOW, lo32(tq.avail));
+        wr(t, regs::QUEUE_USED_LOW, lo32(tq.used));
         wr(t, regs::QUEUE_READY, 1);
     }
 
@@ -351,6 +366,30 @@ mod tests {
         wr(&mut t, regs::STATUS, 0);
         assert!(!lock(t.device()).is_activated());
         assert_eq!(rd(&mut t, regs::STATUS), 0);
+    }
+
+    #[test]
+    fn queue_registers_above_16_bits_are_not_truncated() {
+        let (mem, mut t, _) = setup();
+        let mut tq = TestQueue::new(&mem, 0x1000, 16);
+        negotiate(&mut t);
+        setup_queue(&mut t, &tq);
+        // 0x1_0004 would truncate to 4, a valid size the driver never chose.
+        wr(&mut t, regs::QUEUE_NUM, 0x1_0004);
+        assert_eq!(t.queues[0].size(), 16);
+        wr(&mut t, regs::STATUS, 0xf);
+        assert!(lock(t.device()).is_activated());
+        let errors = lock(t.device()).metrics().snapshot("rng").errors;
+        tq.add_chain(&mem, 0, &[(0x8000, 32, true)]);
+        // Queue 0x1_0000 does not exist; it is not queue 0.
+        wr(&mut t, regs::QUEUE_NOTIFY, 0x1_0000);
+        assert_eq!(tq.used_idx(&mem), 0);
+        assert_eq!(
+            lock(t.device()).metrics().snapshot("rng").errors,
+            errors + 1
+        );
+        wr(&mut t, regs::QUEUE_NOTIFY, 0);
+        assert_eq!(tq.used_idx(&mem), 1);
     }
 
     #[test]

@@ -49,7 +49,8 @@ impl Rng {
                     let n = w.available_bytes().min(MAX_BYTES_PER_REQUEST);
                     if self.source.read_exact(&mut buf[..n]).is_ok() {
                         std::io::Write::write_all(&mut w, &buf[..n])
-                            .map(|()| n as u32)
+                            // n <= MAX_BYTES_PER_REQUEST, far below u32::MAX.
+                            .map(|()| u32::try_from(n).unwrap_or(0))
                             .unwrap_or(0)
                     } else {
                         0
@@ -173,7 +174,7 @@ mod tests {
         assert_eq!(tq.used(&mem, 0), (0, 0));
         assert_eq!(tq.used(&mem, 1), (2, 0));
         let last = tq.used(&mem, tq.used_idx(&mem) - 1);
-        assert_eq!(last, (4, MAX_BYTES_PER_REQUEST as u32));
+        assert_eq!(last, (4, u32::try_from(MAX_BYTES_PER_REQUEST).unwrap()));
         assert!(rng.metrics().snapshot("rng").errors >= 2);
     }
 

@@ -195,7 +195,10 @@ impl Connection {
                     self.to_host.drain(..n);
                     let own = n.min(self.handshake_left);
                     self.handshake_left -= own;
-                    self.fwd_cnt += Wrapping((n - own) as u32);
+                    // `to_host` never holds more than CONN_BUF_ALLOC guest bytes plus the OK
+                    // line (the guest overrunning its credit is reset), so this fits.
+                    let guest_bytes = u32::try_from(n - own).expect("within CONN_BUF_ALLOC");
+                    self.fwd_cnt += Wrapping(guest_bytes);
                 }
                 Err(e) if e.kind() == ErrorKind::WouldBlock => break,
                 Err(e) if e.kind() == ErrorKind::Interrupted => continue,
@@ -240,12 +243,14 @@ impl Connection {
                     });
                 }
                 Ok(n) => {
-                    self.rx_cnt += Wrapping(n as u32);
+                    // n <= max <= peer_credit(), a u32.
+                    let len = u32::try_from(n).expect("read at most peer_credit() bytes");
+                    self.rx_cnt += Wrapping(len);
                     self.fwd_cnt_sent = self.fwd_cnt;
                     return Some(Outgoing {
                         op: OP_RW,
                         flags: 0,
-                        len: n as u32,
+                        len,
                     });
                 }
                 Err(e) if e.kind() == ErrorKind::Interrupted => continue,
@@ -358,7 +363,8 @@ mod tests {
                 let room = CONN_BUF_ALLOC as usize - c.to_host.len();
                 let n = n.min(room);
                 if n > 0 {
-                    c.on_guest_packet(&hdr(OP_RW, 0, n as u32, 4096, 0), &payload[sent..sent + n]);
+                    let len = u32::try_from(n).unwrap();
+                    c.on_guest_packet(&hdr(OP_RW, 0, len, 4096, 0), &payload[sent..sent + n]);
                     sent += n;
                 }
             }

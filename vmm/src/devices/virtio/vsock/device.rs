@@ -244,7 +244,8 @@ fn write_packet(
     }
     writer.write_obj(*hdr).map_err(|_| "cannot write header")?;
     std::io::Write::write_all(&mut writer, data).map_err(|_| "cannot write payload")?;
-    Ok((HEADER_SIZE + data.len()) as u32)
+    // `data` is at most MAX_PKT_DATA (64 KiB) bytes, the caller's buffer.
+    Ok(u32::try_from(HEADER_SIZE + data.len()).expect("packet under 4 GiB"))
 }
 
 impl VirtioDevice for Vsock {
@@ -266,7 +267,7 @@ impl VirtioDevice for Vsock {
         // struct virtio_vsock_config { le64 guest_cid; }
         let config = self.config.guest_cid.to_le_bytes();
         data.fill(0);
-        let start = offset as usize;
+        let start = crate::conv::to_usize(offset);
         if start < config.len() {
             let n = data.len().min(config.len() - start);
             data[..n].copy_from_slice(&config[start..start + n]);
@@ -359,7 +360,10 @@ mod tests {
             f.rx.add_chain(
                 &f.mem,
                 2 * i,
-                &[(at, HEADER_SIZE as u32, true), (at + 0x100, 4096, true)],
+                &[
+                    (at, u32::try_from(HEADER_SIZE).unwrap(), true),
+                    (at + 0x100, 4096, true),
+                ],
             );
         }
         f.dev.queue_notify(RX_QUEUE);
@@ -447,7 +451,7 @@ mod tests {
     #[test]
     fn rst_flood_without_rx_buffers_is_bounded() {
         let mut f = Fixture::new();
-        for i in 0..(MAX_PENDING_RST as u32 + 50) {
+        for i in 0..(u32::try_from(MAX_PENDING_RST).unwrap() + 50) {
             // Data for connections that do not exist, and no rx buffers to answer in.
             f.send(OP_RW, i, 7, 0, b"z");
         }

@@ -363,7 +363,7 @@ fn connect_nonblocking(path: &Path) -> std::io::Result<UnixStream> {
     if bytes.len() >= addr.sun_path.len() {
         return Err(std::io::Error::from_raw_os_error(libc::ENAMETOOLONG));
     }
-    addr.sun_family = libc::AF_UNIX as libc::sa_family_t;
+    addr.sun_family = libc::sa_family_t::try_from(libc::AF_UNIX).expect("AF_UNIX is 1");
     for (dst, src) in addr.sun_path.iter_mut().zip(bytes) {
         *dst = *src as libc::c_char;
     }
@@ -386,7 +386,7 @@ fn connect_nonblocking(path: &Path) -> std::io::Result<UnixStream> {
         libc::connect(
             fd,
             (&raw const addr).cast::<libc::sockaddr>(),
-            std::mem::size_of::<libc::sockaddr_un>() as libc::socklen_t,
+            libc::socklen_t::try_from(std::mem::size_of::<libc::sockaddr_un>()).expect("110 bytes"),
         )
     };
     if r < 0 {

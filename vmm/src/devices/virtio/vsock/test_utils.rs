@@ -67,7 +67,7 @@ impl Fixture {
             dst_cid: Le64::from(HOST_CID),
             src_port: Le32::from(src_port),
             dst_port: Le32::from(dst_port),
-            len: Le32::from(data.len() as u32),
+            len: Le32::from(u32::try_from(data.len()).unwrap()),
             type_: Le16::from(TYPE_STREAM),
             op: Le16::from(op),
             flags: Le32::from(flags),
@@ -84,7 +84,7 @@ impl Fixture {
         self.tx.add_chain(
             &self.mem,
             d,
-            &[(at, (HEADER_SIZE + data.len()) as u32, false)],
+            &[(at, u32::try_from(HEADER_SIZE + data.len()).unwrap(), false)],
         );
         self.next_tx_desc += 1;
         self.dev.queue_notify(TX_QUEUE);
