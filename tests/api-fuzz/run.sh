@@ -30,10 +30,15 @@ daemon=""
 cleanup() {
   set +e
   if [ -n "$daemon" ]; then
-    # Sandboxes outlive their daemon: delete every one it made, then stop it.
-    for id in $(api "http://belljard/v1/sandboxes?limit=200" \
-      | python3 -c 'import json,sys; [print(s["id"]) for s in json.load(sys.stdin)["sandboxes"]]'); do
-      api -X DELETE "http://belljard/v1/sandboxes/$id" >/dev/null
+    # Sandboxes outlive their daemon: delete every one it made (a page of 200 at a time),
+    # then stop it.
+    for _ in $(seq 20); do
+      ids=$(api "http://belljard/v1/sandboxes?limit=200" \
+        | python3 -c 'import json,sys; [print(s["id"]) for s in json.load(sys.stdin)["sandboxes"]]')
+      [ -n "$ids" ] || break
+      for id in $ids; do
+        api -X DELETE "http://belljard/v1/sandboxes/$id" >/dev/null
+      done
     done
     kill "$daemon" 2>/dev/null
     wait "$daemon" 2>/dev/null
