@@ -52,8 +52,7 @@ pub struct Config {
     /// still follows the probe.
     #[arg(long, env = "BELLJAR_TESTING_FORCE_MICROVM", hide = true)]
     pub testing_force_microvm: bool,
-    /// Output bytes a sandbox keeps per command (namespace backend); the agent's own default
-    /// (64 MiB) when unset. Bytes over it are dropped and reported as
+    /// Output bytes a sandbox keeps per command; the agent's own default (64 MiB) when unset. Bytes over it are dropped and reported as
     /// `output_truncated_bytes`.
     #[arg(long, env = "BELLJAR_COMMAND_OUTPUT_LIMIT", value_parser = clap::value_parser!(u64).range(1..))]
     pub command_output_limit: Option<u64>,

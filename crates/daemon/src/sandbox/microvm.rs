@@ -213,6 +213,7 @@ impl Backend for Microvm {
             vcpus: spec.vcpus,
             memory_mib: spec.memory_mib,
             disk_mib: spec.disk_mib,
+            agent_env: spec.agent_env.clone(),
         };
         vmm::launch(&vm, crate::util::now_ms()).map_err(err)?;
         Ok(launched(&spec.state_dir))

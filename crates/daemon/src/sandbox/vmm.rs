@@ -51,6 +51,9 @@ pub struct VmSpec {
     pub vcpus: u32,
     pub memory_mib: u64,
     pub disk_mib: u64,
+    /// Extra `KEY=value` settings for the agent, passed on the kernel command line (the kernel
+    /// hands them to init as its environment); values must not contain spaces.
+    pub agent_env: Vec<(String, String)>,
 }
 
 /// The live VMM process, as recorded in `vmm.json`.
@@ -85,7 +88,10 @@ pub fn config(spec: &VmSpec, now_ms: i64) -> serde_json::Value {
     let dir = &spec.state_dir;
     serde_json::json!({
         "kernel": spec.kernel,
-        "cmdline": cmdline(&spec.hostname, now_ms),
+        "cmdline": spec.agent_env.iter().fold(
+            cmdline(&spec.hostname, now_ms),
+            |line, (k, v)| format!("{line} {k}={v}")
+        ),
         "memory_mib": spec.memory_mib,
         "vcpus": spec.vcpus.min(32),
         "disks": [
@@ -233,6 +239,7 @@ mod tests {
             vcpus: 2,
             memory_mib: 1024,
             disk_mib: 4096,
+            agent_env: vec![("BELLJAR_OUTPUT_LIMIT".into(), "4096".into())],
         };
         let c = config(&spec, 42);
         assert_eq!(c["disks"][0]["read_only"], true);
@@ -241,6 +248,7 @@ mod tests {
         let cmdline = c["cmdline"].as_str().unwrap();
         assert!(cmdline.contains("init=/sbin/belljar-agent BELLJAR_MODE=microvm"));
         assert!(cmdline.contains("BELLJAR_CLOCK_MS=42"));
+        assert!(cmdline.ends_with(" BELLJAR_OUTPUT_LIMIT=4096"), "{cmdline}");
     }
 
     #[test]
@@ -299,6 +307,7 @@ mod tests {
             vcpus: 1,
             memory_mib: 256,
             disk_mib: 128,
+            agent_env: vec![],
         };
         let proc = launch(&spec, 0).unwrap();
         std::thread::sleep(Duration::from_millis(500));
