@@ -70,6 +70,9 @@ pub struct Connection {
     control: VecDeque<Outgoing>,
     /// The guest said it will send no more.
     guest_shut_send: bool,
+    /// The host socket's write side is shut. Once is enough: every `shutdown(2)` is a new
+    /// edge on the edge-triggered poller, and repeating it on each readiness never settles.
+    host_write_shut: bool,
 }
 
 impl Connection {
@@ -103,6 +106,7 @@ impl Connection {
             host_readable: true,
             control: VecDeque::new(),
             guest_shut_send: false,
+            host_write_shut: false,
         }
     }
 
@@ -175,13 +179,19 @@ impl Connection {
                     let _ = self.flush_to_host();
                     return Verdict::Close { rst: true };
                 }
-                if self.guest_shut_send && self.to_host.is_empty() {
-                    let _ = self.stream.shutdown(Shutdown::Write);
-                }
+                self.shut_host_write_when_drained();
                 Verdict::Keep
             }
             (OP_RST, _) => Verdict::Close { rst: false },
             _ => Verdict::Close { rst: true },
+        }
+    }
+
+    /// Passes the guest's SHUTDOWN(SEND) on to the host socket once its data is all written.
+    fn shut_host_write_when_drained(&mut self) {
+        if self.guest_shut_send && self.to_host.is_empty() && !self.host_write_shut {
+            self.host_write_shut = true;
+            let _ = self.stream.shutdown(Shutdown::Write);
         }
     }
 
@@ -205,9 +215,7 @@ impl Connection {
                 Err(_) => return Verdict::Close { rst: true },
             }
         }
-        if self.guest_shut_send && self.to_host.is_empty() {
-            let _ = self.stream.shutdown(Shutdown::Write);
-        }
+        self.shut_host_write_when_drained();
         // Tell the guest about freed buffer space before it runs out of credit.
         if (self.fwd_cnt - self.fwd_cnt_sent).0 >= CONN_BUF_ALLOC / 4
             && !self.control.iter().any(|o| o.op == OP_CREDIT_UPDATE)
@@ -293,6 +301,41 @@ mod tests {
         let (a, b) = UnixStream::pair().unwrap();
         a.set_nonblocking(true).unwrap();
         (a, b)
+    }
+
+    /// Found by the `vsock_chain` fuzz target: after a guest SHUTDOWN(SEND), every flush shut
+    /// the host socket down again, each shutdown woke the edge-triggered poller again, and
+    /// the device thread spun in `handle_host_events` forever.
+    #[test]
+    fn guest_shutdown_shuts_the_host_socket_once() {
+        use std::os::fd::AsRawFd;
+        use vmm_sys_util::epoll::{ControlOperation, Epoll, EpollEvent, EventSet};
+        let (vmm_side, mut host) = pair();
+        let fd = vmm_side.as_raw_fd();
+        let mut c = Connection::guest_initiated(52, 1234, vmm_side);
+        let epoll = Epoll::new().unwrap();
+        let ev = EpollEvent::new(
+            EventSet::IN | EventSet::OUT | EventSet::READ_HANG_UP | EventSet::EDGE_TRIGGERED,
+            fd as u64,
+        );
+        epoll.ctl(ControlOperation::Add, fd, ev).unwrap();
+        let mut events = [EpollEvent::default(); 4];
+        assert_eq!(
+            c.on_guest_packet(&hdr(OP_SHUTDOWN, SHUTDOWN_SEND, 0, 4096, 0), &[]),
+            Verdict::Keep
+        );
+        let mut got = Vec::new();
+        host.read_to_end(&mut got).unwrap();
+        assert!(got.is_empty(), "the host sees end of stream");
+        while epoll.wait(0, &mut events).unwrap() > 0 {}
+        // The poller says writable again (as it does for any edge): the flush must not make
+        // a new edge of its own.
+        assert_eq!(c.flush_to_host(), Verdict::Keep);
+        assert_eq!(
+            epoll.wait(0, &mut events).unwrap(),
+            0,
+            "flush woke the poller"
+        );
     }
 
     #[test]
