@@ -29,6 +29,20 @@ pub const fn to_usize(v: u64) -> usize {
     v as usize
 }
 
+/// A `u32` constant from virtio-bindings (which types every constant `u32`) that must fit a
+/// byte; used in `const` items, so a value that does not fit fails the build.
+pub const fn byte_const(v: u32) -> u8 {
+    assert!(v <= 0xff, "constant does not fit a byte");
+    v.to_le_bytes()[0]
+}
+
+/// As `byte_const`, for 16-bit fields.
+pub const fn u16_const(v: u32) -> u16 {
+    assert!(v <= 0xffff, "constant does not fit 16 bits");
+    let b = v.to_le_bytes();
+    u16::from_le_bytes([b[0], b[1]])
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -38,5 +52,7 @@ mod tests {
         assert_eq!(lo32(0x1234_5678_9abc_def0), 0x9abc_def0);
         assert_eq!(hi32(0x1234_5678_9abc_def0), 0x1234_5678);
         assert_eq!(to_usize(u64::MAX), usize::MAX);
+        assert_eq!(byte_const(0xab), 0xab);
+        assert_eq!(u16_const(0xabcd), 0xabcd);
     }
 }

@@ -18,6 +18,7 @@ pub(crate) mod test_utils;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU32, Ordering};
 
+use virtio_bindings::{virtio_config, virtio_ids, virtio_mmio};
 use virtio_queue::Queue;
 
 use crate::devices::Interrupt;
@@ -25,18 +26,18 @@ use crate::memory::GuestMemory;
 use crate::metrics::DeviceMetrics;
 
 /// Virtio device ids (virtio spec 5).
-pub const TYPE_NET: u32 = 1;
-pub const TYPE_BLOCK: u32 = 2;
-pub const TYPE_RNG: u32 = 4;
-pub const TYPE_VSOCK: u32 = 19;
+pub const TYPE_NET: u32 = virtio_ids::VIRTIO_ID_NET;
+pub const TYPE_BLOCK: u32 = virtio_ids::VIRTIO_ID_BLOCK;
+pub const TYPE_RNG: u32 = virtio_ids::VIRTIO_ID_RNG;
+pub const TYPE_VSOCK: u32 = virtio_ids::VIRTIO_ID_VSOCK;
 
 /// VIRTIO_F_VERSION_1: the modern (non-legacy) interface. Every Belljar device offers it.
-pub const VIRTIO_F_VERSION_1: u64 = 1 << 32;
+pub const VIRTIO_F_VERSION_1: u64 = 1 << virtio_config::VIRTIO_F_VERSION_1;
 
 /// InterruptStatus bit: a used buffer was added to a queue.
-pub const INTERRUPT_USED_RING: u32 = 1;
+pub const INTERRUPT_USED_RING: u32 = virtio_mmio::VIRTIO_MMIO_INT_VRING;
 /// InterruptStatus bit: the configuration space changed.
-pub const INTERRUPT_CONFIG: u32 = 2;
+pub const INTERRUPT_CONFIG: u32 = virtio_mmio::VIRTIO_MMIO_INT_CONFIG;
 
 /// Errors activating a virtio device.
 #[derive(Debug, thiserror::Error, displaydoc::Display)]

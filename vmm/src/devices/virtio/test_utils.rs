@@ -3,14 +3,15 @@
 //! Tests write descriptors and avail entries exactly as a guest driver would (including
 //! malformed ones), then read the used ring back.
 
+use virtio_bindings::virtio_ring;
 use virtio_queue::{Queue, QueueT};
 use vm_memory::{Bytes, GuestAddress};
 
-use crate::conv::{hi32, lo32};
+use crate::conv::{hi32, lo32, u16_const};
 use crate::memory::GuestMemory;
 
-pub const VIRTQ_DESC_F_NEXT: u16 = 1;
-pub const VIRTQ_DESC_F_WRITE: u16 = 2;
+pub const VIRTQ_DESC_F_NEXT: u16 = u16_const(virtio_ring::VRING_DESC_F_NEXT);
+pub const VIRTQ_DESC_F_WRITE: u16 = u16_const(virtio_ring::VRING_DESC_F_WRITE);
 
 /// A split queue laid out at `base` in guest memory.
 pub struct TestQueue {

@@ -6,6 +6,10 @@
 
 mod device;
 
+use virtio_bindings::virtio_blk as blk;
+
+use crate::conv::byte_const;
+
 pub use device::{Block, BlockConfig};
 
 /// Sector size of the virtio-blk protocol.
@@ -15,22 +19,21 @@ pub const QUEUE_SIZE: u16 = 256;
 /// Bounce buffer size for one file read or write.
 pub const CHUNK: usize = 128 * 1024;
 /// Length of the GET_ID answer.
-pub const ID_BYTES: usize = 20;
+pub const ID_BYTES: usize = blk::VIRTIO_BLK_ID_BYTES as usize;
 
 /// Request types (virtio spec 5.2.6).
-pub const VIRTIO_BLK_T_IN: u32 = 0;
-pub const VIRTIO_BLK_T_OUT: u32 = 1;
-pub const VIRTIO_BLK_T_FLUSH: u32 = 4;
-pub const VIRTIO_BLK_T_GET_ID: u32 = 8;
+pub use virtio_bindings::virtio_blk::{
+    VIRTIO_BLK_T_FLUSH, VIRTIO_BLK_T_GET_ID, VIRTIO_BLK_T_IN, VIRTIO_BLK_T_OUT,
+};
 
-/// Request status.
-pub const VIRTIO_BLK_S_OK: u8 = 0;
-pub const VIRTIO_BLK_S_IOERR: u8 = 1;
-pub const VIRTIO_BLK_S_UNSUPP: u8 = 2;
+/// Request status, as the one status byte the device writes.
+pub const VIRTIO_BLK_S_OK: u8 = byte_const(blk::VIRTIO_BLK_S_OK);
+pub const VIRTIO_BLK_S_IOERR: u8 = byte_const(blk::VIRTIO_BLK_S_IOERR);
+pub const VIRTIO_BLK_S_UNSUPP: u8 = byte_const(blk::VIRTIO_BLK_S_UNSUPP);
 
-/// Feature bits.
-pub const VIRTIO_BLK_F_RO: u64 = 1 << 5;
-pub const VIRTIO_BLK_F_FLUSH: u64 = 1 << 9;
+/// Feature bits (virtio-bindings gives bit numbers).
+pub const VIRTIO_BLK_F_RO: u64 = 1 << blk::VIRTIO_BLK_F_RO;
+pub const VIRTIO_BLK_F_FLUSH: u64 = 1 << blk::VIRTIO_BLK_F_FLUSH;
 
 /// Errors opening a disk.
 #[derive(Debug, thiserror::Error, displaydoc::Display)]

@@ -13,37 +13,39 @@ pub const MMIO_VERSION: u32 = 2;
 pub const VENDOR_ID: u32 = 0x4a42;
 
 /// Device status bits (virtio spec 2.1).
-pub const STATUS_ACKNOWLEDGE: u32 = 1;
-pub const STATUS_DRIVER: u32 = 2;
-pub const STATUS_DRIVER_OK: u32 = 4;
-pub const STATUS_FEATURES_OK: u32 = 8;
-pub const STATUS_DEVICE_NEEDS_RESET: u32 = 0x40;
-pub const STATUS_FAILED: u32 = 0x80;
+pub use virtio_bindings::virtio_config::{
+    VIRTIO_CONFIG_S_ACKNOWLEDGE as STATUS_ACKNOWLEDGE, VIRTIO_CONFIG_S_DRIVER as STATUS_DRIVER,
+    VIRTIO_CONFIG_S_DRIVER_OK as STATUS_DRIVER_OK, VIRTIO_CONFIG_S_FAILED as STATUS_FAILED,
+    VIRTIO_CONFIG_S_FEATURES_OK as STATUS_FEATURES_OK,
+    VIRTIO_CONFIG_S_NEEDS_RESET as STATUS_DEVICE_NEEDS_RESET,
+};
 
-/// Register offsets.
+/// Register offsets, as the bus hands them to the transport (u64).
 pub mod regs {
-    pub const MAGIC: u64 = 0x000;
-    pub const VERSION: u64 = 0x004;
-    pub const DEVICE_ID: u64 = 0x008;
-    pub const VENDOR_ID: u64 = 0x00c;
-    pub const DEVICE_FEATURES: u64 = 0x010;
-    pub const DEVICE_FEATURES_SEL: u64 = 0x014;
-    pub const DRIVER_FEATURES: u64 = 0x020;
-    pub const DRIVER_FEATURES_SEL: u64 = 0x024;
-    pub const QUEUE_SEL: u64 = 0x030;
-    pub const QUEUE_NUM_MAX: u64 = 0x034;
-    pub const QUEUE_NUM: u64 = 0x038;
-    pub const QUEUE_READY: u64 = 0x044;
-    pub const QUEUE_NOTIFY: u64 = 0x050;
-    pub const INTERRUPT_STATUS: u64 = 0x060;
-    pub const INTERRUPT_ACK: u64 = 0x064;
-    pub const STATUS: u64 = 0x070;
-    pub const QUEUE_DESC_LOW: u64 = 0x080;
-    pub const QUEUE_DESC_HIGH: u64 = 0x084;
-    pub const QUEUE_AVAIL_LOW: u64 = 0x090;
-    pub const QUEUE_AVAIL_HIGH: u64 = 0x094;
-    pub const QUEUE_USED_LOW: u64 = 0x0a0;
-    pub const QUEUE_USED_HIGH: u64 = 0x0a4;
-    pub const CONFIG_GENERATION: u64 = 0x0fc;
-    pub const CONFIG: u64 = 0x100;
+    use virtio_bindings::virtio_mmio as m;
+
+    pub const MAGIC: u64 = m::VIRTIO_MMIO_MAGIC_VALUE as u64;
+    pub const VERSION: u64 = m::VIRTIO_MMIO_VERSION as u64;
+    pub const DEVICE_ID: u64 = m::VIRTIO_MMIO_DEVICE_ID as u64;
+    pub const VENDOR_ID: u64 = m::VIRTIO_MMIO_VENDOR_ID as u64;
+    pub const DEVICE_FEATURES: u64 = m::VIRTIO_MMIO_DEVICE_FEATURES as u64;
+    pub const DEVICE_FEATURES_SEL: u64 = m::VIRTIO_MMIO_DEVICE_FEATURES_SEL as u64;
+    pub const DRIVER_FEATURES: u64 = m::VIRTIO_MMIO_DRIVER_FEATURES as u64;
+    pub const DRIVER_FEATURES_SEL: u64 = m::VIRTIO_MMIO_DRIVER_FEATURES_SEL as u64;
+    pub const QUEUE_SEL: u64 = m::VIRTIO_MMIO_QUEUE_SEL as u64;
+    pub const QUEUE_NUM_MAX: u64 = m::VIRTIO_MMIO_QUEUE_NUM_MAX as u64;
+    pub const QUEUE_NUM: u64 = m::VIRTIO_MMIO_QUEUE_NUM as u64;
+    pub const QUEUE_READY: u64 = m::VIRTIO_MMIO_QUEUE_READY as u64;
+    pub const QUEUE_NOTIFY: u64 = m::VIRTIO_MMIO_QUEUE_NOTIFY as u64;
+    pub const INTERRUPT_STATUS: u64 = m::VIRTIO_MMIO_INTERRUPT_STATUS as u64;
+    pub const INTERRUPT_ACK: u64 = m::VIRTIO_MMIO_INTERRUPT_ACK as u64;
+    pub const STATUS: u64 = m::VIRTIO_MMIO_STATUS as u64;
+    pub const QUEUE_DESC_LOW: u64 = m::VIRTIO_MMIO_QUEUE_DESC_LOW as u64;
+    pub const QUEUE_DESC_HIGH: u64 = m::VIRTIO_MMIO_QUEUE_DESC_HIGH as u64;
+    pub const QUEUE_AVAIL_LOW: u64 = m::VIRTIO_MMIO_QUEUE_AVAIL_LOW as u64;
+    pub const QUEUE_AVAIL_HIGH: u64 = m::VIRTIO_MMIO_QUEUE_AVAIL_HIGH as u64;
+    pub const QUEUE_USED_LOW: u64 = m::VIRTIO_MMIO_QUEUE_USED_LOW as u64;
+    pub const QUEUE_USED_HIGH: u64 = m::VIRTIO_MMIO_QUEUE_USED_HIGH as u64;
+    pub const CONFIG_GENERATION: u64 = m::VIRTIO_MMIO_CONFIG_GENERATION as u64;
+    pub const CONFIG: u64 = m::VIRTIO_MMIO_CONFIG as u64;
 }

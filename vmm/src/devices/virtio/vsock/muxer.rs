@@ -353,46 +353,18 @@ impl Muxer {
 }
 
 /// Connects to a Unix socket without ever blocking: this runs on a vCPU thread, and a host
-/// listener with a full backlog must cost the guest an RST, not a stalled vCPU.
+/// listener with a full backlog must cost the guest an RST (EAGAIN), not a stalled vCPU.
 fn connect_nonblocking(path: &Path) -> std::io::Result<UnixStream> {
-    use std::os::fd::FromRawFd;
-    use std::os::unix::ffi::OsStrExt;
-    let bytes = path.as_os_str().as_bytes();
-    // SAFETY: sockaddr_un is plain old data; all-zero is a valid (empty) value.
-    let mut addr: libc::sockaddr_un = unsafe { std::mem::zeroed() };
-    if bytes.len() >= addr.sun_path.len() {
-        return Err(std::io::Error::from_raw_os_error(libc::ENAMETOOLONG));
-    }
-    addr.sun_family = libc::sa_family_t::try_from(libc::AF_UNIX).expect("AF_UNIX is 1");
-    for (dst, src) in addr.sun_path.iter_mut().zip(bytes) {
-        *dst = *src as libc::c_char;
-    }
-    // SAFETY: plain socket(2) call; the result is checked before use.
-    let fd = unsafe {
-        libc::socket(
-            libc::AF_UNIX,
-            libc::SOCK_STREAM | libc::SOCK_NONBLOCK | libc::SOCK_CLOEXEC,
-            0,
-        )
-    };
-    if fd < 0 {
-        return Err(std::io::Error::last_os_error());
-    }
-    // SAFETY: `fd` is a fresh socket that nothing else owns; the stream closes it on drop.
-    let stream = unsafe { UnixStream::from_raw_fd(fd) };
-    // SAFETY: `addr` is a valid sockaddr_un that outlives the call, and the length passed is
-    // its size.
-    let r = unsafe {
-        libc::connect(
-            fd,
-            (&raw const addr).cast::<libc::sockaddr>(),
-            libc::socklen_t::try_from(std::mem::size_of::<libc::sockaddr_un>()).expect("110 bytes"),
-        )
-    };
-    if r < 0 {
-        return Err(std::io::Error::last_os_error());
-    }
-    Ok(stream)
+    use rustix::net::{AddressFamily, SocketAddrUnix, SocketFlags, SocketType};
+    let addr = SocketAddrUnix::new(path)?;
+    let fd = rustix::net::socket_with(
+        AddressFamily::UNIX,
+        SocketType::STREAM,
+        SocketFlags::NONBLOCK | SocketFlags::CLOEXEC,
+        None,
+    )?;
+    rustix::net::connect(&fd, &addr)?;
+    Ok(UnixStream::from(fd))
 }
 
 fn remove_stale_socket(path: &Path) {
