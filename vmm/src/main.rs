@@ -199,14 +199,16 @@ extern "C" fn on_terminate(_: libc::c_int, _: *mut libc::siginfo_t, _: *mut libc
 }
 
 fn run(config: &VmConfig) -> anyhow::Result<ExitReason> {
+    // Before anything the outside world can observe (guest output, the control socket), so
+    // that a SIGTERM sent once the VM is seen running always means a clean stop (status 0).
+    for sig in [libc::SIGTERM, libc::SIGINT] {
+        vmm_sys_util::signal::register_signal_handler(sig, on_terminate)
+            .context("Cannot install signal handlers")?;
+    }
     let hv = KvmHypervisor::new()?;
     let vmm = Vmm::start(config, &hv)?;
     if let Some(path) = &config.control_socket {
         belljar_vmm::control::serve(path, Arc::clone(&vmm))?;
-    }
-    for sig in [libc::SIGTERM, libc::SIGINT] {
-        vmm_sys_util::signal::register_signal_handler(sig, on_terminate)
-            .context("Cannot install signal handlers")?;
     }
     if config.seccomp {
         // Open /proc/self/statm while open() is still allowed.

@@ -1,7 +1,7 @@
 //! The `belljar-vmm` binary as the daemon uses it: config file, exit statuses, control
 //! socket (with the seccomp filter installed), all with tiny raw guests.
 
-use std::io::{BufRead, BufReader, Write};
+use std::io::{BufRead, BufReader, Read, Write};
 use std::os::unix::net::UnixStream;
 use std::path::Path;
 use std::process::{Command, Stdio};
@@ -179,16 +179,31 @@ fn sigterm_stops_with_status_0() {
         return;
     }
     let dir = tempfile::tempdir().unwrap();
-    let child = Command::new(BIN)
+    let mut child = Command::new(BIN)
         .arg("--kernel")
         .arg(guest(dir.path(), false))
-        .args(["--boot", "raw", "--memory-mib", "16"])
-        .stdout(Stdio::null())
+        .args(["--boot", "raw", "--memory-mib", "16", "--echo"])
+        .stdout(Stdio::piped())
         .spawn()
         .unwrap();
-    std::thread::sleep(Duration::from_millis(100));
-    // SAFETY: plain kill(2) on our own child.
-    unsafe { libc::kill(child.id() as i32, libc::SIGTERM) };
-    let out = child.wait_with_output().unwrap();
-    assert_eq!(out.status.code(), Some(0));
+    // The guest's "hi" on the echoed console means its vCPU runs, and the VMM installs its
+    // signal handlers before it starts any: from then on SIGTERM is a clean stop.
+    let mut stdout = child.stdout.take().unwrap();
+    let (tx, rx) = std::sync::mpsc::channel();
+    std::thread::spawn(move || {
+        let mut hi = [0u8; 2];
+        let _ = tx.send(stdout.read_exact(&mut hi).map(|()| hi));
+        // Keep draining so the VMM never blocks on a full pipe.
+        let _ = std::io::copy(&mut stdout, &mut std::io::sink());
+    });
+    let hi = rx
+        .recv_timeout(Duration::from_secs(10))
+        .expect("guest output within 10 s")
+        .unwrap();
+    assert_eq!(&hi, b"hi");
+    let pid = libc::pid_t::try_from(child.id()).unwrap();
+    // SAFETY: plain kill(2) on our own child, which has not been waited for yet.
+    unsafe { libc::kill(pid, libc::SIGTERM) };
+    let status = child.wait().unwrap();
+    assert_eq!(status.code(), Some(0));
 }
