@@ -332,3 +332,39 @@ async fn output_over_the_limit_is_reported_by_the_api_and_the_cli() {
     assert!(out.status.success());
     assert_eq!(stderr(&out), "");
 }
+
+#[tokio::test(flavor = "multi_thread")]
+async fn concurrent_requests_with_one_key_run_the_command_once_and_all_wait_for_it() {
+    let d = Daemon::start();
+    let c = d.unix();
+    let s = d.create(&c, CreateSandbox::default()).await;
+    let req = RunCommand {
+        argv: vec![
+            "sh".into(),
+            "-c".into(),
+            "echo x >> /workspace/once; sleep 0.5; echo done".into(),
+        ],
+        ..Default::default()
+    };
+    let tasks: Vec<_> = (0..8)
+        .map(|_| {
+            let (c, id, req) = (c.clone(), s.id.clone(), req.clone());
+            tokio::spawn(async move { run_keyed(&c, &id, "together", &req).await.unwrap() })
+        })
+        .collect();
+    let answers = futures_join(tasks).await;
+    for a in &answers {
+        assert_eq!(a.id, answers[0].id, "two commands for one key");
+        // Every request waited for the end, not only the one that started it.
+        assert_eq!(a.status, CommandStatus::Exited, "{a:?}");
+    }
+    assert_eq!(logs(&c, &s.id, &answers[0].id).await, b"done\n");
+    let get = with_query(
+        &format!("/v1/sandboxes/{}/files", s.id),
+        &[("path", Some("/workspace/once".into()))],
+    );
+    assert_eq!(&get_bytes(&c, &get).await[..], b"x\n");
+    // A key that is not visible ASCII is refused.
+    let err = run_keyed(&c, &s.id, "two words", &req).await.unwrap_err();
+    assert_eq!(err.code(), "bad_request", "{err}");
+}

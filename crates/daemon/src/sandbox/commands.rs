@@ -22,7 +22,9 @@ use crate::util::{is_id, new_id, now_ms};
 
 /// What recording a new command found.
 enum Recorded {
-    New(CommandRecord),
+    /// With its log state, registered before the record was written so that a concurrent
+    /// replay of the pending command waits for it.
+    New(CommandRecord, Arc<watch::Sender<LogState>>),
     /// A concurrent request with the same idempotency key recorded this one first.
     Existing(CommandRecord),
 }
@@ -112,22 +114,23 @@ impl Sandboxes {
         let agent = self.agent(&sandbox).await?;
         let key = idempotency_key.as_deref();
         let user = req.sudo.then(|| "root".to_owned());
-        let mut rec = match self.replay(id, key, &req.argv)? {
+        let (mut rec, state) = match self.replay(id, key, &req.argv)? {
             Some(lost) if never_started(&lost) => match self.revive(&lost).await? {
-                Some(rec) => rec,
+                Some(rec) => {
+                    let state = self.inner.logs.register(&rec.command.id, 0);
+                    (rec, state)
+                }
                 None => return Ok((self.command_record(id, &lost.command.id)?, agent)),
             },
             Some(existing) => return Ok((existing, agent)),
             None => match self.record_new(id, &req, user.clone(), key).await? {
-                Recorded::New(rec) => rec,
+                Recorded::New(rec, state) => (rec, state),
                 Recorded::Existing(rec) => return Ok((rec, agent)),
             },
         };
         let cid = rec.command.id.clone();
         let mut env = sandbox.env.clone();
         env.extend(req.env.unwrap_or_default());
-        // Registered now, so that a replay of a pending command waits for it.
-        let state = self.inner.logs.register(&cid, 0);
         let start = StartCommand {
             argv: req.argv,
             cwd: req.cwd,
@@ -202,9 +205,13 @@ impl Sandboxes {
             log_path,
             idempotency_key: key.map(str::to_owned),
         };
-        if self.inner.store.insert_command(&rec)? {
-            return Ok(Recorded::New(rec));
+        let state = self.inner.logs.register(&rec.command.id, 0);
+        let inserted = self.inner.store.insert_command(&rec);
+        if matches!(inserted, Ok(true)) {
+            return Ok(Recorded::New(rec, state));
         }
+        self.inner.logs.finish(&rec.command.id);
+        inserted?;
         let _ = tokio::fs::remove_file(&rec.log_path).await;
         match self.replay(id, key, &req.argv)? {
             Some(existing) => Ok(Recorded::Existing(existing)),
