@@ -155,8 +155,9 @@ fn handle_request(
         VIRTIO_BLK_T_IN => {
             let len = writer.available_bytes();
             // The used ring reports the bytes written as a u32. Descriptors may alias the
-            // same guest memory, so a chain can claim more than that: refuse it rather than
-            // copy gigabytes and report a truncated length.
+            // same guest memory, so a chain could claim more than that; virtio-queue already
+            // ends a chain before 4 GiB, and should it stop doing so the request is refused
+            // here rather than copied and reported with a truncated length.
             match u32::try_from(len) {
                 Ok(len32) if in_range(sector, len as u64, capacity) => {
                     match copy_file_to_guest(file, sector * SECTOR_SIZE, len, &mut writer) {
@@ -340,12 +341,16 @@ mod tests {
     }
 
     fn fixture(read_only: bool, size: u64) -> Fixture {
+        fixture_with(read_only, size, 1 << 20)
+    }
+
+    fn fixture_with(read_only: bool, size: u64, mem_size: u64) -> Fixture {
         let dir = tempfile::tempdir().unwrap();
         let path = dir.path().join("disk.img");
         let f = File::create(&path).unwrap();
         f.set_len(size).unwrap();
         f.write_all_at(b"sector-one", 512).unwrap();
-        let mem = crate::memory::create(1 << 20).unwrap();
+        let mem = crate::memory::create(mem_size).unwrap();
         let tq = TestQueue::new(&mem, 0x1000, 16);
         let mut blk = Block::new(BlockConfig {
             path: path.clone(),
@@ -394,6 +399,27 @@ mod tests {
         f.mem.read_slice(&mut buf, GuestAddress(DATA)).unwrap();
         assert_eq!(&buf, b"sector-one");
         assert_eq!(f.blk.metrics().snapshot("b").bytes_out, 512);
+    }
+
+    #[test]
+    fn a_read_longer_than_the_used_ring_can_report_copies_nothing() {
+        // Five 1 GiB data descriptors that all alias the same guest memory: 5 GiB of writable
+        // buffers, more than the used ring's u32 length can express. virtio-queue ends the
+        // chain before 4 GiB (so the "status byte" is the last byte of the third buffer), and
+        // nothing is copied: the request fails with only a status byte reported.
+        const GIB: u32 = 1 << 30;
+        let mut f = fixture_with(true, 8 << 30, 2 << 30);
+        header(&f.mem, VIRTIO_BLK_T_IN, 0);
+        let mut descs = vec![(HDR, 16, false)];
+        descs.extend(std::iter::repeat_n((u64::from(GIB), GIB, true), 5));
+        descs.push((STATUS, 1, true));
+        f.tq.add_chain(&f.mem, 0, &descs);
+        f.blk.queue_notify(0);
+        let status_at = u64::from(GIB) + u64::from(GIB) - 1;
+        let status: u8 = f.mem.read_obj(GuestAddress(status_at)).unwrap();
+        assert_eq!(status, VIRTIO_BLK_S_IOERR);
+        assert_eq!(f.tq.used(&f.mem, 0), (0, 1));
+        assert_eq!(f.blk.metrics().snapshot("b").bytes_out, 0);
     }
 
     #[test]
