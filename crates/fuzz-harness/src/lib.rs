@@ -42,5 +42,5 @@ pub fn remove_scratch() {
             std::env::temp_dir().join(format!("belljar-fuzz-{kind}-{pid}")),
         );
     }
-    let _ = std::fs::remove_dir_all(tar_upload::BASE);
+    tar_upload::remove_scratch();
 }

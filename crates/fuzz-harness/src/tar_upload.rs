@@ -77,6 +77,18 @@ fn prepare(base: &Path) -> PathBuf {
     root
 }
 
+/// Holds the scratch directory against other processes until dropped.
+fn lock_base() -> nix::fcntl::Flock<std::fs::File> {
+    let file = std::fs::OpenOptions::new()
+        .create(true)
+        .truncate(false)
+        .write(true)
+        .open(format!("{BASE}.lock"))
+        .expect("lock file");
+    nix::fcntl::Flock::lock(file, nix::fcntl::FlockArg::LockExclusive)
+        .unwrap_or_else(|(_, e)| panic!("cannot lock {BASE}.lock: {e}"))
+}
+
 /// Builds an archive from entry descriptions; checksums are right so that the interesting
 /// code (paths, types, links, modes) is reached, and the end may be cut off.
 fn archive(input: &mut Input) -> Vec<u8> {
@@ -119,10 +131,12 @@ fn archive(input: &mut Input) -> Vec<u8> {
 }
 
 pub fn run(data: &[u8]) {
-    // One scratch directory per process; the replay test and the fuzzer run one input at a
-    // time.
+    // One fixed scratch directory for every process: a fuzzer and a `cargo test` replaying
+    // the corpus take turns through a lock file (and threads of one process through a mutex),
+    // or one would wipe the other's directory mid-check.
     static LOCK: Mutex<()> = Mutex::new(());
     let _guard = LOCK.lock().unwrap_or_else(|e| e.into_inner());
+    let _flock = lock_base();
     let mut input = Input::new(data);
     let raw = input.one_in(4);
     let tar = if raw {
@@ -149,4 +163,10 @@ pub fn run(data: &[u8]) {
         before, after,
         "the upload changed something outside its target"
     );
+}
+
+/// Removes the shared scratch directory, under the same lock as a run.
+pub fn remove_scratch() {
+    let _flock = lock_base();
+    let _ = std::fs::remove_dir_all(BASE);
 }
