@@ -94,13 +94,29 @@ fn config(dir: &Path, extra_cmdline: &str) -> PathBuf {
     p
 }
 
+/// The VMM under test, killed when a failed assertion unwinds past it: a VMM left running
+/// would keep the test's output open and its guest's CPU busy after the test ended.
+struct Vmm(std::process::Child);
+
+impl Drop for Vmm {
+    fn drop(&mut self) {
+        let _ = self.0.kill();
+        let _ = self.0.wait();
+    }
+}
+
+fn spawn_vmm(cfg: &Path) -> Vmm {
+    Vmm(Command::new(BIN).arg("--config").arg(cfg).spawn().unwrap())
+}
+
 #[test]
 #[ignore = "needs hardware KVM, the guest kernel and the base image"]
 fn agent_self_check_boots_to_marker() {
     let dir = tempfile::tempdir().unwrap();
     let cfg = config(dir.path(), "BELLJAR_SELFCHECK=1");
     let t = Instant::now();
-    let mut child = Command::new(BIN).arg("--config").arg(cfg).spawn().unwrap();
+    let mut vmm = spawn_vmm(&cfg);
+    let child = &mut vmm.0;
     let log = dir.path().join("console.log");
     loop {
         let text = std::fs::read_to_string(&log).unwrap_or_default();
@@ -134,7 +150,8 @@ fn agent_self_check_boots_to_marker() {
 fn host_reaches_agent_over_hybrid_vsock() {
     let dir = tempfile::tempdir().unwrap();
     let cfg = config(dir.path(), "BELLJAR_LISTEN=vsock:1024");
-    let mut child = Command::new(BIN).arg("--config").arg(cfg).spawn().unwrap();
+    let mut vmm = spawn_vmm(&cfg);
+    let child = &mut vmm.0;
     let uds = dir.path().join("vsock.sock");
     let t = Instant::now();
     // Retry until the agent listens: before that the guest answers with RST and the VMM

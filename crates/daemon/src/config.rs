@@ -44,6 +44,10 @@ pub struct Config {
     /// The default sandbox timeout, e.g. `5m`.
     #[arg(long, env = "BELLJAR_DEFAULT_TIMEOUT", default_value = "5m", value_parser = parse_duration)]
     pub default_timeout: i64,
+    /// How long a new sandbox's agent gets to answer, e.g. `20s`. Microvm sandboxes on nested
+    /// KVM (the test harness, `scripts/test-microvm.sh`) boot in tens of seconds.
+    #[arg(long, env = "BELLJAR_READY_TIMEOUT", default_value = "20s", value_parser = parse_duration)]
+    pub ready_timeout: i64,
     /// Host memory (MiB) never given to sandboxes.
     #[arg(long, env = "BELLJAR_MEMORY_RESERVE_MIB", default_value_t = 512)]
     pub memory_reserve_mib: u64,
@@ -106,6 +110,7 @@ mod tests {
         assert_eq!(Config::try_parse_from(["belljard"]).unwrap().port, None);
         assert_eq!(c.max_timeout, 86_400_000);
         assert_eq!(c.default_timeout, 300_000);
+        assert_eq!(c.ready_timeout, 20_000);
         assert!(c.ui_dir().ends_with("ui/dist"));
         assert!(Config::try_parse_from(["belljard", "--max-timeout", "-5m"]).is_err());
     }

@@ -112,6 +112,7 @@ async fn serve(config: Config, paths: &Paths) -> Result<(), ServerError> {
         memory_reserve_mib: config.memory_reserve_mib,
         agent: config.agent.clone(),
         command_output_limit: config.command_output_limit,
+        ready_timeout: std::time::Duration::from_millis(config.ready_timeout.unsigned_abs()),
         ..Settings::default()
     };
     let sandboxes = Sandboxes::new(
