@@ -43,6 +43,7 @@ for t in "${tests[@]}"; do
   out="$work/$name.out"
   # Its own process group, killed afterwards: a VMM a failed test left running must neither
   # keep the output open nor the next test waiting.
+  : > "$out"
   setsid "$exe" --ignored --test-threads=1 --nocapture > "$out" 2>&1 &
   pid=$!
   tail -n +1 -f --pid="$pid" "$out" &

@@ -54,7 +54,8 @@ pub struct Config {
     /// Testing only (the nested-KVM harness, `scripts/test-microvm.sh`): accept explicit
     /// `--backend microvm` requests on KVM that the speed probe rejects as too slow. `auto`
     /// still follows the probe.
-    #[arg(long, env = "BELLJAR_TESTING_FORCE_MICROVM", hide = true)]
+    #[arg(long, env = "BELLJAR_TESTING_FORCE_MICROVM", hide = true,
+          value_parser = clap::builder::BoolishValueParser::new())]
     pub testing_force_microvm: bool,
     /// Output bytes a sandbox keeps per command; the agent's own default (64 MiB) when unset. Bytes over it are dropped and reported as
     /// `output_truncated_bytes`.
@@ -111,6 +112,9 @@ mod tests {
         assert_eq!(c.max_timeout, 86_400_000);
         assert_eq!(c.default_timeout, 300_000);
         assert_eq!(c.ready_timeout, 20_000);
+        assert!(!c.testing_force_microvm);
+        let c = Config::try_parse_from(["belljard", "--testing-force-microvm"]).unwrap();
+        assert!(c.testing_force_microvm);
         assert!(c.ui_dir().ends_with("ui/dist"));
         assert!(Config::try_parse_from(["belljard", "--max-timeout", "-5m"]).is_err());
     }
