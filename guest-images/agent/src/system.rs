@@ -357,10 +357,16 @@ pub fn end(mode: Mode, reboot: bool) -> ! {
 }
 
 /// Writes to `belljar-vmm`'s power-off port, which ends the VM at once. Returns only where
-/// the port cannot be reached (not x86, or `ioperm` refused), leaving `reboot(2)` to try.
+/// the port cannot be reached (not x86, or neither `/dev/port` nor `ioperm` works), leaving
+/// `reboot(2)` to try.
 fn power_off_port() {
     #[cfg(target_arch = "x86_64")]
     {
+        // `/dev/port` first: the guest kernel is built without CONFIG_X86_IOPL_IOPERM, so
+        // `ioperm` fails there with ENOSYS, and the VM would only halt and never end.
+        if write_dev_port(std::path::Path::new("/dev/port")).is_ok() {
+            return;
+        }
         let port = belljar_agent_proto::POWER_OFF_PORT;
         // SAFETY: ioperm only changes this process's I/O permission bitmap.
         if unsafe { libc::ioperm(libc::c_ulong::from(port), 1, 1) } != 0 {
@@ -374,9 +380,30 @@ fn power_off_port() {
     }
 }
 
+/// One byte at offset [`belljar_agent_proto::POWER_OFF_PORT`] of `dev_port` (`/dev/port`,
+/// where a file offset is an I/O port number).
+fn write_dev_port(dev_port: &Path) -> std::io::Result<()> {
+    use std::os::unix::fs::FileExt;
+    let port = std::fs::OpenOptions::new().write(true).open(dev_port)?;
+    port.write_all_at(&[1], u64::from(belljar_agent_proto::POWER_OFF_PORT))
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn the_power_off_byte_goes_to_the_port_offset() {
+        // A plain file stands in for /dev/port: the byte must land at offset 0x501.
+        let dir = tempfile::tempdir().unwrap();
+        let f = dir.path().join("port");
+        std::fs::write(&f, b"").unwrap();
+        write_dev_port(&f).unwrap();
+        let data = std::fs::read(&f).unwrap();
+        assert_eq!(data.len(), 0x502);
+        assert_eq!(data[0x501], 1);
+        assert!(write_dev_port(&dir.path().join("missing")).is_err());
+    }
 
     #[test]
     fn sees_what_is_mounted() {
