@@ -48,8 +48,10 @@ for t in "${targets[@]}"; do
     start=$(date +%s)
     # user + system CPU seconds of the fuzzer, from bash's own accounting of its children.
     TIMEFORMAT='%U %S'
-    # -detect_leaks=0: the harnesses keep one runtime, agent and daemon for the whole
-    # process on purpose, and LeakSanitizer would report those (and stop the run) as leaks.
+    # No leak checks (-detect_leaks=0, and none at exit): the harnesses keep one runtime,
+    # agent and daemon for the whole process on purpose, and LeakSanitizer would report
+    # those as leaks (and stop the run, or write an empty "crash" at its end).
+    export ASAN_OPTIONS="detect_leaks=0${ASAN_OPTIONS:+:$ASAN_OPTIONS}"
     { time "$bin" -max_total_time="$seconds" -print_final_stats=1 -timeout=20 \
         -rss_limit_mb=2048 -max_len=4096 -detect_leaks=0 -artifact_prefix="fuzz/artifacts/$t/" \
         "$work/corpus" "fuzz/corpus/$t" >"$work/log" 2>&1 || true; } 2>"$work/cpu"
