@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Sets up everything (scripts/setup.sh) and runs every test: formatting and lints, the Rust
 # workspace (unit, KVM tiny-guest, QEMU boot, namespace escape and end-to-end tests), and the
-# UI in a real browser and in the real desktop app.
+# UI in a real browser and in the real desktop app, then real microVM sandboxes
+# (scripts/test-microvm.sh).
 set -euo pipefail
 here=$(cd "$(dirname "$0")/.." && pwd)
 cd "$here"
@@ -25,3 +26,6 @@ if [ -x tests/ui/run.sh ]; then
   step "UI tests (Playwright in Chromium, WebDriver in the desktop app)"
   tests/ui/run.sh
 fi
+
+step "microVM tests (scripts/test-microvm.sh: nested KVM in a QEMU-TCG guest here)"
+BELLJAR_MICROVM_TIMEOUT="${BELLJAR_MICROVM_TIMEOUT:-720}" scripts/test-microvm.sh
