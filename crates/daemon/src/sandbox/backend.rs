@@ -212,8 +212,9 @@ pub fn kind_name(kind: BackendKind) -> &'static str {
 mod tests {
     use super::*;
 
-    /// A backend with a fixed probe result, to test the choice logic alone.
-    struct Fixed(BackendKind, bool, &'static str);
+    /// A backend with a fixed probe result, to test the choice logic alone; `forced` makes it
+    /// answer `forced_for_testing` as the harness's microVM backend does.
+    struct Fixed(BackendKind, bool, &'static str, bool);
 
     impl Backend for Fixed {
         fn kind(&self) -> BackendKind {
@@ -243,6 +244,9 @@ mod tests {
         fn agent_address(&self, p: &Path) -> AgentAddress {
             AgentAddress::Unix(p.to_path_buf())
         }
+        fn forced_for_testing(&self) -> Option<String> {
+            self.3.then(|| "forced usable for testing".into())
+        }
     }
 
     #[test]
@@ -252,8 +256,9 @@ mod tests {
                 BackendKind::Microvm,
                 false,
                 "KVM is software-based (PVM) here",
+                false,
             )),
-            Box::new(Fixed(BackendKind::Namespace, true, "ok")),
+            Box::new(Fixed(BackendKind::Namespace, true, "ok", false)),
         ]);
         assert_eq!(b.default, BackendKind::Namespace);
         assert_eq!(b.default_reason, "KVM is software-based (PVM) here");
@@ -268,51 +273,24 @@ mod tests {
                 BackendKind::Microvm,
                 true,
                 "KVM with hardware virtualization",
+                false,
             )),
-            Box::new(Fixed(BackendKind::Namespace, true, "ok")),
+            Box::new(Fixed(BackendKind::Namespace, true, "ok", false)),
         ]);
         assert_eq!(b.default, BackendKind::Microvm);
         assert_eq!(b.info().len(), 2);
     }
 
-    /// A microVM backend whose probe fails but which is forced usable for testing.
-    struct Forced;
-
-    impl Backend for Forced {
-        fn kind(&self) -> BackendKind {
-            BackendKind::Microvm
-        }
-        fn probe(&self) -> Probe {
-            Fixed(BackendKind::Microvm, false, "too slow: nested KVM").probe()
-        }
-        fn launch(&self, _: &LaunchSpec) -> Result<Launched, BackendError> {
-            Err(BackendError::Launch("not in this test".into()))
-        }
-        fn adopt(&self, _: &Path) -> Result<Option<Launched>, BackendError> {
-            Ok(None)
-        }
-        fn exit_watch(&self, _: &Path) -> Result<Option<ExitWatch>, BackendError> {
-            Ok(None)
-        }
-        fn stop(&self, _: &Path, _: Duration) -> Result<(), BackendError> {
-            Ok(())
-        }
-        fn destroy(&self, _: &Path) -> Result<(), BackendError> {
-            Ok(())
-        }
-        fn agent_address(&self, p: &Path) -> AgentAddress {
-            AgentAddress::Unix(p.to_path_buf())
-        }
-        fn forced_for_testing(&self) -> Option<String> {
-            Some("forced usable for testing".into())
-        }
-    }
-
     #[test]
     fn forcing_for_testing_serves_explicit_requests_but_never_changes_auto() {
         let b = Backends::new(vec![
-            Box::new(Forced),
-            Box::new(Fixed(BackendKind::Namespace, true, "ok")),
+            Box::new(Fixed(
+                BackendKind::Microvm,
+                false,
+                "too slow: nested KVM",
+                true,
+            )),
+            Box::new(Fixed(BackendKind::Namespace, true, "ok", false)),
         ]);
         assert_eq!(b.default, BackendKind::Namespace);
         let (chosen, _) = b.choose(BackendChoice::Auto).unwrap();
