@@ -188,6 +188,8 @@ timing "L1 tools (cached by version)" "$(elapsed "$t")"
 # --- The L1 run, under a hard timeout.
 {
   echo "JOB_SCRIPT=$here/tests/microvm/job.sh"
+  # Host paths under /tmp that L1 must see through its own /tmp (l1-init.sh binds them).
+  printf 'KEEP_PATHS="%s"\n' "$here $BELLJAR_CACHE $run_dir"
   printf 'JOB_ENV="%s"\n' "${job_env[*]}"
 } > "$run_dir/results/job.env"
 console="$run_dir/console.log"

@@ -42,7 +42,19 @@ ln -sf /proc/self/fd/2 /host/dev/stderr
 mount -t proc proc /host/proc
 mount -t sysfs sys /host/sys
 mount -t cgroup2 cgroup2 /host/sys/fs/cgroup 2> /dev/null
+# The host's /tmp stays reachable for what the job needs from it (a clone of the repository
+# under /tmp, say): its paths are bound back over the chroot's own tmpfs.
+mkdir -p /hosttmp
+mount --bind /host/tmp /hosttmp
 mount -t tmpfs -o mode=1777 tmp /host/tmp
+for keep in ${KEEP_PATHS:-}; do
+  case "$keep" in
+    /tmp/?*)
+      mkdir -p "/host$keep"
+      mount --bind "/hosttmp${keep#/tmp}" "/host$keep" || say "cannot keep $keep"
+      ;;
+  esac
+done
 mount -t tmpfs run /host/run
 mkdir -p /host/run/belljar-results
 mount --move /results /host/run/belljar-results
