@@ -289,25 +289,20 @@ pub fn make_thumbnail(bytes: &[u8], size: u32) -> Result<Thumbnail, SandboxError
     limits.max_image_width = Some(THUMBNAIL_MAX_SIDE);
     limits.max_image_height = Some(THUMBNAIL_MAX_SIDE);
     limits.max_alloc = Some(THUMBNAIL_MAX_ALLOC);
-    let reader = || {
-        let mut reader = image::ImageReader::new(Cursor::new(bytes))
-            .with_guessed_format()
-            .map_err(|e| SandboxError::Thumbnail(e.to_string()))?;
-        reader.limits(limits.clone());
-        Ok::<_, SandboxError>(reader)
-    };
-    let (width, height) = reader()?
-        .into_dimensions()
+    let bad = |e: image::ImageError| SandboxError::Thumbnail(e.to_string());
+    let mut reader = image::ImageReader::new(Cursor::new(bytes))
+        .with_guessed_format()
         .map_err(|e| SandboxError::Thumbnail(e.to_string()))?;
+    reader.limits(limits);
+    // One decoder: its header gives the size, checked before any pixel is decoded.
+    let decoder = reader.into_decoder().map_err(bad)?;
+    let (width, height) = image::ImageDecoder::dimensions(&decoder);
     if u64::from(width) * u64::from(height) > THUMBNAIL_MAX_PIXELS {
         return Err(SandboxError::Thumbnail(format!(
             "{width}×{height} is past the limit of {THUMBNAIL_MAX_PIXELS} pixels"
         )));
     }
-    let reader = reader()?;
-    let img = reader
-        .decode()
-        .map_err(|e| SandboxError::Thumbnail(e.to_string()))?;
+    let img = image::DynamicImage::from_decoder(decoder).map_err(bad)?;
     let thumb = img.thumbnail(size, size);
     let mut out = Cursor::new(Vec::new());
     thumb
