@@ -11,7 +11,9 @@
 #
 # Usage: scripts/test-microvm.sh [--nested|--direct]
 # Environment: BELLJAR_MICROVM_TIMEOUT (seconds for the whole L1 run, default 900),
-# BELLJAR_MICROVM_REFRESH=1 (look for newer QEMU/kernel packages), BELLJAR_CACHE (images,
+# BELLJAR_MICROVM_REFRESH=1 (look for newer QEMU/kernel packages), BELLJAR_MICROVM_JOB (another
+# job script with job.sh's inputs and outputs, e.g. a stress loop), BELLJAR_MICROVM_RUN (the
+# run directory, default $BELLJAR_MICROVM_CACHE/run: give concurrent runs their own), BELLJAR_CACHE (images,
 # guest kernel), BELLJAR_MICROVM_CACHE (default $BELLJAR_CACHE/microvm-harness).
 # Output: progress and timings on stderr, the job's output, and a last line
 # `microvm job: N passed, M failed ...`; exit status 0 only when every test passed.
@@ -63,7 +65,7 @@ guest_kernel=$(guest-images/kernel/build.sh | tail -1)
 timing "build (cargo, cached kernel)" "$(elapsed "$t")"
 
 # Debug-info-free copies: a quarter of the size to page in over 9p and to hold in L1's tmpfs.
-run_dir="$mv_cache/run"
+run_dir="${BELLJAR_MICROVM_RUN:-$mv_cache/run}"
 rm -rf "$run_dir" && mkdir -p "$run_dir/results" "$run_dir/bin/deps"
 bin_dir=$(dirname "$(dirname "${tests%%:*}")")
 for b in belljard belljar belljar-vmm belljar-agent; do
@@ -187,7 +189,7 @@ timing "L1 tools (cached by version)" "$(elapsed "$t")"
 
 # --- The L1 run, under a hard timeout.
 {
-  echo "JOB_SCRIPT=$here/tests/microvm/job.sh"
+  echo "JOB_SCRIPT=${BELLJAR_MICROVM_JOB:-$here/tests/microvm/job.sh}"
   # Host paths under /tmp that L1 must see through its own /tmp (l1-init.sh binds them).
   printf 'KEEP_PATHS="%s"\n' "$here $BELLJAR_CACHE $run_dir"
   printf 'JOB_ENV="%s"\n' "${job_env[*]}"

@@ -18,9 +18,10 @@ fn create(d: &Daemon) -> (String, Duration) {
     let took = t.elapsed();
     assert!(
         out.status.success(),
-        "create failed: {}\nlog:\n{}",
+        "create failed: {}\nlog:\n{}\nconsoles:\n{}",
         stderr(&out),
-        d.log()
+        d.log(),
+        console(d, "sbx_")
     );
     let id = stdout(&out).trim().to_string();
     assert!(id.starts_with("sbx_"), "create printed {id:?}");
@@ -46,7 +47,9 @@ fn console(d: &Daemon, id: &str) -> String {
     for p in stdout(&walk).lines() {
         let text = std::fs::read_to_string(p).unwrap_or_default();
         let lines: Vec<&str> = text.lines().collect();
-        found += &lines[lines.len().saturating_sub(40)..].join("\n");
+        found += &format!("--- {p}\n");
+        found += &lines[lines.len().saturating_sub(60)..].join("\n");
+        found += "\n";
     }
     found
 }
