@@ -12,6 +12,10 @@ use super::{SandboxError, Sandboxes, admission, connect};
 use crate::store::EventBody;
 use crate::util::{is_id, new_id, now_ms};
 
+/// The longest one readiness attempt (connect, handshake, health) may take before it is
+/// abandoned and retried.
+const ATTEMPT_TIMEOUT: Duration = Duration::from_secs(10);
+
 impl Sandboxes {
     /// Creates a sandbox and returns it running, or the reason it could not start.
     pub async fn create(&self, req: CreateSandbox) -> Result<Sandbox, SandboxError> {
@@ -196,26 +200,13 @@ impl Sandboxes {
         id: &str,
         addr: &super::backend::AgentAddress,
     ) -> Result<belljar_agent_proto::client::AgentClient, SandboxError> {
-        let timeout = self.inner.settings.ready_timeout;
-        let deadline = Instant::now() + timeout;
-        let mut delay = Duration::from_millis(2);
-        loop {
-            if let Ok(client) = connect(addr).await
-                && client.health().await.is_ok()
-            {
-                self.inner
-                    .agents
-                    .lock()
-                    .unwrap_or_else(|e| e.into_inner())
-                    .insert(id.to_owned(), client.clone());
-                return Ok(client);
-            }
-            if Instant::now() > deadline {
-                return Err(SandboxError::AgentTimeout(timeout));
-            }
-            tokio::time::sleep(delay).await;
-            delay = (delay * 2).min(Duration::from_millis(50));
-        }
+        let client = wait_for_agent(addr, self.inner.settings.ready_timeout).await?;
+        self.inner
+            .agents
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .insert(id.to_owned(), client.clone());
+        Ok(client)
     }
 
     /// Runs a blocking backend call for `sandbox` off the async threads.
@@ -425,4 +416,71 @@ fn validate_env(
         }
     }
     Ok(())
+}
+
+/// Connects to a starting sandbox's agent, retrying until it answers its health check or
+/// `timeout` has passed.
+async fn wait_for_agent(
+    addr: &super::backend::AgentAddress,
+    timeout: Duration,
+) -> Result<belljar_agent_proto::client::AgentClient, SandboxError> {
+    let deadline = Instant::now() + timeout;
+    let mut delay = Duration::from_millis(2);
+    loop {
+        // Each attempt is bounded: a VMM that accepts the connection but whose guest never
+        // answers the vsock handshake (a request sent before the guest's driver was up) must
+        // neither hold the create past its deadline nor stop the retries.
+        let left = deadline
+            .saturating_duration_since(Instant::now())
+            .min(ATTEMPT_TIMEOUT);
+        let attempt = async {
+            let client = connect(addr).await.ok()?;
+            client.health().await.ok()?;
+            Some(client)
+        };
+        if let Ok(Some(client)) = tokio::time::timeout(left, attempt).await {
+            return Ok(client);
+        }
+        if Instant::now() > deadline {
+            return Err(SandboxError::AgentTimeout(timeout));
+        }
+        tokio::time::sleep(delay).await;
+        delay = (delay * 2).min(Duration::from_millis(50));
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::sandbox::backend::AgentAddress;
+
+    /// A VMM that accepts the hybrid vsock connection but whose guest never answers used to
+    /// hold the create forever: the deadline was checked only between attempts.
+    #[tokio::test]
+    async fn a_handshake_that_never_answers_ends_at_the_deadline() {
+        let dir = tempfile::tempdir().unwrap();
+        let socket = dir.path().join("vsock.sock");
+        let listener = tokio::net::UnixListener::bind(&socket).unwrap();
+        let held = tokio::spawn(async move {
+            let mut kept = Vec::new();
+            loop {
+                let (conn, _) = listener.accept().await.unwrap();
+                kept.push(conn); // read nothing, answer nothing, close nothing
+            }
+        });
+        let addr = AgentAddress::HybridVsock { socket, port: 1024 };
+        let started = Instant::now();
+        let outcome = tokio::time::timeout(
+            Duration::from_secs(20),
+            wait_for_agent(&addr, Duration::from_millis(300)),
+        )
+        .await
+        .expect("wait_for_agent outlived its deadline");
+        assert!(
+            matches!(outcome, Err(SandboxError::AgentTimeout(_))),
+            "{outcome:?}"
+        );
+        assert!(started.elapsed() < Duration::from_secs(5));
+        held.abort();
+    }
 }
