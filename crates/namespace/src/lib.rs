@@ -79,10 +79,13 @@ pub mod caps;
 pub mod cgroup;
 mod child;
 pub mod disk;
+mod idblock;
 pub mod idmap;
 mod lifecycle;
+mod mounts;
 pub mod probe;
 pub mod seccomp;
+mod spec;
 mod state;
 pub mod testing;
 

@@ -18,11 +18,9 @@
 //!                       here, so the host never opens a path below fs/
 //! ```
 
-use std::ffi::CString;
 use std::fs;
 use std::io;
 use std::os::fd::{AsRawFd, FromRawFd, OwnedFd};
-use std::os::unix::ffi::OsStrExt;
 use std::os::unix::fs::PermissionsExt;
 use std::os::unix::net::UnixStream;
 use std::path::{Path, PathBuf};
@@ -31,10 +29,12 @@ use std::time::{Duration, Instant};
 use nix::unistd::Uid;
 
 use crate::cgroup::{self, Groups, Hierarchies, Usage};
-use crate::child::{self, MountAttr, Plan, Step};
+use crate::child::{self, Plan, Step};
 use crate::idmap::{self, IdMap};
+use crate::mounts::{c, c_path};
 use crate::state::{self, State, start_time};
 use crate::{AGENT_PATH_IN_SANDBOX, AGENT_SOCKET, Running, SandboxSpec, disk};
+use crate::{idblock, mounts, spec};
 
 pub use crate::state::ExitWatch;
 
@@ -81,16 +81,11 @@ pub enum Error {
     Disk(#[from] disk::Error),
 }
 
-/// First host uid of the id blocks handed to sandboxes when running as root.
-const ID_BASE: u32 = 1_000_000_000;
-/// Number of id blocks; `ID_BASE + SLOTS * 65536` stays below 2^32 - 2^16.
-const SLOTS: u32 = 45_000;
-
 const PATH: &str = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin";
 
 /// Starts a sandbox and returns once its PID 1 has exec'd the agent.
 pub fn launch(spec: &SandboxSpec) -> Result<Running, Error> {
-    validate(spec)?;
+    spec::validate(spec)?;
     let dir = &spec.state_dir;
     mkdir(dir, 0o700)?;
     let previous = State::load(dir)?;
@@ -107,7 +102,7 @@ pub fn launch(spec: &SandboxSpec) -> Result<Running, Error> {
     } else {
         let base = match &previous {
             Some(p) if !p.rootless => p.root_uid,
-            _ => id_block(dir, &spec.id)?,
+            _ => idblock::id_block(dir, &spec.id)?,
         };
         IdMap::shifted(base)
     };
@@ -231,7 +226,7 @@ fn start(
     let lower_tree = if rootless {
         None
     } else {
-        Some(idmapped_tree(&spec.rootfs, &userns)?)
+        Some(mounts::idmapped_tree(&spec.rootfs, &userns)?)
     };
     let log_path = dir.join("agent.log");
     let log = fs::OpenOptions::new()
@@ -257,7 +252,7 @@ fn start(
             target: c("lower"),
         });
     }
-    steps.extend(mount_plan(
+    steps.extend(mounts::mount_plan(
         &lower,
         map.maps_gid(5),
         spec.limits.memory_bytes,
@@ -304,340 +299,6 @@ fn start(
     Ok(started.pid)
 }
 
-/// The `size=` of the sandbox's RAM-backed filesystems: tmpfs pages are charged to the
-/// sandbox's memory and cannot be reclaimed, so an unbounded `/tmp` lets one `dd` use the
-/// whole limit and leave the OOM killer nothing to free. Half the limit for `/tmp` and a
-/// quarter for `/dev/shm` make the writer get ENOSPC first, as in a microVM, whose tmpfs
-/// defaults to half its RAM. Without a memory limit the kernel's default applies.
-fn tmpfs_options(base: &str, memory_bytes: Option<u64>, share: u64) -> String {
-    match memory_bytes {
-        Some(bytes) => format!("{base},size={}k", (bytes / share / 1024).max(1024)),
-        None => base.to_owned(),
-    }
-}
-
-/// PID 1's mounts, relative to `state_dir/fs` until the pivot.
-pub(crate) fn mount_plan(lower: &str, have_tty_gid: bool, memory_bytes: Option<u64>) -> Vec<Step> {
-    use libc::{MS_BIND, MS_NODEV, MS_NOEXEC, MS_NOSUID, MS_RDONLY, MS_REC};
-    let m =
-        |source: Option<&str>, target: &str, fstype: Option<&str>, flags, data: Option<&str>| {
-            Step::Mount {
-                source: source.map(c),
-                target: c(target),
-                fstype: fstype.map(c),
-                flags,
-                data: data.map(c),
-            }
-        };
-    let dir = |path: &str, mode| Step::Mkdir {
-        path: c(path),
-        mode,
-    };
-    let overlay = format!("lowerdir={lower},upperdir=upper,workdir=work,userxattr");
-    let devpts = if have_tty_gid {
-        "newinstance,ptmxmode=0666,mode=0620,gid=5"
-    } else {
-        "newinstance,ptmxmode=0666,mode=0620"
-    };
-    let mut steps = vec![
-        m(
-            Some("overlay"),
-            "merged",
-            Some("overlay"),
-            MS_NODEV,
-            Some(&overlay),
-        ),
-        dir("merged/proc", 0o555),
-        m(
-            Some("proc"),
-            "merged/proc",
-            Some("proc"),
-            MS_NOSUID | MS_NODEV | MS_NOEXEC,
-            None,
-        ),
-        dir("merged/sys", 0o555),
-        m(
-            Some("sysfs"),
-            "merged/sys",
-            Some("sysfs"),
-            MS_NOSUID | MS_NODEV | MS_NOEXEC | MS_RDONLY,
-            None,
-        ),
-        dir("merged/dev", 0o755),
-        m(
-            Some("tmpfs"),
-            "merged/dev",
-            Some("tmpfs"),
-            MS_NOSUID | MS_NOEXEC,
-            Some("mode=755,size=65536k"),
-        ),
-    ];
-    for node in ["null", "zero", "full", "random", "urandom", "tty"] {
-        let target = format!("merged/dev/{node}");
-        steps.push(Step::Touch { path: c(&target) });
-        steps.push(m(
-            Some(&format!("/dev/{node}")),
-            &target,
-            None,
-            MS_BIND,
-            None,
-        ));
-    }
-    steps.extend([
-        dir("merged/dev/pts", 0o755),
-        m(
-            Some("devpts"),
-            "merged/dev/pts",
-            Some("devpts"),
-            MS_NOSUID | MS_NOEXEC,
-            Some(devpts),
-        ),
-        Step::Symlink {
-            target: c("pts/ptmx"),
-            link: c("merged/dev/ptmx"),
-        },
-        dir("merged/dev/shm", 0o1777),
-        m(
-            Some("shm"),
-            "merged/dev/shm",
-            Some("tmpfs"),
-            MS_NOSUID | MS_NODEV,
-            Some(&tmpfs_options("mode=1777", memory_bytes, 4)),
-        ),
-        dir("merged/dev/mqueue", 0o755),
-        m(
-            Some("mqueue"),
-            "merged/dev/mqueue",
-            Some("mqueue"),
-            MS_NOSUID | MS_NODEV | MS_NOEXEC,
-            None,
-        ),
-        Step::Symlink {
-            target: c("/proc/self/fd"),
-            link: c("merged/dev/fd"),
-        },
-        Step::Symlink {
-            target: c("/proc/self/fd/0"),
-            link: c("merged/dev/stdin"),
-        },
-        Step::Symlink {
-            target: c("/proc/self/fd/1"),
-            link: c("merged/dev/stdout"),
-        },
-        Step::Symlink {
-            target: c("/proc/self/fd/2"),
-            link: c("merged/dev/stderr"),
-        },
-        dir("merged/tmp", 0o1777),
-        m(
-            Some("tmpfs"),
-            "merged/tmp",
-            Some("tmpfs"),
-            MS_NOSUID | MS_NODEV,
-            Some(&tmpfs_options("mode=1777", memory_bytes, 2)),
-        ),
-        dir("merged/run", 0o755),
-        m(
-            Some("tmpfs"),
-            "merged/run",
-            Some("tmpfs"),
-            MS_NOSUID | MS_NODEV,
-            Some("mode=755"),
-        ),
-        dir("merged/run/belljar", 0o755),
-        m(
-            Some("run"),
-            "merged/run/belljar",
-            None,
-            MS_BIND | MS_REC,
-            None,
-        ),
-        dir("merged/sbin", 0o755),
-        Step::Touch {
-            path: c(&format!("merged{AGENT_PATH_IN_SANDBOX}")),
-        },
-        Step::BindAgent {
-            target: c(&format!("merged{AGENT_PATH_IN_SANDBOX}")),
-        },
-        Step::ReadOnly {
-            target: c(&format!("merged{AGENT_PATH_IN_SANDBOX}")),
-        },
-        Step::Pivot {
-            new_root: c("merged"),
-        },
-    ]);
-    steps
-}
-
-/// An `open_tree` clone of the image, idmapped through the sandbox's user namespace, so
-/// files owned by host uid N appear owned by sandbox uid N.
-fn idmapped_tree(rootfs: &Path, userns: &OwnedFd) -> Result<OwnedFd, Error> {
-    const OPEN_TREE_CLONE: libc::c_uint = 1;
-    const AT_RECURSIVE: libc::c_uint = 0x8000;
-    const MOUNT_ATTR_IDMAP: u64 = 0x0010_0000;
-    const MOUNT_ATTR_RDONLY: u64 = 0x1;
-    let path = c_path(rootfs);
-    // SAFETY: open_tree with a valid C path; returns a new fd or -1.
-    let fd = unsafe {
-        libc::syscall(
-            libc::SYS_open_tree,
-            libc::AT_FDCWD,
-            path.as_ptr(),
-            OPEN_TREE_CLONE | libc::O_CLOEXEC as libc::c_uint | AT_RECURSIVE,
-        )
-    };
-    if fd < 0 {
-        return Err(Error::Idmap(io::Error::last_os_error()));
-    }
-    // SAFETY: the kernel just returned this fd; nobody else owns it.
-    let tree = unsafe { OwnedFd::from_raw_fd(fd as i32) };
-    let attr = MountAttr {
-        attr_set: MOUNT_ATTR_IDMAP | MOUNT_ATTR_RDONLY,
-        attr_clr: 0,
-        propagation: 0,
-        userns_fd: userns.as_raw_fd() as u64,
-    };
-    // SAFETY: mount_setattr on our detached tree with a valid, initialised mount_attr.
-    let ret = unsafe {
-        libc::syscall(
-            libc::SYS_mount_setattr,
-            tree.as_raw_fd(),
-            c"".as_ptr(),
-            libc::AT_EMPTY_PATH | AT_RECURSIVE as libc::c_int,
-            &attr as *const MountAttr,
-            std::mem::size_of::<MountAttr>(),
-        )
-    };
-    if ret < 0 {
-        return Err(Error::Idmap(io::Error::last_os_error()));
-    }
-    Ok(tree)
-}
-
-/// The file in a state directory that holds its id block, written before first use.
-const ID_BLOCK_FILE: &str = "idblock";
-
-/// The sandbox's id block: the one it already has, or a newly reserved one. Reservation holds
-/// a lock in the parent directory, so concurrent launches never pick the same block.
-fn id_block(state_dir: &Path, id: &str) -> Result<u32, Error> {
-    let mine = state_dir.join(ID_BLOCK_FILE);
-    if let Some(base) = read_block(&mine) {
-        return Ok(base);
-    }
-    let parent = state_dir.parent().unwrap_or(Path::new("/"));
-    let lock_path = parent.join(".belljar-idblock.lock");
-    let lock = fs::File::create(&lock_path).map_err(|source| Error::Prepare {
-        path: lock_path.clone(),
-        source,
-    })?;
-    // SAFETY: flock on an fd we own; the lock is released when `lock` is dropped.
-    if unsafe { libc::flock(lock.as_raw_fd(), libc::LOCK_EX) } < 0 {
-        let source = io::Error::last_os_error();
-        return Err(Error::Prepare {
-            path: lock_path,
-            source,
-        });
-    }
-    let base = allocate_base(state_dir, id);
-    fs::write(&mine, format!("{base}\n")).map_err(|source| Error::Prepare {
-        path: mine.clone(),
-        source,
-    })?;
-    Ok(base)
-}
-
-fn read_block(path: &Path) -> Option<u32> {
-    fs::read_to_string(path).ok()?.trim().parse().ok()
-}
-
-/// Picks a free id block: a hash of the id, then the next block not used by a sibling
-/// state directory (sandboxes' state directories normally share a parent).
-fn allocate_base(state_dir: &Path, id: &str) -> u32 {
-    let mut used = std::collections::BTreeSet::new();
-    if let Some(parent) = state_dir.parent() {
-        for entry in fs::read_dir(parent).into_iter().flatten().flatten() {
-            if entry.path() == state_dir {
-                continue;
-            }
-            if let Some(base) = read_block(&entry.path().join(ID_BLOCK_FILE)) {
-                used.insert(base);
-            } else if let Ok(Some(st)) = State::load(&entry.path()) {
-                used.insert(st.root_uid);
-            }
-        }
-    }
-    let hash = id.bytes().fold(0xcbf2_9ce4_8422_2325u64, |h, b| {
-        (h ^ u64::from(b)).wrapping_mul(0x0100_0000_01b3)
-    });
-    let first = (hash % u64::from(SLOTS)) as u32;
-    (0..SLOTS)
-        .map(|i| ID_BASE + ((first + i) % SLOTS) * idmap::RANGE)
-        .find(|base| !used.contains(base))
-        .unwrap_or(ID_BASE)
-}
-
-fn validate(spec: &SandboxSpec) -> Result<(), Error> {
-    let bad = |m: String| Err(Error::Spec(m));
-    let id_ok = !spec.id.is_empty()
-        && spec.id.len() <= 63
-        && spec
-            .id
-            .bytes()
-            .all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || b == b'-');
-    if !id_ok {
-        return bad(format!(
-            "id {:?} must be 1-63 characters of [a-z0-9-]",
-            spec.id
-        ));
-    }
-    let host_ok = !spec.hostname.is_empty()
-        && spec.hostname.len() <= 64
-        && spec
-            .hostname
-            .bytes()
-            .all(|b| b.is_ascii_alphanumeric() || b == b'-' || b == b'.');
-    if !host_ok {
-        return bad(format!(
-            "hostname {:?} is not a valid host name",
-            spec.hostname
-        ));
-    }
-    for (what, p) in [
-        ("state_dir", &spec.state_dir),
-        ("rootfs", &spec.rootfs),
-        ("agent", &spec.agent),
-    ] {
-        let bytes = p.as_os_str().as_bytes();
-        if !p.is_absolute() || bytes.iter().any(|b| matches!(b, b',' | b':' | b'\\' | 0)) {
-            return bad(format!(
-                "{what} {} must be absolute, without , : \\",
-                p.display()
-            ));
-        }
-    }
-    if spec.state_dir.join(AGENT_SOCKET).as_os_str().len() >= 108 {
-        return bad(format!(
-            "state_dir {} is too long for a Unix socket path",
-            spec.state_dir.display()
-        ));
-    }
-    if !spec.rootfs.is_dir() {
-        return bad(format!(
-            "rootfs {} is not a directory",
-            spec.rootfs.display()
-        ));
-    }
-    if !spec.agent.is_file() {
-        return bad(format!("agent {} is not a file", spec.agent.display()));
-    }
-    for (k, v) in &spec.env {
-        if k.is_empty() || k.contains('=') || k.contains('\0') || v.contains('\0') {
-            return bad(format!("bad environment variable {k:?}"));
-        }
-    }
-    Ok(())
-}
-
 /// Makes `path` (and its parents) with exactly `mode`, whatever the daemon's umask.
 fn mkdir(path: &Path, mode: u32) -> Result<(), Error> {
     let made = match fs::DirBuilder::new().recursive(true).create(path) {
@@ -650,14 +311,6 @@ fn mkdir(path: &Path, mode: u32) -> Result<(), Error> {
             path: path.to_owned(),
             source,
         })
-}
-
-fn c(s: &str) -> CString {
-    CString::new(s).expect("validated: no NUL")
-}
-
-fn c_path(p: &Path) -> CString {
-    CString::new(p.as_os_str().as_bytes()).expect("validated: no NUL")
 }
 
 /// Finds the live sandbox of a state directory after a daemon restart.
@@ -863,49 +516,6 @@ mod tests {
     use super::*;
 
     #[test]
-    fn plan_pivots_last_and_mounts_overlay_first() {
-        let plan = mount_plan("lower", true, None);
-        assert!(matches!(plan.last(), Some(Step::Pivot { .. })));
-        let Step::Mount { fstype, data, .. } = &plan[0] else {
-            panic!("{:?}", plan[0])
-        };
-        assert_eq!(fstype.as_deref(), Some(c"overlay"));
-        assert!(
-            data.as_ref()
-                .unwrap()
-                .to_str()
-                .unwrap()
-                .starts_with("lowerdir=lower,")
-        );
-        assert!(plan.iter().any(|s| matches!(s, Step::BindAgent { .. })));
-    }
-
-    #[test]
-    fn ram_backed_mounts_follow_the_memory_limit() {
-        let data_of = |plan: &[Step], target: &std::ffi::CStr| {
-            plan.iter()
-                .find_map(|s| match s {
-                    Step::Mount {
-                        target: t, data, ..
-                    } if t.as_c_str() == target => data.clone(),
-                    _ => None,
-                })
-                .unwrap()
-        };
-        let plan = mount_plan("lower", true, Some(256 << 20));
-        assert_eq!(
-            data_of(&plan, c"merged/tmp"),
-            c"mode=1777,size=131072k".to_owned()
-        );
-        assert_eq!(
-            data_of(&plan, c"merged/dev/shm"),
-            c"mode=1777,size=65536k".to_owned()
-        );
-        let plan = mount_plan("lower", true, None);
-        assert_eq!(data_of(&plan, c"merged/tmp"), c"mode=1777".to_owned());
-    }
-
-    #[test]
     fn sigterm_handlers_are_seen() {
         // The test harness does not catch SIGTERM; `sleep` neither.
         assert!(!catches_sigterm(std::process::id()));
@@ -913,50 +523,13 @@ mod tests {
             .args(["-c", "trap 'exit 0' TERM; while :; do sleep 0.05; done"])
             .spawn()
             .unwrap();
-        std::thread::sleep(Duration::from_millis(200));
-        assert!(catches_sigterm(child.id()));
+        // The shell installs its trap soon after it starts: wait for it, with a deadline.
+        let deadline = Instant::now() + Duration::from_secs(10);
+        while !catches_sigterm(child.id()) {
+            assert!(Instant::now() < deadline, "the trap was never seen");
+            std::thread::sleep(Duration::from_millis(5));
+        }
         child.kill().unwrap();
         child.wait().unwrap();
-    }
-
-    #[test]
-    fn bases_are_distinct_blocks() {
-        let tmp = tempfile::tempdir().unwrap();
-        let (one, two) = (tmp.path().join("one"), tmp.path().join("two"));
-        fs::create_dir_all(&one).unwrap();
-        fs::create_dir_all(&two).unwrap();
-        let a = id_block(&one, "same").unwrap();
-        assert!(a >= ID_BASE);
-        assert_eq!((a - ID_BASE) % idmap::RANGE, 0);
-        assert!(a.checked_add(idmap::RANGE).is_some());
-        // Kept across calls, and a sibling with the same hash gets the next block.
-        assert_eq!(id_block(&one, "same").unwrap(), a);
-        let b = id_block(&two, "same").unwrap();
-        assert_ne!(a, b);
-        assert_eq!(a.abs_diff(b) % idmap::RANGE, 0);
-    }
-
-    #[test]
-    fn validation() {
-        let spec = SandboxSpec {
-            id: "Bad_Id".into(),
-            rootfs: "/".into(),
-            state_dir: "/tmp/x".into(),
-            agent: "/bin/sh".into(),
-            hostname: "h".into(),
-            limits: Default::default(),
-            env: vec![],
-        };
-        assert!(matches!(validate(&spec), Err(Error::Spec(_))));
-        let ok = SandboxSpec {
-            id: "ok-1".into(),
-            ..spec.clone()
-        };
-        validate(&ok).unwrap();
-        let comma = SandboxSpec {
-            state_dir: "/tmp/a,b".into(),
-            ..ok
-        };
-        assert!(matches!(validate(&comma), Err(Error::Spec(_))));
     }
 }

@@ -10,6 +10,8 @@
 //!
 //! Nothing here fails a launch: a limit that cannot be enforced is reported with the reason.
 
+mod discovery;
+
 use std::collections::BTreeMap;
 use std::fs;
 use std::io;
@@ -18,6 +20,8 @@ use std::thread;
 use std::time::{Duration, Instant};
 
 use serde::{Deserialize, Serialize};
+
+pub use discovery::Hierarchies;
 
 /// Errors from managing a sandbox's cgroups after it started.
 #[derive(Debug, thiserror::Error)]
@@ -96,121 +100,9 @@ pub struct Groups {
 }
 
 /// v1 controllers a sandbox joins: the three limits, CPU accounting and the freezer.
-const V1_CONTROLLERS: [&str; 5] = ["memory", "pids", "cpu", "cpuacct", "freezer"];
+pub(crate) const V1_CONTROLLERS: [&str; 5] = ["memory", "pids", "cpu", "cpuacct", "freezer"];
 
 const CPU_PERIOD_US: u64 = 100_000;
-
-/// The cgroup hierarchies this process sees, and its own group in each.
-#[derive(Debug, Default, Clone)]
-pub struct Hierarchies {
-    /// The daemon's own v2 group directory and the controllers it offers.
-    pub v2: Option<(PathBuf, Vec<String>)>,
-    /// v1 controller → (the daemon's own group directory, the hierarchy's root directory).
-    pub v1: BTreeMap<String, (PathBuf, PathBuf)>,
-}
-
-impl Hierarchies {
-    /// Reads `/proc/self/mountinfo` and `/proc/self/cgroup`.
-    pub fn discover() -> Self {
-        let mountinfo = fs::read_to_string("/proc/self/mountinfo").unwrap_or_default();
-        let own = fs::read_to_string("/proc/self/cgroup").unwrap_or_default();
-        Self::parse(&mountinfo, &own, |p| fs::read_to_string(p).ok())
-    }
-
-    fn parse(mountinfo: &str, own: &str, read: impl Fn(&Path) -> Option<String>) -> Self {
-        let mut out = Self::default();
-        // own group per hierarchy: v2 under "", v1 under each controller name.
-        let mut own_paths: BTreeMap<String, String> = BTreeMap::new();
-        for line in own.lines() {
-            let mut parts = line.splitn(3, ':');
-            let (Some(_), Some(ctrls), Some(path)) = (parts.next(), parts.next(), parts.next())
-            else {
-                continue;
-            };
-            if ctrls.is_empty() {
-                own_paths.insert(String::new(), path.to_owned());
-            } else {
-                for c in ctrls.split(',') {
-                    own_paths.insert(c.to_owned(), path.to_owned());
-                }
-            }
-        }
-        for line in mountinfo.lines() {
-            let fields: Vec<&str> = line.split(' ').collect();
-            let Some(dash) = fields.iter().position(|f| *f == "-") else {
-                continue;
-            };
-            if fields.len() < dash + 4 || dash < 5 {
-                continue;
-            }
-            let (root, mountpoint) = (fields[3], unescape(fields[4]));
-            let (fstype, superopts) = (fields[dash + 1], fields[dash + 3]);
-            let within = |own: &str| -> Option<PathBuf> {
-                let rel = own.strip_prefix(root)?;
-                let rel = rel.trim_start_matches('/');
-                Some(if rel.is_empty() {
-                    PathBuf::from(&mountpoint)
-                } else {
-                    Path::new(&mountpoint).join(rel)
-                })
-            };
-            if fstype == "cgroup2" && out.v2.is_none() {
-                let Some(mut dir) = own_paths.get("").and_then(|p| within(p)) else {
-                    continue;
-                };
-                // The daemon moved itself into a leaf of its delegated group earlier.
-                if dir.file_name().is_some_and(|n| n == DAEMON_LEAF) {
-                    dir.pop();
-                }
-                let ctrls = read(&dir.join("cgroup.controllers")).unwrap_or_default();
-                let ctrls = ctrls.split_whitespace().map(str::to_owned).collect();
-                out.v2 = Some((dir, ctrls));
-            } else if fstype == "cgroup" {
-                for opt in superopts.split(',') {
-                    if !V1_CONTROLLERS.contains(&opt) || out.v1.contains_key(opt) {
-                        continue;
-                    }
-                    if let Some(dir) = own_paths.get(opt).and_then(|p| within(p)) {
-                        out.v1
-                            .insert(opt.to_owned(), (dir, PathBuf::from(&mountpoint)));
-                    }
-                }
-            }
-        }
-        out
-    }
-
-    /// Which cgroup version enforces limits here, for [`crate::probe()`].
-    pub fn mode(&self) -> crate::CgroupMode {
-        match &self.v2 {
-            Some((_, c)) if c.iter().any(|c| c == "memory" || c == "pids") => crate::CgroupMode::V2,
-            _ if self.v1.contains_key("memory") || self.v1.contains_key("pids") => {
-                crate::CgroupMode::V1
-            }
-            _ => crate::CgroupMode::None,
-        }
-    }
-}
-
-/// `\040` and friends in mountinfo paths.
-fn unescape(s: &str) -> String {
-    let bytes = s.as_bytes();
-    let mut out = Vec::with_capacity(bytes.len());
-    let mut i = 0;
-    while i < bytes.len() {
-        let octal = (bytes[i] == b'\\' && i + 4 <= bytes.len())
-            .then(|| u8::from_str_radix(s.get(i + 1..i + 4).unwrap_or(""), 8).ok())
-            .flatten();
-        if let Some(v) = octal {
-            out.push(v);
-            i += 4;
-            continue;
-        }
-        out.push(bytes[i]);
-        i += 1;
-    }
-    String::from_utf8_lossy(&out).into_owned()
-}
 
 /// The leaf of its delegated v2 group that the daemon moves itself into, because a v2 group
 /// that holds processes cannot pass controllers to its children.
@@ -522,47 +414,6 @@ fn source_text(e: &Error) -> String {
 mod tests {
     use super::*;
 
-    const MOUNTINFO_V1: &str = "\
-30 25 0:26 / /sys/fs/cgroup rw,relatime - tmpfs tmpfs rw,mode=755
-31 30 0:27 / /sys/fs/cgroup/cpu rw,relatime - cgroup cgroup rw,cpu
-34 30 0:30 / /sys/fs/cgroup/memory rw,relatime - cgroup cgroup rw,memory
-38 30 0:34 / /sys/fs/cgroup/pids rw,relatime - cgroup cgroup rw,pids
-40 30 0:36 / /sys/fs/cgroup/unified rw,relatime - cgroup2 cgroup2 rw
-";
-    const OWN_V1: &str = "8:pids:/\n4:memory:/process_api/abc\n1:cpu:/\n0::/\n";
-
-    #[test]
-    fn finds_v1_groups_nested_under_own() {
-        let h = Hierarchies::parse(MOUNTINFO_V1, OWN_V1, |_| Some(String::new()));
-        assert_eq!(
-            h.v1["memory"].0,
-            PathBuf::from("/sys/fs/cgroup/memory/process_api/abc")
-        );
-        assert_eq!(h.v1["pids"].0, PathBuf::from("/sys/fs/cgroup/pids"));
-        assert_eq!(
-            h.v2,
-            Some((PathBuf::from("/sys/fs/cgroup/unified"), vec![]))
-        );
-        assert_eq!(h.mode(), crate::CgroupMode::V1);
-    }
-
-    #[test]
-    fn finds_v2_with_delegated_controllers() {
-        let mi = "29 23 0:26 / /sys/fs/cgroup rw - cgroup2 cgroup2 rw,nsdelegate\n";
-        let own = "0::/user.slice/user-1000.slice/user@1000.service/app.slice\n";
-        let h = Hierarchies::parse(mi, own, |p| {
-            assert!(p.ends_with("app.slice/cgroup.controllers"));
-            Some("cpu memory pids\n".into())
-        });
-        let (dir, ctrls) = h.v2.clone().unwrap();
-        assert_eq!(
-            dir,
-            PathBuf::from("/sys/fs/cgroup/user.slice/user-1000.slice/user@1000.service/app.slice")
-        );
-        assert_eq!(ctrls, ["cpu", "memory", "pids"]);
-        assert_eq!(h.mode(), crate::CgroupMode::V2);
-    }
-
     /// This machine's v2 hierarchy has no controllers, so the v2 writes are checked against
     /// a plain directory: which files get which values (the kernel's side is not exercised).
     #[test]
@@ -600,29 +451,6 @@ mod tests {
         assert_eq!(how(&report.pids), "cgroup v2 pids.max");
         assert_eq!(groups.procs_files(), [dir.join("cgroup.procs")]);
         assert!(groups.v1.is_empty());
-    }
-
-    #[test]
-    fn daemon_leaf_is_not_the_base() {
-        let mi = "29 23 0:26 / /sys/fs/cgroup rw - cgroup2 cgroup2 rw\n";
-        let own = "0::/system.slice/belljard.service/belljar-daemon\n";
-        let h = Hierarchies::parse(mi, own, |_| Some("memory pids".into()));
-        let base = PathBuf::from("/sys/fs/cgroup/system.slice/belljard.service");
-        assert_eq!(h.v2.unwrap().0, base);
-    }
-
-    #[test]
-    fn mount_root_is_stripped() {
-        // Inside a container the hierarchy's root is the container's own group.
-        let mi = "34 30 0:30 /docker/x /sys/fs/cgroup/memory rw - cgroup cgroup rw,memory\n";
-        let h = Hierarchies::parse(mi, "4:memory:/docker/x/sub\n", |_| None);
-        assert_eq!(h.v1["memory"].0, PathBuf::from("/sys/fs/cgroup/memory/sub"));
-    }
-
-    #[test]
-    fn unescapes_mountinfo() {
-        assert_eq!(unescape("/a\\040b"), "/a b");
-        assert_eq!(unescape("/plain"), "/plain");
     }
 
     #[test]

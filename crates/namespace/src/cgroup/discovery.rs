@@ -1,0 +1,192 @@
+//! Discovery: which cgroup hierarchies this process sees (`/proc/self/mountinfo`, read with
+//! `procfs-core`) and its own group in each (`/proc/self/cgroup`), so that sandboxes' groups
+//! nest under the daemon's own. Creating groups and writing limits is `super`'s job.
+
+use std::collections::BTreeMap;
+use std::fs;
+use std::path::{Path, PathBuf};
+
+use procfs_core::FromBufRead;
+use procfs_core::ProcessCGroups;
+use procfs_core::process::MountInfo;
+
+use super::{DAEMON_LEAF, V1_CONTROLLERS};
+
+/// The cgroup hierarchies this process sees, and its own group in each.
+#[derive(Debug, Default, Clone)]
+pub struct Hierarchies {
+    /// The daemon's own v2 group directory and the controllers it offers.
+    pub v2: Option<(PathBuf, Vec<String>)>,
+    /// v1 controller → (the daemon's own group directory, the hierarchy's root directory).
+    pub v1: BTreeMap<String, (PathBuf, PathBuf)>,
+}
+
+impl Hierarchies {
+    /// Reads `/proc/self/mountinfo` and `/proc/self/cgroup`.
+    pub fn discover() -> Self {
+        let mountinfo = fs::read_to_string("/proc/self/mountinfo").unwrap_or_default();
+        let own = fs::read_to_string("/proc/self/cgroup").unwrap_or_default();
+        Self::parse(&mountinfo, &own, |p| fs::read_to_string(p).ok())
+    }
+
+    pub(crate) fn parse(
+        mountinfo: &str,
+        own: &str,
+        read: impl Fn(&Path) -> Option<String>,
+    ) -> Self {
+        let mut out = Self::default();
+        // own group per hierarchy: v2 under "", v1 under each controller name.
+        let mut own_paths: BTreeMap<String, String> = BTreeMap::new();
+        let own = ProcessCGroups::from_buf_read(own.as_bytes()).unwrap_or(ProcessCGroups(vec![]));
+        for group in own {
+            if group.controllers.is_empty() {
+                own_paths.insert(String::new(), group.pathname);
+            } else {
+                for c in group.controllers {
+                    own_paths.insert(c, group.pathname.clone());
+                }
+            }
+        }
+        // A line the parser cannot read (a kernel newer than it) is skipped, not fatal.
+        for mount in mountinfo
+            .lines()
+            .filter_map(|l| MountInfo::from_line(l).ok())
+        {
+            let (root, mountpoint) = (mount.root.as_str(), unescape(&mount.mount_point));
+            let fstype = mount.fs_type.as_str();
+            let within = |own: &str| -> Option<PathBuf> {
+                let rel = own.strip_prefix(root)?;
+                let rel = rel.trim_start_matches('/');
+                Some(if rel.is_empty() {
+                    PathBuf::from(&mountpoint)
+                } else {
+                    Path::new(&mountpoint).join(rel)
+                })
+            };
+            if fstype == "cgroup2" && out.v2.is_none() {
+                let Some(mut dir) = own_paths.get("").and_then(|p| within(p)) else {
+                    continue;
+                };
+                // The daemon moved itself into a leaf of its delegated group earlier.
+                if dir.file_name().is_some_and(|n| n == DAEMON_LEAF) {
+                    dir.pop();
+                }
+                let ctrls = read(&dir.join("cgroup.controllers")).unwrap_or_default();
+                let ctrls = ctrls.split_whitespace().map(str::to_owned).collect();
+                out.v2 = Some((dir, ctrls));
+            } else if fstype == "cgroup" {
+                for opt in mount.super_options.keys().map(String::as_str) {
+                    if !V1_CONTROLLERS.contains(&opt) || out.v1.contains_key(opt) {
+                        continue;
+                    }
+                    if let Some(dir) = own_paths.get(opt).and_then(|p| within(p)) {
+                        out.v1
+                            .insert(opt.to_owned(), (dir, PathBuf::from(&mountpoint)));
+                    }
+                }
+            }
+        }
+        out
+    }
+
+    /// Which cgroup version enforces limits here, for [`crate::probe()`].
+    pub fn mode(&self) -> crate::CgroupMode {
+        match &self.v2 {
+            Some((_, c)) if c.iter().any(|c| c == "memory" || c == "pids") => crate::CgroupMode::V2,
+            _ if self.v1.contains_key("memory") || self.v1.contains_key("pids") => {
+                crate::CgroupMode::V1
+            }
+            _ => crate::CgroupMode::None,
+        }
+    }
+}
+
+/// `\040` and friends in mountinfo paths (the parser leaves them escaped).
+fn unescape(path: &Path) -> String {
+    let s = path.to_string_lossy();
+    let bytes = s.as_bytes();
+    let mut out = Vec::with_capacity(bytes.len());
+    let mut i = 0;
+    while i < bytes.len() {
+        let octal = (bytes[i] == b'\\' && i + 4 <= bytes.len())
+            .then(|| u8::from_str_radix(s.get(i + 1..i + 4).unwrap_or(""), 8).ok())
+            .flatten();
+        if let Some(v) = octal {
+            out.push(v);
+            i += 4;
+            continue;
+        }
+        out.push(bytes[i]);
+        i += 1;
+    }
+    String::from_utf8_lossy(&out).into_owned()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const MOUNTINFO_V1: &str = "\
+30 25 0:26 / /sys/fs/cgroup rw,relatime - tmpfs tmpfs rw,mode=755
+31 30 0:27 / /sys/fs/cgroup/cpu rw,relatime - cgroup cgroup rw,cpu
+34 30 0:30 / /sys/fs/cgroup/memory rw,relatime - cgroup cgroup rw,memory
+38 30 0:34 / /sys/fs/cgroup/pids rw,relatime - cgroup cgroup rw,pids
+40 30 0:36 / /sys/fs/cgroup/unified rw,relatime - cgroup2 cgroup2 rw
+";
+    const OWN_V1: &str = "8:pids:/\n4:memory:/process_api/abc\n1:cpu:/\n0::/\n";
+
+    #[test]
+    fn finds_v1_groups_nested_under_own() {
+        let h = Hierarchies::parse(MOUNTINFO_V1, OWN_V1, |_| Some(String::new()));
+        assert_eq!(
+            h.v1["memory"].0,
+            PathBuf::from("/sys/fs/cgroup/memory/process_api/abc")
+        );
+        assert_eq!(h.v1["pids"].0, PathBuf::from("/sys/fs/cgroup/pids"));
+        assert_eq!(
+            h.v2,
+            Some((PathBuf::from("/sys/fs/cgroup/unified"), vec![]))
+        );
+        assert_eq!(h.mode(), crate::CgroupMode::V1);
+    }
+
+    #[test]
+    fn finds_v2_with_delegated_controllers() {
+        let mi = "29 23 0:26 / /sys/fs/cgroup rw - cgroup2 cgroup2 rw,nsdelegate\n";
+        let own = "0::/user.slice/user-1000.slice/user@1000.service/app.slice\n";
+        let h = Hierarchies::parse(mi, own, |p| {
+            assert!(p.ends_with("app.slice/cgroup.controllers"));
+            Some("cpu memory pids\n".into())
+        });
+        let (dir, ctrls) = h.v2.clone().unwrap();
+        assert_eq!(
+            dir,
+            PathBuf::from("/sys/fs/cgroup/user.slice/user-1000.slice/user@1000.service/app.slice")
+        );
+        assert_eq!(ctrls, ["cpu", "memory", "pids"]);
+        assert_eq!(h.mode(), crate::CgroupMode::V2);
+    }
+
+    #[test]
+    fn daemon_leaf_is_not_the_base() {
+        let mi = "29 23 0:26 / /sys/fs/cgroup rw - cgroup2 cgroup2 rw\n";
+        let own = "0::/system.slice/belljard.service/belljar-daemon\n";
+        let h = Hierarchies::parse(mi, own, |_| Some("memory pids".into()));
+        let base = PathBuf::from("/sys/fs/cgroup/system.slice/belljard.service");
+        assert_eq!(h.v2.unwrap().0, base);
+    }
+
+    #[test]
+    fn mount_root_is_stripped() {
+        // Inside a container the hierarchy's root is the container's own group.
+        let mi = "34 30 0:30 /docker/x /sys/fs/cgroup/memory rw - cgroup cgroup rw,memory\n";
+        let h = Hierarchies::parse(mi, "4:memory:/docker/x/sub\n", |_| None);
+        assert_eq!(h.v1["memory"].0, PathBuf::from("/sys/fs/cgroup/memory/sub"));
+    }
+
+    #[test]
+    fn unescapes_mountinfo() {
+        assert_eq!(unescape(Path::new("/a\\040b")), "/a b");
+        assert_eq!(unescape(Path::new("/plain")), "/plain");
+    }
+}
