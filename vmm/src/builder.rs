@@ -26,8 +26,10 @@ use crate::exit::{ExitLatch, ExitReason};
 use crate::hypervisor::{Hypervisor, Vm};
 use crate::layout::*;
 use crate::memory::{self, GuestMemory};
-use crate::metrics::{DeviceMetrics, MetricsSnapshot, VcpuMetrics, VmmMetrics};
+use crate::metrics::{DeviceMetrics, VcpuMetrics, VmmMetrics};
 use crate::vcpu::{self, HaltPolicy, RunState, VcpuHandle, Vcpus};
+use belljar_vmm_api::control::VmState;
+use belljar_vmm_api::metrics::Metrics;
 
 /// Errors building or running a VM.
 #[derive(Debug, thiserror::Error, displaydoc::Display)]
@@ -340,19 +342,19 @@ impl Vmm {
         self.paused.store(false, Ordering::SeqCst);
     }
 
-    /// `running`, `paused` or `stopped`.
-    pub fn state(&self) -> &'static str {
+    /// Running, pausing, paused or stopped.
+    pub fn state(&self) -> VmState {
         if self.exit.get().is_some() {
-            return "stopped";
+            return VmState::Stopped;
         }
         let vcpus = self.vcpus.lock().unwrap_or_else(|e| e.into_inner());
         let states = vcpus.states();
         if !states.is_empty() && states.iter().all(|s| *s == RunState::Paused) {
-            "paused"
+            VmState::Paused
         } else if self.paused.load(Ordering::SeqCst) {
-            "pausing"
+            VmState::Pausing
         } else {
-            "running"
+            VmState::Running
         }
     }
 
@@ -362,7 +364,7 @@ impl Vmm {
     }
 
     /// Counters.
-    pub fn metrics(&self) -> MetricsSnapshot {
+    pub fn metrics(&self) -> Metrics {
         self.metrics.snapshot(memory::total_size(&self.memory))
     }
 

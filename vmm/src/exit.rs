@@ -1,35 +1,13 @@
 //! Why the VMM stops, and the latch that carries the first reason to the main thread.
 //!
-//! The exit status of `belljar-vmm` is derived from it, so the daemon can tell a guest
-//! reboot from a power-off, a `stop` request or a crash.
+//! The exit status of `belljar-vmm` is derived from it (the numbers are the contract's,
+//! `belljar_vmm_api::exit`), so the daemon can tell a guest reboot from a power-off, a
+//! `stop` request or a crash.
 
 use std::sync::{Condvar, Mutex};
 use std::time::Duration;
 
-/// Why the VM stopped.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum ExitReason {
-    /// `stop` on the control socket, or SIGTERM/SIGINT.
-    Stopped,
-    /// The guest reset the machine (i8042 reset, triple fault, `reboot`).
-    Reset,
-    /// The guest powered off (or halted with no interrupt controller to wake it).
-    PowerOff,
-    /// A vCPU failed (emulation error, bad state) or a host error.
-    Failed,
-}
-
-impl ExitReason {
-    /// The process exit status for this reason (2 is reserved for configuration errors).
-    pub fn exit_code(self) -> i32 {
-        match self {
-            ExitReason::Stopped => 0,
-            ExitReason::Failed => 1,
-            ExitReason::Reset => 10,
-            ExitReason::PowerOff => 11,
-        }
-    }
-}
+pub use belljar_vmm_api::exit::ExitReason;
 
 /// Holds the first exit reason reported; later ones are ignored.
 #[derive(Debug, Default)]
@@ -80,22 +58,5 @@ mod tests {
         l.set(ExitReason::Failed);
         assert_eq!(l.get(), Some(ExitReason::Reset));
         assert_eq!(l.get().unwrap().exit_code(), 10);
-    }
-
-    #[test]
-    fn exit_codes_are_distinct_and_avoid_2() {
-        let codes: Vec<i32> = [
-            ExitReason::Stopped,
-            ExitReason::Reset,
-            ExitReason::PowerOff,
-            ExitReason::Failed,
-        ]
-        .iter()
-        .map(|r| r.exit_code())
-        .collect();
-        for (i, c) in codes.iter().enumerate() {
-            assert_ne!(*c, 2);
-            assert!(!codes[i + 1..].contains(c));
-        }
     }
 }

@@ -16,6 +16,9 @@ pub const VIRTIO_MMIO_SIZE: u64 = 0x1000;
 pub const VIRTIO_IRQ_BASE: u32 = 5;
 /// Last usable IOAPIC pin.
 pub const IRQ_MAX: u32 = 23;
+// The contract's device limit is what these interrupt lines allow.
+const _: () =
+    assert!((IRQ_MAX - VIRTIO_IRQ_BASE + 1) as usize == belljar_vmm_api::MAX_VIRTIO_DEVICES);
 
 /// COM1.
 pub const SERIAL_PORT: u16 = 0x3f8;

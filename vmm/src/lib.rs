@@ -7,7 +7,6 @@ pub mod arch;
 pub mod boot;
 pub mod builder;
 pub mod bus;
-pub mod config;
 pub mod control;
 pub mod conv;
 pub mod devices;
@@ -18,3 +17,6 @@ pub mod memory;
 pub mod metrics;
 pub mod seccomp;
 pub mod vcpu;
+
+/// The VM configuration lives in the daemon <-> VMM contract crate.
+pub use belljar_vmm_api::config;

@@ -9,9 +9,12 @@ use std::time::Duration;
 
 use anyhow::Context;
 use belljar_vmm::builder::Vmm;
-use belljar_vmm::config::{BootMode, DiskConfig, SerialConfig, VmConfig, VsockConfig};
+use belljar_vmm::config::{
+    BootMode, DEFAULT_GUEST_CID, DiskConfig, SerialConfig, VmConfig, VsockConfig,
+};
 use belljar_vmm::exit::ExitReason;
 use belljar_vmm::hypervisor::kvm::KvmHypervisor;
+use belljar_vmm_api::exit::CONFIG_ERROR_STATUS;
 use clap::Parser;
 
 const AFTER_HELP: &str = r#"CONFIG FILE (--config, JSON; flags override its fields):
@@ -39,16 +42,17 @@ VSOCK (hybrid, like Firecracker):
   host connects to <uds_path>, writes "CONNECT <port>\n"  ->  VMM answers "OK <host port>\n"
   once the guest listener accepts; the socket then carries the stream.
 
-CONTROL SOCKET (JSON lines, one response line per request):
-  {"cmd":"status"}   -> {"ok":true,"state":"running|paused|stopped","uptime_ms":N,"exit_reason":null}
-  {"cmd":"pause"}    -> {"ok":true,"state":"paused"}
-  {"cmd":"resume"}   -> {"ok":true,"state":"running"}
-  {"cmd":"stop"}     -> {"ok":true,"state":"stopping"}   (the process then exits 0)
-  {"cmd":"metrics"}  -> {"ok":true,"metrics":{"vcpus":[{"id","exits","io_exits","halt_exits",
+CONTROL SOCKET (JSON lines, one response line per request; the types are crates/vmm-api's):
+  {"cmd":"status"}   -> {"status":{"state":"running|pausing|paused|stopped","uptime_ms":N,
+                        "exit_reason":null|"stopped"|"reset"|"power_off"|"failed"}}
+  {"cmd":"pause"}    -> {"state":"paused"}
+  {"cmd":"resume"}   -> {"state":"running"}
+  {"cmd":"stop"}     -> {"state":"stopping"}   (the process then exits 0)
+  {"cmd":"metrics"}  -> {"metrics":{"vcpus":[{"id","exits","io_exits","halt_exits",
                         "interrupted_exits"}],"unknown_pio","unknown_mmio","devices":[{"name",
                         "bytes_in","bytes_out","requests","errors"}],"rss_bytes",
                         "guest_memory_bytes"}}
-  errors             -> {"ok":false,"error":{"code":"bad_request|unknown_command|...","message":"..."}}
+  errors             -> {"error":{"code":"bad_request|unknown_command|pause_failed","message":"..."}}
 
 EXIT STATUS:
   0   stopped (control "stop", SIGTERM or SIGINT)
@@ -167,7 +171,7 @@ fn build_config(args: &Args) -> anyhow::Result<VmConfig> {
     }
     if let Some(p) = &args.vsock_uds {
         c.vsock = Some(VsockConfig {
-            guest_cid: args.vsock_cid.unwrap_or(3),
+            guest_cid: args.vsock_cid.unwrap_or(DEFAULT_GUEST_CID),
             uds_path: p.clone(),
         });
     } else if let (Some(cid), Some(v)) = (args.vsock_cid, c.vsock.as_mut()) {
@@ -240,7 +244,7 @@ fn main() -> ExitCode {
         Ok(c) => c,
         Err(e) => {
             eprintln!("belljar-vmm: {e:#}");
-            return ExitCode::from(2);
+            return ExitCode::from(CONFIG_ERROR_STATUS);
         }
     };
     if belljar_vmm::hypervisor::host_has_hw_virt() == Some(false) {
@@ -249,7 +253,7 @@ fn main() -> ExitCode {
         );
     }
     match run(&config) {
-        Ok(reason) => ExitCode::from(u8::try_from(reason.exit_code()).unwrap_or(1)),
+        Ok(reason) => ExitCode::from(reason.exit_code()),
         Err(e) => {
             eprintln!("belljar-vmm: {e:#}");
             ExitCode::from(1)

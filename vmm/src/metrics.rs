@@ -1,4 +1,5 @@
-//! Counters that the control socket's `metrics` command reports.
+//! Counters that the control socket's `metrics` command reports (as the contract's
+//! `belljar_vmm_api::metrics` types).
 //!
 //! Plain atomics, shared through `Arc`, so vCPU threads and the device thread update them
 //! without locks.
@@ -6,7 +7,10 @@
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
 
-use serde::Serialize;
+use belljar_vmm_api::metrics::{
+    DeviceMetrics as DeviceMetricsSnapshot, Metrics as MetricsSnapshot,
+    VcpuMetrics as VcpuMetricsSnapshot,
+};
 
 /// Per-device counters.
 #[derive(Debug, Default)]
@@ -46,16 +50,6 @@ impl DeviceMetrics {
     }
 }
 
-/// Serialized form of `DeviceMetrics`.
-#[derive(Debug, Clone, Serialize, PartialEq, Eq)]
-pub struct DeviceMetricsSnapshot {
-    pub name: String,
-    pub bytes_in: u64,
-    pub bytes_out: u64,
-    pub requests: u64,
-    pub errors: u64,
-}
-
 /// Per-vCPU exit counters.
 #[derive(Debug, Default)]
 pub struct VcpuMetrics {
@@ -63,16 +57,6 @@ pub struct VcpuMetrics {
     pub io_exits: AtomicU64,
     pub halt_exits: AtomicU64,
     pub interrupted_exits: AtomicU64,
-}
-
-/// Serialized form of `VcpuMetrics`.
-#[derive(Debug, Clone, Serialize, PartialEq, Eq)]
-pub struct VcpuMetricsSnapshot {
-    pub id: u8,
-    pub exits: u64,
-    pub io_exits: u64,
-    pub halt_exits: u64,
-    pub interrupted_exits: u64,
 }
 
 impl VcpuMetrics {
@@ -100,19 +84,6 @@ pub struct VmmMetrics {
     pub vcpus: Vec<Arc<VcpuMetrics>>,
     pub bus: Arc<BusMetrics>,
     pub devices: Vec<(String, Arc<DeviceMetrics>)>,
-}
-
-/// What `metrics` on the control socket returns.
-#[derive(Debug, Clone, Serialize)]
-pub struct MetricsSnapshot {
-    pub vcpus: Vec<VcpuMetricsSnapshot>,
-    pub unknown_pio: u64,
-    pub unknown_mmio: u64,
-    pub devices: Vec<DeviceMetricsSnapshot>,
-    /// Resident set size of the whole VMM process, guest memory included.
-    pub rss_bytes: u64,
-    /// Guest RAM size.
-    pub guest_memory_bytes: u64,
 }
 
 impl VmmMetrics {

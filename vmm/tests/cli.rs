@@ -7,6 +7,11 @@ use std::path::Path;
 use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
+use belljar_vmm_api::config::{BootMode, SerialConfig, VmConfig};
+use belljar_vmm_api::control::{ErrorCode, Response, VmState};
+use belljar_vmm_api::exit::CONFIG_ERROR_STATUS;
+use belljar_vmm_api::{ControlClient, ExitReason};
+
 const BIN: &str = env!("CARGO_BIN_EXE_belljar-vmm");
 
 fn have_kvm() -> bool {
@@ -56,7 +61,11 @@ fn bad_configs_fail_fast_with_status_2() {
     for args in cases {
         let t = Instant::now();
         let out = Command::new(BIN).args(&args).output().unwrap();
-        assert_eq!(out.status.code(), Some(2), "{args:?}");
+        assert_eq!(
+            out.status.code(),
+            Some(i32::from(CONFIG_ERROR_STATUS)),
+            "{args:?}"
+        );
         let err = String::from_utf8(out.stderr).unwrap();
         assert_eq!(err.lines().count(), 1, "{err}");
         assert!(t.elapsed() < Duration::from_secs(2));
@@ -69,20 +78,28 @@ fn guest_reset_exits_10_and_logs_console() {
         return;
     }
     let dir = tempfile::tempdir().unwrap();
-    let cfg = serde_json::json!({
-        "kernel": guest(dir.path(), true),
-        "boot": "raw",
-        "memory_mib": 16,
-        "serial": {"log": dir.path().join("console.log"), "echo": true},
-    });
+    let cfg = VmConfig {
+        kernel: Some(guest(dir.path(), true)),
+        boot: BootMode::Raw,
+        memory_mib: 16,
+        serial: SerialConfig {
+            log: Some(dir.path().join("console.log")),
+            echo: true,
+        },
+        ..Default::default()
+    };
     let cfg_path = dir.path().join("vm.json");
-    std::fs::write(&cfg_path, cfg.to_string()).unwrap();
+    std::fs::write(&cfg_path, cfg.to_json()).unwrap();
     let out = Command::new(BIN)
         .arg("--config")
         .arg(&cfg_path)
         .output()
         .unwrap();
-    assert_eq!(out.status.code(), Some(10), "{out:?}");
+    assert_eq!(
+        ExitReason::from_exit_code(out.status.code()),
+        Some(ExitReason::Reset),
+        "{out:?}"
+    );
     assert_eq!(out.stdout, b"hi");
     assert_eq!(
         std::fs::read(dir.path().join("console.log")).unwrap(),
@@ -107,16 +124,11 @@ fn guest_power_off_port_exits_11() {
         .args(["--boot", "raw", "--memory-mib", "16"])
         .output()
         .unwrap();
-    assert_eq!(out.status.code(), Some(11), "{out:?}");
-}
-
-fn request(stream: &mut UnixStream, reader: &mut impl BufRead, cmd: &str) -> serde_json::Value {
-    stream
-        .write_all(format!("{{\"cmd\":\"{cmd}\"}}\n").as_bytes())
-        .unwrap();
-    let mut line = String::new();
-    reader.read_line(&mut line).unwrap();
-    serde_json::from_str(&line).unwrap()
+    assert_eq!(
+        ExitReason::from_exit_code(out.status.code()),
+        Some(ExitReason::PowerOff),
+        "{out:?}"
+    );
 }
 
 #[test]
@@ -136,41 +148,53 @@ fn control_socket_pause_resume_metrics_stop() {
         .spawn()
         .unwrap();
     let t = Instant::now();
-    let mut stream = loop {
-        match UnixStream::connect(&sock) {
-            Ok(s) => break s,
+    let mut ctl = loop {
+        match ControlClient::connect(&sock, Duration::from_secs(5)) {
+            Ok(c) => break c,
             Err(_) if t.elapsed() < Duration::from_secs(5) => {
                 std::thread::sleep(Duration::from_millis(10))
             }
             Err(e) => panic!("control socket: {e}"),
         }
     };
-    stream
-        .set_read_timeout(Some(Duration::from_secs(5)))
-        .unwrap();
-    let mut reader = BufReader::new(stream.try_clone().unwrap());
 
-    let s = request(&mut stream, &mut reader, "status");
-    assert_eq!(s["ok"], true);
-    assert_eq!(s["state"], "running");
-    let p = request(&mut stream, &mut reader, "pause");
-    assert_eq!(p["state"], "paused", "{p}");
-    let r = request(&mut stream, &mut reader, "resume");
-    assert_eq!(r["ok"], true);
-    let m = request(&mut stream, &mut reader, "metrics");
-    let m = &m["metrics"];
-    assert_eq!(m["vcpus"].as_array().unwrap().len(), 2);
-    assert!(m["vcpus"][0]["io_exits"].as_u64().unwrap() >= 2);
-    assert!(m["rss_bytes"].as_u64().unwrap() > 0);
-    assert_eq!(m["guest_memory_bytes"], 32u64 << 20);
-    assert_eq!(m["devices"][0]["name"], "serial");
-    assert_eq!(m["devices"][0]["bytes_in"], 2);
-    let bad = request(&mut stream, &mut reader, "fly");
-    assert_eq!(bad["error"]["code"], "unknown_command");
-    let st = request(&mut stream, &mut reader, "stop");
-    assert_eq!(st["ok"], true);
+    let s = ctl.status().unwrap();
+    assert_eq!(s.state, VmState::Running);
+    assert_eq!(s.exit_reason, None);
+    assert_eq!(ctl.pause().unwrap(), VmState::Paused);
+    assert_eq!(ctl.resume().unwrap(), VmState::Running);
+    let m = ctl.metrics().unwrap();
+    assert_eq!(m.vcpus.len(), 2);
+    assert!(m.vcpus[0].io_exits >= 2);
+    assert!(m.rss_bytes > 0);
+    assert_eq!(m.guest_memory_bytes, 32u64 << 20);
+    assert_eq!(m.devices[0].name, "serial");
+    assert_eq!(m.devices[0].bytes_in, 2);
+
+    // What the typed client cannot send: an unknown command and a malformed line, on a
+    // raw connection, get the contract's error codes.
+    let mut raw = UnixStream::connect(&sock).unwrap();
+    raw.set_read_timeout(Some(Duration::from_secs(5))).unwrap();
+    let mut reader = BufReader::new(raw.try_clone().unwrap());
+    for (line, code) in [
+        ("{\"cmd\":\"fly\"}\n", ErrorCode::UnknownCommand),
+        ("{\"cmd\":\"stop\",\"now\":true}\n", ErrorCode::BadRequest),
+    ] {
+        raw.write_all(line.as_bytes()).unwrap();
+        let mut answer = String::new();
+        reader.read_line(&mut answer).unwrap();
+        match serde_json::from_str::<Response>(&answer).unwrap() {
+            Response::Error(e) => assert_eq!(e.code, code, "{line}"),
+            other => panic!("{line}: {other:?}"),
+        }
+    }
+
+    assert_eq!(ctl.stop().unwrap(), VmState::Stopping);
     let status = child.wait().unwrap();
-    assert_eq!(status.code(), Some(0));
+    assert_eq!(
+        ExitReason::from_exit_code(status.code()),
+        Some(ExitReason::Stopped)
+    );
 }
 
 #[test]

@@ -9,6 +9,9 @@
 
 use std::io::{BufRead, BufReader, Write};
 use std::os::unix::net::UnixStream;
+
+use belljar_vmm_api::config::{DiskConfig, SerialConfig, VmConfig, VsockConfig};
+use belljar_vmm_api::{ControlClient, DEFAULT_CMDLINE, ExitReason};
 use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
@@ -74,23 +77,38 @@ fn scratch_disk(dir: &Path) -> PathBuf {
 }
 
 fn config(dir: &Path, extra_cmdline: &str) -> PathBuf {
-    let cfg = serde_json::json!({
-        "kernel": kernel(),
-        "cmdline": format!(
-            "console=ttyS0 reboot=k panic=1 pci=off root=/dev/vda ro init=/sbin/belljar-agent {extra_cmdline}"
+    let cfg = VmConfig {
+        kernel: Some(kernel()),
+        cmdline: format!(
+            "{DEFAULT_CMDLINE} root=/dev/vda ro init=/sbin/belljar-agent {extra_cmdline}"
         ),
-        "memory_mib": 512,
-        "vcpus": 2,
-        "disks": [
-            {"path": rootfs(), "read_only": true, "id": "root"},
-            {"path": scratch_disk(dir), "read_only": false, "id": "layer"}
+        memory_mib: 512,
+        vcpus: 2,
+        disks: vec![
+            DiskConfig {
+                path: rootfs(),
+                read_only: true,
+                id: "root".into(),
+            },
+            DiskConfig {
+                path: scratch_disk(dir),
+                read_only: false,
+                id: "layer".into(),
+            },
         ],
-        "vsock": {"guest_cid": 3, "uds_path": dir.join("vsock.sock")},
-        "serial": {"log": dir.join("console.log")},
-        "control_socket": dir.join("vmm.sock"),
-    });
+        vsock: Some(VsockConfig {
+            guest_cid: 3,
+            uds_path: dir.join("vsock.sock"),
+        }),
+        serial: SerialConfig {
+            log: Some(dir.join("console.log")),
+            echo: false,
+        },
+        control_socket: Some(dir.join("vmm.sock")),
+        ..Default::default()
+    };
     let p = dir.join("vm.json");
-    std::fs::write(&p, cfg.to_string()).unwrap();
+    std::fs::write(&p, cfg.to_json()).unwrap();
     p
 }
 
@@ -142,7 +160,11 @@ fn agent_self_check_boots_to_marker() {
         );
         std::thread::sleep(Duration::from_millis(50));
     };
-    assert_eq!(status.code(), Some(11), "{status}");
+    assert_eq!(
+        ExitReason::from_exit_code(status.code()),
+        Some(ExitReason::PowerOff),
+        "{status}"
+    );
 }
 
 #[test]
@@ -173,9 +195,14 @@ fn host_reaches_agent_over_hybrid_vsock() {
         }
     };
     eprintln!("agent reachable after {:?}: {}", t.elapsed(), line.trim());
-    let mut ctl = UnixStream::connect(dir.path().join("vmm.sock")).unwrap();
-    ctl.write_all(b"{\"cmd\":\"metrics\"}\n{\"cmd\":\"stop\"}\n")
-        .unwrap();
+    let mut ctl =
+        ControlClient::connect(&dir.path().join("vmm.sock"), Duration::from_secs(5)).unwrap();
+    let m = ctl.metrics().unwrap();
+    assert!(m.devices.iter().any(|d| d.name == "vsock") && m.rss_bytes > 0);
+    ctl.stop().unwrap();
     let status = child.wait().unwrap();
-    assert_eq!(status.code(), Some(0));
+    assert_eq!(
+        ExitReason::from_exit_code(status.code()),
+        Some(ExitReason::Stopped)
+    );
 }

@@ -14,6 +14,7 @@ use belljar_vmm::builder::{BuildOptions, Vmm};
 use belljar_vmm::config::{BootMode, SerialConfig, VmConfig, VsockConfig};
 use belljar_vmm::exit::ExitReason;
 use belljar_vmm::hypervisor::kvm::KvmHypervisor;
+use belljar_vmm_api::control::VmState;
 use vm_memory::{Bytes, GuestAddress};
 
 const BASE: u64 = 0x10_0000;
@@ -324,9 +325,9 @@ fn two_vcpus_start_and_stop() {
     cfg.vcpus = 2;
     let vmm = Vmm::start(&cfg, &hv).unwrap();
     std::thread::sleep(Duration::from_millis(50));
-    assert_eq!(vmm.state(), "running");
+    assert_eq!(vmm.state(), VmState::Running);
     vmm.pause().unwrap();
-    assert_eq!(vmm.state(), "paused");
+    assert_eq!(vmm.state(), VmState::Paused);
     vmm.resume();
     vmm.request_stop();
     assert_eq!(run(&vmm), ExitReason::Stopped);

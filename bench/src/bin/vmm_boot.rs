@@ -15,13 +15,14 @@
 //! `guest-images/kernel/build.sh`; the root disk is a small ext4 with busybox as init (needs busybox-static and
 //! mkfs.ext4), printing a marker and rebooting.
 
-use std::io::{BufRead, BufReader, Read, Write};
+use std::io::{BufRead, BufReader, Read};
 use std::os::unix::net::UnixStream;
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
 use anyhow::{Context, Result, bail};
+use belljar_vmm_api::{ControlClient, ExitReason};
 use clap::Parser;
 
 const MARKER: &str = "BELLJAR-INIT-MARKER";
@@ -118,18 +119,10 @@ fn first_instruction(vmm: &Path, guest: &Path) -> Result<(f64, f64)> {
     let first = ms(t.elapsed());
     let status = child.wait()?;
     let exit = ms(t.elapsed());
-    if b[0] != b'X' || status.code() != Some(10) {
+    if b[0] != b'X' || ExitReason::from_exit_code(status.code()) != Some(ExitReason::Reset) {
         bail!("unexpected tiny guest result: {:?} {status}", b[0] as char);
     }
     Ok((first, exit))
-}
-
-fn request(sock: &Path, cmd: &str) -> Result<serde_json::Value> {
-    let mut s = UnixStream::connect(sock)?;
-    s.write_all(format!("{{\"cmd\":\"{cmd}\"}}\n").as_bytes())?;
-    let mut line = String::new();
-    BufReader::new(&s).read_line(&mut line)?;
-    Ok(serde_json::from_str(&line)?)
 }
 
 fn rss(vmm: &Path, guest: &Path, dir: &Path) -> Result<(u64, u64)> {
@@ -152,14 +145,11 @@ fn rss(vmm: &Path, guest: &Path, dir: &Path) -> Result<(u64, u64)> {
         std::thread::sleep(Duration::from_millis(5));
     }
     std::thread::sleep(Duration::from_millis(100));
-    let m = request(&sock, "metrics")?;
-    let _ = request(&sock, "stop");
+    let mut ctl = ControlClient::connect(&sock, Duration::from_secs(5))?;
+    let m = ctl.metrics()?;
+    let _ = ctl.stop();
     child.wait()?;
-    let rss = m["metrics"]["rss_bytes"].as_u64().context("rss")?;
-    let guest = m["metrics"]["guest_memory_bytes"]
-        .as_u64()
-        .context("guest")?;
-    Ok((rss, guest))
+    Ok((m.rss_bytes, m.guest_memory_bytes))
 }
 
 /// `--kernel`, else `BELLJAR_KERNEL`, else the newest cached project kernel. The build script

@@ -10,6 +10,8 @@ use std::process::Command;
 use std::time::Duration;
 
 use belljar_api::{Backend as BackendKind, LimitState, LimitsReport};
+use belljar_vmm_api::ExitReason;
+use belljar_vmm_api::config::{BootMode, VmConfig};
 
 use super::backend::{AgentAddress, Backend, BackendError, ExitWatch, LaunchSpec, Launched, Probe};
 use super::vmm;
@@ -107,10 +109,15 @@ impl Microvm {
         let code = dir.path().join("probe.bin");
         std::fs::write(&code, probe_code(1_000_000)).map_err(|e| e.to_string())?;
         let config = dir.path().join("probe.json");
-        let json = serde_json::json!({
-            "kernel": code, "boot": "raw", "memory_mib": 16, "vcpus": 1, "rng": false,
-        });
-        std::fs::write(&config, json.to_string()).map_err(|e| e.to_string())?;
+        let vm = VmConfig {
+            kernel: Some(code),
+            boot: BootMode::Raw,
+            memory_mib: 16,
+            vcpus: 1,
+            rng: false,
+            ..Default::default()
+        };
+        std::fs::write(&config, vm.to_json()).map_err(|e| e.to_string())?;
         let mut child = Command::new(vmm)
             .arg("--config")
             .arg(&config)
@@ -122,7 +129,11 @@ impl Microvm {
         let deadline = std::time::Instant::now() + PROBE_LIMIT;
         loop {
             match child.try_wait() {
-                Ok(Some(status)) if status.code() == Some(10) => return Ok(()),
+                Ok(Some(status))
+                    if ExitReason::from_exit_code(status.code()) == Some(ExitReason::Reset) =>
+                {
+                    return Ok(());
+                }
                 Ok(Some(status)) => return Err(format!("the tiny probe guest failed ({status})")),
                 Ok(None) if std::time::Instant::now() > deadline => {
                     let _ = child.kill();
@@ -142,7 +153,7 @@ impl Microvm {
 const PROBE_LIMIT: Duration = Duration::from_millis(1500);
 
 /// Flat 64-bit code: `loops` iterations of `dec ecx; jnz`, a store to guest memory, then an
-/// i8042 reset (`out 0x64, 0xfe`), which `belljar-vmm` reports as exit status 10.
+/// i8042 reset (`out 0x64, 0xfe`), which `belljar-vmm` reports as [`ExitReason::Reset`].
 pub fn probe_code(loops: u32) -> Vec<u8> {
     let mut code = vec![0xB9];
     code.extend_from_slice(&loops.to_le_bytes());

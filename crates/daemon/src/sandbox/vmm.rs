@@ -6,14 +6,17 @@
 //! writable layer, `/dev/vdb`), `vsock.sock` (hybrid vsock to the agent), `vmm.sock` (the
 //! control socket), `console.log`, `vmm.json` (pid and start time).
 
-use std::io::{BufRead, BufReader, Write};
-use std::os::unix::net::UnixStream;
 use std::os::unix::process::CommandExt;
 use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
+use belljar_vmm_api::config::{DiskConfig, SerialConfig, VmConfig, VsockConfig};
+use belljar_vmm_api::{ControlClient, DEFAULT_CMDLINE, MAX_VCPUS};
 use serde::{Deserialize, Serialize};
+
+// The API may never accept more vCPUs than one microVM can have.
+const _: () = assert!(belljar_api::limits::MAX_VCPUS <= MAX_VCPUS as u32);
 
 #[derive(Debug, thiserror::Error)]
 pub enum VmmError {
@@ -23,6 +26,9 @@ pub enum VmmError {
     /// The image has no ext4 root disk.
     #[error("The image has no rootfs.ext4 at {0}")]
     NoDisk(PathBuf),
+    /// The sandbox's settings do not make a valid VM config.
+    #[error("Invalid microVM settings: {0}")]
+    Config(#[from] belljar_vmm_api::config::Error),
     /// Making the writable layer failed.
     #[error("Cannot make the writable layer: {0}")]
     Layer(String),
@@ -74,36 +80,57 @@ pub fn find_kernel(cache: &Path) -> Option<PathBuf> {
         .max_by_key(|p| p.metadata().and_then(|m| m.modified()).ok())
 }
 
-/// The kernel command line: the image's root read-only, the agent as init, its settings.
+/// The kernel command line: the VMM's default, the image's root read-only, the agent as
+/// init, its settings.
 pub fn cmdline(hostname: &str, now_ms: i64) -> String {
     format!(
-        "console=ttyS0 reboot=k panic=1 pci=off nomodule root=/dev/vda ro rootfstype=ext4 \
+        "{DEFAULT_CMDLINE} root=/dev/vda ro rootfstype=ext4 \
          init=/sbin/belljar-agent BELLJAR_MODE=microvm BELLJAR_HOSTNAME={hostname} \
          BELLJAR_CLOCK_MS={now_ms}"
     )
 }
 
-/// The `belljar-vmm` JSON config of a sandbox.
-pub fn config(spec: &VmSpec, now_ms: i64) -> serde_json::Value {
+/// The `belljar-vmm` config of a sandbox, checked as far as it can be without the VMM.
+pub fn config(spec: &VmSpec, now_ms: i64) -> Result<VmConfig, VmmError> {
     let dir = &spec.state_dir;
-    serde_json::json!({
-        "kernel": spec.kernel,
-        "cmdline": spec.agent_env.iter().fold(
-            cmdline(&spec.hostname, now_ms),
-            |line, (k, v)| format!("{line} {k}={v}")
-        ),
-        "memory_mib": spec.memory_mib,
-        "vcpus": spec.vcpus.min(32),
-        "disks": [
-            {"path": spec.root_disk, "read_only": true, "id": "root"},
-            {"path": dir.join("layer.ext4"), "read_only": false, "id": "layer"},
+    let config = VmConfig {
+        kernel: Some(spec.kernel.clone()),
+        cmdline: spec
+            .agent_env
+            .iter()
+            .fold(cmdline(&spec.hostname, now_ms), |line, (k, v)| {
+                format!("{line} {k}={v}")
+            }),
+        memory_mib: spec.memory_mib,
+        // Out of range becomes 0, which `validate_values` refuses with the range in the message.
+        vcpus: u8::try_from(spec.vcpus).unwrap_or(0),
+        disks: vec![
+            DiskConfig {
+                path: spec.root_disk.clone(),
+                read_only: true,
+                id: "root".into(),
+            },
+            DiskConfig {
+                path: dir.join("layer.ext4"),
+                read_only: false,
+                id: "layer".into(),
+            },
         ],
-        "vsock": {"guest_cid": 3, "uds_path": dir.join("vsock.sock")},
-        "rng": true,
-        "serial": {"log": dir.join("console.log"), "echo": false},
-        "control_socket": dir.join("vmm.sock"),
-        "seccomp": true,
-    })
+        vsock: Some(VsockConfig {
+            guest_cid: belljar_vmm_api::config::DEFAULT_GUEST_CID,
+            uds_path: dir.join("vsock.sock"),
+        }),
+        rng: true,
+        serial: SerialConfig {
+            log: Some(dir.join("console.log")),
+            echo: false,
+        },
+        control_socket: Some(dir.join("vmm.sock")),
+        seccomp: true,
+        ..Default::default()
+    };
+    config.validate_values()?;
+    Ok(config)
 }
 
 /// Field 22 (starttime) of `/proc/<pid>/stat`, for a live, non-zombie process.
@@ -125,10 +152,10 @@ pub fn launch(spec: &VmSpec, now_ms: i64) -> Result<VmmProcess, VmmError> {
     if !spec.root_disk.is_file() {
         return Err(VmmError::NoDisk(spec.root_disk.clone()));
     }
+    let config = config(spec, now_ms)?;
     make_layer(&dir.join("layer.ext4"), spec.disk_mib)?;
     let config_path = dir.join("vm.json");
-    std::fs::write(&config_path, config(spec, now_ms).to_string())
-        .map_err(io_err("Cannot write the VM config"))?;
+    std::fs::write(&config_path, config.to_json()).map_err(io_err("Cannot write the VM config"))?;
     let log =
         std::fs::File::create(dir.join("vmm.log")).map_err(io_err("Cannot create vmm.log"))?;
     let log2 = log.try_clone().map_err(io_err("Cannot create vmm.log"))?;
@@ -192,7 +219,9 @@ pub fn stop(state_dir: &Path, grace: Duration) -> Result<(), VmmError> {
     let Some(proc) = adopt(state_dir) else {
         return Ok(());
     };
-    if control(&state_dir.join("vmm.sock"), r#"{"cmd":"stop"}"#).is_err() {
+    let stopped = ControlClient::connect(&state_dir.join("vmm.sock"), CONTROL_TIMEOUT)
+        .and_then(|mut c| c.stop());
+    if stopped.is_err() {
         let _ = nix::sys::signal::kill(
             nix::unistd::Pid::from_raw(proc.pid as i32),
             nix::sys::signal::Signal::SIGTERM,
@@ -213,16 +242,8 @@ pub fn stop(state_dir: &Path, grace: Duration) -> Result<(), VmmError> {
     Ok(())
 }
 
-/// One request line on the control socket and its answer line.
-fn control(socket: &Path, request: &str) -> std::io::Result<String> {
-    let mut stream = UnixStream::connect(socket)?;
-    stream.set_read_timeout(Some(Duration::from_secs(2)))?;
-    stream.write_all(request.as_bytes())?;
-    stream.write_all(b"\n")?;
-    let mut line = String::new();
-    BufReader::new(stream).read_line(&mut line)?;
-    Ok(line)
-}
+/// How long a control request may take before the daemon falls back to signals.
+const CONTROL_TIMEOUT: Duration = Duration::from_secs(2);
 
 #[cfg(test)]
 mod tests {
@@ -241,14 +262,50 @@ mod tests {
             disk_mib: 4096,
             agent_env: vec![("BELLJAR_OUTPUT_LIMIT".into(), "4096".into())],
         };
-        let c = config(&spec, 42);
-        assert_eq!(c["disks"][0]["read_only"], true);
-        assert_eq!(c["disks"][1]["path"], "/s/layer.ext4");
-        assert_eq!(c["vsock"]["uds_path"], "/s/vsock.sock");
-        let cmdline = c["cmdline"].as_str().unwrap();
+        let c = config(&spec, 42).unwrap();
+        assert!(c.disks[0].read_only);
+        assert_eq!(c.disks[1].path, Path::new("/s/layer.ext4"));
+        assert_eq!(
+            c.vsock.as_ref().unwrap().uds_path,
+            Path::new("/s/vsock.sock")
+        );
+        assert_eq!(c.vcpus, 2);
+        let cmdline = &c.cmdline;
         assert!(cmdline.contains("init=/sbin/belljar-agent BELLJAR_MODE=microvm"));
         assert!(cmdline.contains("BELLJAR_CLOCK_MS=42"));
         assert!(cmdline.ends_with(" BELLJAR_OUTPUT_LIMIT=4096"), "{cmdline}");
+        // What the VMM reads back is what was meant.
+        assert_eq!(VmConfig::from_json("vm.json", &c.to_json()).unwrap(), c);
+    }
+
+    /// The daemon's command line had drifted from the VMM's default (it dropped the i8042
+    /// parameters, so every boot probed for a keyboard the VMM does not have).
+    #[test]
+    fn the_cmdline_starts_with_the_vmm_default() {
+        let line = cmdline("sbx-a", 1);
+        assert!(line.starts_with(DEFAULT_CMDLINE), "{line}");
+        assert!(line.contains("i8042.nomux"), "{line}");
+    }
+
+    #[test]
+    fn too_many_vcpus_are_refused_not_clamped() {
+        let spec = VmSpec {
+            vmm: "/bin/belljar-vmm".into(),
+            kernel: "/k/vmlinux".into(),
+            root_disk: "/img/rootfs.ext4".into(),
+            state_dir: "/s".into(),
+            hostname: "sbx-a".into(),
+            vcpus: 300,
+            memory_mib: 1024,
+            disk_mib: 4096,
+            agent_env: vec![],
+        };
+        let e = config(&spec, 0).unwrap_err();
+        assert!(
+            e.to_string()
+                .contains("vCPU count must be between 1 and 32"),
+            "{e}"
+        );
     }
 
     #[test]

@@ -1,11 +1,15 @@
-//! The VM configuration: a JSON file (what the daemon writes) or command-line flags.
+//! The VM configuration: the JSON file the daemon writes and `belljar-vmm --config` reads.
 //!
-//! `validate` checks everything that can be checked before touching KVM, so a bad config
-//! fails at once with one line and exit status 2 instead of deep inside the guest.
+//! Unknown fields are refused everywhere, so a misspelt or newer field fails at once instead
+//! of being ignored. [`VmConfig::validate`] checks everything that can be checked before
+//! touching KVM, so a bad config fails with one line and exit status 2
+//! ([`crate::exit::CONFIG_ERROR_STATUS`]) instead of deep inside the guest.
 
 use std::path::{Path, PathBuf};
 
 use serde::{Deserialize, Serialize};
+
+use crate::{DEFAULT_CMDLINE, MAX_VCPUS, MAX_VIRTIO_DEVICES};
 
 /// Errors in a configuration.
 #[derive(Debug, thiserror::Error, displaydoc::Display)]
@@ -13,7 +17,7 @@ pub enum Error {
     /// Cannot read config file {0}
     Read(String, #[source] std::io::Error),
     /// Invalid config file {0}
-    Parse(String, #[source] serde_json::Error),
+    Parse(String, #[source] JsonError),
     /// No kernel given (set "kernel" or --kernel)
     NoKernel,
     /// Kernel {0} cannot be read
@@ -29,6 +33,14 @@ pub enum Error {
     /// Vsock guest CID must be 3 or more (got {0})
     Cid(u64),
 }
+
+/// What was wrong in a JSON config and where: `disks[0]: unknown field ...`.
+#[derive(Debug, thiserror::Error)]
+#[error("{0}")]
+pub struct JsonError(String);
+
+/// Most guest RAM, in MiB (1 TiB).
+pub const MAX_MEMORY_MIB: u64 = 1 << 20;
 
 /// How the kernel file is interpreted.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
@@ -63,8 +75,11 @@ pub struct VsockConfig {
     pub uds_path: PathBuf,
 }
 
+/// The guest's vsock CID unless the config says otherwise (0-2 are reserved).
+pub const DEFAULT_GUEST_CID: u64 = 3;
+
 fn default_cid() -> u64 {
-    3
+    DEFAULT_GUEST_CID
 }
 
 /// The serial console.
@@ -106,10 +121,6 @@ pub struct VmConfig {
     pub seccomp: bool,
 }
 
-/// Kernel command line used when none is given.
-pub const DEFAULT_CMDLINE: &str =
-    "console=ttyS0 reboot=k panic=1 pci=off nomodule i8042.noaux i8042.nomux i8042.dumbkbd";
-
 fn default_cmdline() -> String {
     DEFAULT_CMDLINE.to_string()
 }
@@ -141,15 +152,30 @@ impl Default for VmConfig {
     }
 }
 
-/// Most vCPUs per VM.
-pub const MAX_VCPUS: u8 = 32;
-
 impl VmConfig {
     /// Reads a JSON config file.
     pub fn from_file(path: &Path) -> Result<Self, Error> {
         let name = path.display().to_string();
         let text = std::fs::read_to_string(path).map_err(|e| Error::Read(name.clone(), e))?;
-        serde_json::from_str(&text).map_err(|e| Error::Parse(name, e))
+        Self::from_json(&name, &text)
+    }
+
+    /// Parses a config; `name` says where it came from in the error. The error names the
+    /// field that was wrong (`disks[1].read_only: invalid type ...`).
+    pub fn from_json(name: &str, text: &str) -> Result<Self, Error> {
+        let err = |msg: String| Error::Parse(name.to_owned(), JsonError(msg));
+        let mut de = serde_json::Deserializer::from_str(text);
+        let config: Self =
+            serde_path_to_error::deserialize(&mut de).map_err(|e| err(e.to_string()))?;
+        // Trailing data after the object is an error too.
+        de.end().map_err(|e| err(e.to_string()))?;
+        Ok(config)
+    }
+
+    /// The config as the JSON the VMM reads.
+    pub fn to_json(&self) -> String {
+        // Plain data with string keys: serializing cannot fail.
+        serde_json::to_string_pretty(self).expect("VmConfig serializes")
     }
 
     /// Number of virtio-mmio devices this config creates.
@@ -157,7 +183,37 @@ impl VmConfig {
         self.disks.len() + usize::from(self.vsock.is_some()) + usize::from(self.rng)
     }
 
-    /// Checks the config against the filesystem without starting anything.
+    /// Checks the values alone, without the filesystem: what the daemon can check before it
+    /// writes a config.
+    pub fn validate_values(&self) -> Result<(), Error> {
+        if self.kernel.is_none() {
+            return Err(Error::NoKernel);
+        }
+        if self.memory_mib == 0 || self.memory_mib > MAX_MEMORY_MIB {
+            return Err(Error::Memory(self.memory_mib));
+        }
+        if self.vcpus == 0 || self.vcpus > MAX_VCPUS {
+            return Err(Error::Vcpus {
+                got: self.vcpus,
+                max: MAX_VCPUS,
+            });
+        }
+        if self.virtio_device_count() > MAX_VIRTIO_DEVICES {
+            return Err(Error::TooManyDevices(
+                self.virtio_device_count(),
+                MAX_VIRTIO_DEVICES,
+            ));
+        }
+        if let Some(v) = &self.vsock
+            && (v.guest_cid < 3 || v.guest_cid > u64::from(u32::MAX))
+        {
+            return Err(Error::Cid(v.guest_cid));
+        }
+        Ok(())
+    }
+
+    /// Checks the config against the filesystem without starting anything: the kernel can be
+    /// read and every disk opened the way the VMM will open it.
     pub fn validate(&self) -> Result<(), Error> {
         let kernel = self.kernel.as_ref().ok_or(Error::NoKernel)?;
         std::fs::File::open(kernel)
@@ -169,15 +225,7 @@ impl VmConfig {
                 Ok(())
             })
             .map_err(|e| Error::Kernel(kernel.display().to_string(), e))?;
-        if self.memory_mib == 0 || self.memory_mib > (1 << 20) {
-            return Err(Error::Memory(self.memory_mib));
-        }
-        if self.vcpus == 0 || self.vcpus > MAX_VCPUS {
-            return Err(Error::Vcpus {
-                got: self.vcpus,
-                max: MAX_VCPUS,
-            });
-        }
+        self.validate_values()?;
         for disk in &self.disks {
             std::fs::OpenOptions::new()
                 .read(true)
@@ -190,15 +238,6 @@ impl VmConfig {
                     Ok(())
                 })
                 .map_err(|e| Error::Disk(disk.path.display().to_string(), e))?;
-        }
-        let max = (crate::layout::IRQ_MAX - crate::layout::VIRTIO_IRQ_BASE + 1) as usize;
-        if self.virtio_device_count() > max {
-            return Err(Error::TooManyDevices(self.virtio_device_count(), max));
-        }
-        if let Some(v) = &self.vsock
-            && (v.guest_cid < 3 || v.guest_cid > u64::from(u32::MAX))
-        {
-            return Err(Error::Cid(v.guest_cid));
         }
         Ok(())
     }
@@ -217,6 +256,18 @@ mod tests {
         }
     }
 
+    /// The full error text, sources included, as `belljar-vmm` prints it (`{e:#}`).
+    fn chain(e: &dyn std::error::Error) -> String {
+        let mut s = e.to_string();
+        let mut src = e.source();
+        while let Some(inner) = src {
+            s.push_str(": ");
+            s.push_str(&inner.to_string());
+            src = inner.source();
+        }
+        s
+    }
+
     #[test]
     fn parses_the_documented_example() {
         let json = r#"{
@@ -232,7 +283,7 @@ mod tests {
             "control_socket": "/s/vmm.sock",
             "seccomp": true
         }"#;
-        let c: VmConfig = serde_json::from_str(json).unwrap();
+        let c = VmConfig::from_json("vm.json", json).unwrap();
         assert_eq!(c.vcpus, 2);
         assert!(c.disks[0].read_only && !c.disks[1].read_only);
         assert_eq!(c.vsock.as_ref().unwrap().guest_cid, 3);
@@ -240,8 +291,77 @@ mod tests {
     }
 
     #[test]
+    fn a_config_round_trips_through_its_json() {
+        let c = VmConfig {
+            kernel: Some("/k/vmlinux".into()),
+            boot: BootMode::Raw,
+            memory_mib: 64,
+            vcpus: 3,
+            disks: vec![DiskConfig {
+                path: "/d".into(),
+                read_only: true,
+                id: "root".into(),
+            }],
+            vsock: Some(VsockConfig {
+                guest_cid: 9,
+                uds_path: "/v.sock".into(),
+            }),
+            rng: false,
+            serial: SerialConfig {
+                log: Some("/c.log".into()),
+                echo: true,
+            },
+            control_socket: Some("/vmm.sock".into()),
+            seccomp: false,
+            ..Default::default()
+        };
+        assert_eq!(VmConfig::from_json("x", &c.to_json()).unwrap(), c);
+        // Defaults fill what a minimal config leaves out.
+        let min = VmConfig::from_json("x", r#"{"kernel":"/k"}"#).unwrap();
+        assert_eq!(min.cmdline, DEFAULT_CMDLINE);
+        assert_eq!(
+            (min.memory_mib, min.vcpus, min.rng, min.seccomp),
+            (256, 1, true, true)
+        );
+    }
+
+    #[test]
     fn unknown_fields_are_rejected() {
-        assert!(serde_json::from_str::<VmConfig>(r#"{"kernal": "/k"}"#).is_err());
+        let e = VmConfig::from_json("vm.json", r#"{"kernal": "/k"}"#).unwrap_err();
+        assert!(
+            chain(&e).contains("unknown field `kernal`"),
+            "{}",
+            chain(&e)
+        );
+        let e = VmConfig::from_json(
+            "vm.json",
+            r#"{"kernel": "/k", "disks": [{"path": "/d", "readonly": true}]}"#,
+        )
+        .unwrap_err();
+        let text = chain(&e);
+        assert!(
+            text.starts_with("Invalid config file vm.json: disks[0]"),
+            "{text}"
+        );
+        assert!(text.contains("readonly"), "{text}");
+    }
+
+    #[test]
+    fn bad_values_name_their_field() {
+        let e = VmConfig::from_json("vm.json", r#"{"kernel": "/k", "vcpus": 300}"#).unwrap_err();
+        let text = chain(&e);
+        assert!(
+            text.starts_with("Invalid config file vm.json: vcpus"),
+            "{text}"
+        );
+        let e = VmConfig::from_json("vm.json", r#"{"kernel": "/k", "boot": "efi"}"#).unwrap_err();
+        assert!(
+            chain(&e).contains("boot: unknown variant `efi`"),
+            "{}",
+            chain(&e)
+        );
+        let e = VmConfig::from_json("vm.json", r#"{"kernel": "/k"} {}"#).unwrap_err();
+        assert!(matches!(e, Error::Parse(..)));
     }
 
     #[test]
@@ -260,9 +380,40 @@ mod tests {
         c.validate().unwrap();
         c.memory_mib = 0;
         assert!(matches!(c.validate(), Err(Error::Memory(0))));
+        assert_eq!(
+            c.validate().unwrap_err().to_string(),
+            "Memory size must be at least 1 MiB (got 0 MiB)"
+        );
         let mut c = with_kernel(&dir);
         c.vcpus = 0;
         assert!(matches!(c.validate(), Err(Error::Vcpus { .. })));
+        c.vcpus = MAX_VCPUS + 1;
+        assert_eq!(
+            c.validate().unwrap_err().to_string(),
+            "vCPU count must be between 1 and 32 (got 33)"
+        );
+        let mut c = with_kernel(&dir);
+        c.vsock = Some(VsockConfig {
+            guest_cid: 2,
+            uds_path: "/v".into(),
+        });
+        assert_eq!(
+            c.validate().unwrap_err().to_string(),
+            "Vsock guest CID must be 3 or more (got 2)"
+        );
+        let mut c = with_kernel(&dir);
+        c.disks = vec![
+            DiskConfig {
+                path: dir.path().join("vmlinux"),
+                read_only: true,
+                id: String::new(),
+            };
+            MAX_VIRTIO_DEVICES
+        ];
+        assert!(matches!(
+            c.validate(),
+            Err(Error::TooManyDevices(20, MAX_VIRTIO_DEVICES))
+        ));
         let mut c = with_kernel(&dir);
         c.disks.push(DiskConfig {
             path: dir.path().join("nope.img"),
@@ -272,5 +423,15 @@ mod tests {
         let e = c.validate().unwrap_err();
         assert!(matches!(e, Error::Disk(..)));
         assert!(!e.to_string().contains('\n'));
+    }
+
+    #[test]
+    fn values_are_checked_without_the_filesystem() {
+        let c = VmConfig {
+            kernel: Some("/nowhere/vmlinux".into()),
+            ..Default::default()
+        };
+        c.validate_values().unwrap();
+        assert!(matches!(c.validate(), Err(Error::Kernel(..))));
     }
 }
