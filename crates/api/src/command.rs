@@ -6,6 +6,7 @@ use serde::{Deserialize, Serialize};
 use ts_rs::TS;
 use utoipa::ToSchema;
 
+use crate::ErrorCode;
 use crate::limits::{self, Invalid, Validate};
 
 /// Rows and columns of a terminal.
@@ -190,7 +191,7 @@ pub enum TerminalMessage {
         signal: Option<i32>,
     },
     /// Daemon → client: something went wrong; the socket closes after it.
-    Error { code: String, message: String },
+    Error { code: ErrorCode, message: String },
 }
 
 #[cfg(test)]

@@ -4,7 +4,7 @@ use serde::{Deserialize, Serialize};
 use ts_rs::TS;
 use utoipa::ToSchema;
 
-use crate::Backend;
+use crate::{Backend, ErrorCode};
 
 /// Whether one backend can run here, and why (not).
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, ToSchema, TS)]
@@ -63,5 +63,5 @@ pub struct Image {
 pub enum ImageBuildEvent {
     Progress { message: String },
     Done { image: Image },
-    Error { code: String, message: String },
+    Error { code: ErrorCode, message: String },
 }

@@ -12,13 +12,15 @@
 //! Outside `/v1`: `GET /ui?token=<one-time>` sets the `belljar_session` cookie (HttpOnly,
 //! SameSite=Strict) and redirects to `/`, where the web UI is served.
 //!
-//! Errors are `ErrorBody` with a fitting status: 400 `bad_request` (naming the field), 401,
+//! Errors are `ErrorBody` whose `code` is one of the closed list [`crate::ErrorCode`], each
+//! with its status ([`crate::ErrorCode::status`]): 400 `bad_request` (naming the field), 401,
 //! 403, 404 `not_found`, 409 `sandbox_not_running`, 413 `payload_too_large`, 500 `internal`,
-//! 502 `agent_unavailable`, 503 `backend_unavailable`, 507 `insufficient_resources`. Agent
-//! codes pass through unchanged: `not_found`, `command_not_found` 404; `invalid_path`,
+//! 502 `agent_unavailable`, 503 `backend_unavailable`, 507 `insufficient_resources`. The
+//! sandbox agent's file and command codes are mapped into the list
+//! ([`crate::ErrorCode::from_agent`]): `not_found`, `command_not_found` 404; `invalid_path`,
 //! `is_a_directory`, `not_a_directory`, `exec_failed`, `unknown_user` 400; `exists`,
-//! `not_empty`, `command_finished` 409; `permission_denied` 403; `no_space` 507; other agent
-//! failures 502.
+//! `not_empty`, `command_finished` 409; `permission_denied` 403; `no_space` 507; any other
+//! agent failure 502 `agent_error`.
 
 /// The API's path prefix.
 pub const PREFIX: &str = "/v1";

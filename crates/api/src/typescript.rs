@@ -18,6 +18,7 @@ pub fn render() -> String {
     let decls = [
         ErrorBody::decl(&cfg),
         ErrorDetail::decl(&cfg),
+        ErrorCode::decl(&cfg),
         SandboxStatus::decl(&cfg),
         Backend::decl(&cfg),
         BackendChoice::decl(&cfg),

@@ -358,7 +358,7 @@ pub fn api_error(status: StatusCode, body: &[u8]) -> ClientError {
     match serde_json::from_slice::<ErrorBody>(body) {
         Ok(e) => ClientError::Api {
             status: status.as_u16(),
-            code: e.error.code,
+            code: e.error.code.to_string(),
             message: e.error.message,
         },
         Err(_) => {

@@ -466,8 +466,8 @@ async fn build_image(client: &Client, name: &str, json: bool) -> Result<i32> {
             }
             ImageBuildEvent::Error { code, message } => {
                 return Err(ClientError::Api {
-                    status: 500,
-                    code,
+                    status: code.status(),
+                    code: code.to_string(),
                     message,
                 }
                 .into());

@@ -26,7 +26,10 @@ pub enum TerminalError {
     Client(#[from] ClientError),
     /// The daemon reported an error on the terminal socket.
     #[error("{message}")]
-    Remote { code: String, message: String },
+    Remote {
+        code: belljar_api::ErrorCode,
+        message: String,
+    },
     /// Writing to the local terminal failed.
     #[error("Cannot write to the terminal: {0}")]
     Io(#[from] std::io::Error),
@@ -36,7 +39,7 @@ impl TerminalError {
     pub fn code(&self) -> &str {
         match self {
             Self::Client(e) => e.code(),
-            Self::Remote { code, .. } => code,
+            Self::Remote { code, .. } => code.as_str(),
             _ => "terminal",
         }
     }

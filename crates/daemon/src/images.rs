@@ -214,7 +214,7 @@ impl Images {
                     image: this.get(&name),
                 },
                 Err(message) => ImageBuildEvent::Error {
-                    code: "build_failed".into(),
+                    code: belljar_api::ErrorCode::BuildFailed,
                     message,
                 },
             };

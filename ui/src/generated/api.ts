@@ -2,7 +2,9 @@
 
 export type ErrorBody = { error: ErrorDetail, };
 
-export type ErrorDetail = { code: string, message: string, };
+export type ErrorDetail = { code: ErrorCode, message: string, };
+
+export type ErrorCode = "bad_request" | "unauthorized" | "forbidden" | "not_found" | "sandbox_not_running" | "conflict" | "payload_too_large" | "insufficient_resources" | "image_not_available" | "backend_unavailable" | "agent_unavailable" | "agent_error" | "internal" | "not_an_image" | "build_failed" | "command_not_found" | "invalid_path" | "is_a_directory" | "not_a_directory" | "not_a_regular_file" | "exec_failed" | "unknown_user" | "exists" | "not_empty" | "command_finished" | "busy" | "permission_denied" | "file_too_large" | "no_space" | "try_again";
 
 export type SandboxStatus = "pending" | "running" | "paused" | "stopping" | "stopped" | "failed";
 
@@ -184,7 +186,7 @@ export type KillCommand = {
  */
 signal?: string, };
 
-export type TerminalMessage = { "type": "resize", rows: number, cols: number, } | { "type": "started", command_id: string, } | { "type": "exit", exit_code?: number, signal?: number, } | { "type": "error", code: string, message: string, };
+export type TerminalMessage = { "type": "resize", rows: number, cols: number, } | { "type": "started", command_id: string, } | { "type": "exit", exit_code?: number, signal?: number, } | { "type": "error", code: ErrorCode, message: string, };
 
 export type FileKind = "file" | "directory" | "symlink" | "other";
 
@@ -240,4 +242,4 @@ export type Image = {
  */
 name: string, status: ImageStatus, digest?: string, size_bytes?: number, built_at?: number, };
 
-export type ImageBuildEvent = { "type": "progress", message: string, } | { "type": "done", image: Image, } | { "type": "error", code: string, message: string, };
+export type ImageBuildEvent = { "type": "progress", message: string, } | { "type": "done", image: Image, } | { "type": "error", code: ErrorCode, message: string, };

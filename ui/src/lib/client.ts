@@ -6,12 +6,16 @@
 // the app's window loads the daemon's own copy of the UI instead, signed in like a browser.
 // Nothing outside this file knows which of these it is.
 
-import type { ErrorBody } from "../generated/api";
+import type { ErrorBody, ErrorCode } from "../generated/api";
+
+/** Codes that do not come from the daemon: the desktop app's own failures (src-tauri's
+ *  `CommandError::code`), an answer that is not the daemon's JSON, or a bare HTTP status. */
+export type ClientErrorCode = "daemon_unavailable" | "daemon_config" | "io" | "bad_answer" | `http_${number}`;
 
 /** An error answered by the daemon (or the app), with its stable code. */
 export class ApiError extends Error {
   constructor(
-    readonly code: string,
+    readonly code: ErrorCode | ClientErrorCode,
     message: string,
     readonly status = 0,
   ) {
@@ -80,7 +84,7 @@ declare global {
 /** Throws an `ApiError` for a non-2xx answer. */
 export async function check(res: Response): Promise<Response> {
   if (res.ok) return res;
-  let code = res.status === 401 ? "unauthorized" : "http_" + res.status;
+  let code: ApiError["code"] = res.status === 401 ? "unauthorized" : `http_${res.status}`;
   let message = res.statusText || "Request failed";
   try {
     const body = (await res.json()) as ErrorBody;
@@ -297,7 +301,7 @@ interface RawDrop {
 function toApiError(e: unknown): ApiError {
   if (e instanceof ApiError) return e;
   if (e && typeof e === "object" && "code" in e && "message" in e) {
-    const o = e as { code: string; message: string };
+    const o = e as { code: ApiError["code"]; message: string };
     return new ApiError(o.code, o.message);
   }
   return new ApiError("internal", String(e));

@@ -1,8 +1,9 @@
 //! The one HTTP error type: each failure becomes `{"error":{"code","message"}}` with a status.
 //!
-//! Agent error codes are guest input: the ones in this closed list pass through, with these
-//! statuses, and any other becomes `agent_error` (502), so a sandbox cannot pick the codes or
-//! statuses the daemon's clients see.
+//! Every code is a `belljar_api::ErrorCode` and has one status (`ErrorCode::status`). Agent
+//! error codes are guest input: `ErrorCode::from_agent` keeps the ones in this closed list, with
+//! these statuses, and makes any other `agent_error` (502), so a sandbox cannot pick the codes
+//! or statuses the daemon's clients see.
 //!
 //! | agent code | status |
 //! |---|---|
@@ -22,8 +23,7 @@ use axum::Json;
 use axum::http::StatusCode;
 use axum::response::{IntoResponse, Response};
 use belljar_agent_proto::client::ClientError;
-use belljar_agent_proto::codes as agent;
-use belljar_api::{ErrorBody, codes};
+use belljar_api::{ErrorBody, ErrorCode};
 
 use crate::images::ImageError;
 use crate::sandbox::SandboxError;
@@ -60,108 +60,73 @@ pub enum ApiError {
 
 impl ApiError {
     /// The status, the stable code and the message sent to the client.
-    pub fn parts(&self) -> (StatusCode, String, String) {
-        let msg = self.to_string();
-        let simple = |status: StatusCode, code: &str| (status, code.to_owned(), msg.clone());
-        match self {
-            ApiError::BadRequest(_) => simple(StatusCode::BAD_REQUEST, codes::BAD_REQUEST),
-            ApiError::Unauthorized => simple(StatusCode::UNAUTHORIZED, codes::UNAUTHORIZED),
-            ApiError::Forbidden(_) => simple(StatusCode::FORBIDDEN, codes::FORBIDDEN),
-            ApiError::NotFound(_) => simple(StatusCode::NOT_FOUND, codes::NOT_FOUND),
-            ApiError::PayloadTooLarge(_) => {
-                simple(StatusCode::PAYLOAD_TOO_LARGE, codes::PAYLOAD_TOO_LARGE)
-            }
-            ApiError::Image(e) => image_parts(e, msg.clone()),
+    pub fn parts(&self) -> (StatusCode, ErrorCode, String) {
+        let code = match self {
+            ApiError::BadRequest(_) => ErrorCode::BadRequest,
+            ApiError::Unauthorized => ErrorCode::Unauthorized,
+            ApiError::Forbidden(_) => ErrorCode::Forbidden,
+            ApiError::NotFound(_) => ErrorCode::NotFound,
+            ApiError::PayloadTooLarge(_) => ErrorCode::PayloadTooLarge,
+            ApiError::Image(e) => image_code(e),
             ApiError::Internal(detail) => {
                 tracing::error!(%detail, "internal error");
-                simple(StatusCode::INTERNAL_SERVER_ERROR, codes::INTERNAL)
+                ErrorCode::Internal
             }
-            ApiError::Sandbox(e) => sandbox_parts(e, msg.clone()),
-        }
+            ApiError::Sandbox(e) => return sandbox_parts(e),
+        };
+        (status(code), code, self.to_string())
     }
 }
 
-fn image_parts(e: &ImageError, msg: String) -> (StatusCode, String, String) {
-    let (status, code) = match e {
-        ImageError::BadName(_) => (StatusCode::BAD_REQUEST, codes::BAD_REQUEST),
-        ImageError::Unknown(_) | ImageError::NotBuilt { .. } => {
-            (StatusCode::BAD_REQUEST, codes::IMAGE_NOT_AVAILABLE)
-        }
-        ImageError::Busy(_) => (StatusCode::CONFLICT, codes::CONFLICT),
-        ImageError::NoScript(_) => (StatusCode::INTERNAL_SERVER_ERROR, codes::INTERNAL),
-    };
-    (status, code.to_owned(), msg)
+/// The HTTP status of a code (each code has exactly one).
+pub fn status(code: ErrorCode) -> StatusCode {
+    StatusCode::from_u16(code.status()).unwrap_or(StatusCode::INTERNAL_SERVER_ERROR)
 }
 
-fn sandbox_parts(e: &SandboxError, msg: String) -> (StatusCode, String, String) {
-    let simple = |status: StatusCode, code: &str| (status, code.to_owned(), msg.clone());
+fn image_code(e: &ImageError) -> ErrorCode {
     match e {
-        SandboxError::BadRequest(_) => simple(StatusCode::BAD_REQUEST, codes::BAD_REQUEST),
-        SandboxError::NotFound(_) | SandboxError::CommandNotFound(_) => {
-            simple(StatusCode::NOT_FOUND, codes::NOT_FOUND)
+        ImageError::BadName(_) => ErrorCode::BadRequest,
+        ImageError::Unknown(_) | ImageError::NotBuilt { .. } => ErrorCode::ImageNotAvailable,
+        ImageError::Busy(_) => ErrorCode::Conflict,
+        ImageError::NoScript(_) => ErrorCode::Internal,
+    }
+}
+
+fn sandbox_parts(e: &SandboxError) -> (StatusCode, ErrorCode, String) {
+    let code = match e {
+        SandboxError::BadRequest(_) => ErrorCode::BadRequest,
+        SandboxError::NotFound(_) | SandboxError::CommandNotFound(_) => ErrorCode::NotFound,
+        SandboxError::NotRunning { .. } => ErrorCode::SandboxNotRunning,
+        SandboxError::Conflict(_) => ErrorCode::Conflict,
+        SandboxError::Admission(AdmissionError::Insufficient { .. }) => {
+            ErrorCode::InsufficientResources
         }
-        SandboxError::NotRunning { .. } => simple(StatusCode::CONFLICT, codes::SANDBOX_NOT_RUNNING),
-        SandboxError::Conflict(_) => simple(StatusCode::CONFLICT, codes::CONFLICT),
-        SandboxError::Admission(AdmissionError::Insufficient { .. }) => simple(
-            StatusCode::INSUFFICIENT_STORAGE,
-            codes::INSUFFICIENT_RESOURCES,
-        ),
-        SandboxError::Image(e) => image_parts(e, msg),
-        SandboxError::Backend(BackendError::Unavailable { .. }) => {
-            simple(StatusCode::SERVICE_UNAVAILABLE, codes::BACKEND_UNAVAILABLE)
-        }
+        SandboxError::Image(e) => image_code(e),
+        SandboxError::Backend(BackendError::Unavailable { .. }) => ErrorCode::BackendUnavailable,
         // The reason a sandbox could not start is the user's business; it holds no secret.
-        SandboxError::Backend(_) => simple(StatusCode::INTERNAL_SERVER_ERROR, codes::INTERNAL),
-        SandboxError::Agent(ClientError::Api { code, message, .. }) => agent_parts(code, message),
-        SandboxError::Agent(_) | SandboxError::AgentTimeout(_) => {
-            simple(StatusCode::BAD_GATEWAY, codes::AGENT_UNAVAILABLE)
+        SandboxError::Backend(_) => ErrorCode::Internal,
+        SandboxError::Agent(ClientError::Api { code, message, .. }) => {
+            return agent_parts(code, message);
         }
-        SandboxError::Thumbnail(_) => simple(StatusCode::BAD_REQUEST, "not_an_image"),
+        SandboxError::Agent(_) | SandboxError::AgentTimeout(_) => ErrorCode::AgentUnavailable,
+        SandboxError::Thumbnail(_) => ErrorCode::NotAnImage,
         SandboxError::Admission(_) | SandboxError::Store(_) | SandboxError::Io(_) => {
             tracing::error!(error = ?e, "internal error");
-            (
+            return (
                 StatusCode::INTERNAL_SERVER_ERROR,
-                codes::INTERNAL.to_owned(),
+                ErrorCode::Internal,
                 "Internal error; see the daemon's log".to_owned(),
-            )
+            );
         }
-    }
+    };
+    (status(code), code, e.to_string())
 }
 
 /// The longest agent message passed on; the rest of a guest's text is not the client's concern.
 const MAX_AGENT_MESSAGE: usize = 1024;
 
-/// The status and the daemon's own code for an agent error code: known codes keep their name,
-/// anything else (including the agent's `internal`) is `agent_error`.
-pub fn agent_status(code: &str) -> (StatusCode, &'static str) {
-    let known = [
-        (agent::NOT_FOUND, StatusCode::NOT_FOUND),
-        (agent::COMMAND_NOT_FOUND, StatusCode::NOT_FOUND),
-        (agent::BAD_REQUEST, StatusCode::BAD_REQUEST),
-        (agent::INVALID_PATH, StatusCode::BAD_REQUEST),
-        (agent::IS_A_DIRECTORY, StatusCode::BAD_REQUEST),
-        (agent::NOT_A_DIRECTORY, StatusCode::BAD_REQUEST),
-        (agent::NOT_A_REGULAR_FILE, StatusCode::BAD_REQUEST),
-        (agent::EXEC_FAILED, StatusCode::BAD_REQUEST),
-        (agent::UNKNOWN_USER, StatusCode::BAD_REQUEST),
-        (agent::EXISTS, StatusCode::CONFLICT),
-        (agent::NOT_EMPTY, StatusCode::CONFLICT),
-        (agent::COMMAND_FINISHED, StatusCode::CONFLICT),
-        (agent::BUSY, StatusCode::CONFLICT),
-        (agent::PERMISSION_DENIED, StatusCode::FORBIDDEN),
-        (agent::FILE_TOO_LARGE, StatusCode::PAYLOAD_TOO_LARGE),
-        (agent::NO_SPACE, StatusCode::INSUFFICIENT_STORAGE),
-        (agent::TRY_AGAIN, StatusCode::SERVICE_UNAVAILABLE),
-    ];
-    known
-        .into_iter()
-        .find(|(known, _)| *known == code)
-        .map(|(code, status)| (status, code))
-        .unwrap_or((StatusCode::BAD_GATEWAY, codes::AGENT_ERROR))
-}
-
-fn agent_parts(code: &str, message: &str) -> (StatusCode, String, String) {
-    let (status, code) = agent_status(code);
+fn agent_parts(code: &str, message: &str) -> (StatusCode, ErrorCode, String) {
+    let code = ErrorCode::from_agent(code);
     let mut message = message.to_owned();
     if message.len() > MAX_AGENT_MESSAGE {
         let mut end = MAX_AGENT_MESSAGE;
@@ -171,7 +136,7 @@ fn agent_parts(code: &str, message: &str) -> (StatusCode, String, String) {
         message.truncate(end);
         message.push('…');
     }
-    (status, code.to_owned(), message)
+    (status(code), code, message)
 }
 
 impl IntoResponse for ApiError {
@@ -190,6 +155,7 @@ mod tests {
         let check = |e: ApiError, status: u16, code: &str| {
             let (s, c, _) = e.parts();
             assert_eq!((s.as_u16(), c.as_str()), (status, code));
+            assert_eq!(s.as_u16(), c.status(), "{code}: one status per code");
         };
         check(
             ApiError::Sandbox(SandboxError::NotFound("sbx_x".into())),

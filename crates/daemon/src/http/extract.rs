@@ -10,7 +10,7 @@ use axum::http::request::Parts;
 use axum::middleware::Next;
 use axum::response::{IntoResponse, Response};
 use belljar_api::limits::MAX_JSON_BODY;
-use belljar_api::{ErrorBody, Validate, codes};
+use belljar_api::{ErrorBody, ErrorCode, Validate};
 use http_body_util::{BodyExt, LengthLimitError, Limited};
 use serde::de::DeserializeOwned;
 
@@ -115,11 +115,11 @@ pub async fn json_rejections(req: Request, next: Next) -> Response {
         return resp;
     }
     let code = match status {
-        StatusCode::UNAUTHORIZED => codes::UNAUTHORIZED,
-        StatusCode::FORBIDDEN => codes::FORBIDDEN,
-        StatusCode::NOT_FOUND => codes::NOT_FOUND,
-        s if s.is_server_error() => codes::INTERNAL,
-        _ => codes::BAD_REQUEST,
+        StatusCode::UNAUTHORIZED => ErrorCode::Unauthorized,
+        StatusCode::FORBIDDEN => ErrorCode::Forbidden,
+        StatusCode::NOT_FOUND => ErrorCode::NotFound,
+        s if s.is_server_error() => ErrorCode::Internal,
+        _ => ErrorCode::BadRequest,
     };
     // axum's rejection texts are one short line; a longer body is not one of them.
     let text = axum::body::to_bytes(resp.into_body(), 4096)

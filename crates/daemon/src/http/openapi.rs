@@ -27,7 +27,7 @@ use super::auth::SESSION_COOKIE;
     ),
     modifiers(&SecuritySchemes),
     security(("bearer" = []), ("session" = [])),
-    components(schemas(ErrorBody, belljar_api::ErrorDetail))
+    components(schemas(ErrorBody, belljar_api::ErrorDetail, belljar_api::ErrorCode))
 )]
 pub struct ApiDoc;
 

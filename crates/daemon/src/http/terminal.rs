@@ -100,7 +100,7 @@ async fn run(st: AppState, id: String, term: Terminal, mut socket: WebSocket) {
         Ok(o) => o,
         Err(e) => {
             let msg = TerminalMessage::Error {
-                code: "agent_unavailable".into(),
+                code: belljar_api::ErrorCode::AgentUnavailable,
                 message: e.to_string(),
             };
             let _ = socket.send(text(&msg)).await;
@@ -167,7 +167,7 @@ async fn run(st: AppState, id: String, term: Terminal, mut socket: WebSocket) {
             signal: c.signal,
         },
         Err(e) => TerminalMessage::Error {
-            code: "internal".into(),
+            code: belljar_api::ErrorCode::Internal,
             message: e.to_string(),
         },
     };
