@@ -150,7 +150,7 @@ impl Sandboxes {
                 .blocking_backend(&sandbox, move |b| b.launch(&spec))
                 .await?;
             sandbox.limits = launched.limits.clone();
-            let agent = self.wait_ready(&id, &launched.agent).await?;
+            let agent = self.wait_ready(&sandbox, &launched.agent).await?;
             if let Some(source) = sandbox.source.clone() {
                 super::source::install(&agent, &source, &sandbox.env).await?;
             }
@@ -197,15 +197,27 @@ impl Sandboxes {
 
     async fn wait_ready(
         &self,
-        id: &str,
+        sandbox: &Sandbox,
         addr: &super::backend::AgentAddress,
     ) -> Result<belljar_agent_proto::client::AgentClient, SandboxError> {
-        let client = wait_for_agent(addr, self.inner.settings.ready_timeout).await?;
+        let dir = self.state_dir(&sandbox.id);
+        let backend = self.inner.backends.get(sandbox.backend);
+        let ended = || {
+            let b = backend.as_ref()?;
+            (!b.alive(&dir)).then(|| {
+                let mut reason = "The sandbox ended before its agent answered".to_owned();
+                if let Some(tail) = output_tail(&dir) {
+                    reason += &format!("; its last output:\n{tail}");
+                }
+                reason
+            })
+        };
+        let client = wait_for_agent(addr, self.inner.settings.ready_timeout, ended).await?;
         self.inner
             .agents
             .lock()
             .unwrap_or_else(|e| e.into_inner())
-            .insert(id.to_owned(), client.clone());
+            .insert(sandbox.id.clone(), client.clone());
         Ok(client)
     }
 
@@ -418,14 +430,42 @@ fn validate_env(
     Ok(())
 }
 
+/// The last lines a sandbox printed before it ended (the microVM's serial console, the
+/// namespace agent's log), for the reason of a failed start. Both files are written by the
+/// host (the VMM, the daemon's redirect), never reached by the guest; read without following
+/// a link all the same, and bounded.
+fn output_tail(state_dir: &std::path::Path) -> Option<String> {
+    use std::io::{Read, Seek, SeekFrom};
+    use std::os::unix::fs::OpenOptionsExt;
+    const TAIL: u64 = 2048;
+    let mut file = ["console.log", "agent.log"].iter().find_map(|name| {
+        std::fs::OpenOptions::new()
+            .read(true)
+            .custom_flags(nix::fcntl::OFlag::O_NOFOLLOW.bits())
+            .open(state_dir.join(name))
+            .ok()
+    })?;
+    let len = file.metadata().ok()?.len();
+    file.seek(SeekFrom::Start(len.saturating_sub(TAIL))).ok()?;
+    let mut bytes = Vec::new();
+    file.take(TAIL).read_to_end(&mut bytes).ok()?;
+    let text = String::from_utf8_lossy(&bytes);
+    let lines: Vec<&str> = text.lines().collect();
+    let tail = lines[lines.len().saturating_sub(15)..].join("\n");
+    (!tail.trim().is_empty()).then_some(tail)
+}
+
 /// Connects to a starting sandbox's agent, retrying until it answers its health check or
-/// `timeout` has passed.
+/// `timeout` has passed. `ended` says, when the sandbox's process is gone, why: then no
+/// agent will ever answer, and the create fails at once with that reason.
 async fn wait_for_agent(
     addr: &super::backend::AgentAddress,
     timeout: Duration,
+    ended: impl Fn() -> Option<String>,
 ) -> Result<belljar_agent_proto::client::AgentClient, SandboxError> {
     let deadline = Instant::now() + timeout;
     let mut delay = Duration::from_millis(2);
+    let mut checked = Instant::now();
     loop {
         // Each attempt is bounded: a VMM that accepts the connection but whose guest never
         // answers the vsock handshake (a request sent before the guest's driver was up) must
@@ -443,6 +483,12 @@ async fn wait_for_agent(
         }
         if Instant::now() > deadline {
             return Err(SandboxError::AgentTimeout(timeout));
+        }
+        if checked.elapsed() >= Duration::from_millis(500) {
+            checked = Instant::now();
+            if let Some(reason) = ended() {
+                return Err(SandboxError::Backend(BackendError::Launch(reason)));
+            }
         }
         tokio::time::sleep(delay).await;
         delay = (delay * 2).min(Duration::from_millis(50));
@@ -472,7 +518,7 @@ mod tests {
         let started = Instant::now();
         let outcome = tokio::time::timeout(
             Duration::from_secs(20),
-            wait_for_agent(&addr, Duration::from_millis(300)),
+            wait_for_agent(&addr, Duration::from_millis(300), || None),
         )
         .await
         .expect("wait_for_agent outlived its deadline");
@@ -482,5 +528,31 @@ mod tests {
         );
         assert!(started.elapsed() < Duration::from_secs(5));
         held.abort();
+    }
+
+    /// A sandbox whose process is gone fails its create at once, with its last output,
+    /// instead of after the whole readiness timeout.
+    #[tokio::test]
+    async fn an_ended_sandbox_fails_at_once_with_its_last_output() {
+        let dir = tempfile::tempdir().unwrap();
+        std::fs::write(
+            dir.path().join("console.log"),
+            "booting\nKernel panic - not syncing: Attempted to kill init!\n",
+        )
+        .unwrap();
+        let addr = AgentAddress::HybridVsock {
+            socket: dir.path().join("vsock.sock"), // nothing listens
+            port: 1024,
+        };
+        let started = Instant::now();
+        let outcome = wait_for_agent(&addr, Duration::from_secs(60), || {
+            Some(format!("ended; {}", output_tail(dir.path()).unwrap()))
+        })
+        .await;
+        let Err(SandboxError::Backend(BackendError::Launch(reason))) = outcome else {
+            panic!("{outcome:?}")
+        };
+        assert!(reason.contains("Attempted to kill init"), "{reason}");
+        assert!(started.elapsed() < Duration::from_secs(10));
     }
 }
