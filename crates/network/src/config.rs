@@ -1,0 +1,80 @@
+//! The sandbox side of the network, fixed for every sandbox: the agent configures `eth0` with
+//! these values and points `/etc/resolv.conf` at the gateway, so they live here as constants
+//! that both the daemon and the guest image can name.
+//!
+//! Every sandbox gets the same addresses because each has its own stack: nothing is shared,
+//! so nothing collides, and a snapshot restored anywhere keeps working.
+
+use std::net::{IpAddr, Ipv4Addr, Ipv6Addr};
+
+/// The gateway's Ethernet address (locally administered, unicast).
+pub const GATEWAY_MAC: [u8; 6] = [0x02, 0x62, 0x6a, 0x00, 0x00, 0x01];
+/// The gateway's IPv4 address: the default route and the DNS server.
+pub const GATEWAY_V4: Ipv4Addr = Ipv4Addr::new(10, 0, 2, 2);
+/// The sandbox's IPv4 address.
+pub const GUEST_V4: Ipv4Addr = Ipv4Addr::new(10, 0, 2, 15);
+/// The IPv4 prefix length of the sandbox network.
+pub const PREFIX_V4: u8 = 24;
+/// The gateway's IPv6 address (a ULA; the default route and a DNS server).
+pub const GATEWAY_V6: Ipv6Addr = Ipv6Addr::new(0xfd62, 0x656c, 0x6c6a, 0, 0, 0, 0, 1);
+/// The sandbox's IPv6 address.
+pub const GUEST_V6: Ipv6Addr = Ipv6Addr::new(0xfd62, 0x656c, 0x6c6a, 0, 0, 0, 0, 2);
+/// The IPv6 prefix length of the sandbox network.
+pub const PREFIX_V6: u8 = 64;
+/// The IP MTU of `eth0` (an Ethernet frame is at most this plus 14 bytes of header).
+pub const MTU: usize = 1500;
+/// The DNS port on the gateway.
+pub const DNS_PORT: u16 = 53;
+
+/// The longest Ethernet frame the stack sends or accepts (no VLAN tag, no FCS).
+pub const MAX_FRAME: usize = MTU + 14;
+
+/// The addresses of one sandbox network. [`NetConfig::default`] is the fixed layout above;
+/// tests and a future multi-NIC setup may pick others.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct NetConfig {
+    pub gateway_mac: [u8; 6],
+    pub gateway_v4: Ipv4Addr,
+    pub guest_v4: Ipv4Addr,
+    pub prefix_v4: u8,
+    pub gateway_v6: Ipv6Addr,
+    pub guest_v6: Ipv6Addr,
+    pub prefix_v6: u8,
+    pub mtu: usize,
+}
+
+impl Default for NetConfig {
+    fn default() -> Self {
+        Self {
+            gateway_mac: GATEWAY_MAC,
+            gateway_v4: GATEWAY_V4,
+            guest_v4: GUEST_V4,
+            prefix_v4: PREFIX_V4,
+            gateway_v6: GATEWAY_V6,
+            guest_v6: GUEST_V6,
+            prefix_v6: PREFIX_V6,
+            mtu: MTU,
+        }
+    }
+}
+
+impl NetConfig {
+    /// The sandbox networks, which a flow may never leave the stack for.
+    pub fn sandbox_nets(&self) -> [ipnet::IpNet; 2] {
+        [
+            ipnet::Ipv4Net::new(self.gateway_v4, self.prefix_v4)
+                .expect("a valid IPv4 prefix")
+                .trunc()
+                .into(),
+            ipnet::Ipv6Net::new(self.gateway_v6, self.prefix_v6)
+                .expect("a valid IPv6 prefix")
+                .trunc()
+                .into(),
+        ]
+    }
+
+    /// Whether `ip` is one of the gateway's addresses.
+    pub fn is_gateway(&self, ip: IpAddr) -> bool {
+        ip == IpAddr::V4(self.gateway_v4) || ip == IpAddr::V6(self.gateway_v6)
+    }
+}

@@ -1,0 +1,171 @@
+//! The DNS server on the gateway. The sandbox's `/etc/resolv.conf` points here; questions the
+//! policy allows are resolved on the host (hickory, from the host's resolver configuration or
+//! given servers) and answered, others get REFUSED. The addresses answered are remembered so
+//! that a TLS SNI is only trusted for an address the daemon itself gave out for that name.
+
+use std::collections::HashMap;
+use std::net::{IpAddr, SocketAddr};
+use std::sync::Mutex;
+use std::time::{Duration, Instant};
+
+use hickory_proto::op::{Message, MessageType, OpCode, ResponseCode};
+use hickory_resolver::TokioResolver;
+use hickory_resolver::config::{NameServerConfigGroup, ResolverConfig, ResolverOpts};
+use hickory_resolver::name_server::TokioConnectionProvider;
+
+/// Where the daemon resolves the sandbox's questions.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub enum DnsUpstream {
+    /// The host's resolver configuration (`/etc/resolv.conf`, `/etc/hosts`).
+    #[default]
+    System,
+    /// These servers, over UDP and TCP.
+    Servers(Vec<SocketAddr>),
+}
+
+/// Why the DNS server could not start.
+#[derive(Debug, thiserror::Error)]
+pub enum DnsError {
+    /// The host's resolver configuration could not be read.
+    #[error("Cannot read the host's resolver configuration")]
+    SystemConfig(#[source] hickory_resolver::ResolveError),
+}
+
+/// How long an answered address stays trusted for its name after its TTL, so a client that
+/// caches a little longer than it should still gets through.
+const ANSWER_GRACE: Duration = Duration::from_secs(60);
+/// Most (address, name) pairs remembered per sandbox.
+const MAX_ANSWERS: usize = 4096;
+
+pub(crate) struct Dns {
+    resolver: TokioResolver,
+    /// Address → names it was an answer for, until when.
+    answers: Mutex<HashMap<IpAddr, Vec<(String, Instant)>>>,
+}
+
+/// One parsed question.
+pub(crate) struct Question {
+    pub message: Message,
+    /// Lower case, without the trailing dot.
+    pub name: String,
+}
+
+impl Dns {
+    pub fn new(upstream: &DnsUpstream) -> Result<Self, DnsError> {
+        let mut builder = match upstream {
+            DnsUpstream::System => {
+                TokioResolver::builder_tokio().map_err(DnsError::SystemConfig)?
+            }
+            DnsUpstream::Servers(servers) => {
+                let mut group = NameServerConfigGroup::new();
+                for s in servers {
+                    group.merge(NameServerConfigGroup::from_ips_clear(
+                        &[s.ip()],
+                        s.port(),
+                        true,
+                    ));
+                }
+                TokioResolver::builder_with_config(
+                    ResolverConfig::from_parts(None, vec![], group),
+                    TokioConnectionProvider::default(),
+                )
+            }
+        };
+        let opts: &mut ResolverOpts = builder.options_mut();
+        opts.attempts = 2;
+        opts.timeout = Duration::from_secs(3);
+        Ok(Self {
+            resolver: builder.build(),
+            answers: Mutex::new(HashMap::new()),
+        })
+    }
+
+    /// Parses a query datagram; `None` for anything that is not one standard question.
+    pub fn parse(datagram: &[u8]) -> Option<Question> {
+        let message = Message::from_vec(datagram).ok()?;
+        if message.message_type() != MessageType::Query
+            || message.op_code() != OpCode::Query
+            || message.queries().len() != 1
+        {
+            return None;
+        }
+        let name = message.queries()[0].name().to_ascii();
+        let name = name.strip_suffix('.').unwrap_or(&name).to_ascii_lowercase();
+        Some(Question { message, name })
+    }
+
+    /// The answer to a question the policy refuses.
+    pub fn refuse(q: &Question) -> Vec<u8> {
+        reply(&q.message, ResponseCode::Refused, Vec::new())
+    }
+
+    /// Resolves an allowed question on the host and builds the answer.
+    pub async fn resolve(&self, q: &Question) -> Vec<u8> {
+        let query = &q.message.queries()[0];
+        match self
+            .resolver
+            .lookup(query.name().clone(), query.query_type())
+            .await
+        {
+            Ok(lookup) => {
+                let records = lookup.records().to_vec();
+                self.remember(&q.name, &records);
+                reply(&q.message, ResponseCode::NoError, records)
+            }
+            Err(e) if e.is_nx_domain() => reply(&q.message, ResponseCode::NXDomain, Vec::new()),
+            Err(e) if e.is_no_records_found() => {
+                reply(&q.message, ResponseCode::NoError, Vec::new())
+            }
+            Err(e) => {
+                tracing::debug!(name = %q.name, error = %e, "DNS resolution failed");
+                reply(&q.message, ResponseCode::ServFail, Vec::new())
+            }
+        }
+    }
+
+    fn remember(&self, name: &str, records: &[hickory_proto::rr::Record]) {
+        let now = Instant::now();
+        let mut answers = self.answers.lock().unwrap_or_else(|e| e.into_inner());
+        if answers.len() >= MAX_ANSWERS {
+            answers.retain(|_, names| {
+                names.retain(|(_, until)| *until > now);
+                !names.is_empty()
+            });
+        }
+        for r in records {
+            let Some(ip) = r.data().ip_addr() else {
+                continue;
+            };
+            let until = now + Duration::from_secs(u64::from(r.ttl())) + ANSWER_GRACE;
+            let names = answers.entry(ip).or_default();
+            names.retain(|(n, _)| n != name);
+            names.push((name.to_string(), until));
+        }
+    }
+
+    /// Whether the daemon answered `name` with `ip` (and the answer has not expired).
+    pub fn answered(&self, name: &str, ip: IpAddr) -> bool {
+        let now = Instant::now();
+        let answers = self.answers.lock().unwrap_or_else(|e| e.into_inner());
+        answers
+            .get(&ip)
+            .is_some_and(|names| names.iter().any(|(n, until)| n == name && *until > now))
+    }
+}
+
+fn reply(
+    request: &Message,
+    code: ResponseCode,
+    answers: Vec<hickory_proto::rr::Record>,
+) -> Vec<u8> {
+    let mut m = Message::new();
+    m.set_id(request.id())
+        .set_message_type(MessageType::Response)
+        .set_op_code(OpCode::Query)
+        .set_recursion_desired(request.recursion_desired())
+        .set_recursion_available(true)
+        .set_response_code(code);
+    m.add_queries(request.queries().to_vec());
+    m.insert_answers(answers);
+    m.to_vec().unwrap_or_default()
+}

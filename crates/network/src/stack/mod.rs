@@ -1,0 +1,355 @@
+//! One sandbox's network: a smoltcp interface acting as the gateway, fed by a
+//! [`FrameDevice`], with the TCP and UDP relays, the DNS server and the policy. It runs as one
+//! Tokio task; [`Network`] is the handle the daemon keeps to replace the policy, read the flow
+//! log and stop it.
+
+mod frames;
+mod tcp;
+mod udp;
+
+use std::net::IpAddr;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use smoltcp::iface::{Config, Interface, PollResult, SocketSet};
+use smoltcp::wire::{EthernetAddress, HardwareAddress, IpCidr};
+use tokio::sync::{Notify, mpsc};
+
+use crate::config::{MAX_FRAME, NetConfig};
+use crate::device::FrameDevice;
+use crate::dns::{Dns, DnsError, DnsUpstream};
+use crate::flows::{DEFAULT_CAPACITY, FlowLog};
+use crate::policy::{AddrDecision, Context, NetworkPolicy, Verdict};
+
+use frames::{Incoming, Queues};
+
+/// Why a network could not start or stopped.
+#[derive(Debug, thiserror::Error)]
+pub enum NetworkError {
+    /// The DNS server could not start.
+    #[error(transparent)]
+    Dns(#[from] DnsError),
+    /// The frame device failed.
+    #[error("The frame device failed")]
+    Device(#[source] std::io::Error),
+    /// The configuration is not usable.
+    #[error("Invalid network configuration: {0}")]
+    Config(&'static str),
+}
+
+/// What a sandbox network starts with.
+#[derive(Clone, Debug)]
+pub struct Options {
+    pub config: NetConfig,
+    pub policy: NetworkPolicy,
+    pub dns: DnsUpstream,
+    /// Flow records kept.
+    pub flow_capacity: usize,
+}
+
+impl Default for Options {
+    fn default() -> Self {
+        Self {
+            config: NetConfig::default(),
+            policy: NetworkPolicy::default(),
+            dns: DnsUpstream::default(),
+            flow_capacity: DEFAULT_CAPACITY,
+        }
+    }
+}
+
+/// What the stack task shares with its handle and helper tasks.
+pub(crate) struct Shared {
+    policy: Mutex<Arc<NetworkPolicy>>,
+    generation: AtomicU64,
+    pub flows: Arc<FlowLog>,
+    pub wake: Arc<Notify>,
+}
+
+/// The handle of a running sandbox network. Dropping it stops the network.
+pub struct Network {
+    shared: Arc<Shared>,
+    task: tokio::task::JoinHandle<Result<(), NetworkError>>,
+}
+
+impl Network {
+    /// Starts the network of one sandbox on `device`. Needs a Tokio runtime.
+    pub fn spawn<D: FrameDevice>(device: D, options: Options) -> Result<Self, NetworkError> {
+        let shared = Arc::new(Shared {
+            policy: Mutex::new(Arc::new(options.policy.clone())),
+            generation: AtomicU64::new(0),
+            flows: Arc::new(FlowLog::new(options.flow_capacity)),
+            wake: Arc::new(Notify::new()),
+        });
+        let stack = Stack::new(&options, shared.clone())?;
+        let task = tokio::spawn(run(device, stack));
+        Ok(Self { shared, task })
+    }
+
+    /// Replaces the policy, whole and at once: new flows see only the new one, and open flows
+    /// it denies are cut.
+    pub fn set_policy(&self, policy: NetworkPolicy) {
+        *self.shared.policy.lock().unwrap_or_else(|e| e.into_inner()) = Arc::new(policy);
+        self.shared.generation.fetch_add(1, Ordering::SeqCst);
+        self.shared.wake.notify_one();
+    }
+
+    /// The policy in force.
+    pub fn policy(&self) -> Arc<NetworkPolicy> {
+        self.shared
+            .policy
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .clone()
+    }
+
+    /// The flow log.
+    pub fn flows(&self) -> &Arc<FlowLog> {
+        &self.shared.flows
+    }
+
+    /// Whether the stack task has ended (its device failed).
+    pub fn is_finished(&self) -> bool {
+        self.task.is_finished()
+    }
+
+    /// Stops the network and returns how it ended.
+    pub async fn shutdown(mut self) -> Result<(), NetworkError> {
+        self.task.abort();
+        match (&mut self.task).await {
+            Ok(r) => r,
+            Err(_) => Ok(()),
+        }
+    }
+}
+
+impl Drop for Network {
+    fn drop(&mut self) {
+        self.task.abort();
+    }
+}
+
+/// What flows consult to decide: the policy as of the last change, the host's addresses.
+pub(crate) struct Ctx {
+    pub shared: Arc<Shared>,
+    pub cfg: NetConfig,
+    pub policy: Arc<NetworkPolicy>,
+    pub dns: Arc<Dns>,
+    generation: u64,
+    context: Context,
+    context_at: Instant,
+}
+
+/// How long the host's interface addresses are trusted before being read again.
+const CONTEXT_TTL: Duration = Duration::from_secs(2);
+
+impl Ctx {
+    pub fn decide_addr(&mut self, ip: IpAddr) -> AddrDecision {
+        if self.context_at.elapsed() > CONTEXT_TTL {
+            self.context = Context::current(&self.cfg.sandbox_nets());
+            self.context_at = Instant::now();
+        }
+        self.policy.decide_addr(ip, &self.context)
+    }
+
+    pub fn decide_name(&self, name: Option<&str>, ip: IpAddr) -> Verdict {
+        self.policy.decide_name(name, |n| self.dns.answered(n, ip))
+    }
+
+    /// Picks up a replaced policy; true if it changed.
+    fn refresh_policy(&mut self) -> bool {
+        let generation = self.shared.generation.load(Ordering::SeqCst);
+        if generation == self.generation {
+            return false;
+        }
+        self.generation = generation;
+        self.policy = self
+            .shared
+            .policy
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .clone();
+        true
+    }
+}
+
+struct Stack {
+    cx: Ctx,
+    iface: Interface,
+    sockets: SocketSet<'static>,
+    queues: Queues,
+    guest_mac: Option<EthernetAddress>,
+    tcp: tcp::TcpFlows,
+    udp: udp::UdpFlows,
+    replies: Option<mpsc::Receiver<udp::Reply>>,
+}
+
+fn smol_now() -> smoltcp::time::Instant {
+    smoltcp::time::Instant::from_micros(
+        i64::try_from(
+            std::time::SystemTime::now()
+                .duration_since(std::time::UNIX_EPOCH)
+                .unwrap_or_default()
+                .as_micros(),
+        )
+        .unwrap_or(i64::MAX),
+    )
+}
+
+impl Stack {
+    fn new(options: &Options, shared: Arc<Shared>) -> Result<Self, NetworkError> {
+        let cfg = options.config.clone();
+        if cfg.mtu < 1280 || cfg.mtu + 14 > MAX_FRAME.max(cfg.mtu + 14) {
+            return Err(NetworkError::Config("the MTU must be at least 1280"));
+        }
+        let mut queues = Queues {
+            mtu: cfg.mtu,
+            ..Queues::default()
+        };
+        let mut config = Config::new(HardwareAddress::Ethernet(EthernetAddress(cfg.gateway_mac)));
+        config.random_seed = u64::from(std::process::id()) ^ smol_now().total_micros() as u64;
+        let mut iface = Interface::new(config, &mut queues, smol_now());
+        iface.update_ip_addrs(|addrs| {
+            let _ = addrs.push(IpCidr::new(cfg.gateway_v4.into(), cfg.prefix_v4));
+            let _ = addrs.push(IpCidr::new(cfg.gateway_v6.into(), cfg.prefix_v6));
+        });
+        // Any destination is "us": a default route through our own address makes smoltcp
+        // accept packets for every address (AnyIP), so each flow can be terminated here.
+        iface.set_any_ip(true);
+        iface
+            .routes_mut()
+            .add_default_ipv4_route(cfg.gateway_v4)
+            .map_err(|_| NetworkError::Config("route table full"))?;
+        iface
+            .routes_mut()
+            .add_default_ipv6_route(cfg.gateway_v6)
+            .map_err(|_| NetworkError::Config("route table full"))?;
+        let (reply_tx, reply_rx) = mpsc::channel(udp::REPLY_QUEUE);
+        let policy = shared
+            .policy
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .clone();
+        let cx = Ctx {
+            generation: shared.generation.load(Ordering::SeqCst),
+            context: Context::current(&cfg.sandbox_nets()),
+            context_at: Instant::now(),
+            dns: Arc::new(Dns::new(&options.dns)?),
+            policy,
+            shared,
+            cfg,
+        };
+        Ok(Self {
+            cx,
+            iface,
+            sockets: SocketSet::new(Vec::new()),
+            queues,
+            guest_mac: None,
+            tcp: tcp::TcpFlows::default(),
+            udp: udp::UdpFlows::new(reply_tx),
+            replies: Some(reply_rx),
+        })
+    }
+
+    fn on_frame(&mut self, frame: &[u8]) {
+        if frame.len() >= 14 {
+            let src = EthernetAddress::from_bytes(&frame[6..12]);
+            if src.is_unicast() {
+                self.guest_mac = Some(src);
+            }
+        }
+        match frames::classify(frame, &self.cx.cfg) {
+            Incoming::Drop => {}
+            Incoming::Stack => self.queues.rx.push_back(frame.to_vec()),
+            Incoming::Syn { src, dst } => {
+                if self
+                    .tcp
+                    .on_syn(&mut self.cx, &mut self.sockets, src, dst, frame)
+                {
+                    self.queues.rx.push_back(frame.to_vec());
+                }
+            }
+            Incoming::Udp { src, dst, payload } => {
+                let data = frame.get(payload).unwrap_or_default();
+                if let Some(reply) = self.udp.on_datagram(&mut self.cx, src, dst, data) {
+                    self.on_reply(reply);
+                }
+            }
+        }
+    }
+
+    fn on_reply(&mut self, reply: udp::Reply) {
+        let Some(mac) = self.guest_mac else { return };
+        self.udp.delivered(&reply);
+        if let Some(frame) = frames::udp_frame(&self.cx.cfg, mac, reply.from, reply.to, &reply.data)
+        {
+            self.queues.tx.push_back(frame);
+        }
+    }
+
+    /// Runs smoltcp and the flows until neither has anything more to do right now.
+    fn poll(&mut self) {
+        if self.cx.refresh_policy() {
+            self.tcp.recheck(&mut self.cx, &mut self.sockets);
+            self.udp.recheck(&mut self.cx);
+        }
+        for _ in 0..64 {
+            let r = self
+                .iface
+                .poll(smol_now(), &mut self.queues, &mut self.sockets);
+            let (inject, progressed) = self.tcp.service(&mut self.cx, &mut self.sockets);
+            let injected = !inject.is_empty();
+            self.queues.rx.extend(inject);
+            if r == PollResult::None && !progressed && !injected && self.queues.rx.is_empty() {
+                break;
+            }
+        }
+        self.udp.expire(&self.cx);
+    }
+
+    fn flush<D: FrameDevice>(&mut self, device: &D) -> Result<(), NetworkError> {
+        while let Some(frame) = self.queues.tx.front() {
+            match device.try_send(frame) {
+                Ok(()) => {
+                    self.queues.tx.pop_front();
+                }
+                Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => break,
+                Err(e) => return Err(NetworkError::Device(e)),
+            }
+        }
+        Ok(())
+    }
+
+    fn delay(&mut self) -> Duration {
+        let smol = self
+            .iface
+            .poll_delay(smol_now(), &self.sockets)
+            .map(|d| Duration::from_micros(d.total_micros()));
+        // Wake at least this often for timeouts smoltcp does not know (sniffing, UDP idle).
+        smol.unwrap_or(Duration::from_secs(1))
+            .min(Duration::from_secs(1))
+    }
+}
+
+async fn run<D: FrameDevice>(device: D, mut stack: Stack) -> Result<(), NetworkError> {
+    let mut buf = vec![0u8; 65536];
+    let wake = stack.cx.shared.wake.clone();
+    let mut replies = stack.replies.take().expect("replies taken once");
+    loop {
+        stack.poll();
+        stack.flush(&device)?;
+        let delay = stack.delay();
+        let want_write = !stack.queues.tx.is_empty();
+        tokio::select! {
+            r = device.recv(&mut buf) => {
+                let n = r.map_err(NetworkError::Device)?;
+                stack.on_frame(&buf[..n]);
+            }
+            Some(reply) = replies.recv() => stack.on_reply(reply),
+            () = wake.notified() => {}
+            r = device.writable(), if want_write => r.map_err(NetworkError::Device)?,
+            () = tokio::time::sleep(delay) => {}
+        }
+    }
+}

@@ -1,0 +1,482 @@
+//! TCP flows: each connection from the guest is terminated in smoltcp and re-originated from a
+//! host socket, and only after the policy allows it. Where the address alone decides, the host
+//! connection is made before the guest's SYN is answered, so a refused or unreachable server
+//! shows in the guest as a refused connection. Where only a domain rule can allow it, the
+//! handshake with the guest completes first and the TLS SNI or HTTP `Host` is read before any
+//! host socket exists.
+
+use std::collections::HashMap;
+use std::net::SocketAddr;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use smoltcp::iface::{SocketHandle, SocketSet};
+use smoltcp::socket::tcp;
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use tokio::net::TcpStream;
+use tokio::sync::{Notify, mpsc, oneshot};
+use tokio::task::AbortHandle;
+
+use crate::flows::{FlowRecord, FlowVerdict, Protocol, now_ms};
+use crate::policy::{AddrDecision, Verdict};
+use crate::sniff::{SNIFF_LIMIT, Sniffed, sniff};
+
+use super::Ctx;
+
+/// smoltcp's buffers per connection, each way.
+const SOCKET_BUFFER: usize = 256 * 1024;
+/// Chunks in flight between a connection's host tasks and the stack.
+const CHANNEL_CHUNKS: usize = 16;
+const CHUNK: usize = 32 * 1024;
+/// How long a connection may take to show its TLS SNI or HTTP `Host`.
+const SNIFF_TIMEOUT: Duration = Duration::from_secs(10);
+const CONNECT_TIMEOUT: Duration = Duration::from_secs(30);
+
+type Connecting = oneshot::Receiver<std::io::Result<TcpStream>>;
+
+enum Phase {
+    /// The address is allowed; the host connection is under way and the SYN is held back.
+    Connecting {
+        syn: Vec<u8>,
+        rx: Connecting,
+    },
+    /// Handshake done with the guest; waiting for the name.
+    Sniffing {
+        until: Instant,
+    },
+    /// The name is allowed; the host connection is under way.
+    ConnectingNamed {
+        rx: Connecting,
+    },
+    Open,
+}
+
+struct Flow {
+    dst: SocketAddr,
+    phase: Phase,
+    socket: Option<SocketHandle>,
+    log_id: Option<u64>,
+    name: Option<String>,
+    bytes_out: u64,
+    bytes_in: u64,
+    /// Guest bytes not yet handed to the host (the sniffed prefix).
+    out_pending: Vec<u8>,
+    /// Host bytes smoltcp has not taken yet.
+    in_pending: Vec<u8>,
+    to_host: Option<mpsc::Sender<Vec<u8>>>,
+    from_host: Option<mpsc::Receiver<Vec<u8>>>,
+    host_eof: bool,
+    tasks: Vec<AbortHandle>,
+}
+
+impl Drop for Flow {
+    fn drop(&mut self) {
+        for t in &self.tasks {
+            t.abort();
+        }
+    }
+}
+
+/// All TCP flows of one sandbox, keyed by (guest address, destination).
+#[derive(Default)]
+pub(crate) struct TcpFlows {
+    flows: HashMap<(SocketAddr, SocketAddr), Flow>,
+    /// Sockets of finished flows, removed only after smoltcp has sent what they still owe
+    /// (the reset of an aborted connection).
+    reap: Vec<SocketHandle>,
+}
+
+fn new_socket(sockets: &mut SocketSet<'static>, dst: SocketAddr) -> Option<SocketHandle> {
+    let mut s = tcp::Socket::new(
+        tcp::SocketBuffer::new(vec![0; SOCKET_BUFFER]),
+        tcp::SocketBuffer::new(vec![0; SOCKET_BUFFER]),
+    );
+    s.set_nagle_enabled(false);
+    s.set_timeout(Some(smoltcp::time::Duration::from_secs(120)));
+    s.listen((smoltcp::wire::IpAddress::from(dst.ip()), dst.port()))
+        .ok()?;
+    Some(sockets.add(s))
+}
+
+fn connect(dst: SocketAddr, wake: Arc<Notify>) -> (Connecting, AbortHandle) {
+    let (tx, rx) = oneshot::channel();
+    let task = tokio::spawn(async move {
+        let r = match tokio::time::timeout(CONNECT_TIMEOUT, TcpStream::connect(dst)).await {
+            Ok(r) => r,
+            Err(_) => Err(std::io::ErrorKind::TimedOut.into()),
+        };
+        let _ = tx.send(r);
+        wake.notify_one();
+    });
+    (rx, task.abort_handle())
+}
+
+impl Flow {
+    fn record(&mut self, cx: &Ctx, src: SocketAddr, verdict: &Verdict) {
+        let id = cx.shared.flows.begin(FlowRecord {
+            id: 0,
+            started_ms: now_ms(),
+            ended_ms: None,
+            protocol: Protocol::Tcp,
+            src,
+            dst: self.dst,
+            name: self.name.clone(),
+            verdict: if verdict.is_allow() {
+                FlowVerdict::Allowed
+            } else {
+                FlowVerdict::Denied
+            },
+            rule: verdict.rule().to_string(),
+            bytes_out: 0,
+            bytes_in: 0,
+        });
+        self.log_id = Some(id);
+    }
+
+    /// Starts the two tasks that move bytes between the host socket and the stack.
+    fn open(&mut self, stream: TcpStream, wake: &Arc<Notify>) {
+        let _ = stream.set_nodelay(true);
+        let (mut rd, mut wr) = stream.into_split();
+        let (in_tx, in_rx) = mpsc::channel::<Vec<u8>>(CHANNEL_CHUNKS);
+        let (out_tx, mut out_rx) = mpsc::channel::<Vec<u8>>(CHANNEL_CHUNKS);
+        let w = wake.clone();
+        let reader = tokio::spawn(async move {
+            loop {
+                let mut buf = vec![0; CHUNK];
+                match rd.read(&mut buf).await {
+                    Ok(0) | Err(_) => break,
+                    Ok(n) => {
+                        buf.truncate(n);
+                        if in_tx.send(buf).await.is_err() {
+                            break;
+                        }
+                        w.notify_one();
+                    }
+                }
+            }
+            drop(in_tx);
+            w.notify_one();
+        });
+        let w = wake.clone();
+        let writer = tokio::spawn(async move {
+            while let Some(data) = out_rx.recv().await {
+                w.notify_one(); // room in the channel again
+                if wr.write_all(&data).await.is_err() {
+                    return; // dropping out_rx tells the stack the host is gone
+                }
+            }
+            let _ = wr.shutdown().await;
+        });
+        self.tasks.push(reader.abort_handle());
+        self.tasks.push(writer.abort_handle());
+        self.to_host = Some(out_tx);
+        self.from_host = Some(in_rx);
+        self.phase = Phase::Open;
+    }
+}
+
+impl TcpFlows {
+    /// Whether smoltcp may see this SYN: no for a new flow (decided here), or for a flow whose
+    /// host connection is still under way (the retransmitted SYN is dropped).
+    pub fn on_syn(
+        &mut self,
+        cx: &mut Ctx,
+        sockets: &mut SocketSet<'static>,
+        src: SocketAddr,
+        dst: SocketAddr,
+        frame: &[u8],
+    ) -> bool {
+        if let Some(flow) = self.flows.get(&(src, dst)) {
+            return !matches!(flow.phase, Phase::Connecting { .. });
+        }
+        let mut flow = Flow {
+            dst,
+            phase: Phase::Open,
+            socket: None,
+            log_id: None,
+            name: None,
+            bytes_out: 0,
+            bytes_in: 0,
+            out_pending: Vec::new(),
+            in_pending: Vec::new(),
+            to_host: None,
+            from_host: None,
+            host_eof: false,
+            tasks: Vec::new(),
+        };
+        match cx.decide_addr(dst.ip()) {
+            AddrDecision::Decided(v @ Verdict::Deny(_)) => {
+                flow.record(cx, src, &v);
+                if let Some(id) = flow.log_id {
+                    cx.shared.flows.finish(id, 0, 0);
+                }
+                true // no listener: smoltcp answers with a reset
+            }
+            AddrDecision::Decided(v) => {
+                flow.record(cx, src, &v);
+                let (rx, task) = connect(dst, cx.shared.wake.clone());
+                flow.tasks.push(task);
+                flow.phase = Phase::Connecting {
+                    syn: frame.to_vec(),
+                    rx,
+                };
+                self.flows.insert((src, dst), flow);
+                false
+            }
+            AddrDecision::NeedName => {
+                flow.socket = new_socket(sockets, dst);
+                flow.phase = Phase::Sniffing {
+                    until: Instant::now() + SNIFF_TIMEOUT,
+                };
+                self.flows.insert((src, dst), flow);
+                true
+            }
+        }
+    }
+
+    /// Moves every flow along; returns frames to give smoltcp (held SYNs) and whether
+    /// anything changed.
+    pub fn service(
+        &mut self,
+        cx: &mut Ctx,
+        sockets: &mut SocketSet<'static>,
+    ) -> (Vec<Vec<u8>>, bool) {
+        for h in self.reap.drain(..) {
+            sockets.remove(h);
+        }
+        let mut inject = Vec::new();
+        let mut progressed = false;
+        let mut dead = Vec::new();
+        for (&(src, dst), flow) in self.flows.iter_mut() {
+            match service_one(cx, sockets, src, dst, flow, &mut inject) {
+                Step::Idle => {}
+                Step::Progress => progressed = true,
+                Step::Done => {
+                    progressed = true;
+                    dead.push((src, dst));
+                }
+            }
+        }
+        for key in dead {
+            if let Some(h) = self.flows.remove(&key).and_then(|f| f.socket) {
+                self.reap.push(h);
+            }
+        }
+        (inject, progressed)
+    }
+
+    /// Re-decides every flow under a new policy and cuts the ones it denies.
+    pub fn recheck(&mut self, cx: &mut Ctx, sockets: &mut SocketSet<'static>) {
+        let mut forget = Vec::new();
+        for (key, flow) in self.flows.iter_mut() {
+            let verdict = match cx.decide_addr(flow.dst.ip()) {
+                AddrDecision::Decided(v) => v,
+                // Still waiting for its name: decided under the new policy when it comes.
+                AddrDecision::NeedName if matches!(flow.phase, Phase::Sniffing { .. }) => continue,
+                AddrDecision::NeedName => cx.decide_name(flow.name.as_deref(), flow.dst.ip()),
+            };
+            if verdict.is_allow() {
+                continue;
+            }
+            tracing::debug!(dst = %flow.dst, rule = %verdict.rule(), "policy change cuts a flow");
+            for t in flow.tasks.drain(..) {
+                t.abort();
+            }
+            flow.to_host = None;
+            flow.from_host = None;
+            flow.in_pending.clear();
+            flow.host_eof = true;
+            flow.phase = Phase::Open;
+            match flow.socket {
+                Some(h) => sockets.get_mut::<tcp::Socket>(h).abort(),
+                // The SYN was never answered: the guest's retry is decided anew.
+                None => forget.push(*key),
+            }
+        }
+        for key in forget {
+            if let Some(flow) = self.flows.remove(&key)
+                && let Some(id) = flow.log_id
+            {
+                cx.shared.flows.finish(id, 0, 0);
+            }
+        }
+    }
+}
+
+enum Step {
+    Idle,
+    Progress,
+    Done,
+}
+
+fn service_one(
+    cx: &mut Ctx,
+    sockets: &mut SocketSet<'static>,
+    src: SocketAddr,
+    dst: SocketAddr,
+    flow: &mut Flow,
+    inject: &mut Vec<Vec<u8>>,
+) -> Step {
+    match &mut flow.phase {
+        Phase::Connecting { syn, rx } => match rx.try_recv() {
+            Err(oneshot::error::TryRecvError::Empty) => return Step::Idle,
+            Ok(Ok(stream)) => {
+                flow.socket = new_socket(sockets, dst);
+                inject.push(std::mem::take(syn));
+                flow.open(stream, &cx.shared.wake);
+                return Step::Progress;
+            }
+            Ok(Err(_)) | Err(_) => {
+                // Unreachable or refused: the held SYN, given to smoltcp without a listener,
+                // is answered with a reset.
+                inject.push(std::mem::take(syn));
+                if let Some(id) = flow.log_id {
+                    cx.shared.flows.finish(id, 0, 0);
+                }
+                flow.log_id = None;
+                return Step::Done;
+            }
+        },
+        Phase::ConnectingNamed { rx } => match rx.try_recv() {
+            Err(oneshot::error::TryRecvError::Empty) => {}
+            Ok(Ok(stream)) => flow.open(stream, &cx.shared.wake),
+            Ok(Err(_)) | Err(_) => {
+                if let Some(h) = flow.socket {
+                    sockets.get_mut::<tcp::Socket>(h).abort();
+                }
+                flow.phase = Phase::Open;
+                flow.host_eof = true;
+            }
+        },
+        Phase::Sniffing { .. } | Phase::Open => {}
+    }
+    let Some(handle) = flow.socket else {
+        return Step::Done;
+    };
+    let socket = sockets.get_mut::<tcp::Socket>(handle);
+    let mut progressed = false;
+
+    if let Phase::Sniffing { until } = flow.phase {
+        while socket.can_recv() && flow.out_pending.len() < SNIFF_LIMIT {
+            let room = SNIFF_LIMIT - flow.out_pending.len();
+            let mut buf = vec![0; room];
+            match socket.recv_slice(&mut buf) {
+                Ok(n) if n > 0 => flow.out_pending.extend_from_slice(&buf[..n]),
+                _ => break,
+            }
+        }
+        let found = match sniff(&flow.out_pending) {
+            Sniffed::Done(name) => Some(name),
+            Sniffed::NeedMore if Instant::now() >= until || !socket.may_recv() => Some(None),
+            Sniffed::NeedMore => None,
+        };
+        if let Some(name) = found {
+            if !socket.is_open() {
+                return Step::Done; // the guest gave up first
+            }
+            flow.name = name;
+            let verdict = cx.decide_name(flow.name.as_deref(), dst.ip());
+            flow.record(cx, src, &verdict);
+            if verdict.is_allow() {
+                let (rx, task) = connect(dst, cx.shared.wake.clone());
+                flow.tasks.push(task);
+                flow.phase = Phase::ConnectingNamed { rx };
+            } else {
+                socket.abort();
+                flow.phase = Phase::Open;
+                flow.host_eof = true;
+            }
+            progressed = true;
+        }
+    }
+
+    if matches!(flow.phase, Phase::Open) && flow.to_host.is_some() {
+        // Guest → host.
+        while let Some(to_host) = &flow.to_host {
+            if flow.out_pending.is_empty() {
+                if !socket.can_recv() {
+                    break;
+                }
+                let mut buf = vec![0; CHUNK];
+                match socket.recv_slice(&mut buf) {
+                    Ok(n) if n > 0 => {
+                        buf.truncate(n);
+                        flow.out_pending = buf;
+                    }
+                    _ => break,
+                }
+            }
+            let reserved = match to_host.try_reserve() {
+                Ok(permit) => {
+                    flow.bytes_out += flow.out_pending.len() as u64;
+                    permit.send(std::mem::take(&mut flow.out_pending));
+                    Ok(())
+                }
+                Err(e) => Err(e),
+            };
+            match reserved {
+                Ok(()) => progressed = true,
+                Err(mpsc::error::TrySendError::Full(())) => break,
+                Err(mpsc::error::TrySendError::Closed(())) => {
+                    // The host reset the connection.
+                    socket.abort();
+                    flow.to_host = None;
+                    flow.host_eof = true;
+                    progressed = true;
+                    break;
+                }
+            }
+        }
+        if flow.out_pending.is_empty() && !socket.may_recv() && socket.recv_queue() == 0 {
+            flow.to_host = None; // the guest closed its side: half-close the host's
+            progressed = true;
+        }
+    }
+
+    if matches!(flow.phase, Phase::Open) {
+        // Host → guest.
+        loop {
+            if !flow.in_pending.is_empty() {
+                match socket.send_slice(&flow.in_pending) {
+                    Ok(n) if n > 0 => {
+                        flow.bytes_in += n as u64;
+                        flow.in_pending.drain(..n);
+                        progressed = true;
+                        if !flow.in_pending.is_empty() {
+                            break;
+                        }
+                    }
+                    _ => break,
+                }
+            }
+            let Some(from_host) = &mut flow.from_host else {
+                break;
+            };
+            match from_host.try_recv() {
+                Ok(data) => flow.in_pending = data,
+                Err(mpsc::error::TryRecvError::Empty) => break,
+                Err(mpsc::error::TryRecvError::Disconnected) => {
+                    flow.from_host = None;
+                    flow.host_eof = true;
+                    break;
+                }
+            }
+        }
+        if flow.host_eof && flow.in_pending.is_empty() && socket.may_send() {
+            socket.close();
+            progressed = true;
+        }
+    }
+
+    if matches!(socket.state(), tcp::State::Closed | tcp::State::TimeWait) {
+        if let Some(id) = flow.log_id.take() {
+            cx.shared.flows.finish(id, flow.bytes_out, flow.bytes_in);
+        }
+        return Step::Done;
+    }
+    if progressed {
+        Step::Progress
+    } else {
+        Step::Idle
+    }
+}

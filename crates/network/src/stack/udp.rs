@@ -1,0 +1,255 @@
+//! UDP: datagrams from the guest are relayed without smoltcp. DNS to the gateway goes to the
+//! daemon's DNS server; anything else gets a host socket per (guest port, destination) once
+//! the policy allows it, kept while it is used. Answers come back through one channel and are
+//! framed for the guest by the stack.
+
+use std::collections::HashMap;
+use std::net::{IpAddr, Ipv4Addr, Ipv6Addr, SocketAddr};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use tokio::net::UdpSocket;
+use tokio::sync::mpsc;
+use tokio::task::AbortHandle;
+
+use crate::dns::Dns;
+use crate::flows::{FlowRecord, FlowVerdict, Protocol, now_ms};
+use crate::policy::{AddrDecision, Rule, Verdict};
+
+use super::Ctx;
+
+/// A binding unused for this long is closed.
+const IDLE: Duration = Duration::from_secs(60);
+/// Datagrams waiting to be framed for the guest; more are dropped, as UDP allows.
+pub(crate) const REPLY_QUEUE: usize = 512;
+
+/// A datagram for the guest.
+pub(crate) struct Reply {
+    pub from: SocketAddr,
+    pub to: SocketAddr,
+    pub data: Vec<u8>,
+    /// The binding it belongs to, to count its bytes.
+    pub key: Option<(SocketAddr, SocketAddr)>,
+}
+
+struct Binding {
+    socket: Option<Arc<UdpSocket>>,
+    log_id: u64,
+    bytes_out: u64,
+    bytes_in: u64,
+    last: Instant,
+    task: Option<AbortHandle>,
+}
+
+impl Drop for Binding {
+    fn drop(&mut self) {
+        if let Some(t) = &self.task {
+            t.abort();
+        }
+    }
+}
+
+pub(crate) struct UdpFlows {
+    bindings: HashMap<(SocketAddr, SocketAddr), Binding>,
+    replies: mpsc::Sender<Reply>,
+}
+
+fn log(
+    cx: &Ctx,
+    protocol: Protocol,
+    src: SocketAddr,
+    dst: SocketAddr,
+    name: Option<String>,
+    v: &Verdict,
+) -> u64 {
+    cx.shared.flows.begin(FlowRecord {
+        id: 0,
+        started_ms: now_ms(),
+        ended_ms: None,
+        protocol,
+        src,
+        dst,
+        name,
+        verdict: if v.is_allow() {
+            FlowVerdict::Allowed
+        } else {
+            FlowVerdict::Denied
+        },
+        rule: v.rule().to_string(),
+        bytes_out: 0,
+        bytes_in: 0,
+    })
+}
+
+fn host_socket(dst: SocketAddr) -> std::io::Result<UdpSocket> {
+    let any: IpAddr = match dst {
+        SocketAddr::V4(_) => Ipv4Addr::UNSPECIFIED.into(),
+        SocketAddr::V6(_) => Ipv6Addr::UNSPECIFIED.into(),
+    };
+    let s = std::net::UdpSocket::bind((any, 0))?;
+    s.connect(dst)?;
+    s.set_nonblocking(true)?;
+    UdpSocket::from_std(s)
+}
+
+impl UdpFlows {
+    pub fn new(replies: mpsc::Sender<Reply>) -> Self {
+        Self {
+            bindings: HashMap::new(),
+            replies,
+        }
+    }
+
+    /// Handles one datagram from the guest. Returns an immediate answer (a refused DNS
+    /// question) if there is one.
+    pub fn on_datagram(
+        &mut self,
+        cx: &mut Ctx,
+        src: SocketAddr,
+        dst: SocketAddr,
+        payload: &[u8],
+    ) -> Option<Reply> {
+        if dst.port() == crate::config::DNS_PORT && cx.cfg.is_gateway(dst.ip()) {
+            return self.dns(cx, src, dst, payload);
+        }
+        let key = (src, dst);
+        if let Some(b) = self.bindings.get_mut(&key) {
+            b.last = Instant::now();
+            b.bytes_out += payload.len() as u64;
+            if let Some(s) = &b.socket {
+                // A full socket buffer drops the datagram, as a congested link would.
+                let _ = s.try_send(payload);
+            }
+            return None;
+        }
+        let verdict = match cx.decide_addr(dst.ip()) {
+            AddrDecision::Decided(v) => v,
+            // Only TLS and HTTP carry a name: other protocols need a subnet rule.
+            AddrDecision::NeedName => Verdict::Deny(Rule::NoName),
+        };
+        let log_id = log(cx, Protocol::Udp, src, dst, None, &verdict);
+        let mut binding = Binding {
+            socket: None,
+            log_id,
+            bytes_out: payload.len() as u64,
+            bytes_in: 0,
+            last: Instant::now(),
+            task: None,
+        };
+        if verdict.is_allow() {
+            match host_socket(dst) {
+                Ok(socket) => {
+                    let socket = Arc::new(socket);
+                    let _ = socket.try_send(payload);
+                    let (rx, replies, wake) =
+                        (socket.clone(), self.replies.clone(), cx.shared.wake.clone());
+                    let task = tokio::spawn(async move {
+                        let mut buf = vec![0; 65536];
+                        while let Ok(n) = rx.recv(&mut buf).await {
+                            let reply = Reply {
+                                from: dst,
+                                to: src,
+                                data: buf[..n].to_vec(),
+                                key: Some(key),
+                            };
+                            if replies.try_send(reply).is_ok() {
+                                wake.notify_one();
+                            }
+                        }
+                    });
+                    binding.socket = Some(socket);
+                    binding.task = Some(task.abort_handle());
+                }
+                Err(e) => tracing::debug!(%dst, error = %e, "no host UDP socket"),
+            }
+        }
+        self.bindings.insert(key, binding);
+        None
+    }
+
+    fn dns(
+        &mut self,
+        cx: &mut Ctx,
+        src: SocketAddr,
+        dst: SocketAddr,
+        payload: &[u8],
+    ) -> Option<Reply> {
+        let question = Dns::parse(payload)?;
+        let verdict = cx.policy.decide_dns(&question.name);
+        let id = log(
+            cx,
+            Protocol::Dns,
+            src,
+            dst,
+            Some(question.name.clone()),
+            &verdict,
+        );
+        let flows = cx.shared.flows.clone();
+        let out = payload.len() as u64;
+        if !verdict.is_allow() {
+            let data = Dns::refuse(&question);
+            flows.finish(id, out, data.len() as u64);
+            return Some(Reply {
+                from: dst,
+                to: src,
+                data,
+                key: None,
+            });
+        }
+        let (dns, replies, wake) = (cx.dns.clone(), self.replies.clone(), cx.shared.wake.clone());
+        tokio::spawn(async move {
+            let data = dns.resolve(&question).await;
+            flows.finish(id, out, data.len() as u64);
+            if replies
+                .send(Reply {
+                    from: dst,
+                    to: src,
+                    data,
+                    key: None,
+                })
+                .await
+                .is_ok()
+            {
+                wake.notify_one();
+            }
+        });
+        None
+    }
+
+    /// Counts bytes of a reply that reached the guest.
+    pub fn delivered(&mut self, reply: &Reply) {
+        if let Some(b) = reply.key.and_then(|k| self.bindings.get_mut(&k)) {
+            b.bytes_in += reply.data.len() as u64;
+            b.last = Instant::now();
+        }
+    }
+
+    /// Closes idle bindings.
+    pub fn expire(&mut self, cx: &Ctx) {
+        let now = Instant::now();
+        self.bindings.retain(|_, b| {
+            let keep = now.duration_since(b.last) < IDLE;
+            if !keep {
+                cx.shared.flows.finish(b.log_id, b.bytes_out, b.bytes_in);
+            }
+            keep
+        });
+    }
+
+    /// Closes the bindings a new policy denies; the next datagram is decided anew.
+    pub fn recheck(&mut self, cx: &mut Ctx) {
+        let keys: Vec<_> = self.bindings.keys().copied().collect();
+        for key in keys {
+            let allowed = matches!(
+                cx.decide_addr(key.1.ip()),
+                AddrDecision::Decided(Verdict::Allow(_))
+            );
+            let was = self.bindings.get(&key).is_some_and(|b| b.socket.is_some());
+            if allowed != was
+                && let Some(b) = self.bindings.remove(&key)
+            {
+                cx.shared.flows.finish(b.log_id, b.bytes_out, b.bytes_in);
+            }
+        }
+    }
+}

@@ -1,0 +1,42 @@
+//! Creating a tap device, for whoever sets up a namespace sandbox's `eth0` (the namespace
+//! backend, inside the sandbox's network namespace) and for this crate's tests. The
+//! descriptor stays bound to the namespace it was created in, wherever it is used.
+
+#![allow(unsafe_code)]
+
+use std::fs::OpenOptions;
+use std::io;
+use std::os::fd::{AsRawFd, OwnedFd};
+use std::os::unix::fs::OpenOptionsExt;
+
+/// `_IOW('T', 202, int)` from `<linux/if_tun.h>`.
+const TUNSETIFF: libc::c_ulong = 0x4004_54ca;
+
+/// Creates (or attaches to) the tap device `name` in the calling thread's network namespace,
+/// in Ethernet mode without packet information, and returns its non-blocking descriptor.
+pub fn create(name: &str) -> io::Result<OwnedFd> {
+    if name.is_empty() || name.len() >= libc::IFNAMSIZ {
+        return Err(io::Error::new(
+            io::ErrorKind::InvalidInput,
+            "an interface name has 1 to 15 bytes",
+        ));
+    }
+    let file = OpenOptions::new()
+        .read(true)
+        .write(true)
+        .custom_flags(libc::O_NONBLOCK | libc::O_CLOEXEC)
+        .open("/dev/net/tun")?;
+    // SAFETY: `ifreq` is plain old data for which all-zeroes is a valid value.
+    let mut req: libc::ifreq = unsafe { std::mem::zeroed() };
+    for (dst, src) in req.ifr_name.iter_mut().zip(name.bytes()) {
+        *dst = src as libc::c_char;
+    }
+    req.ifr_ifru.ifru_flags = (libc::IFF_TAP | libc::IFF_NO_PI) as libc::c_short;
+    // SAFETY: TUNSETIFF reads one `ifreq` through the pointer, which points at a live,
+    // initialised `ifreq` (NUL-terminated name: it is shorter than IFNAMSIZ) for the call.
+    let rc = unsafe { libc::ioctl(file.as_raw_fd(), TUNSETIFF, &mut req as *mut libc::ifreq) };
+    if rc < 0 {
+        return Err(io::Error::last_os_error());
+    }
+    Ok(file.into())
+}
