@@ -187,7 +187,27 @@ impl TcpFlows {
         frame: &[u8],
     ) -> bool {
         if let Some(flow) = self.flows.get(&(src, dst)) {
-            return !matches!(flow.phase, Phase::Connecting { .. });
+            let handshaking = match flow.socket {
+                Some(h) => matches!(
+                    sockets.get::<tcp::Socket>(h).state(),
+                    tcp::State::Listen | tcp::State::SynReceived
+                ),
+                None => true,
+            };
+            if handshaking {
+                // A retransmitted SYN: smoltcp answers it, or it waits for the host.
+                return !matches!(flow.phase, Phase::Connecting { .. });
+            }
+            // The same ports again on a new connection (the guest rebooted, or reused the
+            // port): the old flow is stale.
+            if let Some(old) = self.flows.remove(&(src, dst)) {
+                if let Some(id) = old.log_id {
+                    cx.shared.flows.finish(id, old.bytes_out, old.bytes_in);
+                }
+                if let Some(h) = old.socket {
+                    sockets.remove(h);
+                }
+            }
         }
         let mut flow = Flow {
             dst,
@@ -303,6 +323,16 @@ impl TcpFlows {
     }
 }
 
+/// Whether the guest has sent its FIN (or the connection is gone). Not the same as
+/// `!may_recv()`, which also holds before the handshake completes.
+fn guest_closed(socket: &tcp::Socket) -> bool {
+    use tcp::State::*;
+    matches!(
+        socket.state(),
+        CloseWait | LastAck | Closing | TimeWait | Closed
+    )
+}
+
 enum Step {
     Idle,
     Progress,
@@ -367,7 +397,7 @@ fn service_one(
         }
         let found = match sniff(&flow.out_pending) {
             Sniffed::Done(name) => Some(name),
-            Sniffed::NeedMore if Instant::now() >= until || !socket.may_recv() => Some(None),
+            Sniffed::NeedMore if Instant::now() >= until || guest_closed(socket) => Some(None),
             Sniffed::NeedMore => None,
         };
         if let Some(name) = found {
@@ -427,7 +457,7 @@ fn service_one(
                 }
             }
         }
-        if flow.out_pending.is_empty() && !socket.may_recv() && socket.recv_queue() == 0 {
+        if flow.out_pending.is_empty() && guest_closed(socket) && socket.recv_queue() == 0 {
             flow.to_host = None; // the guest closed its side: half-close the host's
             progressed = true;
         }

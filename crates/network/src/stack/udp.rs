@@ -81,6 +81,17 @@ fn log(
     })
 }
 
+/// Sends without waiting. Not `UdpSocket::try_send`: Tokio refuses that until its reactor has
+/// seen the new socket writable, which would lose a flow's first datagram.
+fn send_now(socket: &UdpSocket, payload: &[u8]) {
+    use std::os::fd::AsRawFd;
+    let _ = nix::sys::socket::send(
+        socket.as_raw_fd(),
+        payload,
+        nix::sys::socket::MsgFlags::MSG_DONTWAIT,
+    );
+}
+
 fn host_socket(dst: SocketAddr) -> std::io::Result<UdpSocket> {
     let any: IpAddr = match dst {
         SocketAddr::V4(_) => Ipv4Addr::UNSPECIFIED.into(),
@@ -118,7 +129,7 @@ impl UdpFlows {
             b.bytes_out += payload.len() as u64;
             if let Some(s) = &b.socket {
                 // A full socket buffer drops the datagram, as a congested link would.
-                let _ = s.try_send(payload);
+                send_now(s, payload);
             }
             return None;
         }
@@ -140,7 +151,7 @@ impl UdpFlows {
             match host_socket(dst) {
                 Ok(socket) => {
                     let socket = Arc::new(socket);
-                    let _ = socket.try_send(payload);
+                    send_now(&socket, payload);
                     let (rx, replies, wake) =
                         (socket.clone(), self.replies.clone(), cx.shared.wake.clone());
                     let task = tokio::spawn(async move {
