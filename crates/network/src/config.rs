@@ -9,6 +9,10 @@ use std::net::{IpAddr, Ipv4Addr, Ipv6Addr};
 
 /// The gateway's Ethernet address (locally administered, unicast).
 pub const GATEWAY_MAC: [u8; 6] = [0x02, 0x62, 0x6a, 0x00, 0x00, 0x01];
+/// The MAC address the daemon gives the sandbox's `eth0` (the VMM's virtio-net `mac`, the
+/// tap's address inside the namespace). The stack learns the guest's MAC from its frames, so
+/// another one works too.
+pub const GUEST_MAC: [u8; 6] = [0x02, 0x62, 0x6a, 0x00, 0x00, 0x02];
 /// The gateway's IPv4 address: the default route and the DNS server.
 pub const GATEWAY_V4: Ipv4Addr = Ipv4Addr::new(10, 0, 2, 2);
 /// The sandbox's IPv4 address.

@@ -99,6 +99,11 @@ impl Dns {
         reply(&q.message, ResponseCode::Refused, Vec::new())
     }
 
+    /// The answer when the daemon cannot take the question now.
+    pub fn fail(q: &Question) -> Vec<u8> {
+        reply(&q.message, ResponseCode::ServFail, Vec::new())
+    }
+
     /// Resolves an allowed question on the host and builds the answer.
     pub async fn resolve(&self, q: &Question) -> Vec<u8> {
         let query = &q.message.queries()[0];

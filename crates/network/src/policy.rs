@@ -66,6 +66,8 @@ pub enum Rule {
     NotResolved,
     /// The flow needed a name (TLS SNI or HTTP `Host`) and sent none.
     NoName,
+    /// The sandbox has as many open flows as it may.
+    TooManyFlows,
 }
 
 impl fmt::Display for Rule {
@@ -81,6 +83,7 @@ impl fmt::Display for Rule {
             Rule::Reserved(what) => write!(f, "reserved: {what}"),
             Rule::NotResolved => f.write_str("address not resolved for an allowed name"),
             Rule::NoName => f.write_str("no TLS SNI or HTTP Host"),
+            Rule::TooManyFlows => f.write_str("too many open flows"),
         }
     }
 }

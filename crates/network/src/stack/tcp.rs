@@ -28,6 +28,9 @@ const SOCKET_BUFFER: usize = 256 * 1024;
 /// Chunks in flight between a connection's host tasks and the stack.
 const CHANNEL_CHUNKS: usize = 16;
 const CHUNK: usize = 32 * 1024;
+/// Open TCP connections one sandbox may have; more are refused (the daemon's memory is not
+/// the guest's to spend).
+pub(crate) const MAX_FLOWS: usize = 2048;
 /// How long a connection may take to show its TLS SNI or HTTP `Host`.
 const SNIFF_TIMEOUT: Duration = Duration::from_secs(10);
 const CONNECT_TIMEOUT: Duration = Duration::from_secs(30);
@@ -224,7 +227,12 @@ impl TcpFlows {
             host_eof: false,
             tasks: Vec::new(),
         };
-        match cx.decide_addr(dst.ip()) {
+        let decision = if self.flows.len() >= MAX_FLOWS {
+            AddrDecision::Decided(Verdict::Deny(crate::policy::Rule::TooManyFlows))
+        } else {
+            cx.decide_addr(dst.ip())
+        };
+        match decision {
             AddrDecision::Decided(v @ Verdict::Deny(_)) => {
                 flow.record(cx, src, &v);
                 if let Some(id) = flow.log_id {

@@ -20,6 +20,10 @@ use super::Ctx;
 
 /// A binding unused for this long is closed.
 const IDLE: Duration = Duration::from_secs(60);
+/// UDP bindings one sandbox may have.
+const MAX_BINDINGS: usize = 1024;
+/// DNS questions being resolved at once; more are answered SERVFAIL.
+const MAX_DNS_IN_FLIGHT: usize = 64;
 /// Datagrams waiting to be framed for the guest; more are dropped, as UDP allows.
 pub(crate) const REPLY_QUEUE: usize = 512;
 
@@ -52,6 +56,7 @@ impl Drop for Binding {
 pub(crate) struct UdpFlows {
     bindings: HashMap<(SocketAddr, SocketAddr), Binding>,
     replies: mpsc::Sender<Reply>,
+    dns_slots: Arc<tokio::sync::Semaphore>,
 }
 
 fn log(
@@ -108,6 +113,7 @@ impl UdpFlows {
         Self {
             bindings: HashMap::new(),
             replies,
+            dns_slots: Arc::new(tokio::sync::Semaphore::new(MAX_DNS_IN_FLIGHT)),
         }
     }
 
@@ -133,10 +139,17 @@ impl UdpFlows {
             }
             return None;
         }
-        let verdict = match cx.decide_addr(dst.ip()) {
-            AddrDecision::Decided(v) => v,
-            // Only TLS and HTTP carry a name: other protocols need a subnet rule.
-            AddrDecision::NeedName => Verdict::Deny(Rule::NoName),
+        if self.bindings.len() >= MAX_BINDINGS {
+            self.expire(cx);
+        }
+        let verdict = if self.bindings.len() >= MAX_BINDINGS {
+            Verdict::Deny(Rule::TooManyFlows)
+        } else {
+            match cx.decide_addr(dst.ip()) {
+                AddrDecision::Decided(v) => v,
+                // Only TLS and HTTP carry a name: other protocols need a subnet rule.
+                AddrDecision::NeedName => Verdict::Deny(Rule::NoName),
+            }
         };
         let log_id = log(cx, Protocol::Udp, src, dst, None, &verdict);
         let mut binding = Binding {
@@ -207,9 +220,20 @@ impl UdpFlows {
                 key: None,
             });
         }
+        let Ok(slot) = self.dns_slots.clone().try_acquire_owned() else {
+            let data = Dns::fail(&question);
+            flows.finish(id, out, data.len() as u64);
+            return Some(Reply {
+                from: dst,
+                to: src,
+                data,
+                key: None,
+            });
+        };
         let (dns, replies, wake) = (cx.dns.clone(), self.replies.clone(), cx.shared.wake.clone());
         tokio::spawn(async move {
             let data = dns.resolve(&question).await;
+            drop(slot);
             flows.finish(id, out, data.len() as u64);
             if replies
                 .send(Reply {

@@ -27,6 +27,8 @@ pub const DAEMON_IP: Ipv4Addr = Ipv4Addr::new(203, 0, 113, 1);
 pub const SERVER_IP: Ipv4Addr = Ipv4Addr::new(203, 0, 113, 2);
 /// A second server address, for subnet rules that tell two servers apart.
 pub const SERVER2_IP: Ipv4Addr = Ipv4Addr::new(203, 0, 113, 3);
+/// The servers' IPv6 address on the test internet (documentation range).
+pub const SERVER_IP6: std::net::Ipv6Addr = std::net::Ipv6Addr::new(0x2001, 0xdb8, 0, 0, 0, 0, 0, 2);
 pub const ECHO_PORT: u16 = 7;
 pub const TLS_PORT: u16 = 443;
 
@@ -131,6 +133,8 @@ impl Internet {
         net.ip(&["addr", "add", "203.0.113.2/24", "dev", "i0"]);
         net.ip(&["addr", "add", "203.0.113.3/24", "dev", "i0"]);
         net.ip(&["link", "set", "i0", "up"]);
+        daemon.ip(&["-6", "addr", "add", "2001:db8::1/64", "dev", "d0", "nodad"]);
+        net.ip(&["-6", "addr", "add", "2001:db8::2/64", "dev", "i0", "nodad"]);
         let names: HashMap<String, Ipv4Addr> =
             names.iter().map(|(n, a)| (n.to_string(), *a)).collect();
         for server in [SERVER_IP, SERVER2_IP] {
@@ -141,6 +145,8 @@ impl Internet {
             let udp = bind_in(&net, move || UdpSocket::bind((server, ECHO_PORT)));
             std::thread::spawn(move || udp_echo(udp));
         }
+        let tcp6 = bind_in(&net, || TcpListener::bind((SERVER_IP6, ECHO_PORT)));
+        std::thread::spawn(move || tcp_echo(tcp6));
         let dns = bind_in(&net, || UdpSocket::bind((SERVER_IP, 53)));
         let zone = names.clone();
         std::thread::spawn(move || dns_server(dns, zone));

@@ -1,0 +1,183 @@
+//! The namespace backend's frame path: a tap device `eth0` in a guest network namespace the
+//! test creates, configured as the agent configures it, with the Linux kernel as the guest.
+//! The stack runs in its own namespace in front of a private test internet.
+
+mod common;
+
+use std::io::{Read, Write};
+use std::net::{IpAddr, Ipv4Addr, SocketAddr, TcpListener, TcpStream, UdpSocket};
+use std::time::Duration;
+
+use belljar_network::config::{GATEWAY_V4, GATEWAY_V6, GUEST_V4, GUEST_V6, PREFIX_V4, PREFIX_V6};
+use belljar_network::{
+    DnsUpstream, FlowVerdict, Network, NetworkPolicy, Options, Rules, TapDevice, tap,
+};
+use common::*;
+use hickory_proto::op::ResponseCode;
+
+/// How long a kernel socket in the guest may wait for one answer.
+const IO_DEADLINE: Duration = Duration::from_secs(10);
+
+struct Setup {
+    guest: Netns,
+    net: Network,
+    internet: Internet,
+    rt: tokio::runtime::Runtime,
+}
+
+fn setup(policy: NetworkPolicy) -> Setup {
+    let internet = Internet::new(&[("pypi.example.test", SERVER_IP)]);
+    let guest = Netns::new("g");
+    let fd = guest
+        .spawn(|| tap::create("eth0"))
+        .join()
+        .expect("tap thread")
+        .expect("create tap");
+    let cidr4 = format!("{GUEST_V4}/{PREFIX_V4}");
+    let cidr6 = format!("{GUEST_V6}/{PREFIX_V6}");
+    guest.ip(&["addr", "add", &cidr4, "dev", "eth0"]);
+    guest.ip(&["-6", "addr", "add", &cidr6, "dev", "eth0", "nodad"]);
+    guest.ip(&["link", "set", "eth0", "up"]);
+    guest.ip(&["route", "add", "default", "via", &GATEWAY_V4.to_string()]);
+    guest.ip(&[
+        "-6",
+        "route",
+        "add",
+        "default",
+        "via",
+        &GATEWAY_V6.to_string(),
+    ]);
+    let (rt, net) = internet
+        .daemon
+        .spawn(move || {
+            let rt = tokio::runtime::Builder::new_multi_thread()
+                .worker_threads(2)
+                .enable_all()
+                .build()
+                .expect("runtime");
+            let net = {
+                let _in = rt.enter();
+                Network::spawn(
+                    TapDevice::new(fd).expect("tap device"),
+                    Options {
+                        policy,
+                        dns: DnsUpstream::Servers(vec![v4(SERVER_IP, 53)]),
+                        ..Options::default()
+                    },
+                )
+                .expect("network")
+            };
+            (rt, net)
+        })
+        .join()
+        .expect("start thread");
+    Setup {
+        guest,
+        net,
+        internet,
+        rt,
+    }
+}
+
+impl Drop for Setup {
+    fn drop(&mut self) {
+        let _in = self.rt.enter();
+    }
+}
+
+/// A TCP echo from inside the guest: `Ok(true)` when the bytes come back.
+fn kernel_echo(s: &Setup, dst: SocketAddr, len: usize) -> std::io::Result<bool> {
+    s.guest
+        .spawn(move || {
+            let mut c = TcpStream::connect_timeout(&dst, IO_DEADLINE)?;
+            c.set_read_timeout(Some(IO_DEADLINE))?;
+            let data: Vec<u8> = (0..len).map(|i| (i % 253) as u8).collect();
+            let mut w = c.try_clone()?;
+            let writer = std::thread::spawn(move || w.write_all(&data).map(|()| data));
+            let mut got = vec![0; len];
+            c.read_exact(&mut got)?;
+            let data = writer.join().expect("writer")?;
+            Ok(got == data)
+        })
+        .join()
+        .expect("guest thread")
+}
+
+fn kernel_dns(s: &Setup, name: &'static str) -> (ResponseCode, Vec<Ipv4Addr>) {
+    s.guest
+        .spawn(move || {
+            let sock = UdpSocket::bind("0.0.0.0:0").expect("bind");
+            sock.set_read_timeout(Some(IO_DEADLINE)).expect("timeout");
+            sock.send_to(&dns_query(7, name), (GATEWAY_V4, 53))
+                .expect("send");
+            let mut buf = [0; 1500];
+            let (n, from) = sock.recv_from(&mut buf).expect("a DNS answer");
+            assert_eq!(from, SocketAddr::new(IpAddr::V4(GATEWAY_V4), 53));
+            dns_answer(&buf[..n])
+        })
+        .join()
+        .expect("guest thread")
+}
+
+#[test]
+fn the_kernel_behind_a_tap_gets_dns_tcp_udp_and_ipv6() {
+    let s = setup(NetworkPolicy::AllowAll);
+    assert_eq!(
+        kernel_dns(&s, "pypi.example.test"),
+        (ResponseCode::NoError, vec![SERVER_IP])
+    );
+    assert!(kernel_echo(&s, v4(SERVER_IP, ECHO_PORT), 1 << 20).expect("echo"));
+    let v6 = SocketAddr::new(IpAddr::V6(SERVER_IP6), ECHO_PORT);
+    assert!(kernel_echo(&s, v6, 4096).expect("echo over IPv6"));
+    let reply = s
+        .guest
+        .spawn(|| {
+            let sock = UdpSocket::bind("0.0.0.0:0")?;
+            sock.set_read_timeout(Some(IO_DEADLINE))?;
+            sock.send_to(b"datagram", v4(SERVER_IP, ECHO_PORT))?;
+            let mut buf = [0; 64];
+            let n = sock.recv(&mut buf)?;
+            Ok::<_, std::io::Error>(buf[..n].to_vec())
+        })
+        .join()
+        .unwrap()
+        .expect("UDP echo");
+    assert_eq!(reply, b"datagram");
+}
+
+#[test]
+fn the_kernel_behind_a_tap_is_refused_what_the_policy_denies() {
+    let s = setup(NetworkPolicy::AllowAll);
+    // The daemon's own namespace: a listener on its address and on its loopback.
+    let listener = s
+        .internet
+        .daemon
+        .spawn(|| TcpListener::bind("0.0.0.0:0"))
+        .join()
+        .unwrap()
+        .unwrap();
+    let port = listener.local_addr().unwrap().port();
+    std::thread::spawn(move || tcp_echo(listener));
+    let err = kernel_echo(&s, v4(DAEMON_IP, port), 1).expect_err("the host itself");
+    assert_eq!(err.kind(), std::io::ErrorKind::ConnectionRefused);
+
+    s.net.set_policy(NetworkPolicy::Rules(Rules {
+        subnets_deny: vec!["203.0.113.2/32".parse().unwrap()],
+        ..Rules::default()
+    }));
+    let err = kernel_echo(&s, v4(SERVER_IP, ECHO_PORT), 1).expect_err("denied");
+    assert_eq!(err.kind(), std::io::ErrorKind::ConnectionRefused);
+    assert!(kernel_echo(&s, v4(SERVER2_IP, ECHO_PORT), 10).expect("still allowed"));
+
+    s.net.set_policy(NetworkPolicy::DenyAll);
+    assert_eq!(
+        kernel_dns(&s, "pypi.example.test"),
+        (ResponseCode::Refused, vec![])
+    );
+    let denied = s.net.flows().records();
+    assert!(
+        denied
+            .iter()
+            .any(|r| r.dst == v4(SERVER_IP, ECHO_PORT) && r.verdict == FlowVerdict::Denied)
+    );
+}
