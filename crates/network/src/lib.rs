@@ -25,4 +25,4 @@ pub use dns::DnsUpstream;
 pub use domain::{DomainError, DomainPattern};
 pub use flows::{FlowLog, FlowRecord, FlowVerdict, Protocol, Totals};
 pub use policy::{NetworkPolicy, Rule, Rules, Verdict};
-pub use stack::{Network, NetworkError, Options};
+pub use stack::{Forward, Network, NetworkError, Options};

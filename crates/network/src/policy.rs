@@ -68,6 +68,8 @@ pub enum Rule {
     NoName,
     /// The sandbox has as many open flows as it may.
     TooManyFlows,
+    /// A connection from the host to an exposed port (not egress: no policy applies).
+    Forwarded,
 }
 
 impl fmt::Display for Rule {
@@ -84,6 +86,7 @@ impl fmt::Display for Rule {
             Rule::NotResolved => f.write_str("address not resolved for an allowed name"),
             Rule::NoName => f.write_str("no TLS SNI or HTTP Host"),
             Rule::TooManyFlows => f.write_str("too many open flows"),
+            Rule::Forwarded => f.write_str("exposed port"),
         }
     }
 }

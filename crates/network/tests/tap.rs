@@ -181,3 +181,65 @@ fn the_kernel_behind_a_tap_is_refused_what_the_policy_denies() {
             .any(|r| r.dst == v4(SERVER_IP, ECHO_PORT) && r.verdict == FlowVerdict::Denied)
     );
 }
+
+#[test]
+fn an_exposed_port_reaches_the_guest_from_the_host() {
+    let s = setup(NetworkPolicy::DenyAll);
+    let server = s
+        .guest
+        .spawn(|| TcpListener::bind("0.0.0.0:8080"))
+        .join()
+        .unwrap()
+        .expect("listen in the guest");
+    std::thread::spawn(move || tcp_echo(server));
+    let forward = {
+        let _in = s.rt.enter();
+        s.net
+            .forward(TcpListener::bind("127.0.0.1:0").unwrap(), 8080)
+            .expect("forward")
+    };
+    assert_eq!(forward.guest_port(), 8080);
+    let mut c = TcpStream::connect(forward.local_addr()).expect("connect to the exposed port");
+    c.set_read_timeout(Some(IO_DEADLINE)).unwrap();
+    let data: Vec<u8> = (0..300_000u32).map(|i| (i % 249) as u8).collect();
+    let mut w = c.try_clone().unwrap();
+    let sent = data.clone();
+    let writer = std::thread::spawn(move || w.write_all(&sent));
+    let mut got = vec![0; data.len()];
+    c.read_exact(&mut got).expect("the echo");
+    writer.join().unwrap().unwrap();
+    assert!(got == data, "deny-all does not apply to exposed ports");
+    drop(c);
+    let flows = s.net.flows().clone();
+    let deadline = std::time::Instant::now() + IO_DEADLINE;
+    let r = loop {
+        let mut sub = flows.subscribe();
+        let done = flows
+            .records()
+            .into_iter()
+            .find(|r| r.rule == "exposed port" && r.ended_ms.is_some());
+        if let Some(r) = done {
+            break r;
+        }
+        assert!(
+            std::time::Instant::now() < deadline,
+            "the forwarded flow ends"
+        );
+        let _ =
+            s.rt.block_on(async { tokio::time::timeout(IO_DEADLINE, sub.recv()).await });
+    };
+    assert_eq!(r.dst, v4(GUEST_V4, 8080));
+    assert_eq!((r.bytes_in, r.bytes_out), (300_000, 300_000));
+
+    // Nothing listens on 8081: the host's connection is closed.
+    let closed = {
+        let _in = s.rt.enter();
+        s.net
+            .forward(TcpListener::bind("127.0.0.1:0").unwrap(), 8081)
+            .unwrap()
+    };
+    let mut c = TcpStream::connect(closed.local_addr()).unwrap();
+    c.set_read_timeout(Some(IO_DEADLINE)).unwrap();
+    let mut buf = [0; 1];
+    assert!(matches!(c.read(&mut buf), Ok(0) | Err(_)));
+}

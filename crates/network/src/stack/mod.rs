@@ -71,6 +71,42 @@ pub(crate) struct Shared {
 pub struct Network {
     shared: Arc<Shared>,
     task: tokio::task::JoinHandle<Result<(), NetworkError>>,
+    inbound: mpsc::Sender<Inbound>,
+}
+
+/// A host connection to an exposed port, for the stack to carry to the guest.
+struct Inbound {
+    stream: tokio::net::TcpStream,
+    peer: std::net::SocketAddr,
+    guest_port: u16,
+}
+
+/// How many accepted connections may wait for the stack.
+const INBOUND_QUEUE: usize = 64;
+
+/// An exposed port: connections to its host address reach the guest's port. Dropping it stops
+/// listening (open connections stay).
+pub struct Forward {
+    local_addr: std::net::SocketAddr,
+    guest_port: u16,
+    task: tokio::task::AbortHandle,
+}
+
+impl Forward {
+    /// The host address that reaches the guest.
+    pub fn local_addr(&self) -> std::net::SocketAddr {
+        self.local_addr
+    }
+
+    pub fn guest_port(&self) -> u16 {
+        self.guest_port
+    }
+}
+
+impl Drop for Forward {
+    fn drop(&mut self) {
+        self.task.abort();
+    }
 }
 
 impl Network {
@@ -82,9 +118,55 @@ impl Network {
             flows: Arc::new(FlowLog::new(options.flow_capacity)),
             wake: Arc::new(Notify::new()),
         });
+        let (inbound, inbound_rx) = mpsc::channel(INBOUND_QUEUE);
         let stack = Stack::new(&options, shared.clone())?;
-        let task = tokio::spawn(run(device, stack));
-        Ok(Self { shared, task })
+        let task = tokio::spawn(run(device, stack, inbound_rx));
+        Ok(Self {
+            shared,
+            task,
+            inbound,
+        })
+    }
+
+    /// Exposes the guest's TCP `guest_port` (on its IPv4 address) on `listener`, which the
+    /// caller bound (so it picks the address and port, and reports one already taken).
+    /// Needs a Tokio runtime.
+    pub fn forward(
+        &self,
+        listener: std::net::TcpListener,
+        guest_port: u16,
+    ) -> std::io::Result<Forward> {
+        listener.set_nonblocking(true)?;
+        let local_addr = listener.local_addr()?;
+        let listener = tokio::net::TcpListener::from_std(listener)?;
+        let (inbound, wake) = (self.inbound.clone(), self.shared.wake.clone());
+        let task = tokio::spawn(async move {
+            loop {
+                let (stream, peer) = match listener.accept().await {
+                    Ok(conn) => conn,
+                    Err(e) => {
+                        // Out of descriptors, most likely: let some close before retrying.
+                        tracing::warn!(error = %e, "accept on an exposed port failed");
+                        tokio::time::sleep(std::time::Duration::from_millis(100)).await;
+                        continue;
+                    }
+                };
+                let conn = Inbound {
+                    stream,
+                    peer,
+                    guest_port,
+                };
+                // A full queue refuses the connection (it is dropped).
+                if inbound.try_send(conn).is_ok() {
+                    wake.notify_one();
+                }
+            }
+        });
+        Ok(Forward {
+            local_addr,
+            guest_port,
+            task: task.abort_handle(),
+        })
     }
 
     /// Replaces the policy, whole and at once: new flows see only the new one, and open flows
@@ -279,6 +361,18 @@ impl Stack {
         }
     }
 
+    fn on_inbound(&mut self, conn: Inbound) {
+        let guest = std::net::SocketAddr::new(self.cx.cfg.guest_v4.into(), conn.guest_port);
+        self.tcp.inbound(
+            &mut self.cx,
+            &mut self.iface,
+            &mut self.sockets,
+            conn.stream,
+            conn.peer,
+            guest,
+        );
+    }
+
     fn on_reply(&mut self, reply: udp::Reply) {
         let Some(mac) = self.guest_mac else { return };
         self.udp.delivered(&reply);
@@ -332,7 +426,11 @@ impl Stack {
     }
 }
 
-async fn run<D: FrameDevice>(device: D, mut stack: Stack) -> Result<(), NetworkError> {
+async fn run<D: FrameDevice>(
+    device: D,
+    mut stack: Stack,
+    mut inbound: mpsc::Receiver<Inbound>,
+) -> Result<(), NetworkError> {
     let mut buf = vec![0u8; 65536];
     let wake = stack.cx.shared.wake.clone();
     let mut replies = stack.replies.take().expect("replies taken once");
@@ -347,6 +445,7 @@ async fn run<D: FrameDevice>(device: D, mut stack: Stack) -> Result<(), NetworkE
                 stack.on_frame(&buf[..n]);
             }
             Some(reply) = replies.recv() => stack.on_reply(reply),
+            Some(conn) = inbound.recv() => stack.on_inbound(conn),
             () = wake.notified() => {}
             r = device.writable(), if want_write => r.map_err(NetworkError::Device)?,
             () = tokio::time::sleep(delay) => {}

@@ -6,7 +6,7 @@
 //! host socket exists.
 
 use std::collections::HashMap;
-use std::net::SocketAddr;
+use std::net::{IpAddr, SocketAddr};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
@@ -56,6 +56,8 @@ enum Phase {
 
 struct Flow {
     dst: SocketAddr,
+    /// A connection from the host to an exposed port: the policy does not apply.
+    inbound: bool,
     phase: Phase,
     socket: Option<SocketHandle>,
     log_id: Option<u64>,
@@ -87,6 +89,8 @@ pub(crate) struct TcpFlows {
     /// Sockets of finished flows, removed only after smoltcp has sent what they still owe
     /// (the reset of an aborted connection).
     reap: Vec<SocketHandle>,
+    /// The last local port given to an inbound flow.
+    next_port: u16,
 }
 
 fn new_socket(sockets: &mut SocketSet<'static>, dst: SocketAddr) -> Option<SocketHandle> {
@@ -115,6 +119,25 @@ fn connect(dst: SocketAddr, wake: Arc<Notify>) -> (Connecting, AbortHandle) {
 }
 
 impl Flow {
+    fn new(dst: SocketAddr) -> Self {
+        Self {
+            dst,
+            inbound: false,
+            phase: Phase::Open,
+            socket: None,
+            log_id: None,
+            name: None,
+            bytes_out: 0,
+            bytes_in: 0,
+            out_pending: Vec::new(),
+            in_pending: Vec::new(),
+            to_host: None,
+            from_host: None,
+            host_eof: false,
+            tasks: Vec::new(),
+        }
+    }
+
     fn record(&mut self, cx: &Ctx, src: SocketAddr, verdict: &Verdict) {
         let id = cx.shared.flows.begin(FlowRecord {
             id: 0,
@@ -212,21 +235,7 @@ impl TcpFlows {
                 }
             }
         }
-        let mut flow = Flow {
-            dst,
-            phase: Phase::Open,
-            socket: None,
-            log_id: None,
-            name: None,
-            bytes_out: 0,
-            bytes_in: 0,
-            out_pending: Vec::new(),
-            in_pending: Vec::new(),
-            to_host: None,
-            from_host: None,
-            host_eof: false,
-            tasks: Vec::new(),
-        };
+        let mut flow = Flow::new(dst);
         let decision = if self.flows.len() >= MAX_FLOWS {
             AddrDecision::Decided(Verdict::Deny(crate::policy::Rule::TooManyFlows))
         } else {
@@ -293,10 +302,58 @@ impl TcpFlows {
         (inject, progressed)
     }
 
+    /// Opens a connection from the gateway to the guest's `guest` address for a host
+    /// connection accepted on an exposed port.
+    pub fn inbound(
+        &mut self,
+        cx: &mut Ctx,
+        iface: &mut smoltcp::iface::Interface,
+        sockets: &mut SocketSet<'static>,
+        stream: TcpStream,
+        peer: SocketAddr,
+        guest: SocketAddr,
+    ) {
+        let gateway = match guest {
+            SocketAddr::V4(_) => IpAddr::V4(cx.cfg.gateway_v4),
+            SocketAddr::V6(_) => IpAddr::V6(cx.cfg.gateway_v6),
+        };
+        // An ephemeral port of the gateway's not in use by another inbound flow.
+        let Some(local) = (0..16384u16).find_map(|_| {
+            self.next_port = if self.next_port < 49152 {
+                49152
+            } else {
+                self.next_port.wrapping_add(1).max(49152)
+            };
+            let local = SocketAddr::new(gateway, self.next_port);
+            (!self.flows.contains_key(&(guest, local))).then_some(local)
+        }) else {
+            return;
+        };
+        let mut s = tcp::Socket::new(
+            tcp::SocketBuffer::new(vec![0; SOCKET_BUFFER]),
+            tcp::SocketBuffer::new(vec![0; SOCKET_BUFFER]),
+        );
+        s.set_nagle_enabled(false);
+        let remote = (smoltcp::wire::IpAddress::from(guest.ip()), guest.port());
+        let local_ep = (smoltcp::wire::IpAddress::from(local.ip()), local.port());
+        if s.connect(iface.context(), remote, local_ep).is_err() {
+            return;
+        }
+        let mut flow = Flow::new(guest);
+        flow.inbound = true;
+        flow.socket = Some(sockets.add(s));
+        flow.record(cx, peer, &Verdict::Allow(crate::policy::Rule::Forwarded));
+        flow.open(stream, &cx.shared.wake);
+        self.flows.insert((guest, local), flow);
+    }
+
     /// Re-decides every flow under a new policy and cuts the ones it denies.
     pub fn recheck(&mut self, cx: &mut Ctx, sockets: &mut SocketSet<'static>) {
         let mut forget = Vec::new();
         for (key, flow) in self.flows.iter_mut() {
+            if flow.inbound {
+                continue;
+            }
             let verdict = match cx.decide_addr(flow.dst.ip()) {
                 AddrDecision::Decided(v) => v,
                 // Still waiting for its name: decided under the new policy when it comes.
