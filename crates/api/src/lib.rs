@@ -5,12 +5,13 @@
 //! generated from the same Rust types. The route table lives in [`routes`].
 //!
 //! Conventions: JSON field names are `snake_case`; times are Unix milliseconds (`i64`);
-//! durations are milliseconds; sizes are MiB where a person picks them (memory, disk) and
+//! durations are milliseconds (as text, see [`duration`]: a bare number is seconds); sizes are MiB where a person picks them (memory, disk) and
 //! bytes where a machine measured them.
 
 #![forbid(unsafe_code)]
 
 pub mod command;
+pub mod duration;
 pub mod error;
 pub mod event;
 pub mod file;

@@ -57,10 +57,11 @@ pub enum Cmd {
         #[arg(short, long)]
         follow: bool,
     },
-    /// Add time to a sandbox's timeout (e.g. 10m, 90s, 1h).
+    /// Add time to a sandbox's timeout (e.g. 10m, 90s, 1h; a bare number is seconds).
     Extend {
         /// Sandbox id or name.
         id: String,
+        /// How much time to add: a bare number is seconds; or 250ms, 90s, 10m, 1h30m, 2d.
         duration: String,
     },
     /// Stop a sandbox (its record, logs and files stay until `rm`).
@@ -109,7 +110,8 @@ pub struct SandboxOpts {
     /// Environment of every command, K=V; repeatable.
     #[arg(long = "env", short = 'e', value_name = "K=V")]
     pub env: Vec<String>,
-    /// Time until the sandbox stops by itself, e.g. 10m (default 5m).
+    /// Time until the sandbox stops by itself, e.g. 10m (default 5m); a bare number is
+    /// seconds.
     #[arg(long)]
     pub timeout: Option<String>,
     /// A tag k=v; repeatable.

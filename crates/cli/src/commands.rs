@@ -584,6 +584,15 @@ mod tests {
         assert_eq!(r.backend, Some(BackendChoice::Namespace));
         assert_eq!(r.memory_mib, Some(512));
         assert!(r.tags.is_none());
+        // A bare number is seconds, as the daemon reads its own flags.
+        let bare = SandboxOpts {
+            timeout: Some("300".into()),
+            ..Default::default()
+        };
+        assert_eq!(
+            create_request(None, &bare).unwrap().timeout_ms,
+            Some(300_000)
+        );
         let bad = SandboxOpts {
             backend: Some("docker".into()),
             ..Default::default()

@@ -38,13 +38,15 @@ pub struct Config {
     /// The guest kernel of microVMs; default the newest `<cache>/kernel/*/vmlinux`.
     #[arg(long, env = "BELLJAR_KERNEL")]
     pub kernel: Option<PathBuf>,
-    /// The longest timeout a sandbox may have, e.g. `24h`.
+    /// The longest timeout a sandbox may have, e.g. `24h`. Like every duration here, a bare
+    /// number is seconds (`300` is five minutes); units: ms, s, m, h, d.
     #[arg(long, env = "BELLJAR_MAX_TIMEOUT", default_value = "24h", value_parser = parse_duration)]
     pub max_timeout: i64,
-    /// The default sandbox timeout, e.g. `5m`.
+    /// The default sandbox timeout, e.g. `5m`; a bare number is seconds.
     #[arg(long, env = "BELLJAR_DEFAULT_TIMEOUT", default_value = "5m", value_parser = parse_duration)]
     pub default_timeout: i64,
-    /// How long a new sandbox's agent gets to answer, e.g. `20s`. Microvm sandboxes on nested
+    /// How long a new sandbox's agent gets to answer, e.g. `20s`; a bare number is seconds.
+    /// Microvm sandboxes on nested
     /// KVM (the test harness, `scripts/test-microvm.sh`) boot in tens of seconds.
     #[arg(long, env = "BELLJAR_READY_TIMEOUT", default_value = "20s", value_parser = parse_duration)]
     pub ready_timeout: i64,
@@ -66,10 +68,13 @@ pub struct Config {
     pub allowed_origins: Vec<String>,
 }
 
+/// A positive duration in milliseconds, read by the API's one rule (a bare number is seconds).
 fn parse_duration(text: &str) -> Result<i64, String> {
-    crate::util::parse_duration_ms(text)
-        .filter(|ms| *ms > 0)
-        .ok_or_else(|| format!("{text:?} is not a duration like 90s, 10m or 24h"))
+    match belljar_api::duration::parse_ms(text) {
+        Ok(ms) if ms > 0 => Ok(ms),
+        Ok(_) => Err(format!("{text:?}: must be longer than zero")),
+        Err(e) => Err(e.to_string()),
+    }
 }
 
 impl Config {
@@ -117,5 +122,25 @@ mod tests {
         assert!(c.testing_force_microvm);
         assert!(c.ui_dir().ends_with("ui/dist"));
         assert!(Config::try_parse_from(["belljard", "--max-timeout", "-5m"]).is_err());
+        assert!(Config::try_parse_from(["belljard", "--max-timeout", "0"]).is_err());
+    }
+
+    /// A bare number is seconds, as in the CLI: `300` is five minutes, not 0.3 s (the daemon
+    /// used to read it as milliseconds).
+    #[test]
+    fn a_bare_number_is_seconds() {
+        let c = Config::try_parse_from([
+            "belljard",
+            "--default-timeout",
+            "300",
+            "--max-timeout",
+            "86400",
+            "--ready-timeout",
+            "1m30s",
+        ])
+        .unwrap();
+        assert_eq!(c.default_timeout, 300_000);
+        assert_eq!(c.max_timeout, 86_400_000);
+        assert_eq!(c.ready_timeout, 90_000);
     }
 }

@@ -33,25 +33,6 @@ pub fn is_id(prefix: &str, id: &str) -> bool {
         })
 }
 
-/// Parses a duration like `90s`, `10m`, `24h`, `500ms` or a bare number of milliseconds.
-pub fn parse_duration_ms(text: &str) -> Option<i64> {
-    let text = text.trim();
-    let split = text
-        .find(|c: char| !c.is_ascii_digit())
-        .unwrap_or(text.len());
-    let (num, unit) = text.split_at(split);
-    let n: i64 = num.parse().ok()?;
-    let factor = match unit {
-        "" | "ms" => 1,
-        "s" => 1000,
-        "m" => 60_000,
-        "h" => 3_600_000,
-        "d" => 86_400_000,
-        _ => return None,
-    };
-    n.checked_mul(factor)
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -65,15 +46,5 @@ mod tests {
         assert!(!is_id("sbx", "sbx_"));
         assert!(!is_id("sbx", "cmd_abc"));
         assert!(!is_id("sbx", "sbx_ABC"));
-    }
-
-    #[test]
-    fn parses_durations() {
-        assert_eq!(parse_duration_ms("90s"), Some(90_000));
-        assert_eq!(parse_duration_ms("10m"), Some(600_000));
-        assert_eq!(parse_duration_ms("24h"), Some(86_400_000));
-        assert_eq!(parse_duration_ms("250"), Some(250));
-        assert_eq!(parse_duration_ms("5x"), None);
-        assert_eq!(parse_duration_ms("h"), None);
     }
 }
