@@ -1,6 +1,11 @@
 //! Creating a tap device, for whoever sets up a namespace sandbox's `eth0` (the namespace
 //! backend, inside the sandbox's network namespace) and for this crate's tests. The
 //! descriptor stays bound to the namespace it was created in, wherever it is used.
+//!
+//! A daemon restart, even `kill -9`, must not take a sandbox's network away: make the device
+//! persistent ([`set_persistent`]) so that it, its addresses and its routes outlive the
+//! descriptor, and after the restart call [`create`] with the same name inside the sandbox's
+//! namespace to attach to it again.
 
 #![allow(unsafe_code)]
 
@@ -11,6 +16,26 @@ use std::os::unix::fs::OpenOptionsExt;
 
 /// `_IOW('T', 202, int)` from `<linux/if_tun.h>`.
 const TUNSETIFF: libc::c_ulong = 0x4004_54ca;
+/// `_IOW('T', 203, int)` from `<linux/if_tun.h>`.
+const TUNSETPERSIST: libc::c_ulong = 0x4004_54cb;
+
+/// Makes the device behind `fd` outlive its last descriptor (or not, so that closing it
+/// removes the device).
+pub fn set_persistent(fd: &OwnedFd, persistent: bool) -> io::Result<()> {
+    // SAFETY: TUNSETPERSIST takes its argument by value; `fd` is an open tun descriptor for
+    // the duration of the call.
+    let rc = unsafe {
+        libc::ioctl(
+            fd.as_raw_fd(),
+            TUNSETPERSIST,
+            libc::c_ulong::from(persistent),
+        )
+    };
+    if rc < 0 {
+        return Err(io::Error::last_os_error());
+    }
+    Ok(())
+}
 
 /// Creates (or attaches to) the tap device `name` in the calling thread's network namespace,
 /// in Ethernet mode without packet information, and returns its non-blocking descriptor.

@@ -26,10 +26,18 @@ struct Setup {
 }
 
 fn setup(policy: NetworkPolicy) -> Setup {
+    setup_with(policy, false)
+}
+
+fn setup_with(policy: NetworkPolicy, persistent: bool) -> Setup {
     let internet = Internet::new(&[("pypi.example.test", SERVER_IP)]);
     let guest = Netns::new("g");
     let fd = guest
-        .spawn(|| tap::create("eth0"))
+        .spawn(move || {
+            let fd = tap::create("eth0")?;
+            tap::set_persistent(&fd, persistent)?;
+            Ok::<_, std::io::Error>(fd)
+        })
         .join()
         .expect("tap thread")
         .expect("create tap");
@@ -47,36 +55,51 @@ fn setup(policy: NetworkPolicy) -> Setup {
         "via",
         &GATEWAY_V6.to_string(),
     ]);
-    let (rt, net) = internet
+    let rt = internet
         .daemon
-        .spawn(move || {
-            let rt = tokio::runtime::Builder::new_multi_thread()
+        .spawn(|| {
+            tokio::runtime::Builder::new_multi_thread()
                 .worker_threads(2)
                 .enable_all()
                 .build()
-                .expect("runtime");
-            let net = {
-                let _in = rt.enter();
-                Network::spawn(
-                    TapDevice::new(fd).expect("tap device"),
-                    Options {
-                        policy,
-                        dns: DnsUpstream::Servers(vec![v4(SERVER_IP, 53)]),
-                        ..Options::default()
-                    },
-                )
-                .expect("network")
-            };
-            (rt, net)
+                .expect("runtime")
         })
         .join()
-        .expect("start thread");
+        .expect("runtime thread");
+    let net = start(&internet, &rt, fd, policy);
     Setup {
         guest,
         net,
         internet,
         rt,
     }
+}
+
+/// Starts a network on the tap `fd` from inside the daemon's namespace (it reads the host's
+/// addresses there).
+fn start(
+    internet: &Internet,
+    rt: &tokio::runtime::Runtime,
+    fd: std::os::fd::OwnedFd,
+    policy: NetworkPolicy,
+) -> Network {
+    let handle = rt.handle().clone();
+    internet
+        .daemon
+        .spawn(move || {
+            let _in = handle.enter();
+            Network::spawn(
+                TapDevice::new(fd).expect("tap device"),
+                Options {
+                    policy,
+                    dns: DnsUpstream::Servers(vec![v4(SERVER_IP, 53)]),
+                    ..Options::default()
+                },
+            )
+            .expect("network")
+        })
+        .join()
+        .expect("start thread")
 }
 
 impl Drop for Setup {
@@ -242,4 +265,30 @@ fn an_exposed_port_reaches_the_guest_from_the_host() {
     c.set_read_timeout(Some(IO_DEADLINE)).unwrap();
     let mut buf = [0; 1];
     assert!(matches!(c.read(&mut buf), Ok(0) | Err(_)));
+}
+
+#[test]
+fn a_persistent_tap_is_reattached_after_the_daemon_goes_away() {
+    let mut s = setup_with(NetworkPolicy::AllowAll, true);
+    assert!(kernel_echo(&s, v4(SERVER_IP, ECHO_PORT), 100).expect("echo"));
+    // The daemon dies: its stack and the tap descriptor are gone.
+    let old = std::mem::replace(&mut s.net, {
+        let fd = s
+            .guest
+            .spawn(|| tap::create("bj-spare"))
+            .join()
+            .unwrap()
+            .unwrap();
+        start(&s.internet, &s.rt, fd, NetworkPolicy::DenyAll)
+    });
+    s.rt.block_on(old.shutdown()).expect("a clean stop");
+    // The restarted daemon attaches to the same device; the guest kept its configuration.
+    let fd = s
+        .guest
+        .spawn(|| tap::create("eth0"))
+        .join()
+        .unwrap()
+        .expect("reattach");
+    s.net = start(&s.internet, &s.rt, fd, NetworkPolicy::AllowAll);
+    assert!(kernel_echo(&s, v4(SERVER_IP, ECHO_PORT), 100).expect("echo after the restart"));
 }
