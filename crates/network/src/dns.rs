@@ -72,6 +72,8 @@ impl Dns {
             }
         };
         let opts: &mut ResolverOpts = builder.options_mut();
+        // Ask upstream for answers up to 1232 bytes over UDP, not 512: fewer TCP retries.
+        opts.edns0 = true;
         opts.attempts = 2;
         opts.timeout = Duration::from_secs(3);
         Ok(Self {
@@ -97,6 +99,24 @@ impl Dns {
     /// The answer to a question the policy refuses.
     pub fn refuse(q: &Question) -> Vec<u8> {
         reply(&q.message, ResponseCode::Refused, Vec::new())
+    }
+
+    /// `reply` if it fits a UDP answer to `q` (the client's advertised size, 512 bytes
+    /// without EDNS, and the link), else the truncated answer that sends the client to TCP.
+    pub fn fit_udp(q: &Question, reply: Vec<u8>, link_max: usize) -> Vec<u8> {
+        let limit = usize::from(q.message.max_payload().max(512)).min(link_max);
+        if reply.len() <= limit {
+            return reply;
+        }
+        let mut m = Message::new();
+        m.set_id(q.message.id())
+            .set_message_type(MessageType::Response)
+            .set_op_code(OpCode::Query)
+            .set_recursion_desired(q.message.recursion_desired())
+            .set_recursion_available(true)
+            .set_truncated(true);
+        m.add_queries(q.message.queries().to_vec());
+        m.to_vec().unwrap_or_default()
     }
 
     /// The answer when the daemon cannot take the question now.

@@ -292,3 +292,50 @@ fn a_persistent_tap_is_reattached_after_the_daemon_goes_away() {
     s.net = start(&s.internet, &s.rt, fd, NetworkPolicy::AllowAll);
     assert!(kernel_echo(&s, v4(SERVER_IP, ECHO_PORT), 100).expect("echo after the restart"));
 }
+
+#[test]
+fn a_large_dns_answer_is_truncated_over_udp_and_served_over_tcp() {
+    let s = setup(NetworkPolicy::AllowAll);
+    let (udp, tcp) = s
+        .guest
+        .spawn(|| {
+            let query = dns_query(9, "big.example.test");
+            let sock = UdpSocket::bind("0.0.0.0:0")?;
+            sock.set_read_timeout(Some(IO_DEADLINE))?;
+            sock.send_to(&query, (GATEWAY_V4, 53))?;
+            let mut buf = [0; 1500];
+            let n = sock.recv(&mut buf)?;
+            let udp = buf[..n].to_vec();
+            let mut c =
+                TcpStream::connect_timeout(&SocketAddr::from((GATEWAY_V4, 53)), IO_DEADLINE)?;
+            c.set_read_timeout(Some(IO_DEADLINE))?;
+            let mut framed = u16::try_from(query.len()).unwrap().to_be_bytes().to_vec();
+            framed.extend_from_slice(&query);
+            c.write_all(&framed)?;
+            let mut len = [0; 2];
+            c.read_exact(&mut len)?;
+            let mut tcp = vec![0; usize::from(u16::from_be_bytes(len))];
+            c.read_exact(&mut tcp)?;
+            Ok::<_, std::io::Error>((udp, tcp))
+        })
+        .join()
+        .unwrap()
+        .expect("DNS over UDP then TCP");
+    let udp = hickory_proto::op::Message::from_vec(&udp).unwrap();
+    assert!(
+        udp.truncated(),
+        "512 bytes without EDNS: the answer is truncated: {udp:?}"
+    );
+    assert!(udp.answers().is_empty());
+    let (code, addrs) = dns_answer(&tcp);
+    assert_eq!((code, addrs.len()), (ResponseCode::NoError, 40));
+    let logged = s.net.flows().records();
+    assert_eq!(
+        logged
+            .iter()
+            .filter(|r| r.name.as_deref() == Some("big.example.test"))
+            .count(),
+        2,
+        "both questions are logged"
+    );
+}

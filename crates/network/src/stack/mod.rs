@@ -3,6 +3,7 @@
 //! Tokio task; [`Network`] is the handle the daemon keeps to replace the policy, read the flow
 //! log and stop it.
 
+mod dns_tcp;
 mod frames;
 mod tcp;
 mod udp;
@@ -65,6 +66,44 @@ pub(crate) struct Shared {
     generation: AtomicU64,
     pub flows: Arc<FlowLog>,
     pub wake: Arc<Notify>,
+}
+
+impl Shared {
+    /// The policy in force now.
+    pub fn policy(&self) -> Arc<NetworkPolicy> {
+        self.policy
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .clone()
+    }
+
+    /// Records the start of a flow and returns its id.
+    pub fn log(
+        &self,
+        protocol: crate::flows::Protocol,
+        src: std::net::SocketAddr,
+        dst: std::net::SocketAddr,
+        name: Option<String>,
+        verdict: &Verdict,
+    ) -> u64 {
+        self.flows.begin(crate::flows::FlowRecord {
+            id: 0,
+            started_ms: crate::flows::now_ms(),
+            ended_ms: None,
+            protocol,
+            src,
+            dst,
+            name,
+            verdict: if verdict.is_allow() {
+                crate::flows::FlowVerdict::Allowed
+            } else {
+                crate::flows::FlowVerdict::Denied
+            },
+            rule: verdict.rule().to_string(),
+            bytes_out: 0,
+            bytes_in: 0,
+        })
+    }
 }
 
 /// The handle of a running sandbox network. Dropping it stops the network.

@@ -12,7 +12,7 @@ use std::time::{Duration, Instant};
 
 use smoltcp::iface::{SocketHandle, SocketSet};
 use smoltcp::socket::tcp;
-use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt};
 use tokio::net::TcpStream;
 use tokio::sync::{Notify, mpsc, oneshot};
 use tokio::task::AbortHandle;
@@ -159,10 +159,19 @@ impl Flow {
         self.log_id = Some(id);
     }
 
-    /// Starts the two tasks that move bytes between the host socket and the stack.
+    /// Starts moving bytes between the host socket and the stack.
     fn open(&mut self, stream: TcpStream, wake: &Arc<Notify>) {
         let _ = stream.set_nodelay(true);
-        let (mut rd, mut wr) = stream.into_split();
+        let (rd, wr) = stream.into_split();
+        self.pump(rd, wr, wake);
+    }
+
+    /// Starts the two tasks that move bytes between a host-side stream and the stack.
+    fn pump<R, W>(&mut self, mut rd: R, mut wr: W, wake: &Arc<Notify>)
+    where
+        R: AsyncRead + Unpin + Send + 'static,
+        W: AsyncWrite + Unpin + Send + 'static,
+    {
         let (in_tx, in_rx) = mpsc::channel::<Vec<u8>>(CHANNEL_CHUNKS);
         let (out_tx, mut out_rx) = mpsc::channel::<Vec<u8>>(CHANNEL_CHUNKS);
         let w = wake.clone();
@@ -236,6 +245,26 @@ impl TcpFlows {
             }
         }
         let mut flow = Flow::new(dst);
+        if dst.port() == crate::config::DNS_PORT && cx.cfg.is_gateway(dst.ip()) {
+            // DNS over TCP (after a truncated answer): served here, each question decided
+            // and logged as over UDP.
+            let mut flow = Flow::new(dst);
+            flow.inbound = true;
+            flow.socket = new_socket(sockets, dst);
+            let (ours, theirs) = tokio::io::duplex(64 * 1024);
+            let (rd, wr) = tokio::io::split(ours);
+            flow.pump(rd, wr, &cx.shared.wake);
+            let task = tokio::spawn(super::dns_tcp::serve(
+                theirs,
+                src,
+                dst,
+                cx.shared.clone(),
+                cx.dns.clone(),
+            ));
+            flow.tasks.push(task.abort_handle());
+            self.flows.insert((src, dst), flow);
+            return true;
+        }
         let decision = if self.flows.len() >= MAX_FLOWS {
             AddrDecision::Decided(Verdict::Deny(crate::policy::Rule::TooManyFlows))
         } else {

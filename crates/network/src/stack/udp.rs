@@ -13,7 +13,7 @@ use tokio::sync::mpsc;
 use tokio::task::AbortHandle;
 
 use crate::dns::Dns;
-use crate::flows::{FlowRecord, FlowVerdict, Protocol, now_ms};
+use crate::flows::Protocol;
 use crate::policy::{AddrDecision, Rule, Verdict};
 
 use super::Ctx;
@@ -67,23 +67,7 @@ fn log(
     name: Option<String>,
     v: &Verdict,
 ) -> u64 {
-    cx.shared.flows.begin(FlowRecord {
-        id: 0,
-        started_ms: now_ms(),
-        ended_ms: None,
-        protocol,
-        src,
-        dst,
-        name,
-        verdict: if v.is_allow() {
-            FlowVerdict::Allowed
-        } else {
-            FlowVerdict::Denied
-        },
-        rule: v.rule().to_string(),
-        bytes_out: 0,
-        bytes_in: 0,
-    })
+    cx.shared.log(protocol, src, dst, name, v)
 }
 
 /// Sends without waiting. Not `UdpSocket::try_send`: Tokio refuses that until its reactor has
@@ -220,6 +204,8 @@ impl UdpFlows {
                 key: None,
             });
         }
+        // The most a datagram to the guest can carry without fragments.
+        let link_max = cx.cfg.mtu - if src.is_ipv4() { 28 } else { 48 };
         let Ok(slot) = self.dns_slots.clone().try_acquire_owned() else {
             let data = Dns::fail(&question);
             flows.finish(id, out, data.len() as u64);
@@ -232,7 +218,7 @@ impl UdpFlows {
         };
         let (dns, replies, wake) = (cx.dns.clone(), self.replies.clone(), cx.shared.wake.clone());
         tokio::spawn(async move {
-            let data = dns.resolve(&question).await;
+            let data = Dns::fit_udp(&question, dns.resolve(&question).await, link_max);
             drop(slot);
             flows.finish(id, out, data.len() as u64);
             if replies

@@ -202,8 +202,24 @@ fn dns_server(socket: UdpSocket, zone: HashMap<String, Ipv4Addr>) {
             .set_recursion_desired(q.recursion_desired())
             .set_recursion_available(true);
         r.add_queries(q.queries().to_vec());
+        if let Some(edns) = q.extensions() {
+            // Say we take the client's size, or it will not accept more than 512 bytes.
+            r.set_edns(edns.clone());
+        }
         let query = &q.queries()[0];
         let name = query.name().to_ascii().trim_end_matches('.').to_string();
+        if name.starts_with("big.") {
+            // More answers than fit 512 bytes: clients must get them over TCP.
+            for i in 10..50 {
+                r.add_answer(Record::from_rdata(
+                    query.name().clone(),
+                    60,
+                    RData::A(A(Ipv4Addr::new(203, 0, 113, i))),
+                ));
+            }
+            let _ = socket.send_to(&r.to_vec().expect("encode"), from);
+            continue;
+        }
         match zone.get(&name) {
             Some(addr) if query.query_type() == hickory_proto::rr::RecordType::A => {
                 r.add_answer(Record::from_rdata(
