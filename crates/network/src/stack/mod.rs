@@ -374,6 +374,7 @@ impl Stack {
     }
 
     fn on_frame(&mut self, frame: &[u8]) {
+        self.sync_policy();
         if frame.len() >= 14 {
             let src = EthernetAddress::from_bytes(&frame[6..12]);
             if src.is_unicast() {
@@ -421,12 +422,18 @@ impl Stack {
         }
     }
 
-    /// Runs smoltcp and the flows until neither has anything more to do right now.
-    fn poll(&mut self) {
+    /// Picks up a replaced policy and cuts what it denies. Called before anything is decided,
+    /// so that once `set_policy` has returned no new flow sees the old policy.
+    fn sync_policy(&mut self) {
         if self.cx.refresh_policy() {
             self.tcp.recheck(&mut self.cx, &mut self.sockets);
             self.udp.recheck(&mut self.cx);
         }
+    }
+
+    /// Runs smoltcp and the flows until neither has anything more to do right now.
+    fn poll(&mut self) {
+        self.sync_policy();
         for _ in 0..64 {
             let r = self
                 .iface
