@@ -34,17 +34,14 @@ export BELLJAR_TESTING_FORCE_MICROVM=1
 export BELLJAR_READY_TIMEOUT="${BELLJAR_READY_TIMEOUT:-180s}"
 export RUST_BACKTRACE=1
 
-passed=0 failed=0 status=0
-for t in "${tests[@]}"; do
-  exe="$work/bin/deps/$(basename "$t")"
-  name=$(basename "$t" | sed 's/-[0-9a-f]*$//')
-  t0=$(now)
-  echo "job: ==> $name"
-  out="$work/$name.out"
-  # Its own process group, killed afterwards: a VMM a failed test left running must neither
-  # keep the output open nor the next test waiting.
+# Runs one test executable in its own process group (killed afterwards: a VMM a failed test
+# left running must neither keep the output open nor the next run waiting); extra arguments
+# go to the test harness. Sets rc, p and f (passed and failed counts) from `out`.
+run_tests() {
+  local exe=$1 out=$2 pid tailer line
+  shift 2
   : > "$out"
-  setsid "$exe" --ignored --test-threads=1 --nocapture > "$out" 2>&1 &
+  setsid "$exe" --ignored --test-threads=1 --nocapture "$@" > "$out" 2>&1 &
   pid=$!
   tail -n +1 -f --pid="$pid" "$out" &
   tailer=$!
@@ -56,12 +53,35 @@ for t in "${tests[@]}"; do
   p=$(sed -nE 's/.* ([0-9]+) passed.*/\1/p' <<< "$line")
   f=$(sed -nE 's/.* ([0-9]+) failed.*/\1/p' <<< "$line")
   if [ -z "$line" ]; then f=1; fi # a crash before the summary counts as a failure
+}
+
+passed=0 failed=0 retried="" status=0
+for t in "${tests[@]}"; do
+  exe="$work/bin/deps/$(basename "$t")"
+  name=$(basename "$t" | sed 's/-[0-9a-f]*$//')
+  t0=$(now)
+  echo "job: ==> $name"
+  out="$work/$name.out"
+  run_tests "$exe" "$out"
+  # A nested microVM occasionally fails to come up (a failure seen once in ~40 boots, cause
+  # not yet found; the failed test prints the guest's console). Each failed test runs once
+  # more, alone, and is reported by name; a second failure fails the job.
+  names=$(awk '/^failures:$/ { n++; next } n == 2 && /^    [a-z_0-9:]+$/ { print $1 }' "$out")
+  if [ "$rc" != 0 ] && [ -n "$names" ] && [ "${f:-0}" = "$(wc -l <<< "$names")" ]; then
+    first_p=${p:-0}
+    echo "job: $name: RETRYING after a failure: $(tr '\n' ' ' <<< "$names")"
+    # shellcheck disable=SC2086 # one argument per test name
+    run_tests "$exe" "$work/$name.retry.out" --exact $names
+    if [ "$rc" = 0 ]; then retried="$retried $(tr '\n' ' ' <<< "$names")"; fi
+    p=$((first_p + ${p:-0}))
+  fi
   passed=$((passed + ${p:-0})) failed=$((failed + ${f:-0}))
   [ "$rc" = 0 ] || status=1
   echo "job: $name: ${p:-0} passed, ${f:-0} failed in $(since "$t0")s (exit $rc)"
 done
 [ "$passed" -gt 0 ] || status=1
 summary="microvm job: $passed passed, $failed failed in $(since "$start")s"
+[ -z "$retried" ] || summary="$summary; passed only when retried:$retried"
 echo "$summary"
 echo "$summary" > "$BELLJAR_RESULTS/summary"
 echo "$status" > "$BELLJAR_RESULTS/status"

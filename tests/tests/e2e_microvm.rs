@@ -90,12 +90,12 @@ fn create_exec_files_and_stop() {
     let host = std::fs::read_to_string("/proc/sys/kernel/osrelease").unwrap();
     assert!(!stdout(&out).contains(host.trim()), "{}", stdout(&out));
 
-    // Files both ways: empty, binary, and large enough to take many vsock round trips.
+    // Files both ways: empty, binary, and 100 MiB (thousands of vsock round trips).
     let local = tempfile::tempdir().unwrap();
     let l = |name: &str| local.path().join(name);
     std::fs::write(l("empty"), b"").unwrap();
     random_file(&l("binary.bin"), 70_001);
-    random_file(&l("big.bin"), 16 << 20);
+    random_file(&l("big.bin"), 100 << 20);
     for name in ["empty", "binary.bin", "big.bin"] {
         let t = Instant::now();
         let up = d.cli([

@@ -14,7 +14,7 @@ use crate::util::{is_id, new_id, now_ms};
 
 /// The longest one readiness attempt (connect, handshake, health) may take before it is
 /// abandoned and retried.
-const ATTEMPT_TIMEOUT: Duration = Duration::from_secs(10);
+const ATTEMPT_TIMEOUT: Duration = Duration::from_secs(20);
 
 impl Sandboxes {
     /// Creates a sandbox and returns it running, or the reason it could not start.
