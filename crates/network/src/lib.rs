@@ -9,6 +9,7 @@
 
 #![deny(unsafe_code)]
 
+pub mod broker;
 pub mod config;
 pub mod device;
 pub mod dns;
@@ -19,6 +20,7 @@ pub mod sniff;
 mod stack;
 pub mod tap;
 
+pub use broker::{Broker, BrokerError, Transform};
 pub use config::NetConfig;
 pub use device::{FrameDevice, SeqpacketDevice, TapDevice};
 pub use dns::DnsUpstream;

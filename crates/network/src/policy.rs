@@ -38,6 +38,9 @@ pub struct Rules {
     pub subnets_allow: Vec<IpNet>,
     /// Address ranges that may never be reached.
     pub subnets_deny: Vec<IpNet>,
+    /// Headers the daemon sets on requests to these domains (credential brokering). A
+    /// domain here must also be allowed by `allow` to be reached.
+    pub transforms: Vec<crate::broker::Transform>,
 }
 
 impl Rules {
@@ -240,6 +243,14 @@ impl NetworkPolicy {
         }
     }
 
+    /// The transform for `name`, if its traffic is brokered.
+    pub fn transform_for(&self, name: &str) -> Option<&crate::broker::Transform> {
+        match self {
+            NetworkPolicy::Rules(r) => r.transforms.iter().find(|t| t.domain.matches(name)),
+            _ => None,
+        }
+    }
+
     /// Whether the daemon answers a DNS question for `name`.
     pub fn decide_dns(&self, name: &str) -> Verdict {
         match self {
@@ -284,6 +295,7 @@ mod tests {
             allow: allow.map(|a| a.iter().map(|d| DomainPattern::parse(d).unwrap()).collect()),
             subnets_allow: sa.iter().map(|s| s.parse().unwrap()).collect(),
             subnets_deny: sd.iter().map(|s| s.parse().unwrap()).collect(),
+            transforms: Vec::new(),
         })
     }
 

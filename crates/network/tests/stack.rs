@@ -77,6 +77,7 @@ fn rules(allow: Option<&[&str]>, subnets_allow: &[&str], subnets_deny: &[&str]) 
         allow: allow.map(|a| a.iter().map(|d| DomainPattern::parse(d).unwrap()).collect()),
         subnets_allow: subnets_allow.iter().map(|s| s.parse().unwrap()).collect(),
         subnets_deny: subnets_deny.iter().map(|s| s.parse().unwrap()).collect(),
+        transforms: Vec::new(),
     })
 }
 

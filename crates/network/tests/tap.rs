@@ -6,107 +6,12 @@ mod common;
 
 use std::io::{Read, Write};
 use std::net::{IpAddr, Ipv4Addr, SocketAddr, TcpListener, TcpStream, UdpSocket};
-use std::time::Duration;
 
-use belljar_network::config::{GATEWAY_V4, GATEWAY_V6, GUEST_V4, GUEST_V6, PREFIX_V4, PREFIX_V6};
-use belljar_network::{
-    DnsUpstream, FlowVerdict, Network, NetworkPolicy, Options, Rules, TapDevice, tap,
-};
+use belljar_network::config::{GATEWAY_V4, GUEST_V4};
+use belljar_network::{FlowVerdict, NetworkPolicy, Rules, tap};
+use common::tapnet::*;
 use common::*;
 use hickory_proto::op::ResponseCode;
-
-/// How long a kernel socket in the guest may wait for one answer.
-const IO_DEADLINE: Duration = Duration::from_secs(10);
-
-struct Setup {
-    guest: Netns,
-    net: Network,
-    internet: Internet,
-    rt: tokio::runtime::Runtime,
-}
-
-fn setup(policy: NetworkPolicy) -> Setup {
-    setup_with(policy, false)
-}
-
-fn setup_with(policy: NetworkPolicy, persistent: bool) -> Setup {
-    let internet = Internet::new(&[("pypi.example.test", SERVER_IP)]);
-    let guest = Netns::new("g");
-    let fd = guest
-        .spawn(move || {
-            let fd = tap::create("eth0")?;
-            tap::set_persistent(&fd, persistent)?;
-            Ok::<_, std::io::Error>(fd)
-        })
-        .join()
-        .expect("tap thread")
-        .expect("create tap");
-    let cidr4 = format!("{GUEST_V4}/{PREFIX_V4}");
-    let cidr6 = format!("{GUEST_V6}/{PREFIX_V6}");
-    guest.ip(&["addr", "add", &cidr4, "dev", "eth0"]);
-    guest.ip(&["-6", "addr", "add", &cidr6, "dev", "eth0", "nodad"]);
-    guest.ip(&["link", "set", "eth0", "up"]);
-    guest.ip(&["route", "add", "default", "via", &GATEWAY_V4.to_string()]);
-    guest.ip(&[
-        "-6",
-        "route",
-        "add",
-        "default",
-        "via",
-        &GATEWAY_V6.to_string(),
-    ]);
-    let rt = internet
-        .daemon
-        .spawn(|| {
-            tokio::runtime::Builder::new_multi_thread()
-                .worker_threads(2)
-                .enable_all()
-                .build()
-                .expect("runtime")
-        })
-        .join()
-        .expect("runtime thread");
-    let net = start(&internet, &rt, fd, policy);
-    Setup {
-        guest,
-        net,
-        internet,
-        rt,
-    }
-}
-
-/// Starts a network on the tap `fd` from inside the daemon's namespace (it reads the host's
-/// addresses there).
-fn start(
-    internet: &Internet,
-    rt: &tokio::runtime::Runtime,
-    fd: std::os::fd::OwnedFd,
-    policy: NetworkPolicy,
-) -> Network {
-    let handle = rt.handle().clone();
-    internet
-        .daemon
-        .spawn(move || {
-            let _in = handle.enter();
-            Network::spawn(
-                TapDevice::new(fd).expect("tap device"),
-                Options {
-                    policy,
-                    dns: DnsUpstream::Servers(vec![v4(SERVER_IP, 53)]),
-                    ..Options::default()
-                },
-            )
-            .expect("network")
-        })
-        .join()
-        .expect("start thread")
-}
-
-impl Drop for Setup {
-    fn drop(&mut self) {
-        let _in = self.rt.enter();
-    }
-}
 
 /// A TCP echo from inside the guest: `Ok(true)` when the bytes come back.
 fn kernel_echo(s: &Setup, dst: SocketAddr, len: usize) -> std::io::Result<bool> {
@@ -269,7 +174,7 @@ fn an_exposed_port_reaches_the_guest_from_the_host() {
 
 #[test]
 fn a_persistent_tap_is_reattached_after_the_daemon_goes_away() {
-    let mut s = setup_with(NetworkPolicy::AllowAll, true);
+    let mut s = setup_with(NetworkPolicy::AllowAll, true, None);
     assert!(kernel_echo(&s, v4(SERVER_IP, ECHO_PORT), 100).expect("echo"));
     // The daemon dies: its stack and the tap descriptor are gone.
     let old = std::mem::replace(&mut s.net, {
@@ -279,7 +184,7 @@ fn a_persistent_tap_is_reattached_after_the_daemon_goes_away() {
             .join()
             .unwrap()
             .unwrap();
-        start(&s.internet, &s.rt, fd, NetworkPolicy::DenyAll)
+        start(&s.internet, &s.rt, fd, NetworkPolicy::DenyAll, None)
     });
     s.rt.block_on(old.shutdown()).expect("a clean stop");
     // The restarted daemon attaches to the same device; the guest kept its configuration.
@@ -289,7 +194,7 @@ fn a_persistent_tap_is_reattached_after_the_daemon_goes_away() {
         .join()
         .unwrap()
         .expect("reattach");
-    s.net = start(&s.internet, &s.rt, fd, NetworkPolicy::AllowAll);
+    s.net = start(&s.internet, &s.rt, fd, NetworkPolicy::AllowAll, None);
     assert!(kernel_echo(&s, v4(SERVER_IP, ECHO_PORT), 100).expect("echo after the restart"));
 }
 

@@ -47,6 +47,9 @@ pub struct Options {
     pub dns: DnsUpstream,
     /// Flow records kept.
     pub flow_capacity: usize,
+    /// The sandbox's CA for credential brokering; without it, transforms are not applied
+    /// (traffic to those domains passes untouched, without the secret).
+    pub broker: Option<Arc<crate::broker::Broker>>,
 }
 
 impl Default for Options {
@@ -56,6 +59,7 @@ impl Default for Options {
             policy: NetworkPolicy::default(),
             dns: DnsUpstream::default(),
             flow_capacity: DEFAULT_CAPACITY,
+            broker: None,
         }
     }
 }
@@ -257,6 +261,7 @@ pub(crate) struct Ctx {
     pub cfg: NetConfig,
     pub policy: Arc<NetworkPolicy>,
     pub dns: Arc<Dns>,
+    pub broker: Option<Arc<crate::broker::Broker>>,
     generation: u64,
     context: Context,
     context_at: Instant,
@@ -357,6 +362,7 @@ impl Stack {
             context: Context::current(&cfg.sandbox_nets()),
             context_at: Instant::now(),
             dns: Arc::new(Dns::new(&options.dns)?),
+            broker: options.broker.clone(),
             policy,
             shared,
             cfg,

@@ -501,7 +501,22 @@ fn service_one(
             flow.name = name;
             let verdict = cx.decide_name(flow.name.as_deref(), dst.ip());
             flow.record(cx, src, &verdict);
-            if verdict.is_allow() {
+            let brokered = flow.name.as_deref().and_then(|name| {
+                let t = cx.policy.transform_for(name)?;
+                Some((name.to_string(), t.headers.clone(), cx.broker.clone()?))
+            });
+            if let (true, Some((name, headers, broker))) = (verdict.is_allow(), brokered) {
+                // Terminate the sandbox's TLS here; the broker makes its own connection.
+                let (ours, theirs) = tokio::io::duplex(64 * 1024);
+                let (rd, wr) = tokio::io::split(ours);
+                flow.pump(rd, wr, &cx.shared.wake);
+                let task = tokio::spawn(async move {
+                    if let Err(e) = broker.serve(theirs, name, dst, headers).await {
+                        tracing::debug!(%dst, error = %e, "brokered connection failed");
+                    }
+                });
+                flow.tasks.push(task.abort_handle());
+            } else if verdict.is_allow() {
                 let (rx, task) = connect(dst, cx.shared.wake.clone());
                 flow.tasks.push(task);
                 flow.phase = Phase::ConnectingNamed { rx };
