@@ -9,6 +9,7 @@ use std::path::{Path, PathBuf};
 
 use serde::{Deserialize, Serialize};
 
+use crate::net::NetConfig;
 use crate::{DEFAULT_CMDLINE, MAX_VCPUS, MAX_VIRTIO_DEVICES};
 
 /// Errors in a configuration.
@@ -32,6 +33,8 @@ pub enum Error {
     TooManyDevices(usize, usize),
     /// Vsock guest CID must be 3 or more (got {0})
     Cid(u64),
+    /// Invalid network settings
+    Net(#[from] crate::net::Error),
 }
 
 /// What was wrong in a JSON config and where: `disks[0]: unknown field ...`.
@@ -111,6 +114,9 @@ pub struct VmConfig {
     pub disks: Vec<DiskConfig>,
     #[serde(default)]
     pub vsock: Option<VsockConfig>,
+    /// virtio-net, its frames on a Unix socket to the daemon (`crate::net`).
+    #[serde(default)]
+    pub net: Option<NetConfig>,
     #[serde(default = "default_true")]
     pub rng: bool,
     #[serde(default)]
@@ -144,6 +150,7 @@ impl Default for VmConfig {
             vcpus: default_vcpus(),
             disks: Vec::new(),
             vsock: None,
+            net: None,
             rng: true,
             serial: SerialConfig::default(),
             control_socket: None,
@@ -180,7 +187,10 @@ impl VmConfig {
 
     /// Number of virtio-mmio devices this config creates.
     pub fn virtio_device_count(&self) -> usize {
-        self.disks.len() + usize::from(self.vsock.is_some()) + usize::from(self.rng)
+        self.disks.len()
+            + usize::from(self.vsock.is_some())
+            + usize::from(self.net.is_some())
+            + usize::from(self.rng)
     }
 
     /// Checks the values alone, without the filesystem: what the daemon can check before it
@@ -208,6 +218,9 @@ impl VmConfig {
             && (v.guest_cid < 3 || v.guest_cid > u64::from(u32::MAX))
         {
             return Err(Error::Cid(v.guest_cid));
+        }
+        if let Some(n) = &self.net {
+            n.validate()?;
         }
         Ok(())
     }
@@ -278,6 +291,7 @@ mod tests {
             "disks": [{"path": "/i/root.ext4", "read_only": true, "id": "root"},
                       {"path": "/s/rw.ext4"}],
             "vsock": {"guest_cid": 3, "uds_path": "/s/vsock.sock"},
+            "net": {"socket": "/s/net.sock", "mac": "02:62:6a:00:00:02", "mtu": 1500},
             "rng": true,
             "serial": {"log": "/s/console.log", "echo": false},
             "control_socket": "/s/vmm.sock",
@@ -287,7 +301,8 @@ mod tests {
         assert_eq!(c.vcpus, 2);
         assert!(c.disks[0].read_only && !c.disks[1].read_only);
         assert_eq!(c.vsock.as_ref().unwrap().guest_cid, 3);
-        assert_eq!(c.virtio_device_count(), 4);
+        assert_eq!(c.net.as_ref().unwrap().mac.to_string(), "02:62:6a:00:00:02");
+        assert_eq!(c.virtio_device_count(), 5);
     }
 
     #[test]
@@ -305,6 +320,11 @@ mod tests {
             vsock: Some(VsockConfig {
                 guest_cid: 9,
                 uds_path: "/v.sock".into(),
+            }),
+            net: Some(NetConfig {
+                socket: "/n.sock".into(),
+                mac: crate::net::MacAddr([2, 0, 0, 0, 0, 7]),
+                mtu: 9000,
             }),
             rng: false,
             serial: SerialConfig {
@@ -359,6 +379,22 @@ mod tests {
             chain(&e).contains("boot: unknown variant `efi`"),
             "{}",
             chain(&e)
+        );
+        let e = VmConfig::from_json(
+            "vm.json",
+            r#"{"kernel": "/k", "net": {"socket": "/n", "mac": "ff:ff:ff:ff:ff"}}"#,
+        )
+        .unwrap_err();
+        let text = chain(&e);
+        assert!(text.contains("net.mac: Invalid MAC address"), "{text}");
+        let c = VmConfig::from_json(
+            "vm.json",
+            r#"{"kernel": "/k", "net": {"socket": "/n", "mac": "ff:ff:ff:ff:ff:ff"}}"#,
+        )
+        .unwrap();
+        assert_eq!(
+            chain(&c.validate_values().unwrap_err()),
+            "Invalid network settings: MAC address ff:ff:ff:ff:ff:ff is not a unicast address"
         );
         let e = VmConfig::from_json("vm.json", r#"{"kernel": "/k"} {}"#).unwrap_err();
         assert!(matches!(e, Error::Parse(..)));

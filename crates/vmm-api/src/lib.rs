@@ -6,6 +6,8 @@
 //!   [`client::ControlClient`], the small synchronous client the daemon and tests use.
 //! - [`exit`]: what `belljar-vmm`'s exit status means.
 //! - [`metrics`]: the counters the `metrics` request returns.
+//! - [`net`]: the virtio-net settings and the frame socket that carries the guest's
+//!   Ethernet frames to the daemon.
 //!
 //! The crate has no KVM or hypervisor dependency: the daemon links it on every host.
 
@@ -16,6 +18,7 @@ pub mod config;
 pub mod control;
 pub mod exit;
 pub mod metrics;
+pub mod net;
 
 pub use client::ControlClient;
 pub use config::VmConfig;
