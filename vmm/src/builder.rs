@@ -19,6 +19,7 @@ use crate::devices::serial::{Serial, SerialOutput};
 use crate::devices::virtio::VirtioDevice;
 use crate::devices::virtio::block::{Block, BlockConfig};
 use crate::devices::virtio::mmio::MmioTransport;
+use crate::devices::virtio::net::Net;
 use crate::devices::virtio::rng::Rng;
 use crate::devices::virtio::vsock::{Vsock, VsockConfig};
 use crate::devices::{Interrupt, IrqLine};
@@ -50,6 +51,8 @@ pub enum Error {
     Rng(#[from] crate::devices::virtio::rng::Error),
     /// Cannot create the vsock device
     Vsock(#[from] crate::devices::virtio::vsock::Error),
+    /// Cannot create the net device
+    Net(#[from] crate::devices::virtio::net::Error),
     /// Cannot start the vCPUs
     Vcpu(#[from] vcpu::Error),
     /// Cannot open serial log {0}
@@ -88,6 +91,9 @@ pub struct Vmm {
     pub cmdline: String,
     /// Guest physical address and IRQ of each virtio device, in creation order.
     pub virtio_devices: Vec<(String, u64, u32)>,
+    /// The devices' listening sockets (vsock, net frames): the only fds besides the control
+    /// socket's that the seccomp filter lets the VMM `accept` on.
+    pub listener_fds: Vec<std::os::fd::RawFd>,
 }
 
 type Subscriber = Arc<Mutex<dyn MutEventSubscriber + Send>>;
@@ -152,6 +158,7 @@ impl Vmm {
         // Virtio devices: disks first so the root disk is /dev/vda.
         let mut devices: Vec<(String, Arc<Mutex<dyn VirtioDevice>>)> = Vec::new();
         let mut subscribers: Vec<Subscriber> = Vec::new();
+        let mut listener_fds = Vec::new();
         for (i, disk) in config.disks.iter().enumerate() {
             let blk = Block::new(BlockConfig {
                 path: disk.path.clone(),
@@ -169,8 +176,20 @@ impl Vmm {
                 guest_cid: v.guest_cid,
                 uds_path: v.uds_path.clone(),
             })?));
+            listener_fds.push(
+                vsock
+                    .lock()
+                    .unwrap_or_else(|e| e.into_inner())
+                    .listener_fd(),
+            );
             subscribers.push(vsock.clone());
             devices.push(("vsock".into(), vsock));
+        }
+        if let Some(n) = &config.net {
+            let net = Arc::new(Mutex::new(Net::new(n)?));
+            listener_fds.push(net.lock().unwrap_or_else(|e| e.into_inner()).listener_fd());
+            subscribers.push(net.clone());
+            devices.push(("net".into(), net));
         }
         if config.rng {
             devices.push(("rng".into(), Arc::new(Mutex::new(Rng::new()?))));
@@ -178,7 +197,7 @@ impl Vmm {
         let mut virtio_devices = Vec::new();
         for (i, (name, dev)) in devices.into_iter().enumerate() {
             let addr = VIRTIO_MMIO_BASE + i as u64 * VIRTIO_MMIO_SIZE;
-            // Three virtio devices at most, so the index fits (IRQs 5..=7).
+            // `VmConfig::validate` caps the devices at MAX_VIRTIO_DEVICES (19), so it fits.
             let irq = VIRTIO_IRQ_BASE + u32::try_from(i).expect("few devices");
             metrics.devices.push((
                 name.clone(),
@@ -299,6 +318,7 @@ impl Vmm {
             started,
             cmdline: cmdline_text,
             virtio_devices,
+            listener_fds,
         }))
     }
 

@@ -3,6 +3,7 @@
 //! `belljar_vmm_api::control`; this module only answers it.
 
 use std::io::{BufReader, Write};
+use std::os::fd::{AsRawFd, RawFd};
 use std::os::unix::net::{UnixListener, UnixStream};
 use std::path::Path;
 use std::sync::Arc;
@@ -76,8 +77,9 @@ fn serve_client(vmm: Arc<Vmm>, stream: UnixStream) {
     }
 }
 
-/// Listens on `path` and serves clients on background threads.
-pub fn serve(path: &Path, vmm: Arc<Vmm>) -> Result<JoinHandle<()>, Error> {
+/// Listens on `path` and serves clients on background threads; returns the listener's fd
+/// (the seccomp filter allows `accept` on it).
+pub fn serve(path: &Path, vmm: Arc<Vmm>) -> Result<RawFd, Error> {
     let name = path.display().to_string();
     if let Ok(meta) = std::fs::symlink_metadata(path) {
         use std::os::unix::fs::FileTypeExt;
@@ -86,6 +88,7 @@ pub fn serve(path: &Path, vmm: Arc<Vmm>) -> Result<JoinHandle<()>, Error> {
         }
     }
     let listener = UnixListener::bind(path).map_err(|e| Error::Listen(name, e))?;
+    let fd = listener.as_raw_fd();
     std::thread::Builder::new()
         .name("control".into())
         .spawn(move || {
@@ -97,5 +100,6 @@ pub fn serve(path: &Path, vmm: Arc<Vmm>) -> Result<JoinHandle<()>, Error> {
                     .spawn(move || serve_client(vmm, stream));
             }
         })
+        .map(|_: JoinHandle<()>| fd)
         .map_err(Error::Spawn)
 }

@@ -31,6 +31,8 @@ const AFTER_HELP: &str = r#"CONFIG FILE (--config, JSON; flags override its fiel
       {"path": "/sbx/rw.ext4", "read_only": false}
     ],
     "vsock": {"guest_cid": 3, "uds_path": "/sbx/vsock.sock"},
+    "net": {"socket": "/sbx/net.sock", "mac": "02:62:6a:00:00:02", "mtu": 1500},
+                                      virtio-net; its frames go over the socket (below)
     "rng": true,                      virtio-rng from the host's /dev/urandom
     "serial": {"log": "/sbx/console.log", "echo": false},
     "control_socket": "/sbx/vmm.sock",
@@ -41,6 +43,11 @@ VSOCK (hybrid, like Firecracker):
   guest connects to host port P   ->  VMM connects to the Unix socket <uds_path>_P
   host connects to <uds_path>, writes "CONNECT <port>\n"  ->  VMM answers "OK <host port>\n"
   once the guest listener accepts; the socket then carries the stream.
+
+NET FRAME SOCKET (crates/vmm-api/src/net.rs is the contract):
+  the VMM listens (SOCK_SEQPACKET) at "net.socket"; the daemon connects, and a new peer
+  replaces the old one. One packet = one Ethernet frame (14..=mtu+14 bytes), no virtio-net
+  header. Guest frames sent while no peer is connected are dropped.
 
 CONTROL SOCKET (JSON lines, one response line per request; the types are crates/vmm-api's):
   {"cmd":"status"}   -> {"status":{"state":"running|pausing|paused|stopped","uptime_ms":N,
@@ -211,13 +218,14 @@ fn run(config: &VmConfig) -> anyhow::Result<ExitReason> {
     }
     let hv = KvmHypervisor::new()?;
     let vmm = Vmm::start(config, &hv)?;
+    let mut accept_fds = vmm.listener_fds.clone();
     if let Some(path) = &config.control_socket {
-        belljar_vmm::control::serve(path, Arc::clone(&vmm))?;
+        accept_fds.push(belljar_vmm::control::serve(path, Arc::clone(&vmm))?);
     }
     if config.seccomp {
         // Open /proc/self/statm while open() is still allowed.
         let _ = belljar_vmm::metrics::rss_bytes();
-        belljar_vmm::seccomp::install_all_threads()?;
+        belljar_vmm::seccomp::install_all_threads(&accept_fds)?;
     }
     let reason = loop {
         if let Some(r) = vmm.wait(Duration::from_millis(100)) {

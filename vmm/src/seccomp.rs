@@ -4,9 +4,12 @@
 //! Unix sockets, run vCPUs and start threads for control clients. Everything else (opening
 //! files, exec, network sockets, ptrace, mount, ...) fails with EPERM, so a guest that
 //! escapes into the VMM process gains little. Unix sockets stay allowed because a guest
-//! connection to vsock port P opens a new connection to `<uds_path>_P`.
+//! connection to vsock port P opens a new connection to `<uds_path>_P`. `accept` works only
+//! on the listeners the VMM bound before the filter (control socket, vsock, the net frame
+//! socket): a new listening socket made after boot could not take a connection.
 
 use std::collections::BTreeMap;
+use std::os::fd::RawFd;
 
 use seccompiler::{
     BpfProgram, SeccompAction, SeccompCmpArgLen, SeccompCmpOp, SeccompCondition, SeccompFilter,
@@ -64,8 +67,6 @@ const ALLOWED: &[i64] = &[
     libc::SYS_eventfd2,
     libc::SYS_poll,
     libc::SYS_ppoll,
-    libc::SYS_accept,
-    libc::SYS_accept4,
     libc::SYS_connect,
     libc::SYS_recvfrom,
     libc::SYS_sendto,
@@ -89,10 +90,24 @@ const ALLOWED: &[i64] = &[
     libc::SYS_tkill,
 ];
 
-/// Builds the filter program.
-pub fn build() -> Result<BpfProgram, Error> {
+/// Builds the filter program; `accept_fds` are the listeners `accept` may be called on.
+pub fn build(accept_fds: &[RawFd]) -> Result<BpfProgram, Error> {
     let mut rules: BTreeMap<i64, Vec<SeccompRule>> =
         ALLOWED.iter().map(|&nr| (nr, Vec::new())).collect();
+    let on_listener = accept_fds
+        .iter()
+        .map(|&fd| {
+            let fd = u64::try_from(fd).map_err(|_| Error::Build(format!("bad fd {fd}")))?;
+            SeccompCondition::new(0, SeccompCmpArgLen::Dword, SeccompCmpOp::Eq, fd)
+                .and_then(|c| SeccompRule::new(vec![c]))
+                .map_err(|e| Error::Build(e.to_string()))
+        })
+        .collect::<Result<Vec<_>, _>>()?;
+    // An empty rule list would allow the call on any fd: with no listener, no accept.
+    if !on_listener.is_empty() {
+        rules.insert(libc::SYS_accept, on_listener.clone());
+        rules.insert(libc::SYS_accept4, on_listener);
+    }
     let unix_only = SeccompCondition::new(
         0,
         SeccompCmpArgLen::Dword,
@@ -117,8 +132,8 @@ pub fn build() -> Result<BpfProgram, Error> {
 }
 
 /// Installs the filter on every thread of the process (and threads started later).
-pub fn install_all_threads() -> Result<(), Error> {
-    let prog = build()?;
+pub fn install_all_threads(accept_fds: &[RawFd]) -> Result<(), Error> {
+    let prog = build(accept_fds)?;
     seccompiler::apply_filter_all_threads(&prog).map_err(|e| Error::Install(e.to_string()))
 }
 
@@ -127,13 +142,45 @@ mod tests {
     use super::*;
 
     #[test]
+    fn accept_works_only_on_the_listeners_named() {
+        use std::os::fd::AsRawFd;
+        let dir = tempfile::tempdir().unwrap();
+        let named = std::os::unix::net::UnixListener::bind(dir.path().join("a")).unwrap();
+        let other = std::os::unix::net::UnixListener::bind(dir.path().join("b")).unwrap();
+        let _c1 = std::os::unix::net::UnixStream::connect(dir.path().join("a")).unwrap();
+        let _c2 = std::os::unix::net::UnixStream::connect(dir.path().join("b")).unwrap();
+        let prog = build(&[named.as_raw_fd()]).unwrap();
+        let none = build(&[]).unwrap();
+        // Each filter on a thread of its own (the filter itself forbids installing another).
+        let (ok, refused, refused_all) = std::thread::scope(|scope| {
+            let first = scope.spawn(|| {
+                seccompiler::apply_filter(&prog).unwrap();
+                (named.accept().map(drop), other.accept().map(drop))
+            });
+            let (ok, refused) = first.join().unwrap();
+            // With no listener named, accept is refused everywhere (an empty rule list would
+            // have allowed it on any fd).
+            let _c3 = std::os::unix::net::UnixStream::connect(dir.path().join("a")).unwrap();
+            let second = scope.spawn(|| {
+                seccompiler::apply_filter(&none).unwrap();
+                named.accept().map(drop)
+            });
+            (ok, refused, second.join().unwrap())
+        });
+        ok.unwrap();
+        assert_eq!(refused.unwrap_err().raw_os_error(), Some(libc::EPERM));
+        assert_eq!(refused_all.unwrap_err().raw_os_error(), Some(libc::EPERM));
+    }
+
+    #[test]
     fn filter_denies_open_and_inet_but_allows_io() {
-        let prog = build().unwrap();
+        use std::os::fd::AsRawFd;
         // Only this thread gets the filter.
         let (a, b) = std::os::unix::net::UnixStream::pair().unwrap();
         let dir = tempfile::tempdir().unwrap();
         let sock = dir.path().join("port_52");
         let listener = std::os::unix::net::UnixListener::bind(&sock).unwrap();
+        let prog = build(&[listener.as_raw_fd()]).unwrap();
         let r = std::thread::spawn(move || {
             seccompiler::apply_filter(&prog).unwrap();
             let open = std::fs::File::open("/etc/hostname");

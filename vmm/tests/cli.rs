@@ -57,6 +57,14 @@ fn bad_configs_fail_fast_with_status_2() {
             "--disk".into(),
             "/nonexistent/disk.img,ro".into(),
         ],
+        vec![
+            "--config".into(),
+            net_config(dir.path(), &k, "01:00:5e:00:00:01"),
+        ],
+        vec![
+            "--config".into(),
+            net_config(dir.path(), &k, "02:00:00:00:00"),
+        ],
     ];
     for args in cases {
         let t = Instant::now();
@@ -70,6 +78,73 @@ fn bad_configs_fail_fast_with_status_2() {
         assert_eq!(err.lines().count(), 1, "{err}");
         assert!(t.elapsed() < Duration::from_secs(2));
     }
+}
+
+/// A config file with virtio-net whose frame socket is `<dir>/net.sock`.
+fn net_config(dir: &Path, kernel: &Path, mac: &str) -> String {
+    let json = serde_json::json!({
+        "kernel": kernel, "boot": "raw", "memory_mib": 16,
+        "net": {"socket": dir.join("net.sock"), "mac": mac},
+    });
+    let p = dir.join(format!("net-{mac}.json"));
+    std::fs::write(&p, json.to_string()).unwrap();
+    p.display().to_string()
+}
+
+/// The frame socket under the seccomp filter: the VMM accepts the daemon, and a second
+/// daemon (a restarted one) replaces the first, whose connection is closed.
+#[test]
+fn frame_socket_accepts_a_new_peer_under_seccomp() {
+    if !have_kvm() {
+        return;
+    }
+    use rustix::net::{AddressFamily, RecvFlags, SocketAddrUnix, SocketType};
+    let dir = tempfile::tempdir().unwrap();
+    let config = net_config(dir.path(), &guest(dir.path(), false), "02:62:6a:00:00:02");
+    /// Kills the VMM when an assertion fails, so it does not outlive the test.
+    struct KillOnDrop(std::process::Child);
+    impl Drop for KillOnDrop {
+        fn drop(&mut self) {
+            let _ = self.0.kill();
+            let _ = self.0.wait();
+        }
+    }
+    let child = KillOnDrop(
+        Command::new(BIN)
+            .args(["--config", &config])
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .spawn()
+            .unwrap(),
+    );
+    // Wait until the filter is on: the main thread reports seccomp mode 2.
+    let t = Instant::now();
+    let status = format!("/proc/{}/status", child.0.id());
+    while !std::fs::read_to_string(&status)
+        .unwrap_or_default()
+        .contains("Seccomp:\t2")
+    {
+        assert!(t.elapsed() < Duration::from_secs(10), "no seccomp filter");
+        std::thread::sleep(Duration::from_millis(10));
+    }
+    let connect = || {
+        let fd = rustix::net::socket(AddressFamily::UNIX, SocketType::SEQPACKET, None).unwrap();
+        let addr = SocketAddrUnix::new(dir.path().join("net.sock")).unwrap();
+        rustix::net::connect(&fd, &addr).unwrap();
+        rustix::net::sockopt::set_socket_timeout(
+            &fd,
+            rustix::net::sockopt::Timeout::Recv,
+            Some(Duration::from_secs(10)),
+        )
+        .unwrap();
+        fd
+    };
+    let first = connect();
+    let _second = connect();
+    // The first peer's read ends (0 bytes) once the VMM has accepted both: no timeout.
+    let mut buf = [0u8; 64];
+    let got = rustix::net::recv(&first, &mut buf[..], RecvFlags::empty());
+    assert_eq!(got.map(|(_, n)| n), Ok(0));
 }
 
 #[test]

@@ -4,11 +4,12 @@
 //! and the queues until the driver sets DRIVER_OK, then hands the queues and guest memory to
 //! the device. Queue notifications are processed synchronously on the vCPU thread that
 //! wrote QueueNotify (no ioeventfd, so the same code runs on any hypervisor); host-side
-//! events (vsock sockets) are handled by the device thread through `event_handler.rs`.
-//! virtio-net will be one more directory here implementing the same trait.
+//! events (vsock and net sockets) are handled by the device thread through
+//! `event_handler.rs`.
 
 pub mod block;
 pub mod mmio;
+pub mod net;
 pub mod rng;
 pub mod vsock;
 

@@ -57,6 +57,11 @@ impl Vsock {
         })
     }
 
+    /// The listener host clients dial (the seccomp filter allows `accept` on it).
+    pub fn listener_fd(&self) -> std::os::fd::RawFd {
+        self.muxer.listener_fd()
+    }
+
     /// Number of open connections.
     pub fn connection_count(&self) -> usize {
         self.muxer.connection_count()

@@ -75,6 +75,11 @@ impl Muxer {
         })
     }
 
+    /// The listener host clients dial.
+    pub(super) fn listener_fd(&self) -> RawFd {
+        self.listener.as_raw_fd()
+    }
+
     /// Number of open connections.
     pub(super) fn connection_count(&self) -> usize {
         self.conns.len()
