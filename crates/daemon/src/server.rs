@@ -145,8 +145,7 @@ async fn serve(config: Config, paths: &Paths) -> Result<(), ServerError> {
         .map_err(io_err("Cannot make the socket private"))?;
     tracing::info!(socket = %socket.display(), port, "belljard is ready");
 
-    let tcp_app =
-        router(state.clone()).layer(middleware::from_fn_with_state(auth, auth::tcp_guard));
+    let tcp_app = auth::tcp_layers(router(state.clone()), auth);
     let unix_app = router(state).layer(middleware::from_fn(auth::unix_caller));
     let servers =
         async { tokio::try_join!(axum::serve(tcp, tcp_app), axum::serve(unix, unix_app)) };

@@ -116,13 +116,14 @@ fn the_desktop_app_gets_cors_answers_and_a_websocket_query_token() {
         ],
         "",
     );
-    assert_eq!(preflight.status, 204, "{}", preflight.head);
+    assert_eq!(preflight.status, 200, "{}", preflight.head);
     let head = preflight.head.to_ascii_lowercase();
     assert!(
         head.contains("access-control-allow-origin: tauri://localhost"),
         "{head}"
     );
-    assert!(head.contains("access-control-allow-headers: authorization, content-type"));
+    assert!(head.contains("access-control-allow-headers: authorization,content-type"));
+    assert!(head.contains("access-control-max-age: 600"), "{head}");
 
     let foreign = d.tcp(
         "OPTIONS",
@@ -153,6 +154,22 @@ fn the_desktop_app_gets_cors_answers_and_a_websocket_query_token() {
         app.head
             .to_ascii_lowercase()
             .contains("access-control-allow-origin: http://tauri.localhost")
+    );
+    // A refusal (no token) stays readable by an allowed origin's page, so it can say why.
+    let refused = d.tcp(
+        "GET",
+        "/v1/info",
+        &[("Host", "127.0.0.1"), ("Origin", "tauri://localhost")],
+        "",
+    );
+    assert_eq!(refused.status, 401);
+    assert!(
+        refused
+            .head
+            .to_ascii_lowercase()
+            .contains("access-control-allow-origin: tauri://localhost"),
+        "{}",
+        refused.head
     );
 
     // A WebSocket upgrade may carry the token in its query; the upgrade then goes through.

@@ -16,10 +16,12 @@ use std::sync::atomic::{AtomicU16, Ordering};
 use std::time::{Duration, Instant};
 
 use axum::extract::{Request, State};
-use axum::http::{HeaderMap, HeaderValue, Method, StatusCode, header};
+use axum::http::{HeaderMap, HeaderValue, Method, header};
 use axum::middleware::Next;
 use axum::response::{IntoResponse, Response};
 use rand::RngCore;
+use subtle::ConstantTimeEq;
+use tower_http::cors::{AllowOrigin, CorsLayer};
 
 use super::error::ApiError;
 
@@ -77,10 +79,6 @@ pub fn load_or_create_token(path: &Path) -> std::io::Result<String> {
     f.sync_all()?;
     std::fs::rename(&tmp, path)?;
     Ok(token)
-}
-
-fn constant_time_eq(a: &[u8], b: &[u8]) -> bool {
-    a.len() == b.len() && a.iter().zip(b).fold(0u8, |acc, (x, y)| acc | (x ^ y)) == 0
 }
 
 /// Whether `host` (a `Host` header value) names this machine's loopback.
@@ -170,6 +168,12 @@ impl Auth {
 
     /// Checks a TCP request's headers; how it was let in, or why not.
     pub fn check(&self, headers: &HeaderMap, needs_credentials: bool) -> Result<Caller, ApiError> {
+        self.check_site(headers)?;
+        self.check_credentials(headers, needs_credentials)
+    }
+
+    /// The first check: a loopback `Host` (no DNS rebinding) and no foreign `Origin` (403).
+    pub fn check_site(&self, headers: &HeaderMap) -> Result<(), ApiError> {
         if let Some(host) = headers.get(header::HOST) {
             let host = host.to_str().unwrap_or_default();
             if !is_loopback_host(host) {
@@ -186,12 +190,23 @@ impl Auth {
                 )));
             }
         }
+        Ok(())
+    }
+
+    /// The second check: the bearer token or a session cookie (401), unless the route needs
+    /// none.
+    pub fn check_credentials(
+        &self,
+        headers: &HeaderMap,
+        needs_credentials: bool,
+    ) -> Result<Caller, ApiError> {
         if let Some(bearer) = headers
             .get(header::AUTHORIZATION)
             .and_then(|v| v.to_str().ok())
             .and_then(|v| v.strip_prefix("Bearer "))
         {
-            if constant_time_eq(bearer.trim().as_bytes(), self.token.as_bytes()) {
+            // Constant time, so the answer's timing does not tell how much of a guess was right.
+            if bool::from(bearer.trim().as_bytes().ct_eq(self.token.as_bytes())) {
                 return Ok(Caller::Bearer);
             }
             return Err(ApiError::Unauthorized);
@@ -229,9 +244,53 @@ pub fn session_set_cookie(session: &str) -> String {
     format!("{SESSION_COOKIE}={session}; HttpOnly; SameSite=Strict; Path=/")
 }
 
-/// Middleware of the TCP listener: rejects what [`Auth::check`] rejects. The API under `/v1`
-/// needs credentials; the UI's static files and `/ui` do not (they hold no secret).
-pub async fn tcp_guard(
+/// The layers of the TCP listener, outermost first: [`site_guard`] refuses a foreign `Host` or
+/// `Origin` (403, before anything else, preflights included); [`cors`] answers the preflights of
+/// the allowed origins (the desktop app's) and lets their pages read every answer, refusals
+/// included; [`credentials_guard`] wants the token or a session (401) under `/v1`.
+pub fn tcp_layers(router: axum::Router, auth: std::sync::Arc<Auth>) -> axum::Router {
+    router
+        .layer(axum::middleware::from_fn_with_state(
+            auth.clone(),
+            credentials_guard,
+        ))
+        .layer(cors(auth.clone()))
+        .layer(axum::middleware::from_fn_with_state(auth, site_guard))
+}
+
+/// Refuses what [`Auth::check_site`] refuses.
+pub async fn site_guard(
+    State(auth): State<std::sync::Arc<Auth>>,
+    req: Request,
+    next: Next,
+) -> Response {
+    match auth.check_site(req.headers()) {
+        Ok(()) => next.run(req).await,
+        Err(e) => e.into_response(),
+    }
+}
+
+/// CORS for the origins [`Auth::origin_allowed`] accepts; no other origin gets a CORS header.
+pub fn cors(auth: std::sync::Arc<Auth>) -> CorsLayer {
+    CorsLayer::new()
+        .allow_origin(AllowOrigin::predicate(move |origin, _| {
+            origin.to_str().is_ok_and(|o| auth.origin_allowed(o))
+        }))
+        .allow_methods([
+            Method::GET,
+            Method::POST,
+            Method::PUT,
+            Method::PATCH,
+            Method::DELETE,
+            Method::OPTIONS,
+        ])
+        .allow_headers([header::AUTHORIZATION, header::CONTENT_TYPE])
+        .max_age(Duration::from_secs(600))
+}
+
+/// Refuses what [`Auth::check_credentials`] refuses. The API under `/v1` needs credentials;
+/// the UI's static files and `/ui` do not (they hold no secret).
+pub async fn credentials_guard(
     State(auth): State<std::sync::Arc<Auth>>,
     mut req: Request,
     next: Next,
@@ -245,24 +304,12 @@ pub async fn tcp_guard(
             req.headers_mut().insert(header::AUTHORIZATION, value);
         }
     }
-    let origin = req.headers().get(header::ORIGIN).cloned();
-    if req.method() == Method::OPTIONS && origin.is_some() {
-        // A CORS preflight carries no credentials; answer it once the origin passed.
-        return match auth.check(req.headers(), false) {
-            Ok(_) => with_cors(StatusCode::NO_CONTENT.into_response(), origin),
-            Err(e) => e.into_response(),
-        };
-    }
-    match auth.check(req.headers(), needs) {
+    match auth.check_credentials(req.headers(), needs) {
         Ok(caller) => {
             req.extensions_mut().insert(caller);
-            with_cors(next.run(req).await, origin)
+            next.run(req).await
         }
-        // Refusals of an allowed origin (a missing token) stay readable by its page.
-        Err(e) => {
-            let allowed = origin.filter(|o| auth.origin_allowed(o.to_str().unwrap_or_default()));
-            with_cors(e.into_response(), allowed)
-        }
+        Err(e) => e.into_response(),
     }
 }
 
@@ -280,29 +327,6 @@ fn websocket_query_token(req: &Request) -> Option<String> {
         .filter_map(|kv| kv.split_once('='))
         .find(|(k, _)| *k == "access_token")
         .map(|(_, v)| v.to_owned())
-}
-
-/// Lets the page of an allowed origin (the desktop app's) read the answer; only called with
-/// origins that [`Auth::origin_allowed`] accepts.
-fn with_cors(mut response: Response, origin: Option<HeaderValue>) -> Response {
-    if let Some(origin) = origin {
-        let headers = response.headers_mut();
-        headers.insert(header::ACCESS_CONTROL_ALLOW_ORIGIN, origin);
-        headers.insert(header::VARY, HeaderValue::from_static("Origin"));
-        headers.insert(
-            header::ACCESS_CONTROL_ALLOW_METHODS,
-            HeaderValue::from_static("GET, POST, PUT, PATCH, DELETE, OPTIONS"),
-        );
-        headers.insert(
-            header::ACCESS_CONTROL_ALLOW_HEADERS,
-            HeaderValue::from_static("authorization, content-type"),
-        );
-        headers.insert(
-            header::ACCESS_CONTROL_MAX_AGE,
-            HeaderValue::from_static("600"),
-        );
-    }
-    response
 }
 
 /// Middleware of the Unix listener: marks the caller as the socket's owner.
