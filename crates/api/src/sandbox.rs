@@ -9,8 +9,23 @@ use utoipa::{IntoParams, ToSchema};
 use crate::limits::{self, Invalid, Validate};
 
 /// Where a sandbox is in its life: `pending → running → stopping → stopped`, or `failed`.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize, ToSchema, TS)]
+#[derive(
+    Debug,
+    Clone,
+    Copy,
+    PartialEq,
+    Eq,
+    Hash,
+    Serialize,
+    Deserialize,
+    ToSchema,
+    TS,
+    strum::Display,
+    strum::EnumString,
+    strum::IntoStaticStr,
+)]
 #[serde(rename_all = "snake_case")]
+#[strum(serialize_all = "snake_case")]
 pub enum SandboxStatus {
     Pending,
     Running,
@@ -21,15 +36,9 @@ pub enum SandboxStatus {
 }
 
 impl SandboxStatus {
+    /// The wire name (`running`), as serde writes it.
     pub fn as_str(self) -> &'static str {
-        match self {
-            Self::Pending => "pending",
-            Self::Running => "running",
-            Self::Paused => "paused",
-            Self::Stopping => "stopping",
-            Self::Stopped => "stopped",
-            Self::Failed => "failed",
-        }
+        self.into()
     }
 
     /// Whether the sandbox has ended for good.
@@ -39,8 +48,23 @@ impl SandboxStatus {
 }
 
 /// What runs a sandbox.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize, ToSchema, TS)]
+#[derive(
+    Debug,
+    Clone,
+    Copy,
+    PartialEq,
+    Eq,
+    Hash,
+    Serialize,
+    Deserialize,
+    ToSchema,
+    TS,
+    strum::Display,
+    strum::EnumString,
+    strum::IntoStaticStr,
+)]
 #[serde(rename_all = "snake_case")]
+#[strum(serialize_all = "snake_case")]
 pub enum Backend {
     /// A microVM under `belljar-vmm`: hardware isolation.
     Microvm,
@@ -50,8 +74,24 @@ pub enum Backend {
 }
 
 /// A backend choice at creation; `auto` picks `microvm` when hardware virtualization is usable.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Serialize, Deserialize, ToSchema, TS)]
+#[derive(
+    Debug,
+    Clone,
+    Copy,
+    PartialEq,
+    Eq,
+    Hash,
+    Default,
+    Serialize,
+    Deserialize,
+    ToSchema,
+    TS,
+    strum::Display,
+    strum::EnumString,
+    strum::IntoStaticStr,
+)]
 #[serde(rename_all = "snake_case")]
+#[strum(serialize_all = "snake_case")]
 pub enum BackendChoice {
     #[default]
     Auto,
@@ -317,5 +357,46 @@ impl Validate for ExtendSandbox {
             1,
             limits::MAX_TIMEOUT_MS,
         )
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::CommandStatus;
+
+    /// strum's names (used for store columns, CLI flags and output) are serde's wire names.
+    #[test]
+    fn strum_and_serde_agree_on_names() {
+        fn check<T>(values: &[T])
+        where
+            T: Copy
+                + Serialize
+                + Into<&'static str>
+                + std::str::FromStr
+                + PartialEq
+                + std::fmt::Debug,
+        {
+            for v in values {
+                let name: &'static str = (*v).into();
+                assert_eq!(serde_json::to_value(v).unwrap(), name);
+                assert!(name.parse::<T>().ok() == Some(*v), "{name}");
+            }
+        }
+        use SandboxStatus::*;
+        check(&[Pending, Running, Paused, Stopping, Stopped, Failed]);
+        check(&[Backend::Microvm, Backend::Namespace]);
+        check(&[
+            BackendChoice::Auto,
+            BackendChoice::Microvm,
+            BackendChoice::Namespace,
+        ]);
+        check(&[
+            CommandStatus::Pending,
+            CommandStatus::Running,
+            CommandStatus::Exited,
+            CommandStatus::Lost,
+        ]);
+        assert!("docker".parse::<BackendChoice>().is_err());
     }
 }

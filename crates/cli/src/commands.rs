@@ -283,20 +283,17 @@ fn source(text: &str) -> Result<Source> {
 }
 
 fn create_request(image: Option<String>, o: &SandboxOpts) -> Result<CreateSandbox> {
-    let backend = match o.backend.as_deref() {
-        None => None,
-        Some("auto") => Some(BackendChoice::Auto),
-        Some("microvm") => Some(BackendChoice::Microvm),
-        Some("namespace") => Some(BackendChoice::Namespace),
-        Some(other) => {
-            return Err(InputError::Choice {
+    let backend = o
+        .backend
+        .as_deref()
+        .map(|b| {
+            b.parse::<BackendChoice>().map_err(|_| InputError::Choice {
                 flag: "--backend",
-                value: other.to_string(),
+                value: b.to_string(),
                 allowed: "auto, microvm, namespace",
-            }
-            .into());
-        }
-    };
+            })
+        })
+        .transpose()?;
     let env = key_values("--env", &o.env)?;
     let tags = key_values("--tag", &o.tags)?;
     Ok(CreateSandbox {
@@ -327,14 +324,11 @@ async fn create(client: &Client, a: CreateArgs, json: bool) -> Result<i32> {
 async fn ls(client: &Client, a: LsArgs, json: bool) -> Result<i32> {
     let status = match a.status.as_deref() {
         None => None,
-        Some(s) => Some(
-            serde_json::from_value::<SandboxStatus>(serde_json::Value::String(s.to_string()))
-                .map_err(|_| InputError::Choice {
-                    flag: "--status",
-                    value: s.to_string(),
-                    allowed: "pending, running, paused, stopping, stopped, failed",
-                })?,
-        ),
+        Some(s) => Some(s.parse::<SandboxStatus>().map_err(|_| InputError::Choice {
+            flag: "--status",
+            value: s.to_string(),
+            allowed: "pending, running, paused, stopping, stopped, failed",
+        })?),
     };
     let mut all = Vec::new();
     let mut cursor: Option<String> = None;

@@ -84,10 +84,7 @@ pub fn sandboxes(list: &[Sandbox], now: i64) -> String {
 }
 
 fn backend(s: &Sandbox) -> String {
-    serde_json::to_value(s.backend)
-        .ok()
-        .and_then(|v| v.as_str().map(str::to_string))
-        .unwrap_or_default()
+    s.backend.to_string()
 }
 
 fn expires(s: &Sandbox, now: i64) -> String {

@@ -164,7 +164,7 @@ impl Backends {
             BackendChoice::Microvm => (BackendKind::Microvm, "requested".to_owned()),
             BackendChoice::Namespace => (BackendKind::Namespace, "requested".to_owned()),
         };
-        let name = kind_name(kind);
+        let name: &'static str = kind.into();
         let (backend, probe) =
             self.all
                 .iter()
@@ -198,13 +198,6 @@ impl Backends {
                 reason: p.reason.clone(),
             })
             .collect()
-    }
-}
-
-pub fn kind_name(kind: BackendKind) -> &'static str {
-    match kind {
-        BackendKind::Microvm => "microvm",
-        BackendKind::Namespace => "namespace",
     }
 }
 

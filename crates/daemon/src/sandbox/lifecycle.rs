@@ -235,7 +235,7 @@ impl Sandboxes {
                 .backends
                 .get(kind)
                 .ok_or_else(|| BackendError::Unavailable {
-                    backend: super::backend::kind_name(kind),
+                    backend: kind.into(),
                     reason: "not built into this daemon".into(),
                 })?;
             f(b)

@@ -270,7 +270,7 @@ impl Sandboxes {
                 .backends
                 .get(sandbox.backend)
                 .ok_or_else(|| BackendError::Unavailable {
-                    backend: backend::kind_name(sandbox.backend),
+                    backend: sandbox.backend.into(),
                     reason: "not built into this daemon".into(),
                 })?;
         let client = connect(&backend.agent_address(&self.state_dir(&sandbox.id))).await?;

@@ -109,7 +109,7 @@ impl Store {
                 c.cwd,
                 c.user,
                 c.pty,
-                enum_to_sql(&c.status)?,
+                enum_to_sql(&c.status),
                 c.exit_code,
                 c.signal,
                 c.started_at,

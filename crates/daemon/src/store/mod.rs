@@ -16,7 +16,6 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard};
 
 use rusqlite::Connection;
-use serde::Serialize;
 use serde::de::DeserializeOwned;
 
 pub use commands::CommandRecord;
@@ -85,12 +84,9 @@ impl Store {
     }
 }
 
-/// The `snake_case` name serde gives a unit enum variant, for TEXT columns.
-pub(crate) fn enum_to_sql<T: Serialize>(value: &T) -> Result<String, StoreError> {
-    match serde_json::to_value(value)? {
-        serde_json::Value::String(s) => Ok(s),
-        other => Ok(other.to_string()),
-    }
+/// The wire name of a unit enum variant (strum's, the same as serde's), for TEXT columns.
+pub(crate) fn enum_to_sql<T: Copy + Into<&'static str>>(value: &T) -> &'static str {
+    (*value).into()
 }
 
 /// Maps a JSON decoding error inside a row mapper to a rusqlite error.
@@ -100,8 +96,12 @@ pub(crate) fn json_col<T: DeserializeOwned>(idx: usize, text: &str) -> rusqlite:
     })
 }
 
-pub(crate) fn enum_col<T: DeserializeOwned>(idx: usize, text: &str) -> rusqlite::Result<T> {
-    serde_json::from_value(serde_json::Value::String(text.to_owned())).map_err(|e| {
+/// A unit enum variant from its wire name in a TEXT column.
+pub(crate) fn enum_col<T: std::str::FromStr<Err = strum::ParseError>>(
+    idx: usize,
+    text: &str,
+) -> rusqlite::Result<T> {
+    text.parse().map_err(|e| {
         rusqlite::Error::FromSqlConversionFailure(idx, rusqlite::types::Type::Text, Box::new(e))
     })
 }

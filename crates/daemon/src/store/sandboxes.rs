@@ -33,10 +33,10 @@ impl Store {
             params![
                 s.id,
                 s.name,
-                enum_to_sql(&s.status)?,
+                enum_to_sql(&s.status),
                 s.status_reason,
                 s.image,
-                enum_to_sql(&s.backend)?,
+                enum_to_sql(&s.backend),
                 s.backend_reason,
                 s.vcpus,
                 s.memory_mib as i64,
@@ -104,7 +104,7 @@ impl Store {
         &self,
         statuses: &[SandboxStatus],
     ) -> Result<Vec<Sandbox>, StoreError> {
-        let wanted: Vec<String> = statuses.iter().map(enum_to_sql).collect::<Result<_, _>>()?;
+        let wanted: Vec<&str> = statuses.iter().map(enum_to_sql).collect();
         let sql = format!(
             "SELECT {COLUMNS} FROM sandboxes WHERE status IN (SELECT value FROM json_each(?1)) \
              ORDER BY created_at, id"
@@ -118,7 +118,7 @@ impl Store {
     /// A page of sandboxes, newest first, filtered as `query` asks.
     pub fn list_sandboxes(&self, query: &ListSandboxesQuery) -> Result<SandboxPage, StoreError> {
         let limit = query.limit.unwrap_or(50).clamp(1, 200) as i64;
-        let status = query.status.as_ref().map(enum_to_sql).transpose()?;
+        let status = query.status.as_ref().map(enum_to_sql);
         let (tag_key, tag_value) = match query.tag.as_deref() {
             Some(tag) => match tag.split_once('=') {
                 Some((k, v)) => (Some(k.to_owned()), Some(v.to_owned())),
