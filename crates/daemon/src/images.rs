@@ -15,6 +15,7 @@ use futures::Stream;
 use serde::Deserialize;
 use tokio::io::{AsyncBufReadExt, BufReader};
 use tokio::sync::mpsc;
+use tokio_stream::wrappers::ReceiverStream;
 
 use crate::paths::Paths;
 use crate::store::Store;
@@ -220,7 +221,7 @@ impl Images {
             };
             let _ = tx.send(end).await;
         });
-        Ok(tokio_stream_from(rx))
+        Ok(ReceiverStream::new(rx))
     }
 
     async fn run_build(
@@ -276,10 +277,6 @@ async fn forward_lines(
     while let Ok(Some(line)) = lines.next_line().await {
         let _ = tx.try_send(ImageBuildEvent::Progress { message: line });
     }
-}
-
-fn tokio_stream_from<T: Send + 'static>(mut rx: mpsc::Receiver<T>) -> impl Stream<Item = T> {
-    futures::stream::poll_fn(move |cx| rx.poll_recv(cx))
 }
 
 /// Parses `YYYY-MM-DDTHH:MM:SSZ` (what the build script writes) to Unix milliseconds.
