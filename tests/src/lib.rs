@@ -8,11 +8,9 @@ use std::path::{Path, PathBuf};
 use std::process::{Command, Output, Stdio};
 use std::time::{Duration, Instant};
 
-use belljar_api::{BackendChoice, CreateSandbox, Sandbox, SandboxList};
-use belljar_cli::client::{self, Client};
+use belljar_api::{BackendChoice, CreateSandbox, ListSandboxesQuery, Sandbox};
 use belljar_cli::launcher;
-use belljar_cli::paths::Paths;
-use http::Method;
+use belljar_client::{Client, Paths};
 use nix::sys::signal::{Signal, kill};
 use nix::unistd::Pid;
 
@@ -44,14 +42,8 @@ pub fn binary(name: &str) -> PathBuf {
 
 /// The image cache the daemon reads (`BELLJAR_CACHE`, else `${XDG_CACHE_HOME:-~/.cache}/belljar`).
 pub fn cache_dir() -> PathBuf {
-    if let Some(c) = std::env::var_os("BELLJAR_CACHE").filter(|c| !c.is_empty()) {
-        return PathBuf::from(c);
-    }
-    if let Some(x) = std::env::var_os("XDG_CACHE_HOME").filter(|c| !c.is_empty()) {
-        return PathBuf::from(x).join("belljar");
-    }
-    let home = std::env::var_os("HOME").expect("HOME is set");
-    PathBuf::from(home).join(".cache").join("belljar")
+    let over = std::env::var_os("BELLJAR_CACHE").map(PathBuf::from);
+    belljar_client::paths::image_cache(over.as_deref()).expect("a home directory")
 }
 
 /// Panics, naming the script that builds it, unless image `name` has been built.
@@ -199,7 +191,7 @@ impl Daemon {
     pub fn log_path(&self) -> PathBuf {
         match self.started_by {
             StartedBy::Direct => self.home.path().join("belljard.log"),
-            StartedBy::Cli => self.paths.log_file.clone(),
+            StartedBy::Cli => self.paths.log_file(),
         }
     }
 
@@ -211,13 +203,13 @@ impl Daemon {
     }
 
     fn answers(&self) -> bool {
-        std::os::unix::net::UnixStream::connect(&self.paths.socket).is_ok()
-            && block_on(launcher::is_running(&self.unix()))
+        std::os::unix::net::UnixStream::connect(self.paths.socket()).is_ok()
+            && block_on(self.unix().answers())
     }
 
     /// A client over the Unix socket (no token needed).
     pub fn unix(&self) -> Client {
-        Client::unix(&self.paths.socket)
+        Client::local(&self.paths)
     }
 
     /// A client over 127.0.0.1 with the bearer token.
@@ -278,7 +270,7 @@ impl Daemon {
             backend: req.backend.or(Some(BackendChoice::Namespace)),
             ..req
         };
-        match client.call(Method::POST, "/v1/sandboxes", &req).await {
+        match client.create_sandbox(&req).await {
             Ok(s) => s,
             Err(e) => panic!(
                 "create sandbox failed: {e} ({})\nlog:\n{}",
@@ -298,16 +290,9 @@ impl Daemon {
         }
         let client = self.unix();
         block_on(async {
-            if let Ok(list) = client.get::<SandboxList>("/v1/sandboxes?limit=200").await {
-                for s in list.sandboxes {
-                    let _ = client
-                        .call_no_content(
-                            Method::DELETE,
-                            &format!("/v1/sandboxes/{}", s.id),
-                            client::empty(),
-                            None,
-                        )
-                        .await;
+            if let Ok(all) = client.all_sandboxes(&ListSandboxesQuery::default()).await {
+                for s in all {
+                    let _ = client.delete_sandbox(&s.id).await;
                 }
             }
         });
@@ -327,13 +312,17 @@ impl Drop for Daemon {
     }
 }
 
-/// Waits until `pid` has exited (or is a zombie); false on timeout.
 /// The whole body of a `GET` through `client` (a file read, a tar download), failing the test
 /// on any error.
 pub async fn get_bytes(client: &Client, path_and_query: &str) -> bytes::Bytes {
     use http_body_util::BodyExt;
     client
-        .request(Method::GET, path_and_query, client::empty(), None)
+        .request(
+            http::Method::GET,
+            path_and_query,
+            belljar_client::empty(),
+            None,
+        )
         .await
         .unwrap()
         .into_body()
@@ -343,25 +332,16 @@ pub async fn get_bytes(client: &Client, path_and_query: &str) -> bytes::Bytes {
         .to_bytes()
 }
 
+/// Waits until `pid` has exited (or is a zombie); false on timeout.
 pub fn wait_gone(pid: i32, timeout: Duration) -> bool {
     let deadline = Instant::now() + timeout;
-    while launcher::alive(pid) && !is_zombie(pid) {
+    while !launcher::exited(pid) {
         if Instant::now() > deadline {
             return false;
         }
         std::thread::sleep(Duration::from_millis(20));
     }
     true
-}
-
-fn is_zombie(pid: i32) -> bool {
-    std::fs::read_to_string(format!("/proc/{pid}/stat"))
-        .ok()
-        .and_then(|s| {
-            s.rsplit_once(')')
-                .map(|(_, r)| r.trim_start().starts_with('Z'))
-        })
-        .unwrap_or(false)
 }
 
 /// Runs a future to completion on a private runtime in its own thread, so that it works both

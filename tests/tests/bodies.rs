@@ -4,7 +4,7 @@
 //! before anything is created or run; an oversized body is 413.
 
 use belljar_api::{CreateSandbox, SandboxList};
-use belljar_cli::client::{self, Client};
+use belljar_client::{self as client, Client};
 use belljar_e2e::Daemon;
 use http::Method;
 use http_body_util::BodyExt;
@@ -20,7 +20,7 @@ async fn send(c: &Client, method: Method, path: &str, body: String) -> (u16, Str
             let status = r.status().as_u16();
             (status, r.into_body().collect().await.unwrap().to_bytes())
         }
-        Err(belljar_cli::client::ClientError::Api {
+        Err(belljar_client::ClientError::Api {
             status,
             code,
             message,

@@ -12,10 +12,10 @@ use belljar_api::{
     BackendChoice, Command, CommandList, CommandStatus, CreateSandbox, IDEMPOTENCY_KEY_HEADER,
     LogLine, RunCommand, Sandbox, SandboxList,
 };
-use belljar_cli::client::{self, Client, ClientError};
-use belljar_cli::exec::log_bytes;
-use belljar_cli::ndjson::Lines;
-use belljar_cli::query::with_query;
+use belljar_client::Lines;
+use belljar_client::log_bytes;
+use belljar_client::routes::with_query;
+use belljar_client::{self as client, Client, ClientError};
 use belljar_e2e::{Daemon, get_bytes, stderr, stdout};
 use http::{Method, header};
 

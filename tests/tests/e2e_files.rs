@@ -8,10 +8,10 @@ use std::path::Path;
 use std::time::Duration;
 
 use belljar_api::{Command, CreateSandbox, FileList, RunCommand, Sandbox, SandboxStatus};
-use belljar_cli::client::{self, Client};
-use belljar_cli::exec::log_bytes;
-use belljar_cli::ndjson::Lines;
-use belljar_cli::query::with_query;
+use belljar_client::Lines;
+use belljar_client::log_bytes;
+use belljar_client::routes::with_query;
+use belljar_client::{self as client, Client};
 use belljar_e2e::{Daemon, get_bytes};
 use http::Method;
 use http_body_util::BodyExt;
@@ -61,7 +61,7 @@ async fn status_of(c: &Client, method: Method, path: &str, body: Option<&str>) -
     let send = c.request(method, path, body, ct);
     let resp = match tokio::time::timeout(DEADLINE, send).await.expect("answer") {
         Ok(resp) => resp,
-        Err(client::ClientError::Api { status, code, .. }) => return (status, code),
+        Err(client::ClientError::Api { status, code, .. }) => return (status, code.to_string()),
         Err(e) => panic!("{path}: {e}"),
     };
     let status = resp.status().as_u16();

@@ -8,10 +8,10 @@ use belljar_api::{
     Info, LogLine, MkdirRequest, MoveRequest, PtySize, RunCommand, Sandbox, SandboxStatus, Stream,
     TerminalMessage, WatchEvent,
 };
-use belljar_cli::client::{self, Client, ClientError};
-use belljar_cli::exec::log_bytes;
-use belljar_cli::ndjson::Lines;
-use belljar_cli::query::with_query;
+use belljar_client::Lines;
+use belljar_client::log_bytes;
+use belljar_client::routes::with_query;
+use belljar_client::{self as client, Client, ClientError};
 use belljar_e2e::{Daemon, eventually, get_bytes};
 use futures::{SinkExt, StreamExt};
 use http::{Method, header};
@@ -66,7 +66,7 @@ async fn output(c: &Client, id: &str, cmd: &str, follow: bool) -> (Vec<u8>, Vec<
 
 fn api_err(e: ClientError) -> (u16, String) {
     match e {
-        ClientError::Api { status, code, .. } => (status, code),
+        ClientError::Api { status, code, .. } => (status, code.to_string()),
         other => panic!("expected an API error, got {other}"),
     }
 }

@@ -7,10 +7,10 @@ use std::time::Duration;
 use belljar_api::{
     Command, CommandStatus, CreateSandbox, LogLine, RunCommand, Sandbox, SandboxStatus,
 };
-use belljar_cli::client;
-use belljar_cli::exec::log_bytes;
-use belljar_cli::ndjson::Lines;
-use belljar_cli::query::with_query;
+use belljar_client as client;
+use belljar_client::Lines;
+use belljar_client::log_bytes;
+use belljar_client::routes::with_query;
 use belljar_e2e::{Daemon, get_bytes, stderr, stdout};
 use http::Method;
 

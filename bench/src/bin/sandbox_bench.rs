@@ -12,16 +12,12 @@
 use std::time::{Duration, Instant};
 
 use anyhow::{Context, Result, bail};
-use belljar_api::{BackendChoice, Command, CreateSandbox, FileEntry, Info, RunCommand, Sandbox};
-use belljar_cli::client::{self, Client};
+use belljar_api::{BackendChoice, CreateSandbox, ListSandboxesQuery, RunCommand, Sandbox};
 use belljar_cli::exec::{self, ExecOptions};
 use belljar_cli::launcher;
-use belljar_cli::paths::Paths;
-use belljar_cli::query::with_query;
+use belljar_client::{Client, Paths};
 use bytes::Bytes;
 use clap::Parser;
-use http::Method;
-use http_body_util::BodyExt;
 
 /// Sandbox latency and throughput on the namespace backend.
 #[derive(Debug, Parser)]
@@ -108,16 +104,13 @@ impl BenchDaemon {
         launcher::start(&paths, &args)
             .await
             .context("starting belljard (build it in the same profile as this benchmark)")?;
-        let client = Client::unix(&paths.socket);
+        let client = Client::local(&paths);
         Ok((Self { _home: home, paths }, client))
     }
 
     async fn stop(&self, client: &Client) {
-        if let Ok(list) = client
-            .get::<belljar_api::SandboxList>("/v1/sandboxes?limit=200")
-            .await
-        {
-            for s in list.sandboxes {
+        if let Ok(all) = client.all_sandboxes(&ListSandboxesQuery::default()).await {
+            for s in all {
                 let _ = delete(client, &s.id).await;
             }
         }
@@ -131,32 +124,19 @@ async fn create(client: &Client, image: &str) -> Result<Sandbox> {
         backend: Some(BackendChoice::Namespace),
         ..Default::default()
     };
-    Ok(client.call(Method::POST, "/v1/sandboxes", &req).await?)
+    Ok(client.create_sandbox(&req).await?)
 }
 
 async fn delete(client: &Client, id: &str) -> Result<()> {
-    client
-        .call_no_content(
-            Method::DELETE,
-            &format!("/v1/sandboxes/{id}"),
-            client::empty(),
-            None,
-        )
-        .await?;
-    Ok(())
+    Ok(client.delete_sandbox(id).await?)
 }
 
 async fn exec_true(client: &Client, id: &str) -> Result<()> {
-    let cmd: Command = client
-        .call(
-            Method::POST,
-            &format!("/v1/sandboxes/{id}/commands"),
-            &RunCommand {
-                argv: vec!["true".into()],
-                ..Default::default()
-            },
-        )
-        .await?;
+    let req = RunCommand {
+        argv: vec!["true".into()],
+        ..Default::default()
+    };
+    let cmd = client.run_command(id, &req).await?;
     if cmd.exit_code != Some(0) {
         bail!("`true` exited with {:?}", cmd.exit_code);
     }
@@ -182,41 +162,25 @@ async fn files(client: &Client, id: &str, mib: usize) -> Result<(f64, f64)> {
     let len = mib << 20;
     let data = payload(len);
     let path = "/workspace/bench.bin";
-    let url = with_query(
-        &format!("/v1/sandboxes/{id}/files"),
-        &[("path", Some(path.to_string()))],
-    );
     let chunks: Vec<std::io::Result<Bytes>> = (0..len)
         .step_by(CHUNK)
         .map(|at| Ok(data.slice(at..(at + CHUNK).min(len))))
         .collect();
     let t = Instant::now();
-    let resp = client
-        .request(
-            Method::PUT,
-            &url,
-            client::streamed(futures::stream::iter(chunks)),
-            Some("application/octet-stream"),
-        )
-        .await?;
-    let entry: FileEntry = client::decode(resp, "write").await?;
+    let body = belljar_client::streamed(futures::stream::iter(chunks));
+    let entry = client.write_file(id, path, None, body).await?;
     let write = t.elapsed();
     if entry.size != len as u64 {
         bail!("wrote {len} bytes, the sandbox has {}", entry.size);
     }
     let t = Instant::now();
-    let resp = client
-        .request(Method::GET, &url, client::empty(), None)
-        .await?;
-    let mut body = resp.into_body();
+    let mut download = client.read_file(id, path).await?;
     let mut at = 0usize;
-    while let Some(frame) = body.frame().await {
-        if let Ok(chunk) = frame?.into_data() {
-            if at + chunk.len() > len || data[at..at + chunk.len()] != chunk[..] {
-                bail!("read back different bytes at offset {at}");
-            }
-            at += chunk.len();
+    while let Some(chunk) = download.chunk().await? {
+        if at + chunk.len() > len || data[at..at + chunk.len()] != chunk[..] {
+            bail!("read back different bytes at offset {at}");
         }
+        at += chunk.len();
     }
     let read = t.elapsed();
     if at != len {
@@ -227,7 +191,7 @@ async fn files(client: &Client, id: &str, mib: usize) -> Result<(f64, f64)> {
 }
 
 async fn run(args: &Args, client: &Client) -> Result<()> {
-    let info: Info = client.get("/v1/info").await?;
+    let info = client.info().await?;
     println!(
         "daemon:  belljard {} (default backend {:?}: {})",
         info.version, info.default_backend, info.default_backend_reason

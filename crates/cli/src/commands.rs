@@ -6,22 +6,18 @@ use std::io::{IsTerminal, Write};
 
 use anyhow::{Context, Result};
 use belljar_api::{
-    BackendChoice, CommandList, CreateSandbox, ExtendSandbox, Image, ImageBuildEvent, Info,
-    Sandbox, SandboxList, SandboxStatus, SessionToken, Source, Stream,
+    BackendChoice, CreateSandbox, ImageBuildEvent, ListSandboxesQuery, SandboxStatus, Source,
+    Stream,
 };
-use belljar_cli::client::{self, Client, ClientError};
 use belljar_cli::cp::{self, Location};
 use belljar_cli::duration::parse_ms;
 use belljar_cli::exec::{self, ExecOptions};
 use belljar_cli::launcher;
 use belljar_cli::logs::{self, LogSink};
-use belljar_cli::ndjson::Lines;
 use belljar_cli::output::{self, now_ms};
-use belljar_cli::paths::Paths;
-use belljar_cli::query::{encode, with_query};
 use belljar_cli::terminal::{self, ShellOptions};
+use belljar_client::{Client, ClientError, Paths};
 use clap::CommandFactory;
-use http::Method;
 
 use crate::args::{
     Cli, Cmd, CreateArgs, DaemonCmd, ExecArgs, ImagesCmd, LsArgs, RunArgs, SandboxOpts,
@@ -74,12 +70,12 @@ async fn dispatch(client: &Client, paths: &Paths, command: Cmd, json: bool) -> R
         Cmd::Ls(a) => ls(client, a, json).await,
         Cmd::Info { id } => {
             let id = resolve(client, &id).await?;
-            let s: Sandbox = client.get(&format!("/v1/sandboxes/{id}")).await?;
+            let s = client.sandbox(&id).await?;
             if json {
                 print_json(&s)?;
             } else {
                 out!("{}", output::sandbox(&s, now_ms()))?;
-                let cmds: CommandList = client.get(&format!("/v1/sandboxes/{id}/commands")).await?;
+                let cmds = client.commands(&id).await?;
                 if !cmds.commands.is_empty() {
                     outln!(
                         "\n{}",
@@ -129,13 +125,7 @@ async fn dispatch(client: &Client, paths: &Paths, command: Cmd, json: bool) -> R
         Cmd::Extend { id, duration } => {
             let id = resolve(client, &id).await?;
             let duration_ms = parse_ms(&duration)?;
-            let s: Sandbox = client
-                .call(
-                    Method::POST,
-                    &format!("/v1/sandboxes/{id}/extend"),
-                    &ExtendSandbox { duration_ms },
-                )
-                .await?;
+            let s = client.extend_sandbox(&id, duration_ms).await?;
             if json {
                 print_json(&s)?;
             } else if let Some(at) = s.expires_at {
@@ -149,9 +139,7 @@ async fn dispatch(client: &Client, paths: &Paths, command: Cmd, json: bool) -> R
         Cmd::Stop { ids } => {
             for id in ids {
                 let id = resolve(client, &id).await?;
-                let s: Sandbox = client
-                    .call_empty(Method::POST, &format!("/v1/sandboxes/{id}/stop"))
-                    .await?;
+                let s = client.stop_sandbox(&id).await?;
                 if json {
                     print_json(&s)?;
                 }
@@ -161,19 +149,12 @@ async fn dispatch(client: &Client, paths: &Paths, command: Cmd, json: bool) -> R
         Cmd::Rm { ids } => {
             for id in ids {
                 let id = resolve(client, &id).await?;
-                client
-                    .call_no_content(
-                        Method::DELETE,
-                        &format!("/v1/sandboxes/{id}"),
-                        client::empty(),
-                        None,
-                    )
-                    .await?;
+                client.delete_sandbox(&id).await?;
             }
             Ok(0)
         }
         Cmd::Images { action: None } => {
-            let images: Vec<Image> = client.get("/v1/images").await?;
+            let images = client.images().await?;
             if json {
                 print_json(&images)?;
             } else {
@@ -217,25 +198,13 @@ async fn resolve(client: &Client, id_or_name: &str) -> Result<String> {
     if id_or_name.starts_with("sbx_") {
         return Ok(id_or_name.to_string());
     }
-    let mut cursor: Option<String> = None;
-    let mut found = Vec::new();
-    loop {
-        let url = with_query(
-            "/v1/sandboxes",
-            &[("limit", Some("200".into())), ("cursor", cursor.clone())],
-        );
-        let page: SandboxList = client.get(&url).await?;
-        found.extend(
-            page.sandboxes
-                .into_iter()
-                .filter(|s| s.name.as_deref() == Some(id_or_name))
-                .map(|s| s.id),
-        );
-        match page.next_cursor {
-            Some(c) => cursor = Some(c),
-            None => break,
-        }
-    }
+    let mut found: Vec<String> = client
+        .all_sandboxes(&ListSandboxesQuery::default())
+        .await?
+        .into_iter()
+        .filter(|s| s.name.as_deref() == Some(id_or_name))
+        .map(|s| s.id)
+        .collect();
     match found.len() {
         0 => Err(InputError::UnknownSandbox(id_or_name.to_string()).into()),
         1 => Ok(found.remove(0)),
@@ -312,7 +281,7 @@ fn create_request(image: Option<String>, o: &SandboxOpts) -> Result<CreateSandbo
 
 async fn create(client: &Client, a: CreateArgs, json: bool) -> Result<i32> {
     let req = create_request(a.image, &a.opts)?;
-    let s: Sandbox = client.call(Method::POST, "/v1/sandboxes", &req).await?;
+    let s = client.create_sandbox(&req).await?;
     if json {
         print_json(&s)?;
     } else {
@@ -330,25 +299,12 @@ async fn ls(client: &Client, a: LsArgs, json: bool) -> Result<i32> {
             allowed: "pending, running, paused, stopping, stopped, failed",
         })?),
     };
-    let mut all = Vec::new();
-    let mut cursor: Option<String> = None;
-    loop {
-        let url = with_query(
-            "/v1/sandboxes",
-            &[
-                ("status", status.map(|s| s.as_str().to_string())),
-                ("tag", a.tag.clone()),
-                ("limit", Some("200".into())),
-                ("cursor", cursor.clone()),
-            ],
-        );
-        let page: SandboxList = client.get(&url).await?;
-        all.extend(page.sandboxes);
-        match page.next_cursor {
-            Some(c) => cursor = Some(c),
-            None => break,
-        }
-    }
+    let query = ListSandboxesQuery {
+        status,
+        tag: a.tag.clone(),
+        ..Default::default()
+    };
+    let all = client.all_sandboxes(&query).await?;
     if json {
         print_json(&all)?;
     } else {
@@ -390,7 +346,7 @@ fn warn_if_truncated(cmd: &belljar_api::Command) {
 
 async fn run_cmd(client: &Client, a: RunArgs) -> Result<i32> {
     let req = create_request(Some(a.image.clone()), &a.opts)?;
-    let s: Sandbox = client.call(Method::POST, "/v1/sandboxes", &req).await?;
+    let s = client.create_sandbox(&req).await?;
     let opts = ExecOptions {
         argv: a.argv,
         cwd: a.cwd,
@@ -411,14 +367,7 @@ async fn run_cmd(client: &Client, a: RunArgs) -> Result<i32> {
         _ = tokio::signal::ctrl_c() => Ok(130),
     };
     if !a.keep {
-        let deleted = client
-            .call_no_content(
-                Method::DELETE,
-                &format!("/v1/sandboxes/{}", s.id),
-                client::empty(),
-                None,
-            )
-            .await;
+        let deleted = client.delete_sandbox(&s.id).await;
         if let (Ok(_), Err(e)) = (&result, deleted) {
             return Err(e.into());
         }
@@ -429,16 +378,8 @@ async fn run_cmd(client: &Client, a: RunArgs) -> Result<i32> {
 }
 
 async fn build_image(client: &Client, name: &str, json: bool) -> Result<i32> {
-    let resp = client
-        .request(
-            Method::POST,
-            &format!("/v1/images/{}/build", encode(name)),
-            client::empty(),
-            None,
-        )
-        .await?;
-    let mut lines = Lines::new(resp.into_body());
-    while let Some(event) = lines.next::<ImageBuildEvent>().await? {
+    let mut events = client.build_image(name).await?;
+    while let Some(event) = events.next().await? {
         if json {
             outln!("{}", serde_json::to_string(&event)?)?;
         }
@@ -461,7 +402,7 @@ async fn build_image(client: &Client, name: &str, json: bool) -> Result<i32> {
             ImageBuildEvent::Error { code, message } => {
                 return Err(ClientError::Api {
                     status: code.status(),
-                    code: code.to_string(),
+                    code,
                     message,
                 }
                 .into());
@@ -472,11 +413,10 @@ async fn build_image(client: &Client, name: &str, json: bool) -> Result<i32> {
 }
 
 async fn ui(client: &Client, paths: &Paths, no_open: bool) -> Result<i32> {
-    let t: SessionToken = client.call_empty(Method::POST, "/v1/session/token").await?;
     let port = paths
         .port()
         .context("The daemon has not written its TCP port")?;
-    let url = format!("http://127.0.0.1:{port}/ui?token={}", encode(&t.token));
+    let url = client.ui_login_url(port).await?;
     outln!("{url}")?;
     let has_display =
         std::env::var_os("DISPLAY").is_some() || std::env::var_os("WAYLAND_DISPLAY").is_some();
@@ -491,10 +431,10 @@ async fn ui(client: &Client, paths: &Paths, no_open: bool) -> Result<i32> {
 }
 
 async fn daemon(paths: &Paths, action: DaemonCmd, json: bool) -> Result<i32> {
-    let client = Client::unix(&paths.socket);
+    let client = Client::local(paths);
     match action {
         DaemonCmd::Start { port } => {
-            if launcher::is_running(&client).await {
+            if client.answers().await {
                 eprintln!("belljard is already running");
                 return Ok(0);
             }
@@ -503,11 +443,11 @@ async fn daemon(paths: &Paths, action: DaemonCmd, json: bool) -> Result<i32> {
                 .unwrap_or_default();
             let pid = launcher::start(paths, &args).await?;
             if json {
-                print_json(&serde_json::json!({"pid": pid, "socket": paths.socket}))?;
+                print_json(&serde_json::json!({"pid": pid, "socket": paths.socket()}))?;
             } else {
                 outln!(
                     "belljard started (pid {pid}), log: {}",
-                    paths.log_file.display()
+                    paths.log_file().display()
                 )?;
             }
             Ok(0)
@@ -520,7 +460,7 @@ async fn daemon(paths: &Paths, action: DaemonCmd, json: bool) -> Result<i32> {
             Ok(0)
         }
         DaemonCmd::Status => {
-            if !launcher::is_running(&client).await {
+            if !client.answers().await {
                 if json {
                     print_json(&serde_json::json!({"running": false}))?;
                 } else {
@@ -528,21 +468,21 @@ async fn daemon(paths: &Paths, action: DaemonCmd, json: bool) -> Result<i32> {
                 }
                 return Ok(1);
             }
-            let info: Info = client.get("/v1/info").await?;
+            let info = client.info().await?;
             let pid = paths.pid();
             let port = paths.port();
             if json {
                 print_json(&serde_json::json!({
                     "running": true,
                     "pid": pid,
-                    "socket": paths.socket,
+                    "socket": paths.socket(),
                     "port": port,
                     "info": info,
                 }))?;
             } else {
                 out!(
                     "{}",
-                    output::daemon(&info, pid, &paths.socket.display().to_string(), port)
+                    output::daemon(&info, pid, &paths.socket().display().to_string(), port)
                 )?;
             }
             Ok(0)

@@ -6,13 +6,9 @@
 
 use std::collections::BTreeMap;
 
-use base64::Engine;
-use belljar_api::{Command, LogLine, PtySize, RunCommand, Stream};
-use http::Method;
+use belljar_api::{Command, PtySize, RunCommand, Stream};
+use belljar_client::{Client, ClientError, NdjsonError, log_bytes};
 
-use crate::client::{self, Client, ClientError};
-use crate::ndjson::{Lines, NdjsonError};
-use crate::query::with_query;
 use crate::terminal::{self, RawMode, TerminalError};
 
 #[derive(Debug, thiserror::Error)]
@@ -75,16 +71,6 @@ impl ExecOptions {
     }
 }
 
-/// The decoded bytes of one log line.
-pub fn log_bytes(line: &LogLine) -> Vec<u8> {
-    if let Some(b64) = &line.data_base64 {
-        return base64::engine::general_purpose::STANDARD
-            .decode(b64)
-            .unwrap_or_default();
-    }
-    line.data.clone().unwrap_or_default().into_bytes()
-}
-
 /// Starts a command; with `detach`, returns it running. Otherwise streams its output into
 /// `sink` as it comes and returns it exited.
 pub async fn exec(
@@ -93,12 +79,10 @@ pub async fn exec(
     opts: &ExecOptions,
     sink: &mut (dyn FnMut(Stream, &[u8]) -> std::io::Result<()> + Send),
 ) -> Result<Command, ExecError> {
-    let base = format!("/v1/sandboxes/{sandbox}/commands");
-    let cmd: Command = client.call(Method::POST, &base, &opts.request()).await?;
+    let cmd = client.run_command(sandbox, &opts.request()).await?;
     if opts.detach {
         return Ok(cmd);
     }
-    let cmd_path = format!("{base}/{}", cmd.id);
     let _raw = if opts.tty {
         Some(RawMode::enable()?)
     } else {
@@ -106,68 +90,50 @@ pub async fn exec(
     };
     let forwarder = (opts.stdin || opts.tty).then(|| {
         let client = client.clone();
-        let cmd_path = cmd_path.clone();
+        let (sandbox, cid) = (sandbox.to_owned(), cmd.id.clone());
         let tty = opts.tty;
-        tokio::spawn(async move { forward_input(&client, &cmd_path, tty).await })
+        tokio::spawn(async move { forward_input(&client, &sandbox, &cid, tty).await })
     });
-    let result = follow(client, &cmd_path, sink).await;
+    let result = follow(client, sandbox, &cmd.id, sink).await;
     if let Some(f) = forwarder {
         f.abort();
     }
     result?;
-    let done: Command = client
-        .get(&with_query(&cmd_path, &[("wait", Some("true".into()))]))
-        .await?;
-    Ok(done)
+    Ok(client.wait_command(sandbox, &cmd.id).await?)
 }
 
 /// Writes every log line of a command into `sink` until the command's output ends.
 pub async fn follow(
     client: &Client,
-    cmd_path: &str,
+    sandbox: &str,
+    cid: &str,
     sink: &mut (dyn FnMut(Stream, &[u8]) -> std::io::Result<()> + Send),
 ) -> Result<(), ExecError> {
-    let logs = with_query(
-        &format!("{cmd_path}/logs"),
-        &[("follow", Some("true".into()))],
-    );
-    let resp = client
-        .request(Method::GET, &logs, client::empty(), None)
-        .await?;
-    let mut lines = Lines::new(resp.into_body());
-    while let Some(line) = lines.next::<LogLine>().await? {
+    let mut lines = client.command_logs(sandbox, cid, true).await?;
+    while let Some(line) = lines.next().await? {
         sink(line.stream, &log_bytes(&line))?;
     }
     Ok(())
 }
 
 /// Sends local stdin (and, on a PTY, size changes) to the command until stdin ends.
-async fn forward_input(client: &Client, cmd_path: &str, tty: bool) -> Result<(), ClientError> {
+async fn forward_input(
+    client: &Client,
+    sandbox: &str,
+    cid: &str,
+    tty: bool,
+) -> Result<(), ClientError> {
     let mut input = terminal::stdin_chunks();
     let mut winch = if tty { Some(terminal::resizes()) } else { None };
-    let stdin_path = format!("{cmd_path}/stdin");
     loop {
         tokio::select! {
             chunk = input.recv() => match chunk {
-                Some(bytes) => {
-                    client
-                        .call_no_content(Method::POST, &stdin_path, client::full(bytes), Some("application/octet-stream"))
-                        .await?;
-                }
-                None => {
-                    let close = with_query(&stdin_path, &[("close", Some("true".into()))]);
-                    return client.call_no_content(Method::POST, &close, client::empty(), None).await;
-                }
+                Some(bytes) => client.write_stdin(sandbox, cid, bytes, false).await?,
+                None => return client.write_stdin(sandbox, cid, Default::default(), true).await,
             },
             Some(sz) = async { match winch.as_mut() { Some(w) => w.recv().await, None => None } } => {
-                let _: Result<(), _> = client
-                    .call_no_content(
-                        Method::POST,
-                        &format!("{cmd_path}/resize"),
-                        client::json(&PtySize { rows: sz.rows, cols: sz.cols }),
-                        Some("application/json"),
-                    )
-                    .await;
+                let size = PtySize { rows: sz.rows, cols: sz.cols };
+                let _: Result<(), _> = client.resize_command(sandbox, cid, size).await;
             }
         }
     }
@@ -217,23 +183,5 @@ mod tests {
         cmd.output_truncated_bytes = 4096;
         let w = truncation_warning(&cmd).unwrap();
         assert!(w.contains("4096 bytes") && w.contains("cmd_a") && !w.contains('\n'));
-    }
-
-    #[test]
-    fn log_bytes_decodes_text_and_base64() {
-        let text = LogLine {
-            stream: Stream::Stdout,
-            data: Some("héllo".into()),
-            data_base64: None,
-            ts: 0,
-        };
-        assert_eq!(log_bytes(&text), "héllo".as_bytes());
-        let bin = LogLine {
-            stream: Stream::Stderr,
-            data: None,
-            data_base64: Some("/wA=".into()),
-            ts: 0,
-        };
-        assert_eq!(log_bytes(&bin), vec![0xff, 0x00]);
     }
 }

@@ -7,13 +7,10 @@ use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
-use http::Method;
+use belljar_client::{Client, Paths};
 use nix::errno::Errno;
 use nix::sys::signal::{Signal, kill};
 use nix::unistd::Pid;
-
-use crate::client::{self, Client};
-use crate::paths::Paths;
 
 /// How long a freshly started daemon may take to answer on its socket.
 pub const START_TIMEOUT: Duration = Duration::from_secs(30);
@@ -91,21 +88,10 @@ pub fn daemon_binary() -> Result<PathBuf, LauncherError> {
     })
 }
 
-/// Whether something answers HTTP on the daemon's socket.
-pub async fn is_running(client: &Client) -> bool {
-    let Ok(req) = client
-        .builder(Method::GET, "/v1/info")
-        .body(client::empty())
-    else {
-        return false;
-    };
-    client.send(req).await.is_ok()
-}
-
 /// A client of the daemon, starting the daemon first if nothing answers on its socket.
 pub async fn ensure_running(paths: &Paths) -> Result<Client, LauncherError> {
-    let client = Client::unix(&paths.socket);
-    if !is_running(&client).await {
+    let client = Client::local(paths);
+    if !client.answers().await {
         start(paths, &[]).await?;
     }
     Ok(client)
@@ -119,13 +105,14 @@ pub async fn start(paths: &Paths, args: &[String]) -> Result<u32, LauncherError>
         bin: bin.display().to_string(),
         source,
     };
-    if let Some(dir) = paths.log_file.parent() {
+    let log_file = paths.log_file();
+    if let Some(dir) = log_file.parent() {
         std::fs::create_dir_all(dir).map_err(spawn_err)?;
     }
     let log = OpenOptions::new()
         .create(true)
         .append(true)
-        .open(&paths.log_file)
+        .open(&log_file)
         .map_err(spawn_err)?;
     // Only what this start writes explains why it failed.
     let log_start = log.metadata().map(|m| m.len()).unwrap_or(0);
@@ -135,23 +122,23 @@ pub async fn start(paths: &Paths, args: &[String]) -> Result<u32, LauncherError>
     detach(&mut cmd);
     let mut child = cmd.spawn().map_err(spawn_err)?;
     let pid = child.id();
-    let client = Client::unix(&paths.socket);
+    let client = Client::local(paths);
     let deadline = Instant::now() + START_TIMEOUT;
     loop {
-        if is_running(&client).await {
+        if client.answers().await {
             return Ok(pid);
         }
         if let Ok(Some(status)) = child.try_wait() {
             return Err(LauncherError::Exited {
-                reason: failure_reason(&paths.log_file, log_start)
+                reason: failure_reason(&log_file, log_start)
                     .unwrap_or_else(|| format!("it exited with {status}")),
-                log: paths.log_file.display().to_string(),
+                log: log_file.display().to_string(),
             });
         }
         if Instant::now() > deadline {
             return Err(LauncherError::Timeout {
-                socket: paths.socket.display().to_string(),
-                log: paths.log_file.display().to_string(),
+                socket: paths.socket().display().to_string(),
+                log: log_file.display().to_string(),
                 secs: START_TIMEOUT.as_secs(),
             });
         }
@@ -200,7 +187,7 @@ pub async fn stop(paths: &Paths) -> Result<i32, LauncherError> {
     kill(Pid::from_raw(pid), Signal::SIGTERM)
         .map_err(|source| LauncherError::Signal { pid, source })?;
     let deadline = Instant::now() + STOP_TIMEOUT;
-    while alive(pid) && !is_zombie(pid) {
+    while !exited(pid) {
         if Instant::now() > deadline {
             return Err(LauncherError::StopTimeout {
                 pid,
@@ -214,13 +201,14 @@ pub async fn stop(paths: &Paths) -> Result<i32, LauncherError> {
 
 /// A zombie has exited; only its parent has not reaped it yet (e.g. a test harness).
 fn is_zombie(pid: i32) -> bool {
-    std::fs::read_to_string(format!("/proc/{pid}/stat"))
-        .ok()
-        .and_then(|s| {
-            s.rsplit_once(')')
-                .map(|(_, rest)| rest.trim_start().starts_with('Z'))
-        })
-        .unwrap_or(false)
+    use procfs_core::FromRead;
+    procfs_core::process::Stat::from_file(format!("/proc/{pid}/stat"))
+        .is_ok_and(|stat| stat.state == 'Z')
+}
+
+/// Whether `pid` has exited: gone, or a zombie that only waits for its parent to reap it.
+pub fn exited(pid: i32) -> bool {
+    !alive(pid) || is_zombie(pid)
 }
 
 #[cfg(test)]
@@ -232,6 +220,20 @@ mod tests {
         let me = std::process::id() as i32;
         assert!(alive(me));
         assert!(!is_zombie(me));
+    }
+
+    #[test]
+    fn an_unreaped_child_has_exited_while_its_pid_lives_on() {
+        let mut child = Command::new("true").spawn().unwrap();
+        let pid = child.id() as i32;
+        let deadline = Instant::now() + Duration::from_secs(10);
+        while !is_zombie(pid) {
+            assert!(Instant::now() < deadline, "`true` did not exit");
+            std::thread::sleep(Duration::from_millis(5));
+        }
+        assert!(alive(pid) && exited(pid));
+        child.wait().unwrap();
+        assert!(exited(pid) && !is_zombie(pid));
     }
 
     #[test]

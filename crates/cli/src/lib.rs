@@ -1,20 +1,17 @@
 //! The `belljar` command-line client, as a library so that the end-to-end tests and the
 //! benchmark drive the daemon through exactly the code the CLI uses.
 //!
-//! The binary (`main.rs`) only parses arguments and prints; everything that talks to the
-//! daemon lives here in small modules, each with its own error type.
+//! The binary (`main.rs`) only parses arguments and prints; what each command does with the
+//! daemon lives here in small modules, each with its own error type, on top of the typed
+//! client (`belljar-client`).
 
 // Only `launcher` needs `unsafe` (to call `setsid` between fork and exec); it opts in locally.
 #![deny(unsafe_code)]
 
-pub mod client;
 pub mod cp;
 pub mod duration;
 pub mod exec;
 pub mod launcher;
 pub mod logs;
-pub mod ndjson;
 pub mod output;
-pub mod paths;
-pub mod query;
 pub mod terminal;

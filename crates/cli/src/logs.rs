@@ -1,13 +1,10 @@
 //! `belljar logs`: the stored output of a sandbox's commands, read any time after they ran
 //! (also after a daemon restart), optionally followed while the command still runs.
 
-use belljar_api::{CommandList, LogLine, Stream};
-use http::Method;
+use belljar_api::{LogLine, Stream};
+use belljar_client::{Client, log_bytes, ndjson::decode_line};
 
-use crate::client::{self, Client};
-use crate::exec::{ExecError, log_bytes};
-use crate::ndjson::Lines;
-use crate::query::with_query;
+use crate::exec::ExecError;
 
 /// What `logs` writes: decoded output, or each NDJSON line as the daemon sent it (`--json`).
 pub enum LogSink<'a> {
@@ -27,10 +24,7 @@ pub async fn logs(
     let ids: Vec<String> = match command {
         Some(c) => vec![c.to_string()],
         None => {
-            let list: CommandList = client
-                .get(&format!("/v1/sandboxes/{sandbox}/commands"))
-                .await?;
-            let mut cmds = list.commands;
+            let mut cmds = client.commands(sandbox).await?.commands;
             cmds.sort_by_key(|c| c.started_at);
             cmds.into_iter().map(|c| c.id).collect()
         }
@@ -38,14 +32,7 @@ pub async fn logs(
     let last = ids.len().saturating_sub(1);
     for (i, id) in ids.iter().enumerate() {
         let follow = follow && i == last;
-        let path = with_query(
-            &format!("/v1/sandboxes/{sandbox}/commands/{id}/logs"),
-            &[("follow", follow.then(|| "true".to_string()))],
-        );
-        let resp = client
-            .request(Method::GET, &path, client::empty(), None)
-            .await?;
-        let mut lines = Lines::new(resp.into_body());
+        let mut lines = client.command_logs(sandbox, id, follow).await?;
         while let Some(raw) = lines.next_line().await? {
             match sink {
                 LogSink::Json(write) => {
@@ -54,12 +41,7 @@ pub async fn logs(
                     write(&with_nl)?;
                 }
                 LogSink::Output(write) => {
-                    let line: LogLine = serde_json::from_slice(&raw).map_err(|source| {
-                        crate::ndjson::NdjsonError::Decode {
-                            line: String::from_utf8_lossy(&raw).into_owned(),
-                            source,
-                        }
-                    })?;
+                    let line: LogLine = decode_line(&raw)?;
                     write(line.stream, &log_bytes(&line))?;
                 }
             }

@@ -32,14 +32,12 @@ mod commands;
 use std::io::Write;
 use std::process::ExitCode;
 
-use belljar_cli::client::ClientError;
 use belljar_cli::cp::CopyError;
 use belljar_cli::duration::DurationError;
 use belljar_cli::exec::ExecError;
 use belljar_cli::launcher::LauncherError;
-use belljar_cli::ndjson::NdjsonError;
-use belljar_cli::paths::PathsError;
 use belljar_cli::terminal::TerminalError;
+use belljar_client::{ClientError, NdjsonError, PathsError};
 use clap::Parser;
 
 fn main() -> ExitCode {

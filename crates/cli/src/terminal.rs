@@ -6,15 +6,13 @@ use std::io::{IsTerminal, Read, Write};
 use std::os::fd::AsFd;
 
 use belljar_api::{PtySize, TerminalMessage};
+use belljar_client::{Client, ClientError, TerminalOptions};
 use bytes::Bytes;
 use futures::{SinkExt, StreamExt};
 use nix::sys::termios::{self, SetArg, Termios};
 use tokio::signal::unix::{SignalKind, signal};
 use tokio::sync::mpsc;
 use tokio_tungstenite::tungstenite::Message;
-
-use crate::client::{Client, ClientError};
-use crate::query::with_query;
 
 #[derive(Debug, thiserror::Error)]
 pub enum TerminalError {
@@ -129,16 +127,13 @@ pub struct ShellOptions {
 /// An interactive shell in the sandbox over the terminal WebSocket; returns its exit status.
 pub async fn shell(client: &Client, id: &str, opts: &ShellOptions) -> Result<i32, TerminalError> {
     let sz = size();
-    let path = with_query(
-        &format!("/v1/sandboxes/{id}/terminal"),
-        &[
-            ("rows", Some(sz.rows.to_string())),
-            ("cols", Some(sz.cols.to_string())),
-            ("cwd", opts.cwd.clone()),
-            ("sudo", opts.sudo.then(|| "true".to_string())),
-        ],
-    );
-    let ws = client.websocket(&path).await?;
+    let terminal = TerminalOptions {
+        rows: Some(sz.rows),
+        cols: Some(sz.cols),
+        cwd: opts.cwd.clone(),
+        sudo: opts.sudo,
+    };
+    let ws = client.terminal(id, &terminal).await?;
     let (mut sink, mut stream) = ws.split();
     let _raw = RawMode::enable()?;
     let mut input = stdin_chunks();

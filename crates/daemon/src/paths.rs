@@ -3,6 +3,8 @@
 //! `BELLJAR_HOME` (or `--home`) puts data, config and runtime under one root so that tests can
 //! use a temporary directory; the image cache stays shared (`BELLJAR_CACHE`, else
 //! `${XDG_CACHE_HOME:-~/.cache}/belljar`) so that tests reuse images that are slow to build.
+//! Which directories those are, and the names of the files clients look for in them, is
+//! decided once in `belljar_client::paths`; this module adds what only the daemon needs.
 
 use std::fs;
 use std::io;
@@ -12,8 +14,8 @@ use std::path::{Path, PathBuf};
 #[derive(Debug, thiserror::Error)]
 pub enum PathsError {
     /// No home directory to derive the user directories from.
-    #[error("Cannot find the user's home directory; set BELLJAR_HOME")]
-    NoHome,
+    #[error(transparent)]
+    Resolve(#[from] belljar_client::PathsError),
     /// A directory could not be created.
     #[error("Cannot create {path}")]
     Create {
@@ -26,12 +28,9 @@ pub enum PathsError {
 /// The daemon's directories. Every one exists after [`Paths::create`].
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Paths {
-    /// Database, sandbox state and command logs.
-    pub data: PathBuf,
-    /// The bearer token.
-    pub config: PathBuf,
-    /// The Unix socket, the port file and the pid file.
-    pub runtime: PathBuf,
+    /// Data, config and runtime, and the files clients look for in them (socket, port, pid,
+    /// token), resolved by the client crate so that clients find this daemon.
+    pub dirs: belljar_client::Paths,
     /// Built images (`<cache>/images/<name>/current/...`).
     pub cache: PathBuf,
 }
@@ -39,38 +38,19 @@ pub struct Paths {
 impl Paths {
     /// Resolves the directories from an optional home root and an optional cache override.
     pub fn resolve(home: Option<&Path>, cache: Option<&Path>) -> Result<Self, PathsError> {
-        let cache = match cache {
-            Some(c) => c.to_path_buf(),
-            None => default_cache()?,
-        };
-        if let Some(home) = home {
-            return Ok(Self {
-                data: home.join("data"),
-                config: home.join("config"),
-                runtime: home.join("run"),
-                cache,
-            });
-        }
-        let dirs = directories::ProjectDirs::from("", "", "belljar").ok_or(PathsError::NoHome)?;
-        let data = dirs.data_dir().to_path_buf();
-        let runtime = dirs
-            .runtime_dir()
-            .map(Path::to_path_buf)
-            .unwrap_or_else(|| data.join("run"));
         Ok(Self {
-            config: dirs.config_dir().to_path_buf(),
-            runtime,
-            data,
-            cache,
+            dirs: belljar_client::Paths::resolve(home)?,
+            cache: belljar_client::paths::image_cache(cache)?,
         })
     }
 
     /// Creates the directories (private to the user, except the shared cache).
     pub fn create(&self) -> Result<(), PathsError> {
-        for dir in [&self.data, &self.config, &self.runtime] {
+        let d = &self.dirs;
+        for dir in [&d.data, &d.config, &d.runtime] {
             create_private_dir(dir)?;
         }
-        create_private_dir(&self.data.join("sandboxes"))?;
+        create_private_dir(&d.data.join("sandboxes"))?;
         fs::create_dir_all(self.cache.join("images")).map_err(|source| PathsError::Create {
             path: self.cache.clone(),
             source,
@@ -78,28 +58,12 @@ impl Paths {
     }
 
     pub fn database(&self) -> PathBuf {
-        self.data.join("belljar.db")
-    }
-
-    pub fn socket(&self) -> PathBuf {
-        self.runtime.join("belljard.sock")
-    }
-
-    pub fn port_file(&self) -> PathBuf {
-        self.runtime.join("port")
-    }
-
-    pub fn pid_file(&self) -> PathBuf {
-        self.runtime.join("belljard.pid")
-    }
-
-    pub fn token_file(&self) -> PathBuf {
-        self.config.join("token")
+        self.dirs.data.join("belljar.db")
     }
 
     /// The per-sandbox directory: backend state, command logs.
     pub fn sandbox_dir(&self, id: &str) -> PathBuf {
-        self.data.join("sandboxes").join(id)
+        self.dirs.data.join("sandboxes").join(id)
     }
 
     /// The NDJSON log of one command.
@@ -113,14 +77,6 @@ impl Paths {
     pub fn image_dir(&self, name: &str) -> PathBuf {
         self.cache.join("images").join(name).join("current")
     }
-}
-
-fn default_cache() -> Result<PathBuf, PathsError> {
-    if let Some(xdg) = std::env::var_os("XDG_CACHE_HOME").filter(|v| !v.is_empty()) {
-        return Ok(PathBuf::from(xdg).join("belljar"));
-    }
-    let home = directories::BaseDirs::new().ok_or(PathsError::NoHome)?;
-    Ok(home.home_dir().join(".cache").join("belljar"))
 }
 
 fn create_private_dir(dir: &Path) -> Result<(), PathsError> {
@@ -145,16 +101,21 @@ mod tests {
         let home = tempfile::tempdir().unwrap();
         let cache = tempfile::tempdir().unwrap();
         let paths = Paths::resolve(Some(home.path()), Some(cache.path())).unwrap();
-        assert!(paths.data.starts_with(home.path()));
-        assert!(paths.config.starts_with(home.path()));
-        assert_eq!(paths.socket(), home.path().join("run/belljard.sock"));
+        assert!(paths.dirs.data.starts_with(home.path()));
+        assert!(paths.dirs.config.starts_with(home.path()));
+        assert_eq!(paths.dirs.socket(), home.path().join("run/belljard.sock"));
         assert_eq!(paths.cache, cache.path());
         paths.create().unwrap();
-        let mode = fs::metadata(&paths.config).unwrap().permissions().mode();
-        assert_eq!(mode & 0o777, 0o700);
+        for dir in [&paths.dirs.config, &paths.dirs.runtime, &paths.dirs.data] {
+            let mode = fs::metadata(dir).unwrap().permissions().mode();
+            assert_eq!(mode & 0o777, 0o700, "{}", dir.display());
+        }
         assert_eq!(
             paths.command_log("sbx_a", "cmd_b"),
-            paths.data.join("sandboxes/sbx_a/commands/cmd_b.ndjson")
+            paths
+                .dirs
+                .data
+                .join("sandboxes/sbx_a/commands/cmd_b.ndjson")
         );
     }
 }

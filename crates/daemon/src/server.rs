@@ -72,9 +72,13 @@ pub struct Bound {
 pub async fn run(config: Config) -> Result<(), ServerError> {
     let paths = Paths::resolve(config.home.as_deref(), config.cache.as_deref())?;
     paths.create()?;
-    let pid_file = claim_pid_file(&paths.pid_file())?;
+    let pid_file = claim_pid_file(&paths.dirs.pid_file())?;
     let result = serve(config, &paths).await;
-    for f in [paths.socket(), paths.port_file(), pid_file.path.clone()] {
+    for f in [
+        paths.dirs.socket(),
+        paths.dirs.port_file(),
+        pid_file.path.clone(),
+    ] {
         let _ = std::fs::remove_file(f);
     }
     drop(pid_file);
@@ -86,7 +90,7 @@ async fn serve(config: Config, paths: &Paths) -> Result<(), ServerError> {
     // after readiness is a clean stop and not a kill.
     let mut term = signal(SignalKind::terminate()).map_err(io_err("Cannot watch SIGTERM"))?;
     let mut int = signal(SignalKind::interrupt()).map_err(io_err("Cannot watch SIGINT"))?;
-    let token = auth::load_or_create_token(&paths.token_file())
+    let token = auth::load_or_create_token(&paths.dirs.token_file())
         .map_err(io_err("Cannot read or create the token"))?;
     let auth = Arc::new(Auth::new(token, config.allowed_origins.clone()));
     let store = Store::open(&paths.database())?;
@@ -136,8 +140,8 @@ async fn serve(config: Config, paths: &Paths) -> Result<(), ServerError> {
     let tcp = listen_tcp(config.port).await?;
     let port = tcp.local_addr().map_err(io_err("No local address"))?.port();
     auth.set_port(port);
-    write_private(&paths.port_file(), &format!("{port}\n"))?;
-    let socket = paths.socket();
+    write_private(&paths.dirs.port_file(), &format!("{port}\n"))?;
+    let socket = paths.dirs.socket();
     let _ = std::fs::remove_file(&socket);
     let unix = UnixListener::bind(&socket)
         .map_err(io_err(format!("Cannot listen on {}", socket.display())))?;

@@ -90,16 +90,11 @@ impl State {
     }
 }
 
-/// Field 22 (starttime) of `/proc/<pid>/stat`, for a live (non-zombie) process.
+/// Field 22 (starttime) of `/proc/<pid>/stat`, for a live (not zombie, not dead) process.
 pub(crate) fn start_time(pid: u32) -> Option<u64> {
-    let stat = fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
-    // The command name may contain spaces and parentheses; fields follow the last ')'.
-    let rest = &stat[stat.rfind(')')? + 2..];
-    let fields: Vec<&str> = rest.split(' ').collect();
-    if fields.first() == Some(&"Z") || fields.first() == Some(&"X") {
-        return None;
-    }
-    fields.get(19)?.parse().ok()
+    use procfs_core::FromRead;
+    let stat = procfs_core::process::Stat::from_file(format!("/proc/{pid}/stat")).ok()?;
+    (!matches!(stat.state, 'Z' | 'X')).then_some(stat.starttime)
 }
 
 /// A handle that tells when a sandbox's PID 1 has exited; works for processes that are not

@@ -133,16 +133,11 @@ pub fn config(spec: &VmSpec, now_ms: i64) -> Result<VmConfig, VmmError> {
     Ok(config)
 }
 
-/// Field 22 (starttime) of `/proc/<pid>/stat`, for a live, non-zombie process.
+/// Field 22 (starttime) of `/proc/<pid>/stat`, for a live (not zombie, not dead) process.
 pub fn start_time(pid: u32) -> Option<u64> {
-    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
-    // The command name may hold spaces and parentheses; the fields follow the last ')'.
-    let rest = &stat[stat.rfind(')')? + 2..];
-    let fields: Vec<&str> = rest.split_whitespace().collect();
-    if fields.first() == Some(&"Z") {
-        return None;
-    }
-    fields.get(19)?.parse().ok()
+    use procfs_core::FromRead;
+    let stat = procfs_core::process::Stat::from_file(format!("/proc/{pid}/stat")).ok()?;
+    (!matches!(stat.state, 'Z' | 'X')).then_some(stat.starttime)
 }
 
 /// Starts the VMM for `spec`; returns once the process runs.

@@ -1,7 +1,10 @@
 //! Reads NDJSON answers (logs, events, watches, image builds) line by line as they arrive,
 //! without waiting for the stream to end.
 
+use std::marker::PhantomData;
+
 use bytes::{Buf, Bytes, BytesMut};
+use futures::Stream;
 use http_body_util::BodyExt;
 use hyper::body::{Body, Incoming};
 use serde::de::DeserializeOwned;
@@ -72,16 +75,52 @@ where
     pub async fn next<T: DeserializeOwned>(&mut self) -> Result<Option<T>, NdjsonError> {
         match self.next_line().await? {
             None => Ok(None),
-            Some(line) => {
-                serde_json::from_slice(&line)
-                    .map(Some)
-                    .map_err(|source| NdjsonError::Decode {
-                        line: String::from_utf8_lossy(&line).into_owned(),
-                        source,
-                    })
-            }
+            Some(line) => decode_line(&line).map(Some),
         }
     }
+}
+
+/// A streamed answer of one API type per line: command logs, events, watches, image builds.
+pub struct NdjsonStream<T> {
+    lines: Lines<Incoming>,
+    item: PhantomData<fn() -> T>,
+}
+
+impl<T: DeserializeOwned> NdjsonStream<T> {
+    pub(crate) fn new(body: Incoming) -> Self {
+        Self {
+            lines: Lines::new(body),
+            item: PhantomData,
+        }
+    }
+
+    /// The next item, or `None` once the daemon ended the stream.
+    pub async fn next(&mut self) -> Result<Option<T>, NdjsonError> {
+        self.lines.next().await
+    }
+
+    /// The next line as the daemon sent it, undecoded (for `--json` output).
+    pub async fn next_line(&mut self) -> Result<Option<Bytes>, NdjsonError> {
+        self.lines.next_line().await
+    }
+
+    /// The items as a [`Stream`], for `select!` and combinators.
+    pub fn into_stream(self) -> impl Stream<Item = Result<T, NdjsonError>> + Send + 'static
+    where
+        T: Send + 'static,
+    {
+        futures::stream::unfold(self, |mut s| async move {
+            s.next().await.transpose().map(|item| (item, s))
+        })
+    }
+}
+
+/// Decodes one NDJSON line as `T`.
+pub fn decode_line<T: DeserializeOwned>(line: &[u8]) -> Result<T, NdjsonError> {
+    serde_json::from_slice(line).map_err(|source| NdjsonError::Decode {
+        line: String::from_utf8_lossy(line).into_owned(),
+        source,
+    })
 }
 
 #[cfg(test)]

@@ -1,0 +1,91 @@
+//! The daemon-wide routes: info, the OpenAPI document, images and their builds, the event
+//! stream, the browser's sign-in token and the terminal WebSocket.
+
+use belljar_api::{Event, Image, ImageBuildEvent, Info, SessionToken};
+use http::Method;
+
+use crate::body::empty;
+use crate::client::{Client, WebSocket};
+use crate::error::ClientError;
+use crate::ndjson::NdjsonStream;
+use crate::routes::{self, EVENTS, IMAGES, INFO, OPENAPI, SESSION_TOKEN, with_query};
+
+/// How to open a terminal: its size, directory and user.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct TerminalOptions {
+    pub rows: Option<u16>,
+    pub cols: Option<u16>,
+    pub cwd: Option<String>,
+    /// A root shell.
+    pub sudo: bool,
+}
+
+impl Client {
+    /// `GET /v1/info`: version, backends, images, free memory.
+    pub async fn info(&self) -> Result<Info, ClientError> {
+        self.get(INFO).await
+    }
+
+    /// `GET /v1/openapi.json`: the API's description, generated from the daemon's handlers.
+    pub async fn openapi(&self) -> Result<serde_json::Value, ClientError> {
+        self.get(OPENAPI).await
+    }
+
+    /// `GET /v1/images`.
+    pub async fn images(&self) -> Result<Vec<Image>, ClientError> {
+        self.get(IMAGES).await
+    }
+
+    /// `POST /v1/images/{name}/build`: progress lines, then `done` or `error`.
+    pub async fn build_image(
+        &self,
+        name: &str,
+    ) -> Result<NdjsonStream<ImageBuildEvent>, ClientError> {
+        let resp = self
+            .request(Method::POST, &routes::image_build(name), empty(), None)
+            .await?;
+        Ok(NdjsonStream::new(resp.into_body()))
+    }
+
+    /// `GET /v1/events?since=`: sandbox and command changes, replayed from after `since`
+    /// (else from now on); the stream stays open.
+    pub async fn events(&self, since: Option<u64>) -> Result<NdjsonStream<Event>, ClientError> {
+        let url = with_query(EVENTS, &[("since", since.map(|s| s.to_string()))]);
+        let resp = self.request(Method::GET, &url, empty(), None).await?;
+        Ok(NdjsonStream::new(resp.into_body()))
+    }
+
+    /// `POST /v1/session/token`: a one-time token that signs a browser in.
+    pub async fn session_token(&self) -> Result<SessionToken, ClientError> {
+        self.call_empty(Method::POST, SESSION_TOKEN).await
+    }
+
+    /// `http://127.0.0.1:<port>/ui?token=<one-time>`: the daemon's web UI, signed in, for a
+    /// browser or the app's window to open (the token is valid once, for 60 seconds).
+    pub async fn ui_login_url(&self, port: u16) -> Result<String, ClientError> {
+        let token = self.session_token().await?.token;
+        Ok(with_query(
+            &format!("http://127.0.0.1:{port}/ui"),
+            &[("token", Some(token))],
+        ))
+    }
+
+    /// `GET /v1/sandboxes/{id}/terminal` as a WebSocket: binary frames are terminal bytes,
+    /// text frames `TerminalMessage`s.
+    pub async fn terminal(
+        &self,
+        id: &str,
+        opts: &TerminalOptions,
+    ) -> Result<WebSocket, ClientError> {
+        let path = with_query(
+            &routes::sandbox_sub(id, "terminal"),
+            &[
+                ("rows", opts.rows.map(|r| r.to_string())),
+                ("cols", opts.cols.map(|c| c.to_string())),
+                ("cwd", opts.cwd.clone()),
+                ("sudo", opts.sudo.then(|| "true".to_string())),
+            ],
+        );
+        self.websocket(&path).await
+    }
+}
