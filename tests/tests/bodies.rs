@@ -3,7 +3,7 @@
 //! documented bound (`belljar_api::limits`), refused with 400 `bad_request` naming the field
 //! before anything is created or run; an oversized body is 413.
 
-use belljar_api::{CreateSandbox, SandboxList};
+use belljar_api::CreateSandbox;
 use belljar_client::{self as client, Client};
 use belljar_e2e::Daemon;
 use http::Method;
@@ -175,7 +175,7 @@ async fn bodies_are_objects_within_their_bounds() {
     assert!(text.starts_with("payload_too_large"), "{text:.200}");
 
     // None of it created a sandbox, and the one there still runs commands.
-    let list: SandboxList = c.get("/v1/sandboxes").await.unwrap();
+    let list = c.list_sandboxes(&Default::default()).await.unwrap();
     assert_eq!(list.sandboxes.len(), 1);
     let (status, text) = send(
         &c,

@@ -8,16 +8,9 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::Duration;
 
-use belljar_api::{
-    BackendChoice, Command, CommandList, CommandStatus, CreateSandbox, IDEMPOTENCY_KEY_HEADER,
-    LogLine, RunCommand, Sandbox, SandboxList,
-};
-use belljar_client::Lines;
-use belljar_client::log_bytes;
-use belljar_client::routes::with_query;
-use belljar_client::{self as client, Client, ClientError};
-use belljar_e2e::{Daemon, get_bytes, stderr, stdout};
-use http::{Method, header};
+use belljar_api::{BackendChoice, Command, CommandStatus, CreateSandbox, RunCommand};
+use belljar_client::{Client, ClientError, log_bytes};
+use belljar_e2e::{Daemon, stderr, stdout};
 
 /// Commands started at once in the kill test.
 const IN_FLIGHT: usize = 120;
@@ -29,15 +22,7 @@ async fn run_keyed(
     key: &str,
     req: &RunCommand,
 ) -> Result<Command, ClientError> {
-    let path = format!("/v1/sandboxes/{sandbox}/commands");
-    let http_req = c
-        .builder(Method::POST, &path)
-        .header(header::CONTENT_TYPE, "application/json")
-        .header(IDEMPOTENCY_KEY_HEADER, key)
-        .body(client::json(req))
-        .expect("request");
-    let resp = client::check(c.send(http_req).await?).await?;
-    client::decode(resp, &path).await
+    c.run_command_once(sandbox, req, key).await
 }
 
 /// A detached command that appends its number to `/workspace/ran` and prints it.
@@ -54,36 +39,21 @@ fn appender(i: usize) -> RunCommand {
 }
 
 async fn logs(c: &Client, sandbox: &str, cmd: &str) -> Vec<u8> {
-    let resp = c
-        .request(
-            Method::GET,
-            &format!("/v1/sandboxes/{sandbox}/commands/{cmd}/logs?follow=true"),
-            client::empty(),
-            None,
-        )
-        .await
-        .unwrap();
-    let mut lines = Lines::new(resp.into_body());
+    let mut lines = c.command_logs(sandbox, cmd, true).await.unwrap();
     let mut out = Vec::new();
-    while let Some(l) = lines.next::<LogLine>().await.unwrap() {
+    while let Some(l) = lines.next().await.unwrap() {
         out.extend(log_bytes(&l));
     }
     out
 }
 
 async fn wait(c: &Client, sandbox: &str, cmd: &str) -> Command {
-    c.get(&format!("/v1/sandboxes/{sandbox}/commands/{cmd}?wait=true"))
-        .await
-        .unwrap()
+    c.wait_command(sandbox, cmd).await.unwrap()
 }
 
 /// How many times each command number was appended to `/workspace/ran`.
 async fn ran(c: &Client, sandbox: &str) -> HashMap<usize, usize> {
-    let get = with_query(
-        &format!("/v1/sandboxes/{sandbox}/files"),
-        &[("path", Some("/workspace/ran".into()))],
-    );
-    let body = get_bytes(c, &get).await;
+    let body = c.read_file_bytes(sandbox, "/workspace/ran").await.unwrap();
     let mut counts = HashMap::new();
     for line in String::from_utf8_lossy(&body).lines() {
         *counts
@@ -144,10 +114,7 @@ async fn kill_9_while_commands_start_leaves_a_record_for_every_command_that_ran(
 
     d.restart();
     let c = d.unix();
-    let list: CommandList = c
-        .get(&format!("/v1/sandboxes/{}/commands", s.id))
-        .await
-        .unwrap();
+    let list = c.commands(&s.id).await.unwrap();
     let mut by_number: BTreeMap<usize, Command> = BTreeMap::new();
     for cmd in list.commands {
         assert_ne!(
@@ -258,22 +225,11 @@ async fn output_over_the_limit_is_reported_by_the_api_and_the_cli() {
             backend: Some(BackendChoice::Namespace),
             ..Default::default()
         };
-        let http_req = c
-            .builder(Method::POST, "/v1/sandboxes")
-            .header(header::CONTENT_TYPE, "application/json")
-            .header(IDEMPOTENCY_KEY_HEADER, "create-once")
-            .body(client::json(&req))
-            .expect("request");
-        let resp = client::check(c.send(http_req).await.unwrap())
-            .await
-            .unwrap();
-        client::decode::<Sandbox>(resp, "/v1/sandboxes")
-            .await
-            .unwrap()
+        c.create_sandbox_once(&req, "create-once").await.unwrap()
     };
     let s = create(c.clone()).await;
     assert_eq!(create(c.clone()).await.id, s.id);
-    let all: SandboxList = c.get("/v1/sandboxes").await.unwrap();
+    let all = c.list_sandboxes(&Default::default()).await.unwrap();
     assert_eq!(all.sandboxes.len(), 1);
     let print = |n: usize| RunCommand {
         argv: vec![
@@ -284,31 +240,14 @@ async fn output_over_the_limit_is_reported_by_the_api_and_the_cli() {
         ..Default::default()
     };
 
-    let big: Command = c
-        .call(
-            Method::POST,
-            &format!("/v1/sandboxes/{}/commands", s.id),
-            &print(10_000),
-        )
-        .await
-        .unwrap();
+    let big = c.run_command(&s.id, &print(10_000)).await.unwrap();
     assert_eq!(big.status, CommandStatus::Exited);
     assert_eq!(big.output_truncated_bytes, 10_000 - 4096);
     assert_eq!(logs(&c, &s.id, &big.id).await, vec![b'x'; 4096]);
-    let listed: CommandList = c
-        .get(&format!("/v1/sandboxes/{}/commands", s.id))
-        .await
-        .unwrap();
+    let listed = c.commands(&s.id).await.unwrap();
     assert_eq!(listed.commands[0].output_truncated_bytes, 10_000 - 4096);
 
-    let small: Command = c
-        .call(
-            Method::POST,
-            &format!("/v1/sandboxes/{}/commands", s.id),
-            &print(100),
-        )
-        .await
-        .unwrap();
+    let small = c.run_command(&s.id, &print(100)).await.unwrap();
     assert_eq!(small.output_truncated_bytes, 0);
 
     let out = d.cli([
@@ -359,11 +298,8 @@ async fn concurrent_requests_with_one_key_run_the_command_once_and_all_wait_for_
         assert_eq!(a.status, CommandStatus::Exited, "{a:?}");
     }
     assert_eq!(logs(&c, &s.id, &answers[0].id).await, b"done\n");
-    let get = with_query(
-        &format!("/v1/sandboxes/{}/files", s.id),
-        &[("path", Some("/workspace/once".into()))],
-    );
-    assert_eq!(&get_bytes(&c, &get).await[..], b"x\n");
+    let once = c.read_file_bytes(&s.id, "/workspace/once").await.unwrap();
+    assert_eq!(&once[..], b"x\n");
     // A key that is not visible ASCII is refused.
     let err = run_keyed(&c, &s.id, "two words", &req).await.unwrap_err();
     assert_eq!(err.code(), "bad_request", "{err}");

@@ -7,12 +7,10 @@
 use std::path::Path;
 use std::time::Duration;
 
-use belljar_api::{Command, CreateSandbox, FileList, RunCommand, Sandbox, SandboxStatus};
-use belljar_client::Lines;
-use belljar_client::log_bytes;
-use belljar_client::routes::with_query;
-use belljar_client::{self as client, Client};
-use belljar_e2e::{Daemon, get_bytes};
+use belljar_api::{Command, CreateSandbox, RunCommand, SandboxStatus};
+use belljar_client::routes;
+use belljar_client::{self as client, Client, log_bytes};
+use belljar_e2e::Daemon;
 use http::Method;
 use http_body_util::BodyExt;
 
@@ -25,21 +23,14 @@ async fn sh(c: &Client, id: &str, script: &str) -> Command {
         sudo: true,
         ..Default::default()
     };
-    c.call(Method::POST, &format!("/v1/sandboxes/{id}/commands"), &req)
-        .await
-        .expect("run command")
+    c.run_command(id, &req).await.expect("run command")
 }
 
 /// Stdout and stderr of a finished command.
 async fn output(c: &Client, id: &str, cmd: &str) -> (String, String) {
-    let path = format!("/v1/sandboxes/{id}/commands/{cmd}/logs");
-    let resp = c
-        .request(Method::GET, &path, client::empty(), None)
-        .await
-        .expect("logs");
-    let mut lines = Lines::new(resp.into_body());
+    let mut lines = c.command_logs(id, cmd, false).await.expect("logs");
     let (mut out, mut err) = (Vec::new(), Vec::new());
-    while let Some(line) = lines.next::<belljar_api::LogLine>().await.unwrap() {
+    while let Some(line) = lines.next().await.unwrap() {
         match line.stream {
             belljar_api::Stream::Stdout => out.extend(log_bytes(&line)),
             belljar_api::Stream::Stderr => err.extend(log_bytes(&line)),
@@ -98,7 +89,7 @@ fn has_cap_sys_resource(pid: i32) -> bool {
 }
 
 async fn still_running(c: &Client, d: &Daemon, id: &str) {
-    let s: Sandbox = c.get(&format!("/v1/sandboxes/{id}")).await.unwrap();
+    let s = c.sandbox(id).await.unwrap();
     assert_eq!(s.status, SandboxStatus::Running, "{}", d.log());
     let cmd = sh(c, id, "echo alive").await;
     assert_eq!(cmd.exit_code, Some(0));
@@ -110,8 +101,7 @@ async fn special_files_busy_mounts_and_moving_root_get_their_own_codes() {
     let d = Daemon::start();
     let c = d.http();
     let s = d.create(&c, CreateSandbox::default()).await;
-    let files = format!("/v1/sandboxes/{}/files", s.id);
-    let get = |path: &str| with_query(&files, &[("path", Some(path.to_owned()))]);
+    let get = |path: &str| routes::file(&s.id, "", path);
     assert_eq!(
         sh(&c, &s.id, "mkfifo /workspace/fifo").await.exit_code,
         Some(0)
@@ -134,7 +124,7 @@ async fn special_files_busy_mounts_and_moving_root_get_their_own_codes() {
     }
 
     // /proc files say they are empty; their contents come through.
-    let cpuinfo = get_bytes(&c, &get("/proc/cpuinfo")).await;
+    let cpuinfo = c.read_file_bytes(&s.id, "/proc/cpuinfo").await.unwrap();
     assert!(
         String::from_utf8_lossy(&cpuinfo).contains("processor"),
         "{} bytes",
@@ -142,12 +132,12 @@ async fn special_files_busy_mounts_and_moving_root_get_their_own_codes() {
     );
 
     // A mount point cannot be removed: busy, not an internal error.
-    let rm = with_query(&files, &[("path", Some("/proc".into()))]);
+    let rm = get("/proc");
     assert_eq!(
         status_of(&c, Method::DELETE, &rm, None).await,
         (409, "busy".to_owned())
     );
-    let mv = format!("{files}/move");
+    let mv = routes::sandbox_sub(&s.id, "files/move");
     assert_eq!(
         status_of(
             &c,
@@ -179,22 +169,17 @@ async fn a_directory_of_200k_entries_lists_in_pages_in_bounded_daemon_memory() {
         "{:?}",
         output(&c, &s.id, &made.id).await
     );
-    let list = format!("/v1/sandboxes/{}/files/list", s.id);
-    let page_url = |limit: Option<u32>, cursor: Option<String>| {
-        with_query(
-            &list,
-            &[
-                ("path", Some("/workspace/big".to_owned())),
-                ("limit", limit.map(|l| l.to_string())),
-                ("cursor", cursor),
-            ],
-        )
+    let page = |limit: Option<u32>, cursor: Option<String>| {
+        let (c, id) = (c.clone(), s.id.clone());
+        async move {
+            c.list_files(&id, "/workspace/big", limit, cursor.as_deref())
+                .await
+        }
     };
 
     let rss_before = vm_rss_kib(d.pid());
     // Four at once: the load that used to make the agent the OOM killer's choice.
-    let first = page_url(None, None);
-    let firsts = (0..4).map(|_| c.get::<FileList>(&first));
+    let firsts = (0..4).map(|_| page(None, None));
     for page in futures::future::join_all(firsts).await {
         let page = page.unwrap();
         assert_eq!(page.entries.len(), 1000, "the default page");
@@ -205,7 +190,7 @@ async fn a_directory_of_200k_entries_lists_in_pages_in_bounded_daemon_memory() {
     let mut last = String::new();
     let mut cursor = None;
     loop {
-        let page: FileList = c.get(&page_url(Some(5000), cursor)).await.unwrap();
+        let page = page(Some(5000), cursor).await.unwrap();
         assert!(page.entries.len() <= 5000);
         for e in &page.entries {
             assert!(e.name > last, "{} after {last}", e.name);
@@ -227,11 +212,9 @@ async fn a_directory_of_200k_entries_lists_in_pages_in_bounded_daemon_memory() {
         "the daemon grew from {rss_before} to {rss_after} KiB"
     );
 
-    for bad in [page_url(Some(0), None), page_url(Some(5001), None)] {
-        assert_eq!(
-            status_of(&c, Method::GET, &bad, None).await,
-            (400, "bad_request".to_owned())
-        );
+    for bad in [0, 5001] {
+        let e = page(Some(bad), None).await.unwrap_err();
+        assert_eq!((e.status(), e.code()), (Some(400), "bad_request"), "{e}");
     }
     still_running(&c, &d, &s.id).await;
 }

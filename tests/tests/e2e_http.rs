@@ -4,24 +4,19 @@
 use std::time::Duration;
 
 use belljar_api::{
-    Command, CommandStatus, CreateSandbox, Event, ExtendSandbox, FileEntry, FileKind, FileList,
-    Info, LogLine, MkdirRequest, MoveRequest, PtySize, RunCommand, Sandbox, SandboxStatus, Stream,
-    TerminalMessage, WatchEvent,
+    Command, CommandStatus, CreateSandbox, Event, FileKind, LogLine, MoveRequest, PtySize,
+    RunCommand, Sandbox, SandboxStatus, Stream, TerminalMessage, WatchEvent,
 };
-use belljar_client::Lines;
-use belljar_client::log_bytes;
-use belljar_client::routes::with_query;
-use belljar_client::{self as client, Client, ClientError};
-use belljar_e2e::{Daemon, eventually, get_bytes};
+use belljar_client::routes::{self, with_query};
+use belljar_client::{self as client, Client, ClientError, Lines, TerminalOptions, log_bytes};
+use belljar_e2e::{Daemon, eventually};
 use futures::{SinkExt, StreamExt};
 use http::{Method, header};
 use http_body_util::BodyExt;
 use tokio_tungstenite::tungstenite::Message;
 
 async fn run(c: &Client, id: &str, req: RunCommand) -> Command {
-    c.call(Method::POST, &format!("/v1/sandboxes/{id}/commands"), &req)
-        .await
-        .expect("run command")
+    c.run_command(id, &req).await.expect("run command")
 }
 
 async fn sh(c: &Client, id: &str, script: &str) -> Command {
@@ -37,8 +32,9 @@ async fn sh(c: &Client, id: &str, script: &str) -> Command {
 }
 
 async fn output(c: &Client, id: &str, cmd: &str, follow: bool) -> (Vec<u8>, Vec<u8>) {
+    // By hand rather than `command_logs`, to see the answer's content type.
     let path = with_query(
-        &format!("/v1/sandboxes/{id}/commands/{cmd}/logs"),
+        &routes::command_sub(id, cmd, "logs"),
         &[("follow", follow.then(|| "true".to_string()))],
     );
     let resp = c
@@ -86,9 +82,9 @@ async fn raw(c: &Client, req: http::Request<client::Body>) -> (u16, Option<Strin
 async fn sandbox_lifecycle_and_commands() {
     let d = Daemon::start();
     let c = d.http();
-    let info: Info = c.get("/v1/info").await.unwrap();
+    let info = c.info().await.unwrap();
     assert!(!info.default_backend_reason.is_empty());
-    let doc: serde_json::Value = c.get("/v1/openapi.json").await.unwrap();
+    let doc = c.openapi().await.unwrap();
     assert!(
         doc["paths"]["/v1/sandboxes"].is_object(),
         "openapi lacks /v1/sandboxes"
@@ -108,7 +104,7 @@ async fn sandbox_lifecycle_and_commands() {
     assert_eq!(s.vcpus, 2);
     assert_eq!(s.memory_mib, 1024);
     assert_eq!(s.timeout_ms, 300_000);
-    let got: Sandbox = c.get(&format!("/v1/sandboxes/{}", s.id)).await.unwrap();
+    let got = c.sandbox(&s.id).await.unwrap();
     assert_eq!(got.id, s.id);
 
     // Waited command with output and exit code; env overridden per command.
@@ -146,8 +142,7 @@ async fn sandbox_lifecycle_and_commands() {
     )
     .await;
     assert_eq!(cmd.status, CommandStatus::Running);
-    let path = format!("/v1/sandboxes/{}/commands/{}", s.id, cmd.id);
-    let done: Command = c.get(&format!("{path}?wait=true")).await.unwrap();
+    let done = c.wait_command(&s.id, &cmd.id).await.unwrap();
     assert_eq!(done.exit_code, Some(2));
     assert_eq!(output(&c, &s.id, &cmd.id, false).await.0, b"later\n");
 
@@ -163,16 +158,10 @@ async fn sandbox_lifecycle_and_commands() {
         },
     )
     .await;
-    let cat_path = format!("/v1/sandboxes/{}/commands/{}", s.id, cat.id);
-    c.call_no_content(
-        Method::POST,
-        &format!("{cat_path}/stdin?close=true"),
-        client::full("piped in\n"),
-        Some("application/octet-stream"),
-    )
-    .await
-    .unwrap();
-    let done: Command = c.get(&format!("{cat_path}?wait=true")).await.unwrap();
+    c.write_stdin(&s.id, &cat.id, "piped in\n".into(), true)
+        .await
+        .unwrap();
+    let done = c.wait_command(&s.id, &cat.id).await.unwrap();
     assert_eq!(done.exit_code, Some(0));
     assert_eq!(output(&c, &s.id, &cat.id, true).await.0, b"piped in\n");
     let long = run(
@@ -185,16 +174,8 @@ async fn sandbox_lifecycle_and_commands() {
         },
     )
     .await;
-    let long_path = format!("/v1/sandboxes/{}/commands/{}", s.id, long.id);
-    let _: Command = c
-        .call(
-            Method::POST,
-            &format!("{long_path}/kill"),
-            &serde_json::json!({"signal": "KILL"}),
-        )
-        .await
-        .unwrap();
-    let done: Command = c.get(&format!("{long_path}?wait=true")).await.unwrap();
+    c.kill_command(&s.id, &long.id, Some("KILL")).await.unwrap();
+    let done = c.wait_command(&s.id, &long.id).await.unwrap();
     assert_eq!(done.signal, Some(9));
 
     // PTY.
@@ -221,44 +202,18 @@ async fn sandbox_lifecycle_and_commands() {
         b"33 101\r\ntty\r\n"
     );
 
-    let list: belljar_api::CommandList = c
-        .get(&format!("/v1/sandboxes/{}/commands", s.id))
-        .await
-        .unwrap();
+    let list = c.commands(&s.id).await.unwrap();
     assert!(list.commands.len() >= 6);
 
     // Extend, stop, delete.
-    let ext: Sandbox = c
-        .call(
-            Method::POST,
-            &format!("/v1/sandboxes/{}/extend", s.id),
-            &ExtendSandbox {
-                duration_ms: 60_000,
-            },
-        )
-        .await
-        .unwrap();
+    let ext = c.extend_sandbox(&s.id, 60_000).await.unwrap();
     assert_eq!(ext.timeout_ms, 360_000);
-    let stopped: Sandbox = c
-        .call_empty(Method::POST, &format!("/v1/sandboxes/{}/stop", s.id))
-        .await
-        .unwrap();
+    let stopped = c.stop_sandbox(&s.id).await.unwrap();
     assert_eq!(stopped.status, SandboxStatus::Stopped);
     // Output of finished commands outlives the sandbox.
     assert_eq!(output(&c, &s.id, &cmd.id, false).await.0, b"later\n");
-    c.call_no_content(
-        Method::DELETE,
-        &format!("/v1/sandboxes/{}", s.id),
-        client::empty(),
-        None,
-    )
-    .await
-    .unwrap();
-    let (status, code) = api_err(
-        c.get::<Sandbox>(&format!("/v1/sandboxes/{}", s.id))
-            .await
-            .unwrap_err(),
-    );
+    c.delete_sandbox(&s.id).await.unwrap();
+    let (status, code) = api_err(c.sandbox(&s.id).await.unwrap_err());
     assert_eq!((status, code.as_str()), (404, "not_found"));
 }
 
@@ -267,82 +222,45 @@ async fn files_api() {
     let d = Daemon::start();
     let c = d.http();
     let s = d.create(&c, CreateSandbox::default()).await;
-    let files = format!("/v1/sandboxes/{}/files", s.id);
     let name = "/workspace/dir one/ünï côdé.txt";
 
-    let put = with_query(
-        &files,
-        &[("path", Some(name.into())), ("mode", Some("600".into()))],
-    );
-    let resp = c
-        .request(
-            Method::PUT,
-            &put,
-            client::full("contents\n"),
-            Some("application/octet-stream"),
-        )
+    let entry = c
+        .write_file(&s.id, name, Some(0o600), client::full("contents\n"))
         .await
         .unwrap();
-    let entry: FileEntry = client::decode(resp, "put").await.unwrap();
     assert_eq!(entry.size, 9);
     assert_eq!(entry.mode & 0o777, 0o600);
 
-    let get = with_query(&files, &[("path", Some(name.into()))]);
-    let body = get_bytes(&c, &get).await;
+    let body = c.read_file_bytes(&s.id, name).await.unwrap();
     assert_eq!(&body[..], b"contents\n");
 
-    let stat: FileEntry = c
-        .get(&with_query(
-            &format!("{files}/stat"),
-            &[("path", Some(name.into()))],
-        ))
-        .await
-        .unwrap();
+    let stat = c.stat(&s.id, name).await.unwrap();
     assert_eq!(stat.kind, FileKind::File);
-    let list: FileList = c
-        .get(&with_query(
-            &format!("{files}/list"),
-            &[("path", Some("/workspace/dir one".into()))],
-        ))
+    let list = c
+        .list_files(&s.id, "/workspace/dir one", None, None)
         .await
         .unwrap();
     assert_eq!(list.entries.len(), 1);
     assert_eq!(list.entries[0].name, "ünï côdé.txt");
 
-    let made: FileEntry = c
-        .call(
-            Method::POST,
-            &format!("{files}/mkdir"),
-            &MkdirRequest {
-                path: "/workspace/a/b/c".into(),
-            },
-        )
-        .await
-        .unwrap();
+    let made = c.mkdir(&s.id, "/workspace/a/b/c").await.unwrap();
     assert_eq!(made.kind, FileKind::Directory);
-    let moved: FileEntry = c
-        .call(
-            Method::POST,
-            &format!("{files}/move"),
-            &MoveRequest {
-                from: name.into(),
-                to: "/workspace/a/b/c/moved.txt".into(),
-                overwrite: false,
-            },
-        )
-        .await
-        .unwrap();
+    let req = MoveRequest {
+        from: name.into(),
+        to: "/workspace/a/b/c/moved.txt".into(),
+        overwrite: false,
+    };
+    let moved = c.move_file(&s.id, &req).await.unwrap();
     assert_eq!(moved.path, "/workspace/a/b/c/moved.txt");
 
     // Tar of a tree contains the moved file.
-    let tar = get_bytes(
-        &c,
-        &with_query(
-            &format!("{files}/tar"),
-            &[("path", Some("/workspace/a".into()))],
-        ),
-    )
-    .await;
+    let tar = c
+        .download_tar(&s.id, "/workspace/a")
+        .await
+        .unwrap()
+        .bytes()
+        .await
+        .unwrap();
     let tar_names: Vec<String> = {
         let mut a = tar::Archive::new(&tar[..]);
         a.entries()
@@ -356,69 +274,28 @@ async fn files_api() {
     );
 
     // A directory where a file is expected, and a missing file.
-    let (status, code) = api_err(
-        c.request(
-            Method::GET,
-            &with_query(&files, &[("path", Some("/workspace/a".into()))]),
-            client::empty(),
-            None,
-        )
-        .await
-        .unwrap_err(),
-    );
+    let (status, code) = api_err(c.read_file(&s.id, "/workspace/a").await.unwrap_err());
     assert_eq!(code, "is_a_directory");
     assert!(status == 400 || status == 409, "status {status}");
-    let (status, code) = api_err(
-        c.request(
-            Method::GET,
-            &with_query(&files, &[("path", Some("/workspace/nope".into()))]),
-            client::empty(),
-            None,
-        )
-        .await
-        .unwrap_err(),
-    );
+    let (status, code) = api_err(c.read_file(&s.id, "/workspace/nope").await.unwrap_err());
     assert_eq!((status, code.as_str()), (404, "not_found"));
 
-    c.call_no_content(
-        Method::DELETE,
-        &with_query(
-            &files,
-            &[
-                ("path", Some("/workspace/a".into())),
-                ("recursive", Some("true".into())),
-            ],
-        ),
-        client::empty(),
-        None,
-    )
-    .await
-    .unwrap();
-    let (status, _) = api_err(
-        c.get::<FileEntry>(&with_query(
-            &format!("{files}/stat"),
-            &[("path", Some("/workspace/a".into()))],
-        ))
-        .await
-        .unwrap_err(),
-    );
+    c.remove(&s.id, "/workspace/a", true).await.unwrap();
+    let (status, _) = api_err(c.stat(&s.id, "/workspace/a").await.unwrap_err());
     assert_eq!(status, 404);
+    assert_eq!(c.try_stat(&s.id, "/workspace/a").await.unwrap(), None);
 }
 
 #[tokio::test(flavor = "multi_thread")]
 async fn events_and_watch_stream() {
     let d = Daemon::start();
     let c = d.http();
-    let resp = c
-        .request(Method::GET, "/v1/events", client::empty(), None)
-        .await
-        .unwrap();
-    let mut events = Lines::new(resp.into_body());
+    let mut events = c.events(None).await.unwrap();
     let s = d.create(&c, CreateSandbox::default()).await;
     let sid = s.id.clone();
     tokio::time::timeout(Duration::from_secs(30), async {
         loop {
-            let e: Event = events.next().await.unwrap().expect("events stream ended");
+            let e = events.next().await.unwrap().expect("events stream ended");
             if let Event::Sandbox { sandbox, .. } = e
                 && sandbox.id == sid
                 && sandbox.status == SandboxStatus::Running
@@ -432,7 +309,7 @@ async fn events_and_watch_stream() {
     let cmd = sh(&c, &s.id, "true").await;
     tokio::time::timeout(Duration::from_secs(30), async {
         loop {
-            let e: Event = events.next().await.unwrap().expect("events stream ended");
+            let e = events.next().await.unwrap().expect("events stream ended");
             if let Event::Command { command, .. } = e
                 && command.id == cmd.id
                 && command.status == CommandStatus::Exited
@@ -445,18 +322,7 @@ async fn events_and_watch_stream() {
     .expect("no exited event for the command");
 
     // Watch /workspace as NDJSON and create a file in it.
-    let watch = with_query(
-        &format!("/v1/sandboxes/{}/files/watch", s.id),
-        &[
-            ("path", Some("/workspace".into())),
-            ("recursive", Some("true".into())),
-        ],
-    );
-    let resp = c
-        .request(Method::GET, &watch, client::empty(), None)
-        .await
-        .unwrap();
-    let mut watch = Lines::new(resp.into_body());
+    let mut watch = c.watch(&s.id, "/workspace", true).await.unwrap();
     // Give the watch a moment to be installed in the sandbox before the change.
     tokio::time::sleep(Duration::from_millis(300)).await;
     sh(&c, &s.id, "echo x > /workspace/watched.txt").await;
@@ -477,10 +343,12 @@ async fn terminal_websocket() {
     let d = Daemon::start();
     let c = d.http();
     let s = d.create(&c, CreateSandbox::default()).await;
-    let mut ws = c
-        .websocket(&format!("/v1/sandboxes/{}/terminal?rows=30&cols=90", s.id))
-        .await
-        .unwrap();
+    let size = |rows, cols| TerminalOptions {
+        rows: Some(rows),
+        cols: Some(cols),
+        ..Default::default()
+    };
+    let mut ws = c.terminal(&s.id, &size(30, 90)).await.unwrap();
     ws.send(Message::Binary(
         "stty size; echo marker-$((6*7)); exit 5\n".into(),
     ))
@@ -510,10 +378,7 @@ async fn terminal_websocket() {
     assert_eq!(exit, Some(5));
 
     // Resize message on a second shell.
-    let mut ws = c
-        .websocket(&format!("/v1/sandboxes/{}/terminal?rows=10&cols=20", s.id))
-        .await
-        .unwrap();
+    let mut ws = c.terminal(&s.id, &size(10, 20)).await.unwrap();
     let resize = serde_json::to_string(&TerminalMessage::Resize {
         rows: 50,
         cols: 132,
@@ -546,17 +411,9 @@ async fn bad_input_gets_the_right_code() {
     let s = d.create(&c, CreateSandbox::default()).await;
 
     // Unknown ids.
-    let (st, code) = api_err(
-        c.get::<Sandbox>("/v1/sandboxes/sbx_doesnotexist")
-            .await
-            .unwrap_err(),
-    );
+    let (st, code) = api_err(c.sandbox("sbx_doesnotexist").await.unwrap_err());
     assert_eq!((st, code.as_str()), (404, "not_found"));
-    let (st, code) = api_err(
-        c.get::<Command>(&format!("/v1/sandboxes/{}/commands/cmd_nope", s.id))
-            .await
-            .unwrap_err(),
-    );
+    let (st, code) = api_err(c.command(&s.id, "cmd_nope").await.unwrap_err());
     assert_eq!((st, code.as_str()), (404, "not_found"));
 
     // Bad JSON, a wrong field type, a negative timeout, an empty argv, a negative extension.
@@ -614,15 +471,7 @@ async fn bad_input_gets_the_right_code() {
 
     // Writing to a path that is a directory.
     let bad = c
-        .request(
-            Method::PUT,
-            &with_query(
-                &format!("/v1/sandboxes/{}/files", s.id),
-                &[("path", Some("/workspace".into()))],
-            ),
-            client::full("x"),
-            Some("application/octet-stream"),
-        )
+        .write_file(&s.id, "/workspace", None, client::full("x"))
         .await
         .unwrap_err();
     let (st, code) = api_err(bad);
@@ -706,12 +555,11 @@ async fn timeout_expiry_over_http() {
             },
         )
         .await;
-    let path = format!("/v1/sandboxes/{}", s.id);
     let stopped = eventually(Duration::from_secs(30), "the sandbox to time out", || {
         let c = c.clone();
-        let path = path.clone();
+        let id = s.id.clone();
         async move {
-            let s: Sandbox = c.get(&path).await.ok()?;
+            let s = c.sandbox(&id).await.ok()?;
             s.status.is_final().then_some(s)
         }
     })

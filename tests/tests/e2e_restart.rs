@@ -4,29 +4,14 @@
 
 use std::time::Duration;
 
-use belljar_api::{
-    Command, CommandStatus, CreateSandbox, LogLine, RunCommand, Sandbox, SandboxStatus,
-};
-use belljar_client as client;
-use belljar_client::Lines;
-use belljar_client::log_bytes;
-use belljar_client::routes::with_query;
-use belljar_e2e::{Daemon, get_bytes, stderr, stdout};
-use http::Method;
+use belljar_api::{CommandStatus, CreateSandbox, RunCommand, SandboxStatus};
+use belljar_client::{self as client, Client, log_bytes};
+use belljar_e2e::{Daemon, stderr, stdout};
 
-async fn logs(c: &client::Client, id: &str, cmd: &str) -> Vec<u8> {
-    let resp = c
-        .request(
-            Method::GET,
-            &format!("/v1/sandboxes/{id}/commands/{cmd}/logs?follow=true"),
-            client::empty(),
-            None,
-        )
-        .await
-        .unwrap();
-    let mut lines = Lines::new(resp.into_body());
+async fn logs(c: &Client, id: &str, cmd: &str) -> Vec<u8> {
+    let mut lines = c.command_logs(id, cmd, true).await.unwrap();
     let mut out = Vec::new();
-    while let Some(l) = lines.next::<LogLine>().await.unwrap() {
+    while let Some(l) = lines.next().await.unwrap() {
         out.extend(log_bytes(&l));
     }
     out
@@ -49,10 +34,9 @@ async fn kill_9_and_restart_loses_nothing() {
     let stopped = d.create(&c, CreateSandbox::default()).await;
 
     // A finished command, a file, a stopped sandbox and a command still running.
-    let done: Command = c
-        .call(
-            Method::POST,
-            &format!("/v1/sandboxes/{}/commands", running.id),
+    let done = c
+        .run_command(
+            &running.id,
             &RunCommand {
                 argv: vec!["sh".into(), "-c".into(), "echo before-kill".into()],
                 ..Default::default()
@@ -60,26 +44,18 @@ async fn kill_9_and_restart_loses_nothing() {
         )
         .await
         .unwrap();
-    let put = with_query(
-        &format!("/v1/sandboxes/{}/files", running.id),
-        &[("path", Some("/workspace/keep.txt".into()))],
-    );
-    c.request(
-        Method::PUT,
-        &put,
+    c.write_file(
+        &running.id,
+        "/workspace/keep.txt",
+        None,
         client::full("kept\n"),
-        Some("application/octet-stream"),
     )
     .await
     .unwrap();
-    let _: Sandbox = c
-        .call_empty(Method::POST, &format!("/v1/sandboxes/{}/stop", stopped.id))
-        .await
-        .unwrap();
-    let busy: Command = c
-        .call(
-            Method::POST,
-            &format!("/v1/sandboxes/{}/commands", running.id),
+    c.stop_sandbox(&stopped.id).await.unwrap();
+    let busy = c
+        .run_command(
+            &running.id,
             &RunCommand {
                 argv: vec![
                     "sh".into(),
@@ -99,35 +75,22 @@ async fn kill_9_and_restart_loses_nothing() {
     d.restart();
     let c = d.unix();
 
-    let s: Sandbox = c
-        .get(&format!("/v1/sandboxes/{}", running.id))
-        .await
-        .unwrap();
+    let s = c.sandbox(&running.id).await.unwrap();
     assert_eq!(s.status, SandboxStatus::Running, "{s:?}\nlog:\n{}", d.log());
     assert_eq!(s.name.as_deref(), Some("survivor"));
     assert_eq!(s.tags["k"], "v");
-    let st: Sandbox = c
-        .get(&format!("/v1/sandboxes/{}", stopped.id))
-        .await
-        .unwrap();
+    let st = c.sandbox(&stopped.id).await.unwrap();
     assert_eq!(st.status, SandboxStatus::Stopped);
 
     assert_eq!(logs(&c, &running.id, &done.id).await, b"before-kill\n");
-    let get = with_query(
-        &format!("/v1/sandboxes/{}/files", running.id),
-        &[("path", Some("/workspace/keep.txt".into()))],
-    );
-    let body = get_bytes(&c, &get).await;
+    let body = c
+        .read_file_bytes(&running.id, "/workspace/keep.txt")
+        .await
+        .unwrap();
     assert_eq!(&body[..], b"kept\n");
 
     // The command that ran across the restart finishes and keeps all of its output.
-    let finished: Command = c
-        .get(&format!(
-            "/v1/sandboxes/{}/commands/{}?wait=true",
-            running.id, busy.id
-        ))
-        .await
-        .unwrap();
+    let finished = c.wait_command(&running.id, &busy.id).await.unwrap();
     assert_eq!(finished.status, CommandStatus::Exited);
     assert_eq!(finished.exit_code, Some(6));
     assert_eq!(logs(&c, &running.id, &busy.id).await, b"start\nend\n");

@@ -4,14 +4,15 @@
 //! read (found by tests/api-fuzz).
 
 use belljar_api::CreateSandbox;
-use belljar_e2e::{Daemon, get_bytes};
+use belljar_e2e::Daemon;
 
 #[tokio::test(flavor = "multi_thread")]
 async fn the_root_downloads_as_one_filesystem() {
     let d = Daemon::start();
     let c = d.http();
     let s = d.create(&c, CreateSandbox::default()).await;
-    let bytes = get_bytes(&c, &format!("/v1/sandboxes/{}/files/tar?path=/", s.id)).await;
+    let tar = c.download_tar(&s.id, "/").await.unwrap();
+    let bytes = tar.bytes().await.expect("the whole tar stream");
     let mut archive = tar::Archive::new(&bytes[..]);
     let mut names = Vec::new();
     for entry in archive.entries().expect("a tar stream") {

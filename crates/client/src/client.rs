@@ -232,6 +232,24 @@ impl Client {
         decode(resp, path).await
     }
 
+    /// `method path` with a JSON body and an `Idempotency-Key`, decoded from JSON: a retry
+    /// with the same key answers what the first request did instead of doing it again.
+    pub async fn call_once<B: Serialize, T: DeserializeOwned>(
+        &self,
+        method: Method,
+        path: &str,
+        body: &B,
+        key: &str,
+    ) -> Result<T, ClientError> {
+        let req = self
+            .builder(method, path)
+            .header(header::CONTENT_TYPE, "application/json")
+            .header(belljar_api::IDEMPOTENCY_KEY_HEADER, key)
+            .body(json(body))?;
+        let resp = check(self.send(req).await?).await?;
+        decode(resp, path).await
+    }
+
     /// `method path` without a body, decoded from JSON.
     pub async fn call_empty<T: DeserializeOwned>(
         &self,

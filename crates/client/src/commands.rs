@@ -17,6 +17,18 @@ impl Client {
         self.call(Method::POST, &routes::commands(id), req).await
     }
 
+    /// `POST /v1/sandboxes/{id}/commands` with an `Idempotency-Key`: a retry with the same
+    /// key answers the command the first request started instead of starting another.
+    pub async fn run_command_once(
+        &self,
+        id: &str,
+        req: &RunCommand,
+        key: &str,
+    ) -> Result<Command, ClientError> {
+        self.call_once(Method::POST, &routes::commands(id), req, key)
+            .await
+    }
+
     /// `GET /v1/sandboxes/{id}/commands`: newest first.
     pub async fn commands(&self, id: &str) -> Result<CommandList, ClientError> {
         self.get(&routes::commands(id)).await

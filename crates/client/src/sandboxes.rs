@@ -1,13 +1,12 @@
 //! The sandbox routes: create, list, get, update, extend, stop, delete.
 
 use belljar_api::{
-    CreateSandbox, ExtendSandbox, IDEMPOTENCY_KEY_HEADER, ListSandboxesQuery, Sandbox, SandboxList,
-    UpdateSandbox,
+    CreateSandbox, ExtendSandbox, ListSandboxesQuery, Sandbox, SandboxList, UpdateSandbox,
 };
-use http::{Method, header};
+use http::Method;
 
-use crate::body::{empty, json};
-use crate::client::{Client, decode};
+use crate::body::empty;
+use crate::client::Client;
 use crate::error::ClientError;
 use crate::routes::{self, SANDBOXES, with_query};
 
@@ -27,13 +26,7 @@ impl Client {
         req: &CreateSandbox,
         key: &str,
     ) -> Result<Sandbox, ClientError> {
-        let request = self
-            .builder(Method::POST, SANDBOXES)
-            .header(header::CONTENT_TYPE, "application/json")
-            .header(IDEMPOTENCY_KEY_HEADER, key)
-            .body(json(req))?;
-        let resp = crate::client::check(self.send(request).await?).await?;
-        decode(resp, SANDBOXES).await
+        self.call_once(Method::POST, SANDBOXES, req, key).await
     }
 
     /// `GET /v1/sandboxes`: one page, newest first.

@@ -218,3 +218,31 @@ async fn a_missing_socket_is_a_connect_error_and_does_not_answer() {
     let e = c.info().await.unwrap_err();
     assert_eq!(e.code(), "daemon_unavailable");
 }
+
+#[tokio::test]
+async fn a_keyed_run_carries_the_idempotency_key_and_the_json_body() {
+    let dir = tempfile::tempdir().unwrap();
+    let cmd = r#"{"id":"cmd_a","sandbox_id":"sbx_1","argv":["true"],"cwd":"/","user":"u",
+        "pty":false,"status":"exited","exit_code":0,"started_at":1}"#;
+    let (sock, server) = unix_server(dir.path(), answer("200 OK", cmd));
+    let req = belljar_api::RunCommand {
+        argv: vec!["true".into()],
+        ..Default::default()
+    };
+    let got = Client::unix(&sock)
+        .run_command_once("sbx_1", &req, "retry-7")
+        .await
+        .unwrap();
+    assert_eq!(got.id, "cmd_a");
+    let sent = server.await.unwrap();
+    let (head, body) = sent.split_once("\r\n\r\n").unwrap();
+    let head = head.to_ascii_lowercase();
+    assert!(
+        head.starts_with("post /v1/sandboxes/sbx_1/commands http/1.1"),
+        "{head}"
+    );
+    assert!(head.contains("idempotency-key: retry-7"), "{head}");
+    assert!(head.contains("content-type: application/json"), "{head}");
+    let body: belljar_api::RunCommand = serde_json::from_str(body).unwrap();
+    assert_eq!(body, req);
+}
