@@ -3,45 +3,42 @@
 
 use std::collections::HashMap;
 
+use percent_encoding::{AsciiSet, NON_ALPHANUMERIC, percent_decode_str, utf8_percent_encode};
+
+/// What stays unencoded: the unreserved characters of RFC 3986, and `/` so that paths stay
+/// readable in logs.
+const KEEP: &AsciiSet = &NON_ALPHANUMERIC
+    .remove(b'-')
+    .remove(b'.')
+    .remove(b'_')
+    .remove(b'~')
+    .remove(b'/');
+
 /// Encodes `value` for a query parameter: unreserved characters and `/` stay, the rest is
 /// `%XX`-escaped byte by byte.
 pub fn encode(value: &str) -> String {
-    let mut out = String::with_capacity(value.len());
-    for &b in value.as_bytes() {
-        match b {
-            b'A'..=b'Z' | b'a'..=b'z' | b'0'..=b'9' | b'-' | b'.' | b'_' | b'~' | b'/' => {
-                out.push(b as char)
-            }
-            _ => out.push_str(&format!("%{b:02X}")),
-        }
-    }
-    out
+    utf8_percent_encode(value, KEEP).to_string()
 }
 
 /// Decodes one `%XX`/`+` escaped component; `None` when it is malformed or not UTF-8.
 pub fn decode(value: &str) -> Option<String> {
+    // The crate passes a malformed escape through as text; a request that has one is refused
+    // instead, so that no two spellings reach the same path.
     let bytes = value.as_bytes();
-    let mut out = Vec::with_capacity(bytes.len());
-    let mut i = 0;
-    while i < bytes.len() {
-        match bytes[i] {
-            b'%' => {
-                let hex = bytes.get(i + 1..i + 3)?;
-                let hex = std::str::from_utf8(hex).ok()?;
-                out.push(u8::from_str_radix(hex, 16).ok()?);
-                i += 3;
-            }
-            b'+' => {
-                out.push(b' ');
-                i += 1;
-            }
-            b => {
-                out.push(b);
-                i += 1;
-            }
-        }
+    let well_formed = bytes.iter().enumerate().all(|(i, &b)| {
+        b != b'%'
+            || bytes
+                .get(i + 1..i + 3)
+                .is_some_and(|h| h.iter().all(u8::is_ascii_hexdigit))
+    });
+    if !well_formed {
+        return None;
     }
-    String::from_utf8(out).ok()
+    let spaced = value.replace('+', " ");
+    percent_decode_str(&spaced)
+        .decode_utf8()
+        .ok()
+        .map(|v| v.into_owned())
 }
 
 /// Parses `a=1&b=x%20y` into a map; `None` when a component is malformed.
@@ -89,5 +86,7 @@ mod tests {
         assert!(decode("%4").is_none());
         assert!(decode("%ff").is_none());
         assert_eq!(decode("a+b").as_deref(), Some("a b"));
+        assert_eq!(decode("a%2Bb%25").as_deref(), Some("a+b%"));
+        assert!(decode("100%").is_none());
     }
 }
