@@ -13,6 +13,7 @@ pub mod agent_request;
 pub mod daemon;
 pub mod daemon_body;
 pub mod daemon_query;
+pub mod guest_frames;
 pub mod input;
 pub mod tar_upload;
 pub mod virtio_blk_chain;
@@ -31,6 +32,7 @@ pub const TARGETS: &[(&str, Harness)] = &[
     ("tar_upload", tar_upload::run),
     ("daemon_body", daemon_body::run),
     ("daemon_query", daemon_query::run),
+    ("guest_frames", guest_frames::run),
 ];
 
 /// Removes the scratch directories this process's harnesses made under the temporary

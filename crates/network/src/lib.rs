@@ -15,6 +15,8 @@ pub mod device;
 pub mod dns;
 pub mod domain;
 pub mod flows;
+#[doc(hidden)]
+pub mod fuzz;
 pub mod policy;
 pub mod sniff;
 mod stack;

@@ -4,7 +4,7 @@
 //! log and stop it.
 
 mod dns_tcp;
-mod frames;
+pub(crate) mod frames;
 mod tcp;
 mod udp;
 

@@ -23,14 +23,15 @@ use crate::sniff::{SNIFF_LIMIT, Sniffed, sniff};
 
 use super::Ctx;
 
-/// smoltcp's buffers per connection, each way.
-const SOCKET_BUFFER: usize = 256 * 1024;
+/// smoltcp's buffers per connection, each way: a window that fills a fast local link. They
+/// are zeroed allocations, so an idle connection's pages are never touched.
+const SOCKET_BUFFER: usize = 128 * 1024;
 /// Chunks in flight between a connection's host tasks and the stack.
 const CHANNEL_CHUNKS: usize = 16;
 const CHUNK: usize = 32 * 1024;
 /// Open TCP connections one sandbox may have; more are refused (the daemon's memory is not
 /// the guest's to spend).
-pub(crate) const MAX_FLOWS: usize = 2048;
+pub(crate) const MAX_FLOWS: usize = 1024;
 /// How long a connection may take to show its TLS SNI or HTTP `Host`.
 const SNIFF_TIMEOUT: Duration = Duration::from_secs(10);
 const CONNECT_TIMEOUT: Duration = Duration::from_secs(30);
