@@ -4,6 +4,7 @@
 //! log and stop it.
 
 mod dns_tcp;
+mod flow;
 pub(crate) mod frames;
 mod tcp;
 mod udp;

@@ -7,81 +7,24 @@
 
 use std::collections::HashMap;
 use std::net::{IpAddr, SocketAddr};
-use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use smoltcp::iface::{SocketHandle, SocketSet};
 use smoltcp::socket::tcp;
-use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt};
 use tokio::net::TcpStream;
-use tokio::sync::{Notify, mpsc, oneshot};
-use tokio::task::AbortHandle;
+use tokio::sync::{mpsc, oneshot};
 
-use crate::flows::{FlowRecord, FlowVerdict, Protocol, now_ms};
 use crate::policy::{AddrDecision, Verdict};
 use crate::sniff::{SNIFF_LIMIT, Sniffed, sniff};
 
 use super::Ctx;
+use super::flow::{CHUNK, Flow, Phase, SOCKET_BUFFER, connect, new_socket};
 
-/// smoltcp's buffers per connection, each way: a window that fills a fast local link. They
-/// are zeroed allocations, so an idle connection's pages are never touched.
-const SOCKET_BUFFER: usize = 128 * 1024;
-/// Chunks in flight between a connection's host tasks and the stack.
-const CHANNEL_CHUNKS: usize = 16;
-const CHUNK: usize = 32 * 1024;
 /// Open TCP connections one sandbox may have; more are refused (the daemon's memory is not
 /// the guest's to spend).
 pub(crate) const MAX_FLOWS: usize = 1024;
 /// How long a connection may take to show its TLS SNI or HTTP `Host`.
 const SNIFF_TIMEOUT: Duration = Duration::from_secs(10);
-const CONNECT_TIMEOUT: Duration = Duration::from_secs(30);
-
-type Connecting = oneshot::Receiver<std::io::Result<TcpStream>>;
-
-enum Phase {
-    /// The address is allowed; the host connection is under way and the SYN is held back.
-    Connecting {
-        syn: Vec<u8>,
-        rx: Connecting,
-    },
-    /// Handshake done with the guest; waiting for the name.
-    Sniffing {
-        until: Instant,
-    },
-    /// The name is allowed; the host connection is under way.
-    ConnectingNamed {
-        rx: Connecting,
-    },
-    Open,
-}
-
-struct Flow {
-    dst: SocketAddr,
-    /// A connection from the host to an exposed port: the policy does not apply.
-    inbound: bool,
-    phase: Phase,
-    socket: Option<SocketHandle>,
-    log_id: Option<u64>,
-    name: Option<String>,
-    bytes_out: u64,
-    bytes_in: u64,
-    /// Guest bytes not yet handed to the host (the sniffed prefix).
-    out_pending: Vec<u8>,
-    /// Host bytes smoltcp has not taken yet.
-    in_pending: Vec<u8>,
-    to_host: Option<mpsc::Sender<Vec<u8>>>,
-    from_host: Option<mpsc::Receiver<Vec<u8>>>,
-    host_eof: bool,
-    tasks: Vec<AbortHandle>,
-}
-
-impl Drop for Flow {
-    fn drop(&mut self) {
-        for t in &self.tasks {
-            t.abort();
-        }
-    }
-}
 
 /// All TCP flows of one sandbox, keyed by (guest address, destination).
 #[derive(Default)]
@@ -92,123 +35,6 @@ pub(crate) struct TcpFlows {
     reap: Vec<SocketHandle>,
     /// The last local port given to an inbound flow.
     next_port: u16,
-}
-
-fn new_socket(sockets: &mut SocketSet<'static>, dst: SocketAddr) -> Option<SocketHandle> {
-    let mut s = tcp::Socket::new(
-        tcp::SocketBuffer::new(vec![0; SOCKET_BUFFER]),
-        tcp::SocketBuffer::new(vec![0; SOCKET_BUFFER]),
-    );
-    s.set_nagle_enabled(false);
-    s.set_timeout(Some(smoltcp::time::Duration::from_secs(120)));
-    s.listen((smoltcp::wire::IpAddress::from(dst.ip()), dst.port()))
-        .ok()?;
-    Some(sockets.add(s))
-}
-
-fn connect(dst: SocketAddr, wake: Arc<Notify>) -> (Connecting, AbortHandle) {
-    let (tx, rx) = oneshot::channel();
-    let task = tokio::spawn(async move {
-        let r = match tokio::time::timeout(CONNECT_TIMEOUT, TcpStream::connect(dst)).await {
-            Ok(r) => r,
-            Err(_) => Err(std::io::ErrorKind::TimedOut.into()),
-        };
-        let _ = tx.send(r);
-        wake.notify_one();
-    });
-    (rx, task.abort_handle())
-}
-
-impl Flow {
-    fn new(dst: SocketAddr) -> Self {
-        Self {
-            dst,
-            inbound: false,
-            phase: Phase::Open,
-            socket: None,
-            log_id: None,
-            name: None,
-            bytes_out: 0,
-            bytes_in: 0,
-            out_pending: Vec::new(),
-            in_pending: Vec::new(),
-            to_host: None,
-            from_host: None,
-            host_eof: false,
-            tasks: Vec::new(),
-        }
-    }
-
-    fn record(&mut self, cx: &Ctx, src: SocketAddr, verdict: &Verdict) {
-        let id = cx.shared.flows.begin(FlowRecord {
-            id: 0,
-            started_ms: now_ms(),
-            ended_ms: None,
-            protocol: Protocol::Tcp,
-            src,
-            dst: self.dst,
-            name: self.name.clone(),
-            verdict: if verdict.is_allow() {
-                FlowVerdict::Allowed
-            } else {
-                FlowVerdict::Denied
-            },
-            rule: verdict.rule().to_string(),
-            bytes_out: 0,
-            bytes_in: 0,
-        });
-        self.log_id = Some(id);
-    }
-
-    /// Starts moving bytes between the host socket and the stack.
-    fn open(&mut self, stream: TcpStream, wake: &Arc<Notify>) {
-        let _ = stream.set_nodelay(true);
-        let (rd, wr) = stream.into_split();
-        self.pump(rd, wr, wake);
-    }
-
-    /// Starts the two tasks that move bytes between a host-side stream and the stack.
-    fn pump<R, W>(&mut self, mut rd: R, mut wr: W, wake: &Arc<Notify>)
-    where
-        R: AsyncRead + Unpin + Send + 'static,
-        W: AsyncWrite + Unpin + Send + 'static,
-    {
-        let (in_tx, in_rx) = mpsc::channel::<Vec<u8>>(CHANNEL_CHUNKS);
-        let (out_tx, mut out_rx) = mpsc::channel::<Vec<u8>>(CHANNEL_CHUNKS);
-        let w = wake.clone();
-        let reader = tokio::spawn(async move {
-            loop {
-                let mut buf = vec![0; CHUNK];
-                match rd.read(&mut buf).await {
-                    Ok(0) | Err(_) => break,
-                    Ok(n) => {
-                        buf.truncate(n);
-                        if in_tx.send(buf).await.is_err() {
-                            break;
-                        }
-                        w.notify_one();
-                    }
-                }
-            }
-            drop(in_tx);
-            w.notify_one();
-        });
-        let w = wake.clone();
-        let writer = tokio::spawn(async move {
-            while let Some(data) = out_rx.recv().await {
-                w.notify_one(); // room in the channel again
-                if wr.write_all(&data).await.is_err() {
-                    return; // dropping out_rx tells the stack the host is gone
-                }
-            }
-            let _ = wr.shutdown().await;
-        });
-        self.tasks.push(reader.abort_handle());
-        self.tasks.push(writer.abort_handle());
-        self.to_host = Some(out_tx);
-        self.from_host = Some(in_rx);
-        self.phase = Phase::Open;
-    }
 }
 
 impl TcpFlows {
