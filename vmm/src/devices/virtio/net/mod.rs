@@ -10,6 +10,8 @@
 mod device;
 mod event_handler;
 mod frames;
+#[cfg(test)]
+mod test_utils;
 
 pub use device::Net;
 
