@@ -20,7 +20,7 @@ use crate::http::auth::{self, Auth};
 use crate::http::{AppState, router};
 use crate::images::Images;
 use crate::paths::{Paths, PathsError};
-use crate::sandbox::backend::{Backend, Backends};
+use crate::sandbox::backend::{BackendDriver, Backends};
 use crate::sandbox::microvm::Microvm;
 use crate::sandbox::namespace::Namespace;
 use crate::sandbox::{SandboxError, Sandboxes, Settings};
@@ -103,7 +103,7 @@ async fn serve(config: Config, paths: &Paths) -> Result<(), ServerError> {
         .kernel
         .clone()
         .or_else(|| crate::sandbox::vmm::find_kernel(&paths.cache));
-    let backends: Vec<Box<dyn Backend>> = vec![
+    let backends: Vec<Box<dyn BackendDriver>> = vec![
         Box::new(Microvm::new(vmm, kernel).force_for_testing(config.testing_force_microvm)),
         Box::new(Namespace::default()),
     ];

@@ -104,7 +104,10 @@ fn sandbox_parts(e: &SandboxError) -> (StatusCode, ErrorCode, String) {
         SandboxError::Image(e) => image_code(e),
         SandboxError::Backend(BackendError::Unavailable { .. }) => ErrorCode::BackendUnavailable,
         // The reason a sandbox could not start is the user's business; it holds no secret.
-        SandboxError::Backend(_) => ErrorCode::Internal,
+        SandboxError::Backend(b) => {
+            let code = ErrorCode::Internal;
+            return (status(code), code, crate::util::error_chain(b));
+        }
         SandboxError::Agent(ClientError::Api { code, message, .. }) => {
             return agent_parts(code, message);
         }
@@ -212,6 +215,15 @@ mod tests {
             }),
             409,
             "sandbox_not_running",
+        );
+        // A backend's failure carries its cause as a source; the message names both.
+        let failed = ApiError::Sandbox(SandboxError::Backend(BackendError::Namespace(
+            crate::sandbox::backend::NsStep::Launch,
+            belljar_namespace::Error::Spec("disk too small".into()),
+        )));
+        assert_eq!(
+            failed.parts().2,
+            "Launching the sandbox failed: Invalid sandbox spec: disk too small"
         );
         check(
             ApiError::Image(ImageError::NotBuilt {

@@ -1,18 +1,16 @@
 //! `GET /v1/sandboxes/{id}/terminal`: an interactive `bash -l` on a PTY over a WebSocket.
 //!
 //! Binary frames carry terminal bytes both ways; text frames carry [`TerminalMessage`]s
-//! (`resize` from the client; `started`, `exit` and `error` from the daemon). The shell is an
-//! ordinary PTY command of the sandbox, so its output is also in its command log.
+//! (`resize` from the client; `started`, `exit` and `error` from the daemon). This handler only
+//! translates frames; the pump is the sandbox layer's (`Sandboxes::run_terminal`).
 
 use axum::extract::State;
 use axum::extract::ws::{Message, WebSocket, WebSocketUpgrade};
 use axum::response::Response;
-use belljar_agent_proto::client::body_from_stream;
 use belljar_api::{Invalid, PtySize, TerminalMessage, Validate};
 use bytes::Bytes;
-use futures::StreamExt;
+use futures::{SinkExt, StreamExt};
 use serde::Deserialize;
-use tokio::sync::mpsc;
 use utoipa::IntoParams;
 use utoipa_axum::router::OpenApiRouter;
 use utoipa_axum::routes;
@@ -21,7 +19,7 @@ use super::AppState;
 use super::error::ApiError;
 use super::extract::{ApiPath, ApiQuery};
 use super::openapi::{Errors, SandboxPath};
-use crate::sandbox::Terminal;
+use crate::sandbox::{Terminal, TerminalFrame};
 
 pub fn router() -> OpenApiRouter<AppState> {
     OpenApiRouter::new().routes(routes!(terminal))
@@ -83,94 +81,38 @@ async fn terminal(
     Ok(ws.on_upgrade(move |socket| run(st, id, term, socket)))
 }
 
-fn text(msg: &TerminalMessage) -> Message {
-    Message::Text(serde_json::to_string(msg).unwrap_or_default().into())
+/// Frames in: binary frames are typed bytes; a text frame is a `TerminalMessage` (`resize`),
+/// or typed text for clients that only send text. Pings, pongs and close frames are none.
+fn frame_in(msg: Message) -> Option<TerminalFrame> {
+    match msg {
+        Message::Binary(b) => Some(TerminalFrame::Bytes(b)),
+        Message::Text(t) => Some(match serde_json::from_str(&t) {
+            Ok(m @ TerminalMessage::Resize { .. }) => TerminalFrame::Message(m),
+            _ => TerminalFrame::Bytes(Bytes::from(t.as_str().to_owned())),
+        }),
+        _ => None,
+    }
 }
 
-async fn run(st: AppState, id: String, term: Terminal, mut socket: WebSocket) {
-    let cid = term.command.id.clone();
-    let started = TerminalMessage::Started {
-        command_id: cid.clone(),
-    };
-    if socket.send(text(&started)).await.is_err() {
-        let _ = term.agent.signal(&term.agent_id, "HUP").await;
-        return;
-    }
-    let mut output = match term.agent.output(&term.agent_id, 0, true).await {
-        Ok(o) => o,
-        Err(e) => {
-            let msg = TerminalMessage::Error {
-                code: belljar_api::ErrorCode::AgentUnavailable,
-                message: e.to_string(),
-            };
-            let _ = socket.send(text(&msg)).await;
-            return;
-        }
-    };
-    // One long stdin request per terminal; each client frame becomes a chunk of it.
-    let (stdin_tx, mut stdin_rx) = mpsc::channel::<Bytes>(64);
-    let stdin_body = body_from_stream(futures::stream::poll_fn(move |cx| {
-        stdin_rx.poll_recv(cx).map(|o| o.map(Ok))
-    }));
-    let agent = term.agent.clone();
-    let agent_id = term.agent_id.clone();
-    tokio::spawn(async move {
-        if let Err(e) = agent.write_stdin(&agent_id, stdin_body, true).await {
-            tracing::debug!(error = %e, "terminal stdin ended");
-        }
-    });
-    let mut client_gone = false;
-    loop {
-        tokio::select! {
-            line = output.next() => match line {
-                Some(Ok(line)) => {
-                    if socket.send(Message::Binary(line.bytes().into())).await.is_err() {
-                        client_gone = true;
-                        break;
-                    }
-                }
-                _ => break,
-            },
-            msg = socket.recv() => match msg {
-                Some(Ok(Message::Binary(b))) => {
-                    let _ = stdin_tx.send(b).await;
-                }
-                Some(Ok(Message::Text(t))) => {
-                    match serde_json::from_str::<TerminalMessage>(&t) {
-                        Ok(TerminalMessage::Resize { rows, cols }) => {
-                            if let Err(e) = st.sandboxes.resize_command(&id, &cid, PtySize { rows, cols }).await {
-                                tracing::debug!(error = %e, "terminal resize failed");
-                            }
-                        }
-                        // Typed text is input too, for clients that only send text frames.
-                        _ => {
-                            let _ = stdin_tx.send(Bytes::from(t.as_str().to_owned())).await;
-                        }
-                    }
-                }
-                Some(Ok(_)) => {}
-                Some(Err(_)) | None => {
-                    client_gone = true;
-                    break;
-                }
-            },
+/// Frames out: bytes as binary frames, messages as JSON text frames.
+fn frame_out(frame: TerminalFrame) -> Message {
+    match frame {
+        TerminalFrame::Bytes(b) => Message::Binary(b),
+        TerminalFrame::Message(m) => {
+            Message::Text(serde_json::to_string(&m).unwrap_or_default().into())
         }
     }
-    drop(stdin_tx);
-    if client_gone {
-        let _ = term.agent.signal(&term.agent_id, "HUP").await;
-        return;
-    }
-    let exit = match st.sandboxes.wait_command(&id, &cid).await {
-        Ok(c) => TerminalMessage::Exit {
-            exit_code: c.exit_code,
-            signal: c.signal,
-        },
-        Err(e) => TerminalMessage::Error {
-            code: belljar_api::ErrorCode::Internal,
-            message: e.to_string(),
-        },
-    };
-    let _ = socket.send(text(&exit)).await;
-    let _ = socket.send(Message::Close(None)).await;
+}
+
+async fn run(st: AppState, id: String, term: Terminal, socket: WebSocket) {
+    let (sink, stream) = socket.split();
+    // The input ends at the socket's end or its first error: the client is gone.
+    let input = stream
+        .take_while(|m| std::future::ready(m.is_ok()))
+        .filter_map(|m| std::future::ready(m.ok().and_then(frame_in)));
+    let mut output = sink.with(|f| std::future::ready(Ok::<_, axum::Error>(frame_out(f))));
+    st.sandboxes
+        .run_terminal(&id, term, Box::pin(input), &mut output)
+        .await;
+    let _ = output.into_inner().send(Message::Close(None)).await;
 }

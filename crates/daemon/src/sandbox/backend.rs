@@ -27,7 +27,29 @@ pub enum BackendError {
     /// The sandbox's process cannot be watched for its end.
     #[error("Cannot watch the sandbox's process: {0}")]
     Watch(String),
+    /// A namespace sandbox could not be started, found, watched, stopped or deleted.
+    #[error("{0} the sandbox failed")]
+    Namespace(NsStep, #[source] belljar_namespace::Error),
 }
+
+/// Which step of a namespace sandbox's life failed.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, strum::Display)]
+pub enum NsStep {
+    #[strum(to_string = "Launching")]
+    Launch,
+    #[strum(to_string = "Finding")]
+    Adopt,
+    #[strum(to_string = "Watching")]
+    Watch,
+    #[strum(to_string = "Stopping")]
+    Stop,
+    #[strum(to_string = "Deleting")]
+    Destroy,
+}
+
+/// The trait's old name, until `microvm.rs` (owned by the VMM work) names it `BackendDriver`.
+#[doc(hidden)]
+pub use BackendDriver as Backend;
 
 /// How the daemon reaches a sandbox's agent.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -70,8 +92,8 @@ pub struct Probe {
     pub reason: String,
 }
 
-/// One way to run sandboxes. All methods block.
-pub trait Backend: Send + Sync {
+/// One way to run sandboxes (the API's `Backend` names which). All methods block.
+pub trait BackendDriver: Send + Sync {
     fn kind(&self) -> BackendKind;
     /// Whether the backend can run on this host; cheap after the first call.
     fn probe(&self) -> Probe;
@@ -102,7 +124,7 @@ pub trait Backend: Send + Sync {
 
 /// The backends of this daemon, probed once at start.
 pub struct Backends {
-    all: Vec<(Box<dyn Backend>, Probe)>,
+    all: Vec<(Box<dyn BackendDriver>, Probe)>,
     /// What `auto` resolves to.
     pub default: BackendKind,
     pub default_reason: String,
@@ -111,7 +133,7 @@ pub struct Backends {
 impl Backends {
     /// Probes every backend and decides what `auto` means here: `microvm` when usable, else
     /// `namespace`, with the microVM probe's reason.
-    pub fn new(backends: Vec<Box<dyn Backend>>) -> Self {
+    pub fn new(backends: Vec<Box<dyn BackendDriver>>) -> Self {
         let all: Vec<_> = backends
             .into_iter()
             .map(|b| {
@@ -150,7 +172,7 @@ impl Backends {
     }
 
     /// The backend of an existing sandbox.
-    pub fn get(&self, kind: BackendKind) -> Option<&dyn Backend> {
+    pub fn get(&self, kind: BackendKind) -> Option<&dyn BackendDriver> {
         self.all
             .iter()
             .find(|(b, _)| b.kind() == kind)
@@ -158,7 +180,10 @@ impl Backends {
     }
 
     /// Resolves a creation request's choice to a usable backend and the reason for it.
-    pub fn choose(&self, choice: BackendChoice) -> Result<(&dyn Backend, String), BackendError> {
+    pub fn choose(
+        &self,
+        choice: BackendChoice,
+    ) -> Result<(&dyn BackendDriver, String), BackendError> {
         let (kind, reason) = match choice {
             BackendChoice::Auto => (self.default, self.default_reason.clone()),
             BackendChoice::Microvm => (BackendKind::Microvm, "requested".to_owned()),
@@ -209,7 +234,7 @@ mod tests {
     /// answer `forced_for_testing` as the harness's microVM backend does.
     struct Fixed(BackendKind, bool, &'static str, bool);
 
-    impl Backend for Fixed {
+    impl BackendDriver for Fixed {
         fn kind(&self) -> BackendKind {
             self.0
         }

@@ -34,13 +34,6 @@ fn never_started(rec: &CommandRecord) -> bool {
     rec.command.status == CommandStatus::Lost && rec.agent_id.is_none()
 }
 
-/// A PTY shell started for a terminal WebSocket.
-pub struct Terminal {
-    pub command: Command,
-    pub agent: AgentClient,
-    pub agent_id: String,
-}
-
 impl Sandboxes {
     /// Runs a command; returns at once when `detached`, else when it has exited. With an
     /// idempotency key that the sandbox has seen, the command started then is returned (and
@@ -59,35 +52,10 @@ impl Sandboxes {
         self.wait_command(id, &rec.command.id).await
     }
 
-    /// Starts a PTY shell (`bash -l`) for an interactive terminal.
-    pub async fn start_terminal(
-        &self,
-        id: &str,
-        size: PtySize,
-        cwd: Option<String>,
-        sudo: bool,
-    ) -> Result<Terminal, SandboxError> {
-        let req = RunCommand {
-            argv: vec!["bash".into(), "-l".into()],
-            cwd,
-            sudo,
-            detached: true,
-            pty: Some(size),
-            stdin: true,
-            env: Some([("TERM".to_owned(), "xterm-256color".to_owned())].into()),
-        };
-        let (rec, agent) = self.start_command(id, req, None).await?;
-        Ok(Terminal {
-            agent_id: rec.agent_id.clone().unwrap_or_default(),
-            command: rec.command,
-            agent,
-        })
-    }
-
     /// Records the command as `pending`, then asks the agent to start it under the record's
     /// id, so that a daemon killed in between finds the record at its next start and can ask
     /// the agent whether the command ran (see `resolve_pending`).
-    async fn start_command(
+    pub(super) async fn start_command(
         &self,
         id: &str,
         req: RunCommand,

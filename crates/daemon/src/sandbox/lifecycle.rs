@@ -166,7 +166,10 @@ impl Sandboxes {
                 .await;
             self.forget_agent(&id);
             sandbox.status = SandboxStatus::Failed;
-            sandbox.status_reason = Some(e.to_string());
+            sandbox.status_reason = Some(match &e {
+                SandboxError::Backend(b) => crate::util::error_chain(b),
+                e => e.to_string(),
+            });
             sandbox.stopped_at = Some(now_ms());
             self.save(&sandbox)?;
             return Err(e);

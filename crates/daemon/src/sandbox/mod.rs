@@ -17,6 +17,7 @@ pub mod microvm;
 mod monitor;
 pub mod namespace;
 mod source;
+mod terminal;
 pub mod vmm;
 
 use std::collections::HashMap;
@@ -33,9 +34,9 @@ use crate::paths::Paths;
 use crate::store::{Store, StoreError};
 use admission::AdmissionError;
 use backend::{AgentAddress, BackendError, Backends};
-pub use commands::Terminal;
 pub use files::Thumbnail;
 use logs::LogRegistry;
+pub use terminal::{Terminal, TerminalFrame};
 
 #[derive(Debug, thiserror::Error)]
 pub enum SandboxError {

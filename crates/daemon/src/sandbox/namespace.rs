@@ -9,7 +9,9 @@ use std::time::Duration;
 use belljar_api::{Backend as BackendKind, LimitState, LimitsReport};
 use belljar_namespace as ns;
 
-use super::backend::{AgentAddress, Backend, BackendError, LaunchSpec, Launched, Probe};
+use super::backend::{
+    AgentAddress, BackendDriver, BackendError, LaunchSpec, Launched, NsStep, Probe,
+};
 
 /// PIDs a sandbox may have, so that a fork bomb stays inside it.
 const PIDS_LIMIT: u64 = 8192;
@@ -48,7 +50,7 @@ fn launched(r: &ns::Running) -> Launched {
     }
 }
 
-impl Backend for Namespace {
+impl BackendDriver for Namespace {
     fn kind(&self) -> BackendKind {
         BackendKind::Namespace
     }
@@ -83,7 +85,7 @@ impl Backend for Namespace {
         };
         ns::launch(&spec)
             .map(|r| launched(&r))
-            .map_err(|e| BackendError::Launch(e.to_string()))
+            .map_err(|e| BackendError::Namespace(NsStep::Launch, e))
     }
 
     fn adopt(&self, state_dir: &Path) -> Result<Option<Launched>, BackendError> {
@@ -92,28 +94,28 @@ impl Backend for Namespace {
         }
         ns::adopt(state_dir)
             .map(|r| r.as_ref().map(launched))
-            .map_err(|e| BackendError::Launch(e.to_string()))
+            .map_err(|e| BackendError::Namespace(NsStep::Adopt, e))
     }
 
     fn exit_watch(&self, state_dir: &Path) -> Result<Option<ns::ExitWatch>, BackendError> {
         if !state_dir.exists() {
             return Ok(None);
         }
-        ns::ExitWatch::for_sandbox(state_dir).map_err(|e| BackendError::Watch(e.to_string()))
+        ns::ExitWatch::for_sandbox(state_dir).map_err(|e| BackendError::Namespace(NsStep::Watch, e))
     }
 
     fn stop(&self, state_dir: &Path, grace: Duration) -> Result<(), BackendError> {
         if !state_dir.exists() {
             return Ok(());
         }
-        ns::stop(state_dir, grace).map_err(|e| BackendError::Stop(e.to_string()))
+        ns::stop(state_dir, grace).map_err(|e| BackendError::Namespace(NsStep::Stop, e))
     }
 
     fn destroy(&self, state_dir: &Path) -> Result<(), BackendError> {
         if !state_dir.exists() {
             return Ok(());
         }
-        ns::destroy(state_dir).map_err(|e| BackendError::Stop(e.to_string()))
+        ns::destroy(state_dir).map_err(|e| BackendError::Namespace(NsStep::Destroy, e))
     }
 
     fn agent_address(&self, state_dir: &Path) -> AgentAddress {
