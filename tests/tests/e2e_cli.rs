@@ -464,11 +464,41 @@ fn interactive_shell_on_a_terminal() {
         .spawn()
         .unwrap();
     let mut master = std::fs::File::from(pty.master);
+    // A reader thread hands over what the terminal shows; it ends when the CLI exits (the
+    // master then reads EIO once the slave is closed).
+    let mut reader = master.try_clone().unwrap();
+    let (tx, rx) = std::sync::mpsc::channel::<Vec<u8>>();
+    std::thread::spawn(move || {
+        let mut buf = [0u8; 4096];
+        while let Ok(n) = reader.read(&mut buf) {
+            if n == 0 || tx.send(buf[..n].to_vec()).is_err() {
+                break;
+            }
+        }
+    });
+    let deadline = std::time::Instant::now() + Duration::from_secs(60);
+    let mut seen = Vec::new();
+    // Reads until `marker` shows (or, with `None`, until the CLI exits), by the deadline.
+    let mut read_until = |marker: Option<&str>| loop {
+        if marker.is_some_and(|m| String::from_utf8_lossy(&seen).contains(m)) {
+            return;
+        }
+        let left = deadline.saturating_duration_since(std::time::Instant::now());
+        match rx.recv_timeout(left) {
+            Ok(chunk) => seen.extend_from_slice(&chunk),
+            Err(std::sync::mpsc::RecvTimeoutError::Disconnected) if marker.is_none() => return,
+            Err(e) => panic!(
+                "waiting for {marker:?}: {e:?}; the terminal showed: {}",
+                String::from_utf8_lossy(&seen)
+            ),
+        }
+    };
     master
         .write_all(b"stty size; echo first-$((40+2))\r")
         .unwrap();
+    // The shell answered, so the CLI pumps the terminal (and watches for SIGWINCH).
+    read_until(Some("first-42"));
     // Resize the local terminal as a terminal emulator does: new size, then SIGWINCH.
-    std::thread::sleep(Duration::from_millis(1500));
     rustix::termios::tcsetwinsize(
         &master,
         rustix::termios::Winsize {
@@ -484,39 +514,17 @@ fn interactive_shell_on_a_terminal() {
         nix::sys::signal::Signal::SIGWINCH,
     )
     .unwrap();
-    std::thread::sleep(Duration::from_millis(500));
+    // The new size reaches the sandbox's PTY asynchronously (CLI -> daemon -> agent): the shell
+    // waits for it, for at most 20 s, before it prints the size it has.
     master
-        .write_all(b"stty size; echo shell-$((40+2)); exit 3\r")
+        .write_all(
+            b"for i in $(seq 400); do [ \"$(stty size)\" = '50 132' ] && break; sleep 0.05; done; \
+              stty size; echo shell-$((40+2)); exit 3\r",
+        )
         .unwrap();
-    // Read until the child exits (the master then reads EIO once the slave is closed).
-    let reader = std::thread::spawn(move || {
-        let mut seen = Vec::new();
-        let mut buf = [0u8; 4096];
-        while let Ok(n) = master.read(&mut buf) {
-            if n == 0 {
-                break;
-            }
-            seen.extend_from_slice(&buf[..n]);
-            if String::from_utf8_lossy(&seen).contains("shell-42") {
-                // Keep draining briefly so the child never blocks on a full terminal.
-                continue;
-            }
-        }
-        seen
-    });
-    let deadline = std::time::Instant::now() + Duration::from_secs(30);
-    let status = loop {
-        if let Some(s) = child.try_wait().unwrap() {
-            break s;
-        }
-        assert!(
-            std::time::Instant::now() < deadline,
-            "belljar sh did not exit"
-        );
-        std::thread::sleep(Duration::from_millis(50));
-    };
+    read_until(None);
+    let status = child.wait().unwrap();
     assert_eq!(status.code(), Some(3));
-    let seen = reader.join().unwrap();
     let text = String::from_utf8_lossy(&seen);
     assert!(text.contains("shell-42"), "{text}");
     assert!(text.contains("33 101"), "{text}");

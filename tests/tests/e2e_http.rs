@@ -322,9 +322,9 @@ async fn events_and_watch_stream() {
     .expect("no exited event for the command");
 
     // Watch /workspace as NDJSON and create a file in it.
+    // The answer's head comes once the agent has installed the watch (it refuses a path it
+    // cannot watch before it answers), so a change made now is seen.
     let mut watch = c.watch(&s.id, "/workspace", true).await.unwrap();
-    // Give the watch a moment to be installed in the sandbox before the change.
-    tokio::time::sleep(Duration::from_millis(300)).await;
     sh(&c, &s.id, "echo x > /workspace/watched.txt").await;
     tokio::time::timeout(Duration::from_secs(20), async {
         loop {
@@ -385,7 +385,7 @@ async fn terminal_websocket() {
     })
     .unwrap();
     ws.send(Message::Text(resize.into())).await.unwrap();
-    tokio::time::sleep(Duration::from_millis(300)).await;
+    // No wait needed: the daemon applies a resize before it reads the next frame.
     ws.send(Message::Binary("stty size; exit\n".into()))
         .await
         .unwrap();

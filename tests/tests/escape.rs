@@ -87,6 +87,16 @@ fn is_static(path: &Path) -> bool {
     !head.windows(15).any(|w| w == b"/lib64/ld-linux")
 }
 
+/// Waits until `ready` holds, by the deadline `T`: what a sandbox starts in the background
+/// (a listener, a process) is ready when it is, not after some pause.
+fn eventually(what: &str, mut ready: impl FnMut() -> bool) {
+    let deadline = Instant::now() + T;
+    while !ready() {
+        assert!(Instant::now() < deadline, "timed out waiting for {what}");
+        std::thread::sleep(Duration::from_millis(10));
+    }
+}
+
 fn tmpdir() -> tempfile::TempDir {
     tempfile::Builder::new()
         .prefix("bjesc")
@@ -284,19 +294,20 @@ fn other_sandboxes_are_not_reachable() {
     ));
     a.ok("sleep 4242 >/dev/null 2>&1 &");
     a.ok("nc -ll -p 5555 -e /bin/cat >/dev/null 2>&1 &");
-    std::thread::sleep(Duration::from_millis(200));
-    assert!(
-        a.succeeds("belljar-probe connect-tcp 127.0.0.1:5555"),
-        "control: A reaches itself"
-    );
+    // Controls: A reaches its own listener and sees its own process, with the very commands
+    // that must fail from B.
+    eventually("A to reach its own listener", || {
+        a.succeeds("belljar-probe connect-tcp 127.0.0.1:5555")
+    });
+    let processes = "cat /proc/[0-9]*/cmdline | tr '\\0' ' '";
+    eventually("A to see its own sleep 4242", || {
+        a.sh(processes).text.contains("sleep 4242")
+    });
     let found = b.ok(&format!(
         "find / -path /proc -prune -o -path /sys -prune -o -name 'secret-{tag}' -print"
     ));
     assert_eq!(found, "");
-    assert!(
-        !b.ok("cat /proc/[0-9]*/cmdline | tr '\\0' ' '")
-            .contains("4242")
-    );
+    assert!(!b.sh(processes).text.contains("4242"), "B sees A's process");
     assert!(!b.succeeds(&format!("ls {}", a.spec.state_dir.display())));
     assert!(!b.succeeds(&format!(
         "belljar-probe connect {}",
@@ -327,15 +338,13 @@ fn host_sockets_and_loopback_are_not_reachable() {
     let sb = Sandbox::launch(tmp.path(), "esc-sock", Limits::default());
     // Controls: the probe works, on a socket the sandbox made and on its loopback.
     sb.ok("belljar-probe listen /tmp/own.sock >/dev/null 2>&1 &");
-    let mut tries = 0;
-    while !sb.succeeds("belljar-probe connect /tmp/own.sock") {
-        tries += 1;
-        assert!(tries < 200, "the sandbox's own socket never listened");
-        std::thread::sleep(Duration::from_millis(10));
-    }
+    eventually("the sandbox's own socket to listen", || {
+        sb.succeeds("belljar-probe connect /tmp/own.sock")
+    });
     sb.ok("nc -ll -p 7777 -e /bin/cat >/dev/null 2>&1 &");
-    std::thread::sleep(Duration::from_millis(200));
-    assert!(sb.succeeds("belljar-probe connect-tcp 127.0.0.1:7777"));
+    eventually("the sandbox's own loopback listener", || {
+        sb.succeeds("belljar-probe connect-tcp 127.0.0.1:7777")
+    });
     // The host's sockets, by path, by abstract name (per network namespace) and on loopback.
     assert!(!sb.succeeds(&format!("belljar-probe connect {}", path.display())));
     assert!(!sb.succeeds(&format!("belljar-probe connect-abstract {abstract_name}")));
