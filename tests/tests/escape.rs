@@ -113,6 +113,7 @@ impl Sandbox {
             // Unique per process, so concurrent test runs on one machine do not share cgroups.
             id: format!("{id}-{}", std::process::id()),
             rootfs,
+            layers: Vec::new(),
             state_dir: dir.join(id),
             agent: agent.clone().unwrap_or(standin),
             hostname: id.into(),

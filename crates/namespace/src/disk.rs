@@ -104,7 +104,7 @@ pub(crate) fn unmount(fs_dir: &Path) {
 
 /// Whether `dir` is a mount point in this mount namespace (a different device than its
 /// parent, or the same directory seen through a bind — neither applies to a plain directory).
-fn is_mount_point(dir: &Path) -> bool {
+pub(crate) fn is_mount_point(dir: &Path) -> bool {
     use std::os::unix::fs::MetadataExt;
     let (Ok(me), Some(Ok(parent))) = (
         fs::symlink_metadata(dir),

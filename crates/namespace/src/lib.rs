@@ -81,6 +81,7 @@ mod child;
 pub mod disk;
 mod idblock;
 pub mod idmap;
+pub mod layer;
 mod lifecycle;
 mod mounts;
 pub mod probe;
@@ -112,6 +113,9 @@ pub struct SandboxSpec {
     pub id: String,
     /// The image's directory tree: the read-only lower layer, shared by many sandboxes.
     pub rootfs: PathBuf,
+    /// Snapshot layers (see [`layer`]) stacked between the image and the writable layer,
+    /// topmost first; empty for a sandbox made from the image alone.
+    pub layers: Vec<PathBuf>,
     /// A directory owned by this sandbox: `agent.sock`, `disk.ext4` (mounted at `fs`),
     /// `fs/{upper,work,merged,lower,run}`, `sandbox.json` + `sandbox.pid`, `idblock`,
     /// `agent.log`. Its path must be short enough for a Unix socket path

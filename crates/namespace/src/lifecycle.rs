@@ -128,7 +128,10 @@ fn prepare_and_start(
     disk_status: crate::LimitStatus,
 ) -> Result<Running, Error> {
     let dir = &spec.state_dir;
-    for sub in ["", "upper", "work", "merged", "lower", "run"] {
+    let layer_dirs = (0..spec.layers.len()).map(|i| format!("layer{i}"));
+    let subs = ["", "upper", "work", "merged", "lower", "run"].map(String::from);
+    for sub in subs.into_iter().chain(layer_dirs) {
+        let sub = sub.as_str();
         let path = fs_dir.join(sub);
         // The overlay's root takes the upper directory's mode: `/` must be 0755.
         mkdir(
@@ -241,15 +244,42 @@ fn start(
         path: "/dev/null".into(),
         source,
     })?;
-    let lower = match &lower_tree {
+    // Snapshot layers, like the image, are seen through the sandbox's idmapped mount (their
+    // owners are stored as sandbox ids); they sit above the image, topmost first.
+    let layer_trees = if rootless {
+        Vec::new()
+    } else {
+        spec.layers
+            .iter()
+            .map(|l| mounts::idmapped_tree(l, &userns))
+            .collect::<Result<Vec<_>, _>>()?
+    };
+    let mut lowers: Vec<String> = if rootless {
+        spec.layers
+            .iter()
+            .map(|l| l.to_string_lossy().into_owned())
+            .collect()
+    } else {
+        (0..spec.layers.len())
+            .map(|i| format!("layer{i}"))
+            .collect()
+    };
+    lowers.push(match &lower_tree {
         Some(_) => "lower".to_owned(),
         None => spec.rootfs.to_string_lossy().into_owned(),
-    };
+    });
+    let lower = lowers.join(":");
     let mut steps = vec![Step::MakePrivate];
     if let Some(tree) = &lower_tree {
         steps.push(Step::Attach {
             fd: tree.as_raw_fd(),
             target: c("lower"),
+        });
+    }
+    for (i, tree) in layer_trees.iter().enumerate() {
+        steps.push(Step::Attach {
+            fd: tree.as_raw_fd(),
+            target: c(&format!("layer{i}")),
         });
     }
     steps.extend(mounts::mount_plan(
@@ -296,6 +326,8 @@ fn start(
         _lower_tree: lower_tree,
     };
     let started = child::start(&plan)?;
+    // The layers' trees stay open until the child has attached them.
+    drop(layer_trees);
     Ok(started.pid)
 }
 

@@ -46,6 +46,22 @@ pub(crate) fn validate(spec: &SandboxSpec) -> Result<(), Error> {
             ));
         }
     }
+    for layer in &spec.layers {
+        let bytes = layer.as_os_str().as_bytes();
+        if !layer.is_absolute() || bytes.iter().any(|b| matches!(b, b',' | b':' | b'\\' | 0)) {
+            return bad(format!(
+                "layer {} must be absolute, without , : \\",
+                layer.display()
+            ));
+        }
+        if !layer.is_dir() {
+            return bad(format!("layer {} is not a directory", layer.display()));
+        }
+    }
+    // Overlayfs stacks at most 500 lower layers, the image included.
+    if spec.layers.len() >= 500 {
+        return bad(format!("{} layers are too many", spec.layers.len()));
+    }
     if spec.state_dir.join(AGENT_SOCKET).as_os_str().len() >= 108 {
         return bad(format!(
             "state_dir {} is too long for a Unix socket path",
@@ -78,6 +94,7 @@ mod tests {
         let spec = SandboxSpec {
             id: "Bad_Id".into(),
             rootfs: "/".into(),
+            layers: Vec::new(),
             state_dir: "/tmp/x".into(),
             agent: "/bin/sh".into(),
             hostname: "h".into(),

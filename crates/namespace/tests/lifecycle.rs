@@ -18,6 +18,7 @@ fn spec(tmp: &Path, id: &str, limits: Limits) -> SandboxSpec {
         // Unique per process, so concurrent test runs on one machine do not share cgroups.
         id: format!("{id}-{}", std::process::id()),
         rootfs,
+        layers: Vec::new(),
         state_dir: tmp.join(id),
         agent,
         hostname: format!("{id}-host"),

@@ -72,6 +72,7 @@ impl BackendDriver for Namespace {
         let spec = ns::SandboxSpec {
             id: ns_id.clone(),
             rootfs: spec.image_dir.join("rootfs"),
+            layers: spec.layers.clone(),
             state_dir: spec.state_dir.clone(),
             agent: spec.agent.clone(),
             hostname: ns_id,

@@ -42,6 +42,7 @@ fn main() -> Result<()> {
             let spec = SandboxSpec {
                 id: arg(1)?,
                 rootfs: arg(2)?.into(),
+                layers: Vec::new(),
                 state_dir: arg(3)?.into(),
                 agent: arg(4)?.into(),
                 hostname: arg(1)?,
@@ -93,6 +94,7 @@ fn bench(n: usize, rootfs: PathBuf, agent: PathBuf, work: PathBuf) -> Result<()>
         let spec = SandboxSpec {
             id: format!("bench-{i}"),
             rootfs: rootfs.clone(),
+            layers: Vec::new(),
             state_dir: work.join(format!("bench-{i}")),
             agent: agent.clone(),
             hostname: format!("bench-{i}"),

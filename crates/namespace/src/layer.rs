@@ -1,0 +1,615 @@
+//! Snapshot layers: a sandbox's writable layer (the overlay's `upper`) captured as an
+//! immutable directory tree that later sandboxes stack as an overlay lower directory between
+//! their own writable layer and the image.
+//!
+//! Capturing copies only what the sandbox changed (the upper directory holds nothing else):
+//! files, directories, symlinks, devices, overlayfs whiteouts (character devices 0:0) and
+//! opaque-directory marks (`user.overlay.opaque`), with modes, owners, extended attributes and
+//! modification times. Owners are stored relative to the sandbox's id block (sandbox uid N is
+//! stored as uid N, like the image's files), so any sandbox sees the layer through the same
+//! idmapped mount as the image, whatever its own id block.
+//!
+//! A layer is content-addressed: its name is the SHA-256 of a canonical listing of every entry
+//! (path, type, mode, owner, times, attributes and content hash), so two identical captures
+//! share one directory. The copy is made under a temporary name and renamed into place, so a
+//! layer directory that has its final name is always complete.
+//!
+//! The upper directory is written by the sandbox and therefore hostile: the walk never follows
+//! a symlink, opens nothing but regular files (with `O_NOFOLLOW`), and keeps its own stack, so
+//! a deep tree cannot overflow the daemon's. It must run while the sandbox is frozen or
+//! stopped, so that nothing changes under it.
+
+use std::collections::HashMap;
+use std::ffi::{CString, OsStr, OsString};
+use std::fs;
+use std::io::{self, Read, Write};
+use std::os::unix::ffi::{OsStrExt, OsStringExt};
+use std::os::unix::fs::{DirBuilderExt, MetadataExt, OpenOptionsExt, PermissionsExt};
+use std::path::{Path, PathBuf};
+
+use sha2::{Digest, Sha256};
+
+use crate::state::State;
+use crate::{disk, mounts};
+
+/// How many ids a sandbox's block spans (sandbox uid 0..65535).
+const ID_BLOCK: u32 = 65536;
+/// The owner a file gets when its host owner lies outside the sandbox's block.
+const NOBODY: u32 = 65534;
+
+/// Errors capturing a layer.
+#[derive(Debug, thiserror::Error)]
+pub enum Error {
+    /// The sandbox has no state (it was never launched, or was destroyed).
+    #[error("The sandbox has no writable layer")]
+    NoLayer,
+    /// Reading the sandbox's state failed.
+    #[error(transparent)]
+    State(#[from] crate::state::Error),
+    /// The sandbox's disk could not be mounted to read its writable layer.
+    #[error(transparent)]
+    Disk(#[from] disk::Error),
+    /// Reading the writable layer or writing the snapshot layer failed.
+    #[error("Cannot copy {}", path.display())]
+    Copy {
+        path: PathBuf,
+        #[source]
+        source: io::Error,
+    },
+}
+
+/// A captured layer.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Captured {
+    /// Hex SHA-256 of the layer's canonical listing; also its directory name.
+    pub digest: String,
+    /// Bytes of regular-file content in the layer (each hard-linked file once).
+    pub size_bytes: u64,
+    /// The layer's directory: `layers_dir/<digest>`.
+    pub path: PathBuf,
+}
+
+/// Copies the writable layer of the sandbox in `state_dir` into `layers_dir/<digest>` (which
+/// is kept as it is when another capture already made it). The sandbox must be frozen or
+/// stopped. A stopped sandbox's disk is mounted for the copy and unmounted after it.
+pub fn capture(state_dir: &Path, layers_dir: &Path) -> Result<Captured, Error> {
+    let st = State::load(state_dir)?.ok_or(Error::NoLayer)?;
+    let shift = if st.rootless {
+        Shift::Rootless(st.root_uid)
+    } else {
+        Shift::Block(st.root_uid)
+    };
+    let fs_dir = state_dir.join("fs");
+    let mounted_here = state_dir.join(disk::DISK_FILE).exists() && !disk::is_mount_point(&fs_dir);
+    if mounted_here {
+        disk::mount(state_dir, &fs_dir, disk::MIN_DISK_BYTES)?;
+    }
+    let result = capture_tree(&fs_dir.join("upper"), layers_dir, shift);
+    if mounted_here {
+        disk::unmount(&fs_dir);
+    }
+    result
+}
+
+/// How host owners in the writable layer become the layer's stored owners.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Shift {
+    /// Root-run sandboxes: host ids `base..base+65536` are sandbox ids 0..65536.
+    Block(u32),
+    /// Rootless: only the invoking user (sandbox root) is known; it becomes 0.
+    Rootless(u32),
+    /// Keep owners as they are (tests of a tree that is already canonical).
+    #[cfg(test)]
+    None,
+}
+
+impl Shift {
+    fn apply(self, id: u32) -> u32 {
+        match self {
+            Shift::Block(base) => match id.checked_sub(base) {
+                Some(n) if n < ID_BLOCK => n,
+                _ => NOBODY,
+            },
+            Shift::Rootless(me) if id == me => 0,
+            Shift::Rootless(_) => id,
+            #[cfg(test)]
+            Shift::None => id,
+        }
+    }
+}
+
+/// Copies the tree at `upper` into `layers_dir/<digest>` through a temporary directory.
+pub(crate) fn capture_tree(
+    upper: &Path,
+    layers_dir: &Path,
+    shift: Shift,
+) -> Result<Captured, Error> {
+    let fail = |path: &Path| {
+        let path = path.to_owned();
+        move |source| Error::Copy { path, source }
+    };
+    fs::create_dir_all(layers_dir).map_err(fail(layers_dir))?;
+    let tmp = layers_dir.join(format!(
+        ".tmp-{}-{}",
+        std::process::id(),
+        std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .map(|d| d.as_nanos())
+            .unwrap_or_default()
+    ));
+    let copied = Copier::new(shift).run(upper, &tmp);
+    let (digest, size_bytes) = match copied {
+        Ok(v) => v,
+        Err(e) => {
+            remove_tree(&tmp);
+            return Err(e);
+        }
+    };
+    let path = layers_dir.join(&digest);
+    if path.exists() {
+        // The same content was captured before: share that directory.
+        remove_tree(&tmp);
+    } else {
+        fs::rename(&tmp, &path).map_err(fail(&path))?;
+    }
+    Ok(Captured {
+        digest,
+        size_bytes,
+        path,
+    })
+}
+
+/// Deletes a layer directory (or a half-made one); the overlay's `work` leftovers may have
+/// mode 000, which root ignores.
+pub fn remove_tree(path: &Path) {
+    let _ = fs::remove_dir_all(path);
+}
+
+/// Whether `name` in a layers directory is a half-made copy left by a capture that was cut
+/// short (a daemon killed mid-snapshot); such directories can be deleted at start.
+pub fn is_partial(name: &OsStr) -> bool {
+    name.as_bytes().starts_with(b".tmp-")
+}
+
+struct Copier {
+    shift: Shift,
+    hasher: Sha256,
+    size: u64,
+    /// Hard links: (dev, ino) of the source → the first copy's relative path.
+    links: HashMap<(u64, u64), PathBuf>,
+    buf: Vec<u8>,
+}
+
+enum Work {
+    Visit(PathBuf),
+    /// Set a directory's mode, owner and times once its children exist (a read-only
+    /// directory would refuse them, and adding them would change its mtime).
+    Finish(PathBuf, fs::Metadata),
+}
+
+impl Copier {
+    fn new(shift: Shift) -> Self {
+        Self {
+            shift,
+            hasher: Sha256::new(),
+            size: 0,
+            links: HashMap::new(),
+            buf: vec![0; 1 << 20],
+        }
+    }
+
+    fn run(mut self, src_root: &Path, dst_root: &Path) -> Result<(String, u64), Error> {
+        let fail = |path: &Path| {
+            let path = path.to_owned();
+            move |source| Error::Copy { path, source }
+        };
+        fs::DirBuilder::new()
+            .mode(0o700)
+            .create(dst_root)
+            .map_err(fail(dst_root))?;
+        let mut stack = vec![Work::Visit(PathBuf::new())];
+        while let Some(work) = stack.pop() {
+            match work {
+                Work::Visit(rel) => {
+                    let src = src_root.join(&rel);
+                    let dst = dst_root.join(&rel);
+                    let meta = fs::symlink_metadata(&src).map_err(fail(&src))?;
+                    if meta.is_dir() {
+                        if !rel.as_os_str().is_empty() {
+                            fs::DirBuilder::new()
+                                .mode(0o700)
+                                .create(&dst)
+                                .map_err(fail(&dst))?;
+                        }
+                        self.record(&rel, &meta, b"dir", &[]);
+                        self.xattrs(&src, &dst)?;
+                        stack.push(Work::Finish(rel.clone(), meta));
+                        let mut names: Vec<OsString> = fs::read_dir(&src)
+                            .map_err(fail(&src))?
+                            .map(|e| e.map(|e| e.file_name()))
+                            .collect::<Result<_, _>>()
+                            .map_err(fail(&src))?;
+                        // Visited in name order (the stack pops the last pushed first), so
+                        // the listing, and the digest, do not depend on directory order.
+                        names.sort_unstable_by(|a, b| b.cmp(a));
+                        stack.extend(names.into_iter().map(|n| Work::Visit(rel.join(n))));
+                    } else {
+                        self.copy_entry(&src, &dst, &rel, &meta)?;
+                    }
+                }
+                Work::Finish(rel, meta) => {
+                    let dst = dst_root.join(&rel);
+                    let (uid, gid) = if rel.as_os_str().is_empty() {
+                        // The layer's own root is never seen (the upper directory's is).
+                        (0, 0)
+                    } else {
+                        (self.shift.apply(meta.uid()), self.shift.apply(meta.gid()))
+                    };
+                    std::os::unix::fs::lchown(&dst, Some(uid), Some(gid)).map_err(fail(&dst))?;
+                    let mode = if rel.as_os_str().is_empty() {
+                        0o755
+                    } else {
+                        meta.mode() & 0o7777
+                    };
+                    fs::set_permissions(&dst, fs::Permissions::from_mode(mode))
+                        .map_err(fail(&dst))?;
+                    set_times(&dst, &meta).map_err(fail(&dst))?;
+                }
+            }
+        }
+        let digest = hex::encode(self.hasher.finalize());
+        Ok((digest, self.size))
+    }
+
+    /// Adds one entry to the canonical listing the digest is taken over.
+    fn record(&mut self, rel: &Path, meta: &fs::Metadata, kind: &[u8], extra: &[u8]) {
+        let h = &mut self.hasher;
+        h.update((rel.as_os_str().len() as u64).to_le_bytes());
+        h.update(rel.as_os_str().as_bytes());
+        h.update(kind);
+        h.update(meta.mode().to_le_bytes());
+        h.update(self.shift.apply(meta.uid()).to_le_bytes());
+        h.update(self.shift.apply(meta.gid()).to_le_bytes());
+        h.update(meta.mtime().to_le_bytes());
+        h.update(meta.mtime_nsec().to_le_bytes());
+        h.update((extra.len() as u64).to_le_bytes());
+        h.update(extra);
+    }
+
+    fn copy_entry(
+        &mut self,
+        src: &Path,
+        dst: &Path,
+        rel: &Path,
+        meta: &fs::Metadata,
+    ) -> Result<(), Error> {
+        let fail = |path: &Path| {
+            let path = path.to_owned();
+            move |source| Error::Copy { path, source }
+        };
+        let ft = meta.file_type();
+        if ft.is_file() && meta.nlink() > 1 {
+            if let Some(first) = self.links.get(&(meta.dev(), meta.ino())) {
+                let first = first.clone();
+                let target = dst
+                    .ancestors()
+                    .nth(rel.components().count())
+                    .map(|root| root.join(&first))
+                    .unwrap_or_default();
+                fs::hard_link(&target, dst).map_err(fail(dst))?;
+                self.record(rel, meta, b"link", first.as_os_str().as_bytes());
+                return Ok(());
+            }
+            self.links
+                .insert((meta.dev(), meta.ino()), rel.to_path_buf());
+        }
+        if ft.is_file() {
+            let content = self.copy_file(src, dst)?;
+            self.size += meta.len();
+            self.record(rel, meta, b"file", &content);
+        } else if ft.is_symlink() {
+            let target = fs::read_link(src).map_err(fail(src))?;
+            std::os::unix::fs::symlink(&target, dst).map_err(fail(dst))?;
+            self.record(rel, meta, b"symlink", target.as_os_str().as_bytes());
+        } else {
+            // Devices (whiteouts are character devices 0:0), FIFOs and sockets.
+            let path = mounts::c_path(dst);
+            // SAFETY: mknod with a valid C path; the mode carries the file type from lstat.
+            let ret = unsafe {
+                libc::mknod(
+                    path.as_ptr(),
+                    meta.mode() & (libc::S_IFMT | 0o7777),
+                    meta.rdev(),
+                )
+            };
+            if ret != 0 {
+                return Err(Error::Copy {
+                    path: dst.to_owned(),
+                    source: io::Error::last_os_error(),
+                });
+            }
+            self.record(rel, meta, b"node", &meta.rdev().to_le_bytes());
+        }
+        self.xattrs(src, dst)?;
+        std::os::unix::fs::lchown(
+            dst,
+            Some(self.shift.apply(meta.uid())),
+            Some(self.shift.apply(meta.gid())),
+        )
+        .map_err(fail(dst))?;
+        if !ft.is_symlink() {
+            // After the chown, which clears set-id bits.
+            fs::set_permissions(dst, fs::Permissions::from_mode(meta.mode() & 0o7777))
+                .map_err(fail(dst))?;
+        }
+        set_times(dst, meta).map_err(fail(dst))
+    }
+
+    /// Copies a regular file's content; returns its SHA-256.
+    fn copy_file(&mut self, src: &Path, dst: &Path) -> Result<[u8; 32], Error> {
+        let fail = |path: &Path| {
+            let path = path.to_owned();
+            move |source| Error::Copy { path, source }
+        };
+        let mut input = fs::OpenOptions::new()
+            .read(true)
+            .custom_flags(libc::O_NOFOLLOW | libc::O_NONBLOCK)
+            .open(src)
+            .map_err(fail(src))?;
+        if !input.metadata().map_err(fail(src))?.is_file() {
+            return Err(Error::Copy {
+                path: src.to_owned(),
+                source: io::Error::other("changed while it was copied"),
+            });
+        }
+        let mut output = fs::OpenOptions::new()
+            .write(true)
+            .create_new(true)
+            .mode(0o600)
+            .custom_flags(libc::O_NOFOLLOW)
+            .open(dst)
+            .map_err(fail(dst))?;
+        let mut hash = Sha256::new();
+        loop {
+            let n = input.read(&mut self.buf).map_err(fail(src))?;
+            if n == 0 {
+                break;
+            }
+            hash.update(&self.buf[..n]);
+            output.write_all(&self.buf[..n]).map_err(fail(dst))?;
+        }
+        Ok(hash.finalize().into())
+    }
+
+    /// Copies extended attributes, except overlayfs's own bookkeeping of the upper layer
+    /// (`origin`, `impure`, ...), which refers to the old lower layers; the opaque-directory
+    /// mark is kept: it is what hides the image's directory below.
+    fn xattrs(&mut self, src: &Path, dst: &Path) -> Result<(), Error> {
+        let fail = |path: &Path| {
+            let path = path.to_owned();
+            move |source| Error::Copy { path, source }
+        };
+        let mut names = list_xattrs(src).map_err(fail(src))?;
+        names.sort();
+        for name in names {
+            let bytes = name.as_bytes();
+            if bytes.starts_with(b"user.overlay.")
+                && !matches!(
+                    bytes,
+                    b"user.overlay.opaque" | b"user.overlay.whiteout" | b"user.overlay.whiteouts"
+                )
+            {
+                continue;
+            }
+            let Some(value) = get_xattr(src, &name).map_err(fail(src))? else {
+                continue;
+            };
+            set_xattr(dst, &name, &value).map_err(fail(dst))?;
+            self.hasher.update((bytes.len() as u64).to_le_bytes());
+            self.hasher.update(bytes);
+            self.hasher.update((value.len() as u64).to_le_bytes());
+            self.hasher.update(&value);
+        }
+        Ok(())
+    }
+}
+
+fn set_times(path: &Path, meta: &fs::Metadata) -> io::Result<()> {
+    let p = mounts::c_path(path);
+    let times = [
+        libc::timespec {
+            tv_sec: meta.atime(),
+            tv_nsec: meta.atime_nsec(),
+        },
+        libc::timespec {
+            tv_sec: meta.mtime(),
+            tv_nsec: meta.mtime_nsec(),
+        },
+    ];
+    // SAFETY: a valid C path and two initialised timespecs; no symlink is followed.
+    let ret = unsafe {
+        libc::utimensat(
+            libc::AT_FDCWD,
+            p.as_ptr(),
+            times.as_ptr(),
+            libc::AT_SYMLINK_NOFOLLOW,
+        )
+    };
+    if ret != 0 {
+        return Err(io::Error::last_os_error());
+    }
+    Ok(())
+}
+
+fn list_xattrs(path: &Path) -> io::Result<Vec<OsString>> {
+    let p = mounts::c_path(path);
+    let mut buf = vec![0u8; 4096];
+    loop {
+        // SAFETY: a valid C path and a buffer of `buf.len()` writable bytes.
+        let n = unsafe { libc::llistxattr(p.as_ptr(), buf.as_mut_ptr().cast(), buf.len()) };
+        if n >= 0 {
+            buf.truncate(n as usize);
+            break;
+        }
+        let e = io::Error::last_os_error();
+        match e.raw_os_error() {
+            Some(libc::ERANGE) if buf.len() < 1 << 20 => buf.resize(buf.len() * 4, 0),
+            Some(libc::ENOTSUP) => return Ok(Vec::new()),
+            _ => return Err(e),
+        }
+    }
+    Ok(buf
+        .split(|b| *b == 0)
+        .filter(|n| !n.is_empty())
+        .map(|n| OsString::from_vec(n.to_vec()))
+        .collect())
+}
+
+fn get_xattr(path: &Path, name: &OsStr) -> io::Result<Option<Vec<u8>>> {
+    let p = mounts::c_path(path);
+    let n = CString::new(name.as_bytes()).map_err(io::Error::other)?;
+    let mut buf = vec![0u8; 256];
+    loop {
+        // SAFETY: valid C strings and a buffer of `buf.len()` writable bytes.
+        let len =
+            unsafe { libc::lgetxattr(p.as_ptr(), n.as_ptr(), buf.as_mut_ptr().cast(), buf.len()) };
+        if len >= 0 {
+            buf.truncate(len as usize);
+            return Ok(Some(buf));
+        }
+        let e = io::Error::last_os_error();
+        match e.raw_os_error() {
+            Some(libc::ERANGE) if buf.len() < 1 << 16 => buf.resize(buf.len() * 16, 0),
+            Some(libc::ENODATA) => return Ok(None),
+            _ => return Err(e),
+        }
+    }
+}
+
+fn set_xattr(path: &Path, name: &OsStr, value: &[u8]) -> io::Result<()> {
+    let p = mounts::c_path(path);
+    let n = CString::new(name.as_bytes()).map_err(io::Error::other)?;
+    // SAFETY: valid C strings and a value buffer of `value.len()` readable bytes.
+    let ret = unsafe {
+        libc::lsetxattr(
+            p.as_ptr(),
+            n.as_ptr(),
+            value.as_ptr().cast(),
+            value.len(),
+            0,
+        )
+    };
+    if ret != 0 {
+        return Err(io::Error::last_os_error());
+    }
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn is_root() -> bool {
+        nix::unistd::Uid::effective().is_root()
+    }
+
+    #[test]
+    fn owners_shift_into_the_block_and_strangers_become_nobody() {
+        let s = Shift::Block(100_000);
+        assert_eq!(s.apply(100_000), 0);
+        assert_eq!(s.apply(101_000), 1000);
+        assert_eq!(s.apply(99_999), NOBODY);
+        assert_eq!(s.apply(100_000 + ID_BLOCK), NOBODY);
+        assert_eq!(Shift::Rootless(1000).apply(1000), 0);
+        assert_eq!(Shift::Rootless(1000).apply(5), 5);
+    }
+
+    /// As root: every kind of entry an upper directory holds survives the copy, owners are
+    /// shifted, overlay bookkeeping is dropped, and the same tree gives the same digest.
+    #[test]
+    fn a_capture_keeps_whiteouts_opaque_dirs_modes_owners_and_links() {
+        if !is_root() {
+            assert!(std::env::var("CI").is_err(), "CI runs as root");
+            eprintln!("not root: cannot make whiteouts or give files away");
+            return;
+        }
+        let tmp = tempfile::tempdir().unwrap();
+        let upper = tmp.path().join("upper");
+        let base = 200_000;
+        fs::create_dir_all(upper.join("etc/opaque")).unwrap();
+        fs::write(upper.join("etc/file"), b"hello").unwrap();
+        fs::hard_link(upper.join("etc/file"), upper.join("etc/hard")).unwrap();
+        std::os::unix::fs::symlink("file", upper.join("etc/link")).unwrap();
+        let wh = mounts::c_path(&upper.join("etc/gone"));
+        // SAFETY: a valid C path; makes an overlay whiteout (char 0:0).
+        assert_eq!(unsafe { libc::mknod(wh.as_ptr(), libc::S_IFCHR, 0) }, 0);
+        set_xattr(
+            &upper.join("etc/opaque"),
+            OsStr::new("user.overlay.opaque"),
+            b"y",
+        )
+        .unwrap();
+        set_xattr(&upper.join("etc"), OsStr::new("user.overlay.impure"), b"y").unwrap();
+        for p in ["etc", "etc/file", "etc/link", "etc/gone", "etc/opaque"] {
+            std::os::unix::fs::lchown(upper.join(p), Some(base + 1000), Some(base)).unwrap();
+        }
+        // After the chown, which clears set-id bits.
+        fs::set_permissions(upper.join("etc/file"), fs::Permissions::from_mode(0o4751)).unwrap();
+        let layers = tmp.path().join("layers");
+        let first = capture_tree(&upper, &layers, Shift::Block(base)).unwrap();
+        let l = &first.path;
+        assert_eq!(first.size_bytes, 5);
+        assert_eq!(fs::read(l.join("etc/hard")).unwrap(), b"hello");
+        let file = fs::metadata(l.join("etc/file")).unwrap();
+        assert_eq!(file.mode() & 0o7777, 0o4751);
+        assert_eq!((file.uid(), file.gid()), (1000, 0));
+        assert_eq!(file.ino(), fs::metadata(l.join("etc/hard")).unwrap().ino());
+        assert_eq!(
+            fs::read_link(l.join("etc/link")).unwrap(),
+            Path::new("file")
+        );
+        let gone = fs::symlink_metadata(l.join("etc/gone")).unwrap();
+        assert!(std::os::unix::fs::FileTypeExt::is_char_device(
+            &gone.file_type()
+        ));
+        assert_eq!(gone.rdev(), 0);
+        assert_eq!(
+            get_xattr(&l.join("etc/opaque"), OsStr::new("user.overlay.opaque")).unwrap(),
+            Some(b"y".to_vec())
+        );
+        assert_eq!(
+            get_xattr(&l.join("etc"), OsStr::new("user.overlay.impure")).unwrap(),
+            None
+        );
+        assert_eq!(
+            fs::metadata(l.join("etc")).unwrap().mtime(),
+            fs::metadata(upper.join("etc")).unwrap().mtime()
+        );
+        // The same content again is the same layer, and no half copy is left behind.
+        let again = capture_tree(&upper, &layers, Shift::Block(base)).unwrap();
+        assert_eq!(again, first);
+        let names: Vec<_> = fs::read_dir(&layers)
+            .unwrap()
+            .map(|e| e.unwrap().file_name())
+            .collect();
+        assert_eq!(names, vec![OsString::from(&first.digest)]);
+        // One changed byte is another layer.
+        fs::write(upper.join("etc/file"), b"hellO").unwrap();
+        let other = capture_tree(&upper, &layers, Shift::Block(base)).unwrap();
+        assert_ne!(other.digest, first.digest);
+    }
+
+    #[test]
+    fn a_deep_tree_does_not_overflow_the_stack() {
+        let tmp = tempfile::tempdir().unwrap();
+        let upper = tmp.path().join("upper");
+        let mut p = upper.clone();
+        for _ in 0..1500 {
+            p.push("d");
+        }
+        // Past PATH_MAX paths cannot be made with plain calls; 1500 levels are 3000 bytes.
+        fs::create_dir_all(&p).unwrap();
+        let c = capture_tree(&upper, &tmp.path().join("layers"), Shift::None).unwrap();
+        assert!(c.path.join("d/d/d").is_dir());
+    }
+}
