@@ -118,6 +118,10 @@ pub enum ErrorCode {
     NoSpace,
     /// 503: the sandbox is out of file descriptors or memory for now.
     TryAgain,
+    /// 409: the snapshot is deleted or failed; nothing can start from it.
+    SnapshotNotUsable,
+    /// 501: the sandbox's backend cannot do this yet (e.g. snapshots of microVM sandboxes).
+    NotSupported,
 }
 
 impl ErrorCode {
@@ -130,9 +134,11 @@ impl ErrorCode {
             Unauthorized => 401,
             Forbidden | PermissionDenied => 403,
             NotFound | CommandNotFound => 404,
-            SandboxNotRunning | Conflict | Exists | NotEmpty | CommandFinished | Busy => 409,
+            SandboxNotRunning | Conflict | Exists | NotEmpty | CommandFinished | Busy
+            | SnapshotNotUsable => 409,
             PayloadTooLarge | FileTooLarge => 413,
             Internal | BuildFailed => 500,
+            NotSupported => 501,
             AgentUnavailable | AgentError => 502,
             BackendUnavailable | TryAgain => 503,
             InsufficientResources | NoSpace => 507,
@@ -216,6 +222,8 @@ mod tests {
             "file_too_large",
             "no_space",
             "try_again",
+            "snapshot_not_usable",
+            "not_supported",
         ];
         assert_eq!(ErrorCode::VARIANTS.len(), names.len());
         for (code, name) in ErrorCode::VARIANTS.iter().zip(names) {

@@ -19,6 +19,7 @@ pub mod info;
 pub mod limits;
 pub mod routes;
 pub mod sandbox;
+pub mod snapshot;
 pub mod typescript;
 
 pub use command::*;
@@ -28,3 +29,4 @@ pub use file::*;
 pub use info::*;
 pub use limits::{Invalid, Validate};
 pub use sandbox::*;
+pub use snapshot::*;

@@ -117,6 +117,11 @@ pub enum Source {
         #[schema(max_length = 256)]
         revision: Option<String>,
     },
+    /// A snapshot (`snap_...`): the sandbox starts with its files, on its image.
+    Snapshot {
+        #[schema(min_length = 1, max_length = 64)]
+        snapshot_id: String,
+    },
 }
 
 /// The body of `POST /v1/sandboxes`. Every field is optional.
@@ -170,6 +175,15 @@ pub struct CreateSandbox {
     #[serde(default)]
     #[ts(optional)]
     pub source: Option<Source>,
+    /// Default expiration of this sandbox's snapshots, ms after their last use; `0` never.
+    #[serde(default)]
+    #[ts(optional)]
+    #[schema(minimum = 0, maximum = 315360000000_i64)]
+    pub snapshot_expiration_ms: Option<i64>,
+    /// How many of this sandbox's snapshots are kept.
+    #[serde(default)]
+    #[ts(optional)]
+    pub keep_last_snapshots: Option<crate::KeepLastSnapshots>,
 }
 
 /// Whether each resource limit is enforced on this sandbox, and why not when it is not.
@@ -235,6 +249,7 @@ impl Validate for Source {
                     .as_deref()
                     .map_or(Ok(()), |r| limits::text("source.revision", r, 256))
             }
+            Source::Snapshot { snapshot_id } => limits::text("source.snapshot_id", snapshot_id, 64),
         }
     }
 }
@@ -262,6 +277,15 @@ impl Validate for CreateSandbox {
         limits::tags("tags", self.tags.as_ref())?;
         if let Some(name) = &self.name {
             limits::text("name", name, limits::MAX_NAME)?;
+        }
+        limits::range(
+            "snapshot_expiration_ms",
+            self.snapshot_expiration_ms,
+            0,
+            crate::MAX_EXPIRATION_MS,
+        )?;
+        if let Some(keep) = &self.keep_last_snapshots {
+            keep.validate()?;
         }
         self.source.as_ref().map_or(Ok(()), Validate::validate)
     }

@@ -276,6 +276,7 @@ fn create_request(image: Option<String>, o: &SandboxOpts) -> Result<CreateSandbo
         tags: (!tags.is_empty()).then_some(tags),
         name: o.name.clone(),
         source: o.source.as_deref().map(source).transpose()?,
+        ..Default::default()
     })
 }
 

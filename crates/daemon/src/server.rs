@@ -127,8 +127,10 @@ async fn serve(config: Config, paths: &Paths) -> Result<(), ServerError> {
         images.clone(),
         settings,
     );
+    sandboxes.recover_snapshots().await?;
     sandboxes.adopt_all().await?;
     let monitor = sandboxes.spawn_monitor();
+    let reaper = sandboxes.spawn_snapshot_reaper();
 
     let state = AppState {
         sandboxes,
@@ -159,6 +161,7 @@ async fn serve(config: Config, paths: &Paths) -> Result<(), ServerError> {
         _ = int.recv() => Ok(()),
     };
     monitor.abort();
+    reaper.abort();
     tracing::info!("belljard stopped; sandboxes keep running");
     result
 }

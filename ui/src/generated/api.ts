@@ -4,7 +4,7 @@ export type ErrorBody = { error: ErrorDetail, };
 
 export type ErrorDetail = { code: ErrorCode, message: string, };
 
-export type ErrorCode = "bad_request" | "unauthorized" | "forbidden" | "not_found" | "sandbox_not_running" | "conflict" | "payload_too_large" | "insufficient_resources" | "image_not_available" | "backend_unavailable" | "agent_unavailable" | "agent_error" | "internal" | "not_an_image" | "build_failed" | "command_not_found" | "invalid_path" | "is_a_directory" | "not_a_directory" | "not_a_regular_file" | "exec_failed" | "unknown_user" | "exists" | "not_empty" | "command_finished" | "busy" | "permission_denied" | "file_too_large" | "no_space" | "try_again";
+export type ErrorCode = "bad_request" | "unauthorized" | "forbidden" | "not_found" | "sandbox_not_running" | "conflict" | "payload_too_large" | "insufficient_resources" | "image_not_available" | "backend_unavailable" | "agent_unavailable" | "agent_error" | "internal" | "not_an_image" | "build_failed" | "command_not_found" | "invalid_path" | "is_a_directory" | "not_a_directory" | "not_a_regular_file" | "exec_failed" | "unknown_user" | "exists" | "not_empty" | "command_finished" | "busy" | "permission_denied" | "file_too_large" | "no_space" | "try_again" | "snapshot_not_usable" | "not_supported";
 
 export type SandboxStatus = "pending" | "running" | "paused" | "stopping" | "stopped" | "failed";
 
@@ -12,7 +12,7 @@ export type Backend = "microvm" | "namespace";
 
 export type BackendChoice = "auto" | "microvm" | "namespace";
 
-export type Source = { "type": "path", path: string, } | { "type": "git", url: string, revision?: string, };
+export type Source = { "type": "path", path: string, } | { "type": "git", url: string, revision?: string, } | { "type": "snapshot", snapshot_id: string, };
 
 export type CreateSandbox = { 
 /**
@@ -44,7 +44,15 @@ env?: { [key in string]: string },
 /**
  * At most 50; keys 1 to 64 bytes without `=`, values up to 256 bytes.
  */
-tags?: { [key in string]: string }, name?: string, source?: Source, };
+tags?: { [key in string]: string }, name?: string, source?: Source, 
+/**
+ * Default expiration of this sandbox's snapshots, ms after their last use; `0` never.
+ */
+snapshot_expiration_ms?: number, 
+/**
+ * How many of this sandbox's snapshots are kept.
+ */
+keep_last_snapshots?: KeepLastSnapshots, };
 
 export type LimitsReport = { memory: LimitState, cpu: LimitState, pids: LimitState, 
 /**
@@ -119,6 +127,100 @@ export type ExtendSandbox = {
  * Milliseconds added to the timeout; must be positive.
  */
 duration_ms: number, };
+
+export type SnapshotStatus = "created" | "deleted" | "failed";
+
+export type Snapshot = { 
+/**
+ * `snap_` followed by lowercase letters and digits.
+ */
+id: string, status: SnapshotStatus, 
+/**
+ * Why it failed, for a failed snapshot.
+ */
+status_reason?: string, 
+/**
+ * The sandbox it was taken of.
+ */
+source_sandbox_id: string, 
+/**
+ * The snapshot that sandbox was created from, if any: the previous point on the timeline.
+ */
+parent?: string, 
+/**
+ * The image below its layers.
+ */
+image: string, 
+/**
+ * Bytes of file content its own layer added (the layers below it are shared).
+ */
+size_bytes: number, 
+/**
+ * Layers a sandbox made from it stacks on the image, this snapshot's own included.
+ */
+depth: number, created_at: number, 
+/**
+ * When it expires (30 days after its last use by default); absent when it never does.
+ */
+expires_at?: number, 
+/**
+ * For a live snapshot (`keep_running`), how long the sandbox's processes were frozen, ms.
+ */
+frozen_ms?: number, };
+
+export type CreateSnapshot = { 
+/**
+ * Keep the sandbox running: its processes are frozen while the layer is captured.
+ * Default `false`: the sandbox stops and its writable layer becomes the snapshot.
+ */
+keep_running?: boolean, 
+/**
+ * Milliseconds the snapshot lives after its last use; `0` never expires. Default: the
+ * sandbox's `snapshot_expiration_ms`, else 30 days.
+ */
+expiration_ms?: number, };
+
+export type KeepLastSnapshots = { 
+/**
+ * Keep the newest `count` (1 to 10) snapshots of the sandbox.
+ */
+count: number, 
+/**
+ * Expiration of the kept snapshots, ms; `0` never. Default: each keeps its own.
+ */
+expiration_ms?: number, 
+/**
+ * Delete the older ones at once (default `true`); else they keep their own expiration.
+ */
+delete_evicted?: boolean, };
+
+export type ListSnapshotsQuery = { 
+/**
+ * Only snapshots taken of this sandbox.
+ */
+sandbox_id: string | null, 
+/**
+ * Only snapshots in this status; default: every status.
+ */
+status: SnapshotStatus | null, 
+/**
+ * Created at or after this time (Unix ms).
+ */
+since: number | null, 
+/**
+ * Created before this time (Unix ms).
+ */
+until: number | null, 
+/**
+ * Page size, 1..=200, default 50.
+ */
+limit: number | null, 
+/**
+ * `next_cursor` of the previous page.
+ */
+cursor: string | null, };
+
+export type SnapshotList = { snapshots: Array<Snapshot>, next_cursor?: string, };
 
 export type PtySize = { rows: number, cols: number, };
 

@@ -95,7 +95,9 @@ fn image_code(e: &ImageError) -> ErrorCode {
 fn sandbox_parts(e: &SandboxError) -> (StatusCode, ErrorCode, String) {
     let code = match e {
         SandboxError::BadRequest(_) => ErrorCode::BadRequest,
-        SandboxError::NotFound(_) | SandboxError::CommandNotFound(_) => ErrorCode::NotFound,
+        SandboxError::NotFound(_)
+        | SandboxError::CommandNotFound(_)
+        | SandboxError::SnapshotNotFound(_) => ErrorCode::NotFound,
         SandboxError::NotRunning { .. } => ErrorCode::SandboxNotRunning,
         SandboxError::Conflict(_) => ErrorCode::Conflict,
         SandboxError::Admission(AdmissionError::Insufficient { .. }) => {
@@ -103,6 +105,8 @@ fn sandbox_parts(e: &SandboxError) -> (StatusCode, ErrorCode, String) {
         }
         SandboxError::Image(e) => image_code(e),
         SandboxError::Backend(BackendError::Unavailable { .. }) => ErrorCode::BackendUnavailable,
+        SandboxError::Backend(BackendError::Unsupported { .. }) => ErrorCode::NotSupported,
+        SandboxError::SnapshotNotUsable { .. } => ErrorCode::SnapshotNotUsable,
         // The reason a sandbox could not start is the user's business; it holds no secret.
         SandboxError::Backend(b) => {
             let code = ErrorCode::Internal;

@@ -13,6 +13,7 @@ mod files;
 mod info;
 pub mod openapi;
 mod sandboxes;
+mod snapshots;
 mod stream;
 mod terminal;
 mod ui;
@@ -45,6 +46,7 @@ pub fn api_router() -> OpenApiRouter<AppState> {
     OpenApiRouter::with_openapi(openapi::ApiDoc::openapi())
         .merge(info::router())
         .merge(sandboxes::router())
+        .merge(snapshots::router())
         .merge(commands::router())
         .merge(files::router())
         .merge(terminal::router())

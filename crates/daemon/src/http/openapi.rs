@@ -75,8 +75,8 @@ pub enum Errors {
     /// `not_found`: no such sandbox, command, image or file, or no such route.
     #[response(status = 404)]
     NotFound(#[to_schema] ErrorBody),
-    /// `sandbox_not_running`, `conflict`, or the agent's `exists`, `not_empty`,
-    /// `command_finished`.
+    /// `sandbox_not_running`, `conflict`, `snapshot_not_usable`, or the agent's `exists`,
+    /// `not_empty`, `command_finished`.
     #[response(status = 409)]
     Conflict(#[to_schema] ErrorBody),
     /// `payload_too_large`: a JSON body over 1 MiB.
@@ -85,6 +85,9 @@ pub enum Errors {
     /// `internal`: a bug or an unexpected host failure; the details are in the daemon's log.
     #[response(status = 500)]
     Internal(#[to_schema] ErrorBody),
+    /// `not_supported`: the sandbox's backend cannot do this yet.
+    #[response(status = 501)]
+    NotImplemented(#[to_schema] ErrorBody),
     /// `agent_unavailable` or another failure of the sandbox's agent.
     #[response(status = 502)]
     BadGateway(#[to_schema] ErrorBody),
@@ -102,6 +105,15 @@ pub enum Errors {
 pub struct SandboxPath {
     /// The sandbox's id, `sbx_` and lowercase letters and digits.
     #[param(pattern = "^sbx_[a-z0-9]{1,64}$", max_length = 68)]
+    pub id: String,
+}
+
+/// `{id}`: a snapshot.
+#[derive(Debug, Deserialize, IntoParams)]
+#[into_params(parameter_in = Path)]
+pub struct SnapshotPath {
+    /// The snapshot's id, `snap_` and lowercase letters and digits.
+    #[param(pattern = "^snap_[a-z0-9]{1,64}$", max_length = 69)]
     pub id: String,
 }
 
@@ -183,13 +195,13 @@ mod tests {
                 }
                 let statuses = op["responses"].as_object().unwrap();
                 for s in [
-                    "400", "401", "403", "404", "409", "413", "500", "502", "503", "507",
+                    "400", "401", "403", "404", "409", "413", "500", "501", "502", "503", "507",
                 ] {
                     assert!(statuses.contains_key(s), "{method} {path} lacks {s}");
                 }
             }
         }
-        assert_eq!(operations, 32);
+        assert_eq!(operations, 36);
         let create = &doc["components"]["schemas"]["CreateSandbox"]["properties"];
         assert_eq!(create["vcpus"]["maximum"], 32);
         assert_eq!(create["disk_mib"]["maximum"], 1_048_576);

@@ -30,6 +30,23 @@ pub enum BackendError {
     /// A namespace sandbox could not be started, found, watched, stopped or deleted.
     #[error("{0} the sandbox failed")]
     Namespace(NsStep, #[source] belljar_namespace::Error),
+    /// This backend cannot do that (yet).
+    #[error("The {backend} backend cannot {what} yet")]
+    Unsupported {
+        backend: &'static str,
+        what: &'static str,
+    },
+    /// Freezing, thawing or capturing the sandbox's filesystem failed.
+    #[error("Snapshotting the sandbox failed: {0}")]
+    Snapshot(String),
+}
+
+/// A snapshot layer a backend captured.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct CapturedLayer {
+    /// Its content address, also its directory name in the layers directory.
+    pub digest: String,
+    pub size_bytes: u64,
 }
 
 /// Which step of a namespace sandbox's life failed.
@@ -76,6 +93,8 @@ pub struct LaunchSpec {
     pub disk_mib: u64,
     /// Extra environment for the agent.
     pub agent_env: Vec<(String, String)>,
+    /// Snapshot layer directories stacked on the image, topmost first.
+    pub layers: Vec<PathBuf>,
 }
 
 /// A sandbox that runs.
@@ -114,6 +133,32 @@ pub trait BackendDriver: Send + Sync {
     fn destroy(&self, state_dir: &Path) -> Result<(), BackendError>;
     /// Where the sandbox's agent listens.
     fn agent_address(&self, state_dir: &Path) -> AgentAddress;
+    /// Copies the sandbox's writable layer into `layers_dir/<digest>`; the sandbox must be
+    /// stopped or frozen.
+    fn capture(
+        &self,
+        _state_dir: &Path,
+        _layers_dir: &Path,
+    ) -> Result<CapturedLayer, BackendError> {
+        Err(BackendError::Unsupported {
+            backend: kind_name(self.kind()),
+            what: "snapshot a sandbox",
+        })
+    }
+    /// Stops every process of the sandbox where it is, keeping its memory.
+    fn freeze(&self, _state_dir: &Path) -> Result<(), BackendError> {
+        Err(BackendError::Unsupported {
+            backend: kind_name(self.kind()),
+            what: "freeze a sandbox",
+        })
+    }
+    /// Lets a frozen sandbox run again.
+    fn thaw(&self, _state_dir: &Path) -> Result<(), BackendError> {
+        Err(BackendError::Unsupported {
+            backend: kind_name(self.kind()),
+            what: "thaw a sandbox",
+        })
+    }
     /// `Some(reason)` when this backend is forced usable for testing despite a failed probe
     /// (the microVM harness on nested KVM, whose speed the probe rightly rejects). Only an
     /// explicit request for the backend honours it; `auto` always follows the probe.

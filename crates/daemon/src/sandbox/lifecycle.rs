@@ -73,7 +73,17 @@ impl Sandboxes {
         if let Some(source) = &req.source {
             super::source::validate(source)?;
         }
-        let image_name = req.image.clone().unwrap_or_else(|| s.default_image.clone());
+        let snapshot_image = self.snapshot_image(req.source.as_ref())?;
+        if let (Some(theirs), Some(asked)) = (&snapshot_image, &req.image)
+            && theirs != asked
+        {
+            return Err(SandboxError::BadRequest(format!(
+                "image: the snapshot is of image {theirs}, not {asked}"
+            )));
+        }
+        let image_name = snapshot_image
+            .or_else(|| req.image.clone())
+            .unwrap_or_else(|| s.default_image.clone());
         let image = self.inner.images.resolve(&image_name)?;
         let (backend, backend_reason) = self
             .inner
@@ -129,6 +139,21 @@ impl Sandboxes {
             }
         }
 
+        let from = match self.hold_layers(
+            &sandbox,
+            req.snapshot_expiration_ms,
+            req.keep_last_snapshots,
+        ) {
+            Ok(from) => from,
+            Err(e) => {
+                // The snapshot went between the check and now: no sandbox was made.
+                self.inner.store.delete_sandbox(&id)?;
+                self.inner
+                    .events
+                    .emit(EventBody::SandboxDeleted(id.clone()));
+                return Err(e);
+            }
+        };
         let state_dir = self.state_dir(&id);
         let spec = LaunchSpec {
             id: id.clone(),
@@ -143,6 +168,7 @@ impl Sandboxes {
                 .map(|l| ("BELLJAR_OUTPUT_LIMIT".to_owned(), l.to_string()))
                 .into_iter()
                 .collect(),
+            layers: from.map(|f| f.layers).unwrap_or_default(),
         };
         let started = async {
             std::fs::create_dir_all(&state_dir)?;
@@ -397,6 +423,7 @@ impl Sandboxes {
             _ => {}
         }
         self.inner.store.delete_sandbox(id)?;
+        self.release_layers(id).await?;
         self.inner
             .events
             .emit(EventBody::SandboxDeleted(id.to_owned()));

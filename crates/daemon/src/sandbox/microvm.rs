@@ -208,6 +208,12 @@ impl Backend for Microvm {
     }
 
     fn launch(&self, spec: &LaunchSpec) -> Result<Launched, BackendError> {
+        if !spec.layers.is_empty() {
+            return Err(BackendError::Unsupported {
+                backend: "microvm",
+                what: "start a sandbox from a snapshot",
+            });
+        }
         let err = |e: vmm::VmmError| BackendError::Launch(e.to_string());
         let vm = vmm::VmSpec {
             vmm: self.vmm.clone().ok_or_else(|| BackendError::Unavailable {

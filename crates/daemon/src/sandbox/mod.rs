@@ -16,6 +16,7 @@ mod logs;
 pub mod microvm;
 mod monitor;
 pub mod namespace;
+mod snapshots;
 mod source;
 mod terminal;
 pub mod vmm;
@@ -73,6 +74,12 @@ pub enum SandboxError {
     /// A thumbnail could not be made.
     #[error("Cannot make a thumbnail: {0}")]
     Thumbnail(String),
+    /// No such snapshot.
+    #[error("Snapshot {0} not found")]
+    SnapshotNotFound(String),
+    /// The snapshot is deleted or failed.
+    #[error("Snapshot {id} is {status}; nothing can start from it")]
+    SnapshotNotUsable { id: String, status: &'static str },
     /// The store failed.
     #[error(transparent)]
     Store(#[from] StoreError),
@@ -143,6 +150,7 @@ struct Inner {
     /// Serialises admission so that two creations cannot both take the last free memory.
     admission: tokio::sync::Mutex<()>,
     monitor: monitor::MonitorState,
+    snapshots: snapshots::SnapshotState,
 }
 
 impl Sandboxes {
@@ -168,6 +176,7 @@ impl Sandboxes {
                 locks: Default::default(),
                 admission: Default::default(),
                 monitor: Default::default(),
+                snapshots: Default::default(),
             }),
         }
     }

@@ -10,7 +10,8 @@ use belljar_api::{Backend as BackendKind, LimitState, LimitsReport};
 use belljar_namespace as ns;
 
 use super::backend::{
-    AgentAddress, BackendDriver, BackendError, LaunchSpec, Launched, NsStep, Probe,
+    AgentAddress, BackendDriver, BackendError, CapturedLayer, LaunchSpec, Launched, NsStep,
+    Probe,
 };
 
 /// PIDs a sandbox may have, so that a fork bomb stays inside it.
@@ -122,4 +123,33 @@ impl BackendDriver for Namespace {
     fn agent_address(&self, state_dir: &Path) -> AgentAddress {
         AgentAddress::Unix(state_dir.join(ns::AGENT_SOCKET))
     }
+
+    fn capture(&self, state_dir: &Path, layers_dir: &Path) -> Result<CapturedLayer, BackendError> {
+        ns::layer::capture(state_dir, layers_dir)
+            .map(|c| CapturedLayer {
+                digest: c.digest,
+                size_bytes: c.size_bytes,
+            })
+            .map_err(|e| BackendError::Snapshot(error_chain(&e)))
+    }
+
+    fn freeze(&self, state_dir: &Path) -> Result<(), BackendError> {
+        ns::freeze(state_dir).map_err(|e| BackendError::Snapshot(error_chain(&e)))
+    }
+
+    fn thaw(&self, state_dir: &Path) -> Result<(), BackendError> {
+        ns::thaw(state_dir).map_err(|e| BackendError::Snapshot(error_chain(&e)))
+    }
+}
+
+/// An error and its causes in one line (`Cannot copy x: No space left on device`).
+fn error_chain(e: &dyn std::error::Error) -> String {
+    let mut text = e.to_string();
+    let mut source = e.source();
+    while let Some(cause) = source {
+        text.push_str(": ");
+        text.push_str(&cause.to_string());
+        source = cause.source();
+    }
+    text
 }

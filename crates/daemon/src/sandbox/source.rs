@@ -54,6 +54,8 @@ pub fn validate(source: &Source) -> Result<(), SandboxError> {
             }
             Ok(())
         }
+        // Checked against the store by the lifecycle.
+        Source::Snapshot { .. } => Ok(()),
     }
 }
 
@@ -100,6 +102,8 @@ pub async fn install(
             }
             None => clone_in_sandbox(agent, url, revision.as_deref(), env).await,
         },
+        // The snapshot's files are the sandbox's lower layers already.
+        Source::Snapshot { .. } => Ok(()),
     }
 }
 

@@ -78,6 +78,40 @@ const MIGRATIONS: &[&str] = &[
     CREATE UNIQUE INDEX sandboxes_idempotency_key ON sandboxes (idempotency_key)
         WHERE idempotency_key IS NOT NULL;
     "#,
+    // 3: snapshots. A layer directory lives while `refs` (snapshots in status `created` and
+    // sandboxes whose chain holds it) is above zero; each snapshot and each sandbox made from
+    // one lists its whole chain of layers, topmost first.
+    r#"
+    CREATE TABLE layers (
+        digest          TEXT PRIMARY KEY,
+        size_bytes      INTEGER NOT NULL,
+        refs            INTEGER NOT NULL
+    );
+    CREATE TABLE snapshots (
+        id                  TEXT PRIMARY KEY,
+        status              TEXT NOT NULL,
+        status_reason       TEXT,
+        source_sandbox_id   TEXT NOT NULL,
+        parent_id           TEXT,
+        image               TEXT NOT NULL,
+        layers              TEXT NOT NULL,
+        size_bytes          INTEGER NOT NULL,
+        created_at          INTEGER NOT NULL,
+        expiration_ms       INTEGER NOT NULL,
+        expires_at          INTEGER,
+        frozen_ms           INTEGER
+    );
+    CREATE INDEX snapshots_created ON snapshots (created_at DESC, id DESC);
+    CREATE INDEX snapshots_sandbox ON snapshots (source_sandbox_id, created_at DESC);
+    CREATE INDEX snapshots_expiry ON snapshots (expires_at) WHERE status = 'created';
+    CREATE TABLE sandbox_layers (
+        sandbox_id              TEXT PRIMARY KEY,
+        snapshot_id             TEXT,
+        layers                  TEXT NOT NULL,
+        snapshot_expiration_ms  INTEGER,
+        keep_last               TEXT
+    );
+    "#,
 ];
 
 /// The schema version this daemon writes.

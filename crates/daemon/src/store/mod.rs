@@ -10,6 +10,7 @@ mod events;
 mod images;
 mod migrations;
 mod sandboxes;
+mod snapshots;
 
 use std::path::Path;
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -21,6 +22,7 @@ use serde::de::DeserializeOwned;
 pub use commands::CommandRecord;
 pub use events::EventBody;
 pub use sandboxes::SandboxPage;
+pub use snapshots::{SandboxLayers, SnapshotPage, SnapshotRow};
 
 #[derive(Debug, thiserror::Error)]
 pub enum StoreError {

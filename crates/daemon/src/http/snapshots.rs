@@ -1,0 +1,67 @@
+//! `/v1/snapshots` and `POST /v1/sandboxes/{id}/snapshots`: take, list, get and delete
+//! snapshots. A sandbox is made from one with `source: {type: "snapshot"}` at create.
+
+use axum::Json;
+use axum::extract::State;
+use axum::http::StatusCode;
+use belljar_api::{CreateSnapshot, ListSnapshotsQuery, Snapshot, SnapshotList};
+use utoipa_axum::router::OpenApiRouter;
+use utoipa_axum::routes;
+
+use super::AppState;
+use super::error::ApiError;
+use super::extract::{ApiJson, ApiPath, ApiQuery};
+use super::openapi::{Errors, SandboxPath, SnapshotPath};
+use super::sandboxes::detached;
+
+pub fn router() -> OpenApiRouter<AppState> {
+    OpenApiRouter::new()
+        .routes(routes!(create))
+        .routes(routes!(list))
+        .routes(routes!(get_one, delete))
+}
+
+/// Snapshot a running sandbox. By default the sandbox stops and its writable layer becomes
+/// the snapshot; with `keep_running` its processes are frozen while the layer is copied.
+#[utoipa::path(post, path = "/v1/sandboxes/{id}/snapshots", operation_id = "snapshot_create", tag = "snapshots",
+    params(SandboxPath), request_body = CreateSnapshot,
+    responses((status = 201, description = "The snapshot, status `created`", body = Snapshot), Errors))]
+async fn create(
+    State(st): State<AppState>,
+    ApiPath(SandboxPath { id }): ApiPath<SandboxPath>,
+    ApiJson(req): ApiJson<CreateSnapshot>,
+) -> Result<(StatusCode, Json<Snapshot>), ApiError> {
+    let s = detached(async move { st.sandboxes.snapshot(&id, req).await }).await?;
+    Ok((StatusCode::CREATED, Json(s)))
+}
+
+/// List snapshots, newest first.
+#[utoipa::path(get, path = "/v1/snapshots", operation_id = "snapshot_list", tag = "snapshots", params(ListSnapshotsQuery),
+    responses((status = 200, description = "One page", body = SnapshotList), Errors))]
+async fn list(
+    State(st): State<AppState>,
+    ApiQuery(q): ApiQuery<ListSnapshotsQuery>,
+) -> Result<Json<SnapshotList>, ApiError> {
+    Ok(Json(st.sandboxes.list_snapshots(&q)?))
+}
+
+/// Get a snapshot.
+#[utoipa::path(get, path = "/v1/snapshots/{id}", operation_id = "snapshot_get", tag = "snapshots", params(SnapshotPath),
+    responses((status = 200, description = "The snapshot", body = Snapshot), Errors))]
+async fn get_one(
+    State(st): State<AppState>,
+    ApiPath(SnapshotPath { id }): ApiPath<SnapshotPath>,
+) -> Result<Json<Snapshot>, ApiError> {
+    Ok(Json(st.sandboxes.get_snapshot(&id)?))
+}
+
+/// Delete a snapshot. Its files stay while sandboxes made from it still run on them.
+#[utoipa::path(delete, path = "/v1/snapshots/{id}", operation_id = "snapshot_delete", tag = "snapshots", params(SnapshotPath),
+    responses((status = 200, description = "The snapshot, status `deleted`", body = Snapshot), Errors))]
+async fn delete(
+    State(st): State<AppState>,
+    ApiPath(SnapshotPath { id }): ApiPath<SnapshotPath>,
+) -> Result<Json<Snapshot>, ApiError> {
+    let s = detached(async move { st.sandboxes.delete_snapshot(&id).await }).await?;
+    Ok(Json(s))
+}

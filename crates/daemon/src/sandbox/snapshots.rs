@@ -1,0 +1,399 @@
+//! Snapshots: taking them (Vercel's semantics by default: the sandbox stops and its writable
+//! layer becomes the snapshot; or live, with the sandbox frozen while its layer is copied),
+//! starting sandboxes from them, listing and deleting them, and the reaper that applies
+//! expiration and `keep_last_snapshots`.
+//!
+//! A snapshot's files are a chain of layers (see `belljar_namespace::layer`): its own, then
+//! those of the snapshot its sandbox was made from. Layers live in `<data>/layers/<digest>`
+//! and are reference-counted in the store; a layer's directory is deleted once no snapshot in
+//! status `created` and no sandbox holds it.
+//!
+//! Crash safety (`kill -9` of the daemon at any point): a layer directory gets its final name
+//! only when complete, and the snapshot row that references it is committed after that; the
+//! start-up [`Sandboxes::recover_snapshots`] deletes half-made and unreferenced directories
+//! and thaws a sandbox left frozen by a live snapshot (a marker file in its directory says so).
+
+use std::path::PathBuf;
+use std::time::{Duration, Instant};
+
+use belljar_api::{
+    CreateSnapshot, DEFAULT_EXPIRATION_MS, ListSnapshotsQuery, Sandbox, SandboxStatus, Snapshot,
+    SnapshotList, SnapshotStatus, Source,
+};
+
+use super::{SandboxError, Sandboxes};
+use crate::store::{SandboxLayers, SnapshotRow, StoreError};
+use crate::util::{is_id, new_id, now_ms};
+
+/// How often the reaper looks for expired snapshots.
+const REAP_INTERVAL: Duration = Duration::from_secs(60);
+/// The most layers a chain may have: overlayfs stacks at most 500 lower directories, and
+/// squashing deep chains is not built yet.
+const MAX_DEPTH: usize = 128;
+/// Left in a sandbox's directory while a live snapshot holds it frozen.
+const FROZEN_MARKER: &str = "snapshot-frozen";
+
+/// Snapshot state kept in memory: one lock serialises creating and deleting layer
+/// directories, so a capture that finds its content already stored cannot lose the directory
+/// to a concurrent deletion of the last snapshot that held it.
+#[derive(Default)]
+pub(super) struct SnapshotState {
+    layers: tokio::sync::Mutex<()>,
+}
+
+/// What a new sandbox made from a snapshot stacks.
+pub(super) struct FromSnapshot {
+    /// Layer directories, topmost first.
+    pub layers: Vec<PathBuf>,
+}
+
+impl Sandboxes {
+    fn layers_dir(&self) -> PathBuf {
+        self.inner.paths.data.join("layers")
+    }
+
+    /// Takes a snapshot of a running sandbox.
+    pub async fn snapshot(&self, id: &str, req: CreateSnapshot) -> Result<Snapshot, SandboxError> {
+        if req.expiration_ms.is_some_and(|e| e < 0) {
+            return Err(SandboxError::BadRequest(
+                "expiration_ms: must be 0 (never) or positive".into(),
+            ));
+        }
+        let lock = self.lock_for(id);
+        let _guard = lock.lock().await;
+        let sandbox = self.get(id)?;
+        if sandbox.status != SandboxStatus::Running {
+            return Err(SandboxError::NotRunning {
+                id: sandbox.id,
+                status: sandbox.status.as_str(),
+            });
+        }
+        let held = self.inner.store.sandbox_layers(id)?.unwrap_or_default();
+        if held.layers.len() >= MAX_DEPTH {
+            return Err(SandboxError::Conflict(format!(
+                "Sandbox {id} already stacks {} layers, the most a snapshot may have",
+                held.layers.len()
+            )));
+        }
+        let live = req.keep_running.unwrap_or(false);
+        let dir = self.state_dir(id);
+        let layers_dir = self.layers_dir();
+        let layer_lock = self.inner.snapshots.layers.lock().await;
+        let (captured, frozen_ms) = if live {
+            let marker = self.inner.paths.sandbox_dir(id).join(FROZEN_MARKER);
+            std::fs::write(&marker, b"")?;
+            let started = Instant::now();
+            let outcome = self
+                .blocking_backend(&sandbox, move |b| {
+                    b.freeze(&dir)?;
+                    let captured = b.capture(&dir, &layers_dir);
+                    Ok((captured, b.thaw(&dir)))
+                })
+                .await;
+            let frozen = started.elapsed();
+            let captured = match outcome {
+                Ok((captured, Ok(()))) => {
+                    let _ = std::fs::remove_file(&marker);
+                    captured.map_err(SandboxError::from)
+                }
+                // Still frozen: the marker stays, so that the next start thaws it.
+                Ok((_, Err(e))) => Err(e.into()),
+                Err(e) => {
+                    // The freeze itself failed: nothing is frozen.
+                    let _ = std::fs::remove_file(&marker);
+                    Err(e)
+                }
+            };
+            (captured, Some(frozen.as_millis() as u64))
+        } else {
+            self.stop_locked(id, SandboxStatus::Stopped, "snapshotted")
+                .await?;
+            let captured = self
+                .blocking_backend(&sandbox, move |b| b.capture(&dir, &layers_dir))
+                .await;
+            (captured, None)
+        };
+        let now = now_ms();
+        let expiration_ms = req
+            .expiration_ms
+            .or(held.snapshot_expiration_ms)
+            .unwrap_or(DEFAULT_EXPIRATION_MS);
+        let mut row = SnapshotRow {
+            snapshot: Snapshot {
+                id: new_id("snap"),
+                status: SnapshotStatus::Created,
+                status_reason: None,
+                source_sandbox_id: id.to_owned(),
+                parent: held.snapshot_id.clone(),
+                image: sandbox.image.clone(),
+                size_bytes: 0,
+                depth: 0,
+                created_at: now,
+                expires_at: (expiration_ms > 0).then(|| now.saturating_add(expiration_ms)),
+                frozen_ms,
+            },
+            layers: Vec::new(),
+            expiration_ms,
+        };
+        let captured = match captured {
+            Ok(c) => c,
+            Err(e) => {
+                tracing::warn!(sandbox = %id, error = %e, "snapshot failed");
+                row.snapshot.status = SnapshotStatus::Failed;
+                row.snapshot.status_reason = Some(e.to_string());
+                row.snapshot.expires_at = None;
+                self.inner.store.insert_snapshot(&row, 0)?;
+                return Err(e);
+            }
+        };
+        row.snapshot.size_bytes = captured.size_bytes;
+        // A layer already in the chain (an unchanged sandbox's empty layer) adds nothing.
+        if !held.layers.contains(&captured.digest) {
+            row.layers.push(captured.digest.clone());
+        }
+        row.layers.extend(held.layers.iter().cloned());
+        row.snapshot.depth = row.layers.len() as u32;
+        self.inner
+            .store
+            .insert_snapshot(&row, captured.size_bytes)?;
+        if held.layers.contains(&captured.digest) || row.layers.is_empty() {
+            // Nothing else may hold a directory that no row names; one that another chain
+            // holds stays.
+            self.remove_unheld(&[captured.digest])?;
+        }
+        drop(layer_lock);
+        if let Some(keep) = &held.keep_last {
+            self.apply_keep_last(id, keep, now).await?;
+        }
+        Ok(self
+            .inner
+            .store
+            .snapshot(&row.snapshot.id)?
+            .map_or(row.snapshot, |r| r.snapshot))
+    }
+
+    /// Applies `keep_last_snapshots` to a sandbox's snapshots after a new one.
+    async fn apply_keep_last(
+        &self,
+        sandbox_id: &str,
+        keep: &belljar_api::KeepLastSnapshots,
+        now: i64,
+    ) -> Result<(), SandboxError> {
+        let all = self.inner.store.created_snapshots_of(sandbox_id)?;
+        let count = keep.count as usize;
+        for kept in all.iter().take(count) {
+            if let Some(ms) = keep.expiration_ms {
+                let at = (ms > 0).then(|| now.saturating_add(ms));
+                self.inner
+                    .store
+                    .set_snapshot_expiration(&kept.snapshot.id, ms, at)?;
+            }
+        }
+        if keep.delete_evicted.unwrap_or(true) {
+            for evicted in all.iter().skip(count) {
+                self.delete_snapshot(&evicted.snapshot.id).await?;
+            }
+        }
+        Ok(())
+    }
+
+    pub fn get_snapshot(&self, id: &str) -> Result<Snapshot, SandboxError> {
+        self.inner
+            .store
+            .snapshot(id)?
+            .map(|r| r.snapshot)
+            .ok_or_else(|| SandboxError::SnapshotNotFound(id.to_owned()))
+    }
+
+    pub fn list_snapshots(&self, query: &ListSnapshotsQuery) -> Result<SnapshotList, SandboxError> {
+        if query.limit == Some(0) {
+            return Err(SandboxError::BadRequest("limit: must be 1..=200".into()));
+        }
+        let page = self
+            .inner
+            .store
+            .list_snapshots(query)
+            .map_err(|e| match e {
+                StoreError::BadCursor => {
+                    SandboxError::BadRequest("cursor: not a cursor from this daemon".into())
+                }
+                e => e.into(),
+            })?;
+        Ok(SnapshotList {
+            snapshots: page.snapshots.into_iter().map(|r| r.snapshot).collect(),
+            next_cursor: page.next_cursor,
+        })
+    }
+
+    /// Deletes a snapshot (a no-op on one already deleted or failed); its layers stay while a
+    /// sandbox or another snapshot still builds on them.
+    pub async fn delete_snapshot(&self, id: &str) -> Result<Snapshot, SandboxError> {
+        if !is_id("snap", id) {
+            return Err(SandboxError::SnapshotNotFound(id.to_owned()));
+        }
+        let _layers = self.inner.snapshots.layers.lock().await;
+        if let Some(freed) = self.inner.store.delete_snapshot(id)? {
+            self.remove_layers(&freed);
+        }
+        self.get_snapshot(id)
+    }
+
+    /// Deletes every snapshot whose expiration is at or before `now`; returns their ids.
+    pub async fn reap_snapshots(&self, now: i64) -> Result<Vec<String>, SandboxError> {
+        let expired = self.inner.store.expired_snapshots(now)?;
+        for id in &expired {
+            tracing::info!(snapshot = %id, "snapshot expired");
+            self.delete_snapshot(id).await?;
+        }
+        Ok(expired)
+    }
+
+    /// The reaper: applies expirations now and then every [`REAP_INTERVAL`]. Expiry times
+    /// are in the store, so a restarted daemon catches up on what expired while it was away.
+    pub fn spawn_snapshot_reaper(&self) -> tokio::task::JoinHandle<()> {
+        let this = self.clone();
+        tokio::spawn(async move {
+            loop {
+                if let Err(e) = this.reap_snapshots(now_ms()).await {
+                    tracing::warn!(error = %e, "cannot reap expired snapshots");
+                }
+                tokio::time::sleep(REAP_INTERVAL).await;
+            }
+        })
+    }
+
+    /// At start: thaws sandboxes a live snapshot left frozen, releases the layers of
+    /// sandboxes deleted before their release was recorded, and deletes layer directories
+    /// that are half made or held by no one.
+    pub async fn recover_snapshots(&self) -> Result<(), SandboxError> {
+        let frozen = self
+            .inner
+            .store
+            .sandboxes_with_status(&[SandboxStatus::Running])?;
+        for s in frozen {
+            let marker = self.inner.paths.sandbox_dir(&s.id).join(FROZEN_MARKER);
+            if marker.exists() {
+                let dir = self.state_dir(&s.id);
+                let thawed = self.blocking_backend(&s, move |b| b.thaw(&dir)).await;
+                if let Err(e) = thawed {
+                    tracing::warn!(sandbox = %s.id, error = %e, "cannot thaw after a cut snapshot");
+                }
+                let _ = std::fs::remove_file(&marker);
+            }
+        }
+        for id in self.inner.store.orphan_sandbox_layers()? {
+            self.inner.store.release_sandbox_layers(&id)?;
+        }
+        let live = self.inner.store.live_layers()?;
+        let Ok(entries) = std::fs::read_dir(self.layers_dir()) else {
+            return Ok(());
+        };
+        for entry in entries.flatten() {
+            let name = entry.file_name();
+            let partial = belljar_namespace::layer::is_partial(&name);
+            if partial || !live.contains(name.to_string_lossy().as_ref()) {
+                tracing::info!(layer = ?name, "deleting an unreferenced layer");
+                let path = entry.path();
+                tokio::task::spawn_blocking(move || belljar_namespace::layer::remove_tree(&path))
+                    .await
+                    .map_err(|e| SandboxError::Io(std::io::Error::other(e)))?;
+            }
+        }
+        Ok(())
+    }
+
+    /// Resolves `source: {type: "snapshot"}` of a new sandbox: holds the snapshot's layers
+    /// for it (recorded before it launches, so a concurrent delete keeps them) and restarts
+    /// the snapshot's expiration. Also records the sandbox's snapshot policy.
+    pub(super) fn hold_layers(
+        &self,
+        sandbox: &Sandbox,
+        snapshot_expiration_ms: Option<i64>,
+        keep_last: Option<belljar_api::KeepLastSnapshots>,
+    ) -> Result<Option<FromSnapshot>, SandboxError> {
+        let snapshot_id = match &sandbox.source {
+            Some(Source::Snapshot { snapshot_id }) => Some(snapshot_id.clone()),
+            _ => None,
+        };
+        let held = SandboxLayers {
+            sandbox_id: sandbox.id.clone(),
+            snapshot_id: snapshot_id.clone(),
+            layers: Vec::new(),
+            snapshot_expiration_ms,
+            keep_last,
+        };
+        let row = match self.inner.store.use_snapshot(&held, now_ms())? {
+            None => {
+                return Err(SandboxError::SnapshotNotFound(
+                    snapshot_id.unwrap_or_default(),
+                ));
+            }
+            Some(Err(status)) => {
+                return Err(SandboxError::SnapshotNotUsable {
+                    id: snapshot_id.unwrap_or_default(),
+                    status: status.into(),
+                });
+            }
+            Some(Ok(row)) => row,
+        };
+        Ok(snapshot_id.map(|_| FromSnapshot {
+            layers: row
+                .layers
+                .iter()
+                .map(|d| self.layers_dir().join(d))
+                .collect(),
+        }))
+    }
+
+    /// Checks a `source: {type: "snapshot"}` before anything is made for the sandbox; returns
+    /// the snapshot's image.
+    pub(super) fn snapshot_image(
+        &self,
+        source: Option<&Source>,
+    ) -> Result<Option<String>, SandboxError> {
+        let Some(Source::Snapshot { snapshot_id }) = source else {
+            return Ok(None);
+        };
+        let row = self
+            .inner
+            .store
+            .snapshot(snapshot_id)?
+            .ok_or_else(|| SandboxError::SnapshotNotFound(snapshot_id.clone()))?;
+        if row.snapshot.status != SnapshotStatus::Created {
+            return Err(SandboxError::SnapshotNotUsable {
+                id: snapshot_id.clone(),
+                status: row.snapshot.status.into(),
+            });
+        }
+        Ok(Some(row.snapshot.image))
+    }
+
+    /// Drops a deleted sandbox's hold on its layers, deleting those no one else holds.
+    pub(super) async fn release_layers(&self, sandbox_id: &str) -> Result<(), SandboxError> {
+        let _layers = self.inner.snapshots.layers.lock().await;
+        let freed = self.inner.store.release_sandbox_layers(sandbox_id)?;
+        self.remove_layers(&freed);
+        Ok(())
+    }
+
+    /// Deletes the directories of layers the store no longer holds.
+    fn remove_unheld(&self, digests: &[String]) -> Result<(), SandboxError> {
+        let live = self.inner.store.live_layers()?;
+        let unheld: Vec<String> = digests
+            .iter()
+            .filter(|d| !live.contains(*d))
+            .cloned()
+            .collect();
+        self.remove_layers(&unheld);
+        Ok(())
+    }
+
+    fn remove_layers(&self, digests: &[String]) {
+        for digest in digests {
+            // Digests come from the store, which only holds hex names written by a capture.
+            if digest.bytes().all(|b| b.is_ascii_hexdigit()) && !digest.is_empty() {
+                belljar_namespace::layer::remove_tree(&self.layers_dir().join(digest));
+            }
+        }
+    }
+}
