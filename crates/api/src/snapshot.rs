@@ -14,7 +14,17 @@ pub const MAX_EXPIRATION_MS: i64 = 10 * 365 * 24 * 3600 * 1000;
 pub const DEFAULT_EXPIRATION_MS: i64 = 30 * 24 * 3600 * 1000;
 
 #[derive(
-    Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, ToSchema, TS, strum::IntoStaticStr,
+    Debug,
+    Clone,
+    Copy,
+    PartialEq,
+    Eq,
+    Serialize,
+    Deserialize,
+    ToSchema,
+    TS,
+    strum::IntoStaticStr,
+    strum::EnumString,
 )]
 #[serde(rename_all = "snake_case")]
 #[strum(serialize_all = "snake_case")]

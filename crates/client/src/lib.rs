@@ -21,6 +21,7 @@ pub mod ndjson;
 pub mod paths;
 pub mod routes;
 mod sandboxes;
+mod snapshots;
 
 pub use body::{Body, BoxError, Download, empty, full, json, streamed};
 pub use client::{Client, Conn, Transport, WebSocket, check, decode};

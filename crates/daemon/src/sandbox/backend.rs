@@ -141,21 +141,21 @@ pub trait BackendDriver: Send + Sync {
         _layers_dir: &Path,
     ) -> Result<CapturedLayer, BackendError> {
         Err(BackendError::Unsupported {
-            backend: kind_name(self.kind()),
+            backend: self.kind().into(),
             what: "snapshot a sandbox",
         })
     }
     /// Stops every process of the sandbox where it is, keeping its memory.
     fn freeze(&self, _state_dir: &Path) -> Result<(), BackendError> {
         Err(BackendError::Unsupported {
-            backend: kind_name(self.kind()),
+            backend: self.kind().into(),
             what: "freeze a sandbox",
         })
     }
     /// Lets a frozen sandbox run again.
     fn thaw(&self, _state_dir: &Path) -> Result<(), BackendError> {
         Err(BackendError::Unsupported {
-            backend: kind_name(self.kind()),
+            backend: self.kind().into(),
             what: "thaw a sandbox",
         })
     }

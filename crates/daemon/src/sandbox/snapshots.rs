@@ -49,7 +49,7 @@ pub(super) struct FromSnapshot {
 
 impl Sandboxes {
     fn layers_dir(&self) -> PathBuf {
-        self.inner.paths.data.join("layers")
+        self.inner.paths.dirs.data.join("layers")
     }
 
     /// Takes a snapshot of a running sandbox.

@@ -65,7 +65,7 @@ impl Store {
             ),
             params![
                 s.id,
-                enum_to_sql(&s.status)?,
+                enum_to_sql(&s.status),
                 s.status_reason,
                 s.source_sandbox_id,
                 s.parent,
@@ -279,7 +279,7 @@ impl Store {
     /// A page of snapshots, newest first, filtered as `query` asks.
     pub fn list_snapshots(&self, query: &ListSnapshotsQuery) -> Result<SnapshotPage, StoreError> {
         let limit = query.limit.unwrap_or(50).clamp(1, 200) as i64;
-        let status = query.status.as_ref().map(enum_to_sql).transpose()?;
+        let status = query.status.as_ref().map(enum_to_sql);
         let (cur_created, cur_id) = match query.cursor.as_deref() {
             Some(c) => {
                 let (t, id) = c.split_once('_').ok_or(StoreError::BadCursor)?;

@@ -1,0 +1,76 @@
+//! The snapshot routes: take (`POST /v1/sandboxes/{id}/snapshots`), list, get, delete.
+
+use belljar_api::{CreateSnapshot, ListSnapshotsQuery, Snapshot, SnapshotList};
+use http::Method;
+
+use crate::client::Client;
+use crate::error::ClientError;
+use crate::routes::{SNAPSHOTS, sandbox_sub, segment, with_query};
+
+impl Client {
+    /// `POST /v1/sandboxes/{id}/snapshots`: a new snapshot (the sandbox stops unless
+    /// `keep_running`).
+    pub async fn snapshot_sandbox(
+        &self,
+        id: &str,
+        req: &CreateSnapshot,
+    ) -> Result<Snapshot, ClientError> {
+        self.call(Method::POST, &sandbox_sub(id, "snapshots"), req)
+            .await
+    }
+
+    /// `GET /v1/snapshots`: one page, newest first.
+    pub async fn list_snapshots(
+        &self,
+        q: &ListSnapshotsQuery,
+    ) -> Result<SnapshotList, ClientError> {
+        let status = q.status.map(|s| <&'static str>::from(s).to_string());
+        let url = with_query(
+            SNAPSHOTS,
+            &[
+                ("sandbox_id", q.sandbox_id.clone()),
+                ("status", status),
+                ("since", q.since.map(|v| v.to_string())),
+                ("until", q.until.map(|v| v.to_string())),
+                ("limit", q.limit.map(|v| v.to_string())),
+                ("cursor", q.cursor.clone()),
+            ],
+        );
+        self.get(&url).await
+    }
+
+    /// `GET /v1/snapshots/{id}`.
+    pub async fn snapshot(&self, id: &str) -> Result<Snapshot, ClientError> {
+        self.get(&format!("{SNAPSHOTS}/{}", segment(id))).await
+    }
+
+    /// `DELETE /v1/snapshots/{id}`: the snapshot, now `deleted`.
+    pub async fn delete_snapshot(&self, id: &str) -> Result<Snapshot, ClientError> {
+        self.call_empty(Method::DELETE, &format!("{SNAPSHOTS}/{}", segment(id)))
+            .await
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn snapshot_routes_are_encoded() {
+        let q = ListSnapshotsQuery {
+            sandbox_id: Some("sbx_a".into()),
+            limit: Some(2),
+            ..Default::default()
+        };
+        let url = with_query(SNAPSHOTS, &[("sandbox_id", q.sandbox_id.clone())]);
+        assert_eq!(url, "/v1/snapshots?sandbox_id=sbx_a");
+        assert_eq!(
+            sandbox_sub("sbx_a", "snapshots"),
+            "/v1/sandboxes/sbx_a/snapshots"
+        );
+        assert_eq!(
+            format!("{SNAPSHOTS}/{}", segment("../x")),
+            "/v1/snapshots/..%2Fx"
+        );
+    }
+}

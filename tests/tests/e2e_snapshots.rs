@@ -1,0 +1,402 @@
+//! Snapshots on the namespace backend, through a real daemon: taken with and without stopping
+//! the sandbox; sandboxes made from them see the same files, deletions (whiteouts), opaque
+//! directories, owners and modes; a snapshot others build on can be deleted without taking
+//! their files; bad requests get clear errors; retention and expiry apply across a restart;
+//! and a daemon killed with `kill -9` during a snapshot loses nothing.
+//!
+//! Needs root and the `base` image (as every e2e test).
+
+use std::path::PathBuf;
+use std::time::Duration;
+
+use belljar_api::{
+    CreateSandbox, CreateSnapshot, KeepLastSnapshots, ListSnapshotsQuery, RunCommand,
+    SandboxStatus, SnapshotStatus, Source,
+};
+use belljar_client::{Client, log_bytes};
+use belljar_e2e::{Daemon, eventually};
+
+/// Runs `script` with `sh -c` as root in the sandbox; returns its exit code and output.
+async fn sh(c: &Client, id: &str, script: &str) -> (i32, String) {
+    let cmd = c
+        .run_command(
+            id,
+            &RunCommand {
+                argv: vec!["sh".into(), "-c".into(), script.into()],
+                sudo: true,
+                ..Default::default()
+            },
+        )
+        .await
+        .unwrap_or_else(|e| panic!("run {script:?}: {e}"));
+    let mut lines = c.command_logs(id, &cmd.id, true).await.unwrap();
+    let mut out = Vec::new();
+    while let Some(l) = lines.next().await.unwrap() {
+        out.extend(log_bytes(&l));
+    }
+    let done = c.wait_command(id, &cmd.id).await.unwrap();
+    (
+        done.exit_code.unwrap_or(-1),
+        String::from_utf8_lossy(&out).into_owned(),
+    )
+}
+
+/// Like [`sh`], and the script must succeed.
+async fn ok(c: &Client, id: &str, script: &str) -> String {
+    let (code, out) = sh(c, id, script).await;
+    assert_eq!(code, 0, "{script}: {out}");
+    out
+}
+
+fn from(snapshot_id: &str) -> CreateSandbox {
+    CreateSandbox {
+        source: Some(Source::Snapshot {
+            snapshot_id: snapshot_id.into(),
+        }),
+        ..Default::default()
+    }
+}
+
+fn layers_dir(d: &Daemon) -> PathBuf {
+    d.paths.data.join("layers")
+}
+
+/// The names in the layers directory.
+fn layer_names(d: &Daemon) -> Vec<String> {
+    let mut names: Vec<String> = std::fs::read_dir(layers_dir(d))
+        .map(|rd| {
+            rd.flatten()
+                .map(|e| e.file_name().to_string_lossy().into_owned())
+                .collect()
+        })
+        .unwrap_or_default();
+    names.sort();
+    names
+}
+
+const CHANGES: &str = "set -e
+    printf hello > /workspace/new.txt
+    chown 1000:1000 /workspace/new.txt
+    chmod 640 /workspace/new.txt
+    cp /bin/true /usr/local/bin/suid && chmod 4755 /usr/local/bin/suid
+    ln -s /workspace/new.txt /workspace/link
+    rm /etc/debian_version
+    rm -rf /usr/share/doc
+    rm -rf /etc/apt && mkdir /etc/apt && echo only > /etc/apt/only
+    mkfifo /workspace/fifo";
+
+const CHECKS: &str = "set -e
+    test \"$(cat /workspace/new.txt)\" = hello
+    test \"$(stat -c '%a %u %g' /workspace/new.txt)\" = '640 1000 1000'
+    test \"$(stat -c '%a' /usr/local/bin/suid)\" = 4755
+    test \"$(readlink /workspace/link)\" = /workspace/new.txt
+    test ! -e /etc/debian_version
+    test ! -e /usr/share/doc
+    test \"$(ls /etc/apt)\" = only
+    test -p /workspace/fifo
+    test -e /etc/passwd
+    echo checked";
+
+#[tokio::test(flavor = "multi_thread")]
+async fn snapshots_keep_files_deletions_and_modes_and_outlive_their_users() {
+    let d = Daemon::start();
+    let c = d.unix();
+    let a = d.create(&c, CreateSandbox::default()).await;
+    ok(&c, &a.id, CHANGES).await;
+
+    // Vercel's semantics: the sandbox stops and its writable layer is the snapshot.
+    let first = c
+        .snapshot_sandbox(&a.id, &CreateSnapshot::default())
+        .await
+        .unwrap();
+    assert_eq!(first.status, SnapshotStatus::Created);
+    assert_eq!(first.source_sandbox_id, a.id);
+    assert_eq!((first.parent.as_deref(), first.depth), (None, 1));
+    assert!(first.size_bytes >= 5, "{first:?}");
+    assert!(first.frozen_ms.is_none());
+    assert!(first.expires_at.is_some(), "30 days by default");
+    assert_eq!(
+        c.sandbox(&a.id).await.unwrap().status,
+        SandboxStatus::Stopped
+    );
+    assert_eq!(c.snapshot(&first.id).await.unwrap(), first);
+
+    let b = d.create(&c, from(&first.id)).await;
+    assert_eq!(ok(&c, &b.id, CHECKS).await.trim(), "checked");
+
+    // A live snapshot: the sandbox keeps running and its processes were frozen a while.
+    ok(
+        &c,
+        &b.id,
+        "rm /workspace/new.txt && echo second > /workspace/second.txt",
+    )
+    .await;
+    let second = c
+        .snapshot_sandbox(
+            &b.id,
+            &CreateSnapshot {
+                keep_running: Some(true),
+                expiration_ms: Some(0),
+            },
+        )
+        .await
+        .unwrap();
+    assert!(second.frozen_ms.is_some(), "{second:?}");
+    assert_eq!(second.parent.as_deref(), Some(first.id.as_str()));
+    assert_eq!((second.depth, second.expires_at), (2, None));
+    assert_eq!(
+        c.sandbox(&b.id).await.unwrap().status,
+        SandboxStatus::Running
+    );
+    ok(&c, &b.id, "echo still-running > /workspace/after.txt").await;
+
+    let c2 = d.create(&c, from(&second.id)).await;
+    ok(
+        &c,
+        &c2.id,
+        "test ! -e /workspace/new.txt && test \"$(cat /workspace/second.txt)\" = second \
+         && test ! -e /workspace/after.txt && test ! -e /etc/debian_version \
+         && test \"$(ls /etc/apt)\" = only",
+    )
+    .await;
+
+    // Listing: by sandbox, and page by page.
+    let of_a = c
+        .list_snapshots(&ListSnapshotsQuery {
+            sandbox_id: Some(a.id.clone()),
+            ..Default::default()
+        })
+        .await
+        .unwrap();
+    assert_eq!(of_a.snapshots.len(), 1);
+    assert_eq!(of_a.snapshots[0].id, first.id);
+    // Making a sandbox from it restarted its expiration.
+    assert!(of_a.snapshots[0].expires_at > first.expires_at, "{of_a:?}");
+    let page = c
+        .list_snapshots(&ListSnapshotsQuery {
+            limit: Some(1),
+            ..Default::default()
+        })
+        .await
+        .unwrap();
+    assert_eq!(page.snapshots[0].id, second.id);
+    let rest = c
+        .list_snapshots(&ListSnapshotsQuery {
+            cursor: page.next_cursor.clone(),
+            ..Default::default()
+        })
+        .await
+        .unwrap();
+    assert_eq!(rest.snapshots[0].id, first.id);
+
+    // Bad requests.
+    let err = c
+        .snapshot_sandbox(&a.id, &CreateSnapshot::default())
+        .await
+        .unwrap_err();
+    assert_eq!(err.code(), "sandbox_not_running", "{err}");
+    let err = c
+        .create_sandbox(&from("snap_nosuchthing"))
+        .await
+        .unwrap_err();
+    assert_eq!(err.code(), "not_found", "{err}");
+    assert!(err.to_string().contains("snap_nosuchthing"), "{err}");
+    let err = c
+        .snapshot_sandbox(
+            &b.id,
+            &CreateSnapshot {
+                expiration_ms: Some(-1),
+                ..Default::default()
+            },
+        )
+        .await
+        .unwrap_err();
+    assert_eq!(err.code(), "bad_request", "{err}");
+    assert!(err.to_string().contains("expiration_ms"), "{err}");
+    for count in [0, 11] {
+        let err = c
+            .create_sandbox(&CreateSandbox {
+                keep_last_snapshots: Some(KeepLastSnapshots {
+                    count,
+                    expiration_ms: None,
+                    delete_evicted: None,
+                }),
+                ..Default::default()
+            })
+            .await
+            .unwrap_err();
+        assert_eq!(err.code(), "bad_request", "{err}");
+        assert!(
+            err.to_string().contains("keep_last_snapshots.count"),
+            "{err}"
+        );
+    }
+    let err = c.snapshot("snap_nosuchthing").await.unwrap_err();
+    assert_eq!(err.code(), "not_found");
+
+    // Deleting a snapshot that sandboxes and another snapshot build on keeps their files.
+    let deleted = c.delete_snapshot(&first.id).await.unwrap();
+    assert_eq!(deleted.status, SnapshotStatus::Deleted);
+    ok(
+        &c,
+        &b.id,
+        "test -p /workspace/fifo && test ! -e /etc/debian_version && test ! -e /usr/share/doc \
+         && test \"$(ls /etc/apt)\" = only && test \"$(stat -c %a /usr/local/bin/suid)\" = 4755",
+    )
+    .await;
+    let err = c.create_sandbox(&from(&first.id)).await.unwrap_err();
+    assert_eq!(err.code(), "snapshot_not_usable", "{err}");
+    let c3 = d.create(&c, from(&second.id)).await;
+    ok(&c, &c3.id, "test \"$(ls /etc/apt)\" = only").await;
+    assert_eq!(layer_names(&d).len(), 2, "both layers are still held");
+
+    // Once nothing holds them, the layers go.
+    c.delete_snapshot(&second.id).await.unwrap();
+    for id in [&b.id, &c2.id] {
+        c.delete_sandbox(id).await.unwrap();
+    }
+    assert_eq!(layer_names(&d).len(), 2, "c3 still builds on both");
+    c.delete_sandbox(&c3.id).await.unwrap();
+    assert_eq!(layer_names(&d), Vec::<String>::new());
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn retention_and_expiry_apply_across_a_restart() {
+    let d = Daemon::start();
+    let c = d.unix();
+    let a = d
+        .create(
+            &c,
+            CreateSandbox {
+                keep_last_snapshots: Some(KeepLastSnapshots {
+                    count: 1,
+                    expiration_ms: Some(0),
+                    delete_evicted: None,
+                }),
+                snapshot_expiration_ms: Some(3_600_000),
+                ..Default::default()
+            },
+        )
+        .await;
+    let live = CreateSnapshot {
+        keep_running: Some(true),
+        ..Default::default()
+    };
+    ok(&c, &a.id, "echo 1 > /workspace/n").await;
+    let one = c.snapshot_sandbox(&a.id, &live).await.unwrap();
+    ok(&c, &a.id, "echo 2 > /workspace/n").await;
+    let two = c.snapshot_sandbox(&a.id, &live).await.unwrap();
+    // Keep the last one, and it never expires; the first was evicted.
+    assert_eq!(
+        c.snapshot(&one.id).await.unwrap().status,
+        SnapshotStatus::Deleted
+    );
+    let two = c.snapshot(&two.id).await.unwrap();
+    assert_eq!(
+        (two.status, two.expires_at),
+        (SnapshotStatus::Created, None)
+    );
+
+    // An expiry that passes while the daemon is down is applied when it starts again.
+    let b = d.create(&c, CreateSandbox::default()).await;
+    ok(&c, &b.id, "echo short > /workspace/n").await;
+    let short = c
+        .snapshot_sandbox(
+            &b.id,
+            &CreateSnapshot {
+                keep_running: Some(true),
+                expiration_ms: Some(1),
+            },
+        )
+        .await
+        .unwrap();
+    d.kill9();
+    d.restart();
+    let c = d.unix();
+    eventually(Duration::from_secs(20), "the expired snapshot deleted", || {
+        let c = c.clone();
+        let id = short.id.clone();
+        async move {
+            (c.snapshot(&id).await.ok()?.status == SnapshotStatus::Deleted).then_some(())
+        }
+    })
+    .await;
+    assert_eq!(
+        c.snapshot(&two.id).await.unwrap().status,
+        SnapshotStatus::Created
+    );
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn kill_9_during_a_live_snapshot_loses_nothing() {
+    let d = Daemon::start();
+    let c = d.unix();
+    let a = d.create(&c, CreateSandbox::default()).await;
+    // Enough data that the copy is still under way when the daemon dies.
+    let sum = ok(
+        &c,
+        &a.id,
+        "head -c 128M /dev/urandom > /workspace/big && sha256sum /workspace/big | cut -c1-64",
+    )
+    .await;
+    let snapshotting = {
+        let c = c.clone();
+        let id = a.id.clone();
+        tokio::spawn(async move {
+            c.snapshot_sandbox(
+                &id,
+                &CreateSnapshot {
+                    keep_running: Some(true),
+                    ..Default::default()
+                },
+            )
+            .await
+        })
+    };
+    eventually(Duration::from_secs(30), "a layer being copied", || {
+        let names = layer_names(&d);
+        async move { names.iter().any(|n| n.starts_with(".tmp-")).then_some(()) }
+    })
+    .await;
+    d.kill9();
+    assert!(
+        snapshotting.await.unwrap().is_err(),
+        "the daemon died mid-copy"
+    );
+    d.restart();
+    let c = d.unix();
+    // Either the snapshot exists complete or not at all; no half copy is left.
+    let all = c
+        .list_snapshots(&ListSnapshotsQuery::default())
+        .await
+        .unwrap();
+    assert!(
+        all.snapshots
+            .iter()
+            .all(|s| s.status == SnapshotStatus::Created),
+        "{all:?}"
+    );
+    assert!(
+        layer_names(&d).iter().all(|n| !n.starts_with(".tmp-")),
+        "{:?}",
+        layer_names(&d)
+    );
+    assert_eq!(layer_names(&d).len(), all.snapshots.len());
+    // The sandbox was thawed and runs on with its files.
+    assert_eq!(
+        c.sandbox(&a.id).await.unwrap().status,
+        SandboxStatus::Running
+    );
+    let again = ok(&c, &a.id, "sha256sum /workspace/big | cut -c1-64").await;
+    assert_eq!(again, sum);
+    // A snapshot now is whole.
+    let snap = c
+        .snapshot_sandbox(&a.id, &CreateSnapshot::default())
+        .await
+        .unwrap();
+    let b = d.create(&c, from(&snap.id)).await;
+    assert_eq!(
+        ok(&c, &b.id, "sha256sum /workspace/big | cut -c1-64").await,
+        sum
+    );
+}
