@@ -10,8 +10,7 @@ use belljar_api::{Backend as BackendKind, LimitState, LimitsReport};
 use belljar_namespace as ns;
 
 use super::backend::{
-    AgentAddress, BackendDriver, BackendError, CapturedLayer, LaunchSpec, Launched, NsStep,
-    Probe,
+    AgentAddress, BackendDriver, BackendError, CapturedLayer, LaunchSpec, Launched, NsStep, Probe,
 };
 
 /// PIDs a sandbox may have, so that a fork bomb stays inside it.
