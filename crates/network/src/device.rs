@@ -24,6 +24,9 @@ pub trait FrameDevice: Send + Sync + 'static {
     /// Waits for one frame and copies it into `buf`, returning its length. An error ends the
     /// stack. Must be cancel-safe: a frame is consumed only when the future completes.
     fn recv(&self, buf: &mut [u8]) -> impl Future<Output = io::Result<usize>> + Send;
+    /// Takes one frame if one is waiting (`WouldBlock` if not), so that a burst is handled in
+    /// one pass of the stack.
+    fn try_recv(&self, buf: &mut [u8]) -> io::Result<usize>;
     /// Waits until [`try_send`](Self::try_send) may succeed.
     fn writable(&self) -> impl Future<Output = io::Result<()>> + Send;
     /// Sends one frame without waiting: `WouldBlock` when the device is full. A frame the
@@ -73,6 +76,12 @@ impl FrameDevice for TapDevice {
                 nix::unistd::read(fd.as_raw_fd(), buf).map_err(errno)
             })
             .await
+    }
+
+    fn try_recv(&self, buf: &mut [u8]) -> io::Result<usize> {
+        self.fd.try_io(Interest::READABLE, |fd| {
+            nix::unistd::read(fd.as_raw_fd(), buf).map_err(errno)
+        })
     }
 
     async fn writable(&self) -> io::Result<()> {
@@ -183,6 +192,21 @@ impl FrameDevice for SeqpacketDevice {
                 Err(e) if peer_gone(&e) => self.drop_conn(&conn),
                 Err(e) => return Err(e),
             }
+        }
+    }
+
+    fn try_recv(&self, buf: &mut [u8]) -> io::Result<usize> {
+        let Some(conn) = self.current() else {
+            return Err(io::ErrorKind::WouldBlock.into());
+        };
+        let got = conn.try_io(Interest::READABLE, |fd| {
+            socket::recv(fd.as_raw_fd(), buf, MsgFlags::MSG_TRUNC).map_err(errno)
+        });
+        match got {
+            // A hang-up or a giant: leave it to `recv`, which reconnects or drops it.
+            Ok(0) => Err(io::ErrorKind::WouldBlock.into()),
+            Ok(n) if n > buf.len() => Err(io::ErrorKind::WouldBlock.into()),
+            other => other,
         }
     }
 

@@ -244,3 +244,48 @@ fn a_large_dns_answer_is_truncated_over_udp_and_served_over_tcp() {
         "both questions are logged"
     );
 }
+
+/// Not a timed test: prints the guest → internet TCP throughput through the stack, for the
+/// README's comparison (run in release: `cargo test --release -p belljar-network --test tap
+/// -- --ignored --nocapture throughput`).
+#[test]
+#[ignore = "a measurement, not a check"]
+fn throughput() {
+    let s = setup(NetworkPolicy::AllowAll);
+    let sink = s
+        .internet
+        .net
+        .spawn(|| TcpListener::bind((SERVER_IP, 9)))
+        .join()
+        .unwrap()
+        .unwrap();
+    std::thread::spawn(move || {
+        for conn in sink.incoming() {
+            let mut conn = conn.unwrap();
+            std::thread::spawn(move || {
+                let _ = std::io::copy(&mut conn, &mut std::io::sink());
+            });
+        }
+    });
+    let total: usize = 512 << 20;
+    let elapsed = s
+        .guest
+        .spawn(move || {
+            let mut c = TcpStream::connect(v4(SERVER_IP, 9)).unwrap();
+            let buf = vec![0x5a; 1 << 20];
+            let start = std::time::Instant::now();
+            for _ in 0..total >> 20 {
+                c.write_all(&buf).unwrap();
+            }
+            c.shutdown(std::net::Shutdown::Write).unwrap();
+            let _ = c.read(&mut [0; 1]);
+            start.elapsed()
+        })
+        .join()
+        .unwrap();
+    let mbps = (total as f64 * 8.0) / elapsed.as_secs_f64() / 1e6;
+    println!(
+        "guest -> internet: {} MiB in {elapsed:?}: {mbps:.0} Mbit/s",
+        total >> 20
+    );
+}

@@ -82,6 +82,8 @@ pub(super) fn new_socket(
         tcp::SocketBuffer::new(vec![0; SOCKET_BUFFER]),
     );
     s.set_nagle_enabled(false);
+    // Acknowledge at once: on a local link a delayed ACK only stalls the sender.
+    s.set_ack_delay(None);
     s.set_timeout(Some(smoltcp::time::Duration::from_secs(120)));
     s.listen((smoltcp::wire::IpAddress::from(dst.ip()), dst.port()))
         .ok()?;

@@ -479,6 +479,9 @@ impl Stack {
     }
 }
 
+/// Frames taken from the device in one pass of the stack.
+const BURST: usize = 64;
+
 async fn run<D: FrameDevice>(
     device: D,
     mut stack: Stack,
@@ -496,6 +499,14 @@ async fn run<D: FrameDevice>(
             r = device.recv(&mut buf) => {
                 let n = r.map_err(NetworkError::Device)?;
                 stack.on_frame(&buf[..n]);
+                // The rest of a burst, before smoltcp runs once for all of it.
+                for _ in 0..BURST {
+                    match device.try_recv(&mut buf) {
+                        Ok(n) => stack.on_frame(&buf[..n]),
+                        Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => break,
+                        Err(e) => return Err(NetworkError::Device(e)),
+                    }
+                }
             }
             Some(reply) = replies.recv() => stack.on_reply(reply),
             Some(conn) = inbound.recv() => stack.on_inbound(conn),

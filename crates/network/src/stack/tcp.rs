@@ -190,6 +190,7 @@ impl TcpFlows {
             tcp::SocketBuffer::new(vec![0; SOCKET_BUFFER]),
         );
         s.set_nagle_enabled(false);
+        s.set_ack_delay(None);
         let remote = (smoltcp::wire::IpAddress::from(guest.ip()), guest.port());
         let local_ep = (smoltcp::wire::IpAddress::from(local.ip()), local.port());
         if s.connect(iface.context(), remote, local_ep).is_err() {
