@@ -65,3 +65,22 @@ pub fn create(name: &str) -> io::Result<OwnedFd> {
     }
     Ok(file.into())
 }
+
+/// Attaches to the persistent tap `name` again (after a daemon restart), waiting up to
+/// `timeout` while it is busy: a closed descriptor keeps the device attached while a child
+/// forked before the close still holds a copy, until that child's `exec` (`O_CLOEXEC`) drops
+/// it. The kernel gives no event for that moment, so this retries.
+pub fn attach(name: &str, timeout: std::time::Duration) -> io::Result<OwnedFd> {
+    let deadline = std::time::Instant::now() + timeout;
+    loop {
+        match create(name) {
+            Err(e)
+                if e.raw_os_error() == Some(libc::EBUSY)
+                    && std::time::Instant::now() < deadline =>
+            {
+                std::thread::sleep(std::time::Duration::from_millis(5));
+            }
+            other => return other,
+        }
+    }
+}

@@ -190,7 +190,7 @@ fn a_persistent_tap_is_reattached_after_the_daemon_goes_away() {
     // The restarted daemon attaches to the same device; the guest kept its configuration.
     let fd = s
         .guest
-        .spawn(|| tap::create("eth0"))
+        .spawn(|| tap::attach("eth0", IO_DEADLINE))
         .join()
         .unwrap()
         .expect("reattach");
