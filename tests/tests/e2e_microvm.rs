@@ -9,6 +9,7 @@
 
 use std::time::{Duration, Instant};
 
+use belljar_api::RunCommand;
 use belljar_e2e::{Daemon, random_file, same_file, stderr, stdout};
 
 /// `belljar create --backend microvm`; returns the id and how long it took.
@@ -178,6 +179,37 @@ fn detached_logs_and_pty() {
     ]);
     assert!(out.status.success(), "{}", stderr(&out));
     assert_eq!(stdout(&out), "tty\r\n24 80\r\n");
+
+    // Watch: a change inside the microVM reaches the host as an event. The watch is installed
+    // in the guest a moment after the stream opens, so files are made until one is seen.
+    let client = d.unix();
+    let seen = belljar_e2e::block_on(async {
+        let mut watch = client.watch(&id, "/tmp", false).await.expect("watch");
+        for i in 0..30 {
+            let name = format!("/tmp/watched-{i}");
+            let run = RunCommand {
+                argv: vec!["touch".into(), name.clone()],
+                ..Default::default()
+            };
+            client.run_command(&id, &run).await.expect("touch");
+            let found = tokio::time::timeout(Duration::from_secs(3), async {
+                while let Some(event) = watch.next().await.expect("watch stream") {
+                    if event.path.starts_with("/tmp/watched-") {
+                        return true;
+                    }
+                }
+                false
+            })
+            .await;
+            match found {
+                Ok(true) => return Some(i),
+                Ok(false) => return None, // the stream ended
+                Err(_) => continue,       // not installed yet: make another file
+            }
+        }
+        None
+    });
+    assert!(seen.is_some(), "no watch event from the microVM");
 }
 
 #[test]
