@@ -14,7 +14,7 @@ set -euo pipefail
 here="$(cd "$(dirname "$0")" && pwd)"
 cd "$here/.."
 
-all=(virtio_blk_chain vsock_chain agent_request agent_answer tar_upload daemon_body daemon_query guest_frames)
+all=(virtio_blk_chain vsock_chain virtio_net_chain agent_request agent_answer tar_upload daemon_body daemon_query guest_frames)
 merge=0
 if [[ "${1:-}" == "--merge" ]]; then
     merge=1

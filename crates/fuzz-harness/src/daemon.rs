@@ -62,7 +62,7 @@ pub fn daemon() -> &'static Daemon {
         };
         Daemon {
             unix: router(state.clone()).layer(middleware::from_fn(auth::unix_caller)),
-            tcp: router(state).layer(middleware::from_fn_with_state(auth, auth::tcp_guard)),
+            tcp: auth::tcp_layers(router(state), auth),
         }
     })
 }

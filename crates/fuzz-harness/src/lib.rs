@@ -17,6 +17,7 @@ pub mod guest_frames;
 pub mod input;
 pub mod tar_upload;
 pub mod virtio_blk_chain;
+pub mod virtio_net_chain;
 pub mod virtqueue;
 pub mod vsock_chain;
 
@@ -27,6 +28,7 @@ pub type Harness = fn(&[u8]);
 pub const TARGETS: &[(&str, Harness)] = &[
     ("virtio_blk_chain", virtio_blk_chain::run),
     ("vsock_chain", vsock_chain::run),
+    ("virtio_net_chain", virtio_net_chain::run),
     ("agent_request", agent_request::run),
     ("agent_answer", agent_answer::run),
     ("tar_upload", tar_upload::run),
