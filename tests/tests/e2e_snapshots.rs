@@ -400,3 +400,49 @@ async fn kill_9_during_a_live_snapshot_loses_nothing() {
         sum
     );
 }
+
+/// The CLI: `belljar snapshot`, `belljar snapshots [ls|rm]`, `belljar create --from`.
+#[tokio::test(flavor = "multi_thread")]
+async fn the_cli_takes_lists_uses_and_deletes_snapshots() {
+    use belljar_e2e::{stderr, stdout};
+    let d = Daemon::start();
+    let c = d.unix();
+    let a = d.create(&c, CreateSandbox::default()).await;
+    ok(&c, &a.id, "echo from-cli > /workspace/cli.txt").await;
+
+    let out = d.cli(["snapshot", &a.id, "--keep-running", "--expiration", "none"]);
+    assert!(out.status.success(), "{}", stderr(&out));
+    let printed = stdout(&out);
+    let snap_id = printed.split_whitespace().next().unwrap().to_string();
+    assert!(snap_id.starts_with("snap_"), "{printed}");
+    assert!(printed.contains("frozen for"), "{printed}");
+
+    let out = d.cli(["snapshots", "ls", "--sandbox", &a.id]);
+    assert!(out.status.success(), "{}", stderr(&out));
+    let table = stdout(&out);
+    assert!(table.starts_with("ID"), "{table}");
+    assert!(
+        table.contains(&snap_id) && table.contains("never"),
+        "{table}"
+    );
+    let out = d.cli(["snapshots", "--json"]);
+    let all: Vec<belljar_api::Snapshot> = serde_json::from_slice(&out.stdout).unwrap();
+    assert_eq!(all.len(), 1);
+
+    let out = d.cli(["create", "--backend", "namespace", "--from", &snap_id]);
+    assert!(out.status.success(), "{}\n{}", stderr(&out), d.log());
+    let b = stdout(&out).trim().to_string();
+    assert_eq!(ok(&c, &b, "cat /workspace/cli.txt").await, "from-cli\n");
+
+    let out = d.cli(["snapshots", "rm", &snap_id]);
+    assert!(out.status.success(), "{}", stderr(&out));
+    assert_eq!(
+        c.snapshot(&snap_id).await.unwrap().status,
+        SnapshotStatus::Deleted
+    );
+    let out = d.cli(["create", "--backend", "namespace", "--from", &snap_id]);
+    assert!(!out.status.success());
+    assert!(stderr(&out).contains("deleted"), "{}", stderr(&out));
+    let out = d.cli(["snapshot", &a.id, "--expiration", "soon"]);
+    assert!(!out.status.success());
+}

@@ -76,6 +76,23 @@ pub enum Cmd {
         #[arg(required = true)]
         ids: Vec<String>,
     },
+    /// Snapshot a sandbox's files; by default the sandbox stops (use --keep-running).
+    Snapshot {
+        /// Sandbox id or name.
+        id: String,
+        /// Keep the sandbox running (its processes are frozen while the files are copied).
+        #[arg(long)]
+        keep_running: bool,
+        /// How long the snapshot lives after its last use, e.g. 14d; `none` never expires
+        /// (default: the sandbox's setting, else 30 days).
+        #[arg(long)]
+        expiration: Option<String>,
+    },
+    /// List or delete snapshots (default: list).
+    Snapshots {
+        #[command(subcommand)]
+        action: Option<SnapshotsCmd>,
+    },
     /// List images, or build one.
     Images {
         #[command(subcommand)]
@@ -125,6 +142,9 @@ pub struct SandboxOpts {
     /// auto (default), microvm or namespace.
     #[arg(long)]
     pub backend: Option<String>,
+    /// Start from a snapshot (its files, on its image).
+    #[arg(long, value_name = "SNAPSHOT", conflicts_with = "source")]
+    pub from: Option<String>,
 }
 
 #[derive(Debug, Args)]
@@ -200,6 +220,22 @@ pub struct RunArgs {
 }
 
 #[derive(Debug, Subcommand)]
+pub enum SnapshotsCmd {
+    /// List snapshots, newest first.
+    Ls {
+        /// Only snapshots of this sandbox (id).
+        #[arg(long)]
+        sandbox: Option<String>,
+    },
+    /// Delete snapshots (their files stay while sandboxes still use them).
+    Rm {
+        /// Snapshot ids.
+        #[arg(required = true)]
+        ids: Vec<String>,
+    },
+}
+
+#[derive(Debug, Subcommand)]
 pub enum ImagesCmd {
     /// Build (or rebuild) an image; prints progress.
     Build { name: String },
@@ -264,6 +300,29 @@ mod tests {
         };
         assert_eq!(r.image, "base");
         assert_eq!(r.opts.timeout.as_deref(), Some("1m"));
+    }
+
+    #[test]
+    fn snapshot_commands_parse() {
+        let cli = Cli::try_parse_from(["belljar", "snapshot", "sbx_1", "--keep-running"]).unwrap();
+        assert!(matches!(
+            cli.command,
+            Cmd::Snapshot { keep_running: true, ref id, .. } if id == "sbx_1"
+        ));
+        let cli = Cli::try_parse_from(["belljar", "snapshots", "rm", "snap_a"]).unwrap();
+        assert!(matches!(
+            cli.command,
+            Cmd::Snapshots { action: Some(SnapshotsCmd::Rm { ref ids }) } if ids == &["snap_a"]
+        ));
+        let cli = Cli::try_parse_from(["belljar", "create", "--from", "snap_a"]).unwrap();
+        let Cmd::Create(c) = cli.command else {
+            panic!("not create")
+        };
+        assert_eq!(c.opts.from.as_deref(), Some("snap_a"));
+        assert!(
+            Cli::try_parse_from(["belljar", "create", "--from", "snap_a", "--source", "."])
+                .is_err()
+        );
     }
 
     #[test]

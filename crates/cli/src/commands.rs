@@ -21,6 +21,7 @@ use clap::CommandFactory;
 
 use crate::args::{
     Cli, Cmd, CreateArgs, DaemonCmd, ExecArgs, ImagesCmd, LsArgs, RunArgs, SandboxOpts,
+    SnapshotsCmd,
 };
 
 /// A command-line value the daemon would reject anyway, caught before asking it.
@@ -166,6 +167,22 @@ async fn dispatch(client: &Client, paths: &Paths, command: Cmd, json: bool) -> R
             action: Some(ImagesCmd::Build { name }),
         } => build_image(client, &name, json).await,
         Cmd::Ui { no_open } => ui(client, paths, no_open).await,
+        Cmd::Snapshot {
+            id,
+            keep_running,
+            expiration,
+        } => {
+            let id = resolve(client, &id).await?;
+            let req = belljar_cli::snapshots::request(keep_running, expiration.as_deref())?;
+            let snap = client.snapshot_sandbox(&id, &req).await?;
+            if json {
+                print_json(&snap)?;
+            } else {
+                outln!("{}", belljar_cli::snapshots::taken(&snap))?;
+            }
+            Ok(0)
+        }
+        Cmd::Snapshots { action } => snapshots(client, action, json).await,
         Cmd::Daemon { .. } | Cmd::Completions { .. } => unreachable!("handled before"),
     }
 }
@@ -275,9 +292,37 @@ fn create_request(image: Option<String>, o: &SandboxOpts) -> Result<CreateSandbo
         env: (!env.is_empty()).then_some(env),
         tags: (!tags.is_empty()).then_some(tags),
         name: o.name.clone(),
-        source: o.source.as_deref().map(source).transpose()?,
+        source: match &o.from {
+            Some(snapshot_id) => Some(Source::Snapshot {
+                snapshot_id: snapshot_id.clone(),
+            }),
+            None => o.source.as_deref().map(source).transpose()?,
+        },
         ..Default::default()
     })
+}
+
+async fn snapshots(client: &Client, action: Option<SnapshotsCmd>, json: bool) -> Result<i32> {
+    match action.unwrap_or(SnapshotsCmd::Ls { sandbox: None }) {
+        SnapshotsCmd::Ls { sandbox } => {
+            let all = belljar_cli::snapshots::all(client, sandbox).await?;
+            if json {
+                print_json(&all)?;
+            } else {
+                out!("{}", belljar_cli::snapshots::list(&all, now_ms()))?;
+            }
+            Ok(0)
+        }
+        SnapshotsCmd::Rm { ids } => {
+            for id in ids {
+                let snap = client.delete_snapshot(&id).await?;
+                if json {
+                    print_json(&snap)?;
+                }
+            }
+            Ok(0)
+        }
+    }
 }
 
 async fn create(client: &Client, a: CreateArgs, json: bool) -> Result<i32> {

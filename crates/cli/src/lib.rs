@@ -14,4 +14,5 @@ pub mod exec;
 pub mod launcher;
 pub mod logs;
 pub mod output;
+pub mod snapshots;
 pub mod terminal;
