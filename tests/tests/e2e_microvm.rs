@@ -15,7 +15,9 @@ use belljar_e2e::{Daemon, random_file, same_file, stderr, stdout};
 /// `belljar create --backend microvm`; returns the id and how long it took.
 fn create(d: &Daemon) -> (String, Duration) {
     let t = Instant::now();
-    let out = d.cli(["create", "--backend", "microvm"]);
+    // A nested microVM under load can spend minutes in one test; the default 5 min timeout
+    // would stop the sandbox mid-test (a 100 MiB download then ends in `connection_lost`).
+    let out = d.cli(["create", "--backend", "microvm", "--timeout", "30m"]);
     let took = t.elapsed();
     assert!(
         out.status.success(),
