@@ -76,6 +76,18 @@ pub enum Cmd {
         #[arg(required = true)]
         ids: Vec<String>,
     },
+    /// Pause sandboxes: their processes stay in memory, frozen, until `resume`.
+    Pause {
+        /// Sandbox ids or names.
+        #[arg(required = true)]
+        ids: Vec<String>,
+    },
+    /// Resume paused sandboxes.
+    Resume {
+        /// Sandbox ids or names.
+        #[arg(required = true)]
+        ids: Vec<String>,
+    },
     /// Snapshot a sandbox's files; by default the sandbox stops (use --keep-running).
     Snapshot {
         /// Sandbox id or name.

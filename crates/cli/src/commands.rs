@@ -21,8 +21,8 @@ use clap::CommandFactory;
 
 use crate::args::{
     Cli, Cmd, CreateArgs, DaemonCmd, ExecArgs, ImagesCmd, LsArgs, RunArgs, SandboxOpts,
-    SnapshotsCmd,
 };
+use crate::timeline;
 
 /// A command-line value the daemon would reject anyway, caught before asking it.
 #[derive(Debug, thiserror::Error)]
@@ -171,23 +171,15 @@ async fn dispatch(client: &Client, paths: &Paths, command: Cmd, json: bool) -> R
             id,
             keep_running,
             expiration,
-        } => {
-            let id = resolve(client, &id).await?;
-            let req = belljar_cli::snapshots::request(keep_running, expiration.as_deref())?;
-            let snap = client.snapshot_sandbox(&id, &req).await?;
-            if json {
-                print_json(&snap)?;
-            } else {
-                outln!("{}", belljar_cli::snapshots::taken(&snap))?;
-            }
-            Ok(0)
-        }
-        Cmd::Snapshots { action } => snapshots(client, action, json).await,
+        } => timeline::snapshot(client, &id, keep_running, expiration, json).await,
+        Cmd::Snapshots { action } => timeline::snapshots(client, action, json).await,
+        Cmd::Pause { ids } => timeline::pause_or_resume(client, ids, true, json).await,
+        Cmd::Resume { ids } => timeline::pause_or_resume(client, ids, false, json).await,
         Cmd::Daemon { .. } | Cmd::Completions { .. } => unreachable!("handled before"),
     }
 }
 
-fn print_json<T: serde::Serialize>(value: &T) -> Result<()> {
+pub(crate) fn print_json<T: serde::Serialize>(value: &T) -> Result<()> {
     // Rendered first: serde_json's writer errors hide the `io::Error` (a closed pipe) that
     // `main` looks for.
     let text = serde_json::to_string_pretty(value)?;
@@ -211,7 +203,7 @@ fn write_stream(stream: Stream, data: &[u8]) -> std::io::Result<()> {
 }
 
 /// An id as given, or the id of the one sandbox with that name.
-async fn resolve(client: &Client, id_or_name: &str) -> Result<String> {
+pub(crate) async fn resolve(client: &Client, id_or_name: &str) -> Result<String> {
     if id_or_name.starts_with("sbx_") {
         return Ok(id_or_name.to_string());
     }
@@ -300,29 +292,6 @@ fn create_request(image: Option<String>, o: &SandboxOpts) -> Result<CreateSandbo
         },
         ..Default::default()
     })
-}
-
-async fn snapshots(client: &Client, action: Option<SnapshotsCmd>, json: bool) -> Result<i32> {
-    match action.unwrap_or(SnapshotsCmd::Ls { sandbox: None }) {
-        SnapshotsCmd::Ls { sandbox } => {
-            let all = belljar_cli::snapshots::all(client, sandbox).await?;
-            if json {
-                print_json(&all)?;
-            } else {
-                out!("{}", belljar_cli::snapshots::list(&all, now_ms()))?;
-            }
-            Ok(0)
-        }
-        SnapshotsCmd::Rm { ids } => {
-            for id in ids {
-                let snap = client.delete_snapshot(&id).await?;
-                if json {
-                    print_json(&snap)?;
-                }
-            }
-            Ok(0)
-        }
-    }
 }
 
 async fn create(client: &Client, a: CreateArgs, json: bool) -> Result<i32> {

@@ -19,6 +19,7 @@ pub mod error;
 mod files;
 pub mod ndjson;
 pub mod paths;
+mod pause;
 pub mod routes;
 mod sandboxes;
 mod snapshots;

@@ -12,6 +12,7 @@ pub mod extract;
 mod files;
 mod info;
 pub mod openapi;
+mod pause;
 mod sandboxes;
 mod snapshots;
 mod stream;
@@ -47,6 +48,7 @@ pub fn api_router() -> OpenApiRouter<AppState> {
         .merge(info::router())
         .merge(sandboxes::router())
         .merge(snapshots::router())
+        .merge(pause::router())
         .merge(commands::router())
         .merge(files::router())
         .merge(terminal::router())

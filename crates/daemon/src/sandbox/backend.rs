@@ -37,7 +37,7 @@ pub enum BackendError {
         what: &'static str,
     },
     /// Freezing, thawing or capturing the sandbox's filesystem failed.
-    #[error("Snapshotting the sandbox failed: {0}")]
+    #[error("Freezing, thawing or capturing the sandbox failed: {0}")]
     Snapshot(String),
 }
 

@@ -16,6 +16,7 @@ mod logs;
 pub mod microvm;
 mod monitor;
 pub mod namespace;
+mod pause;
 mod snapshots;
 mod source;
 mod terminal;
@@ -231,6 +232,7 @@ impl Sandboxes {
             .sandboxes_with_status(&[
                 SandboxStatus::Pending,
                 SandboxStatus::Running,
+                SandboxStatus::Paused,
                 SandboxStatus::Stopping,
             ])?
             .iter()

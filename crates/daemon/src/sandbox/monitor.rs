@@ -37,7 +37,8 @@ impl Sandboxes {
     /// Follows a change of `s`: its deadline while it runs, and a watch on its process.
     pub(super) fn track(&self, s: &Sandbox) {
         let m = &self.inner.monitor;
-        let running = s.status == SandboxStatus::Running;
+        // A paused sandbox's processes are still there, and its timeout still runs.
+        let running = matches!(s.status, SandboxStatus::Running | SandboxStatus::Paused);
         {
             let mut deadlines = m.deadlines.lock().unwrap_or_else(|e| e.into_inner());
             let changed = match s.expires_at.filter(|_| running) {
@@ -130,7 +131,8 @@ impl Sandboxes {
         let lock = self.lock_for(id);
         let _guard = lock.lock().await;
         let s = self.get(id)?;
-        if s.status == SandboxStatus::Running && s.expires_at.is_some_and(|at| at <= now_ms()) {
+        let live = matches!(s.status, SandboxStatus::Running | SandboxStatus::Paused);
+        if live && s.expires_at.is_some_and(|at| at <= now_ms()) {
             self.stop_locked(id, SandboxStatus::Stopped, "timeout")
                 .await?;
         }

@@ -1,0 +1,75 @@
+//! The commands that move sandboxes through time: `snapshot`, `snapshots [ls|rm]`, `pause`,
+//! `resume`.
+
+use anyhow::Result;
+use belljar_client::Client;
+
+use crate::args::SnapshotsCmd;
+use crate::commands::{print_json, resolve};
+use belljar_cli::output::now_ms;
+
+/// `belljar snapshot ID [--keep-running] [--expiration D]`.
+pub(crate) async fn snapshot(
+    client: &Client,
+    id: &str,
+    keep_running: bool,
+    expiration: Option<String>,
+    json: bool,
+) -> Result<i32> {
+    let id = resolve(client, id).await?;
+    let req = belljar_cli::snapshots::request(keep_running, expiration.as_deref())?;
+    let snap = client.snapshot_sandbox(&id, &req).await?;
+    if json {
+        print_json(&snap)?;
+    } else {
+        outln!("{}", belljar_cli::snapshots::taken(&snap))?;
+    }
+    Ok(0)
+}
+
+pub(crate) async fn pause_or_resume(
+    client: &Client,
+    ids: Vec<String>,
+    pause: bool,
+    json: bool,
+) -> Result<i32> {
+    for id in ids {
+        let id = resolve(client, &id).await?;
+        let s = if pause {
+            client.pause_sandbox(&id).await?
+        } else {
+            client.resume_sandbox(&id).await?
+        };
+        if json {
+            print_json(&s)?;
+        }
+    }
+    Ok(0)
+}
+
+pub(crate) async fn snapshots(
+    client: &Client,
+    action: Option<SnapshotsCmd>,
+    json: bool,
+) -> Result<i32> {
+    match action.unwrap_or(SnapshotsCmd::Ls { sandbox: None }) {
+        SnapshotsCmd::Ls { sandbox } => {
+            let all = belljar_cli::snapshots::all(client, sandbox).await?;
+            if json {
+                print_json(&all)?;
+            } else {
+                out!("{}", belljar_cli::snapshots::list(&all, now_ms()))?;
+            }
+            Ok(0)
+        }
+        SnapshotsCmd::Rm { ids } => {
+            for id in ids {
+                let snap = client.delete_snapshot(&id).await?;
+                if json {
+                    print_json(&snap)?;
+                }
+            }
+            Ok(0)
+        }
+    }
+}

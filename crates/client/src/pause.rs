@@ -1,0 +1,22 @@
+//! `POST /v1/sandboxes/{id}/pause` and `/resume`.
+
+use belljar_api::Sandbox;
+use http::Method;
+
+use crate::client::Client;
+use crate::error::ClientError;
+use crate::routes::sandbox_sub;
+
+impl Client {
+    /// Freezes a running sandbox's processes; the sandbox, now `paused`.
+    pub async fn pause_sandbox(&self, id: &str) -> Result<Sandbox, ClientError> {
+        self.call_empty(Method::POST, &sandbox_sub(id, "pause"))
+            .await
+    }
+
+    /// Lets a paused sandbox run on; the sandbox, now `running`.
+    pub async fn resume_sandbox(&self, id: &str) -> Result<Sandbox, ClientError> {
+        self.call_empty(Method::POST, &sandbox_sub(id, "resume"))
+            .await
+    }
+}

@@ -1,0 +1,55 @@
+//! Pause and resume: a paused sandbox keeps its identity, its files and its processes, which
+//! stay in memory where they were (the cgroup freezer on the namespace backend) until it is
+//! resumed. Its timeout keeps running: a paused sandbox past it is stopped like a running one.
+
+use belljar_api::{Sandbox, SandboxStatus};
+
+use super::{SandboxError, Sandboxes};
+
+impl Sandboxes {
+    /// Freezes a running sandbox (a no-op on a paused one).
+    pub async fn pause(&self, id: &str) -> Result<Sandbox, SandboxError> {
+        let lock = self.lock_for(id);
+        let _guard = lock.lock().await;
+        let mut s = self.get(id)?;
+        match s.status {
+            SandboxStatus::Paused => return Ok(s),
+            SandboxStatus::Running => {}
+            other => {
+                return Err(SandboxError::NotRunning {
+                    id: s.id,
+                    status: other.as_str(),
+                });
+            }
+        }
+        let dir = self.state_dir(id);
+        self.blocking_backend(&s, move |b| b.freeze(&dir)).await?;
+        s.status = SandboxStatus::Paused;
+        s.status_reason = Some("paused by user".into());
+        self.save(&s)?;
+        Ok(s)
+    }
+
+    /// Lets a paused sandbox run on (a no-op on a running one).
+    pub async fn resume(&self, id: &str) -> Result<Sandbox, SandboxError> {
+        let lock = self.lock_for(id);
+        let _guard = lock.lock().await;
+        let mut s = self.get(id)?;
+        match s.status {
+            SandboxStatus::Running => return Ok(s),
+            SandboxStatus::Paused => {}
+            other => {
+                return Err(SandboxError::NotRunning {
+                    id: s.id,
+                    status: other.as_str(),
+                });
+            }
+        }
+        let dir = self.state_dir(id);
+        self.blocking_backend(&s, move |b| b.thaw(&dir)).await?;
+        s.status = SandboxStatus::Running;
+        s.status_reason = None;
+        self.save(&s)?;
+        Ok(s)
+    }
+}

@@ -1,0 +1,136 @@
+//! Pause and resume on the namespace backend, through a real daemon and the CLI: a paused
+//! sandbox's processes are frozen (the cgroup freezer says so) and keep their state, so a
+//! counter goes on from where it was after `resume`, also across a daemon `kill -9`.
+
+use std::path::PathBuf;
+use std::time::Duration;
+
+use belljar_api::{CreateSandbox, RunCommand, SandboxStatus};
+use belljar_client::Client;
+use belljar_e2e::{Daemon, eventually, stderr};
+
+/// The counter the sandbox's loop writes, read from the host's side of its writable layer.
+fn counter(d: &Daemon, id: &str) -> Option<u64> {
+    let path = d
+        .paths
+        .data
+        .join("sandboxes")
+        .join(id)
+        .join("ns/fs/upper/workspace/c");
+    std::fs::read_to_string(path).ok()?.trim().parse().ok()
+}
+
+/// Whether the sandbox's cgroup reports its processes frozen (cgroup v2 `cgroup.events`, or
+/// v1 `freezer.state`).
+fn frozen(d: &Daemon, id: &str) -> bool {
+    let state = d
+        .paths
+        .data
+        .join("sandboxes")
+        .join(id)
+        .join("ns/sandbox.json");
+    let Ok(text) = std::fs::read_to_string(state) else {
+        return false;
+    };
+    let v: serde_json::Value = serde_json::from_str(&text).unwrap();
+    if let Some(v2) = v["groups"]["v2"].as_str() {
+        let events = std::fs::read_to_string(PathBuf::from(v2).join("cgroup.events"));
+        return events.is_ok_and(|e| e.lines().any(|l| l == "frozen 1"));
+    }
+    let v1 = v["groups"]["v1"]["freezer"].as_str().unwrap_or_default();
+    std::fs::read_to_string(PathBuf::from(v1).join("freezer.state"))
+        .is_ok_and(|s| s.trim() == "FROZEN")
+}
+
+async fn wait_counter_above(d: &Daemon, id: &str, floor: u64) -> u64 {
+    eventually(Duration::from_secs(20), "the counter to move on", || {
+        let v = counter(d, id);
+        async move { v.filter(|v| *v > floor) }
+    })
+    .await
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn a_paused_sandbox_keeps_its_processes_and_their_state() {
+    let d = Daemon::start();
+    let c: Client = d.unix();
+    let a = d.create(&c, CreateSandbox::default()).await;
+    c.run_command(
+        &a.id,
+        &RunCommand {
+            argv: vec![
+                "sh".into(),
+                "-c".into(),
+                "i=0; while :; do i=$((i+1)); echo $i > /workspace/c; sleep 0.02; done".into(),
+            ],
+            detached: true,
+            ..Default::default()
+        },
+    )
+    .await
+    .unwrap();
+    wait_counter_above(&d, &a.id, 2).await;
+
+    let paused = c.pause_sandbox(&a.id).await.unwrap();
+    assert_eq!(paused.status, SandboxStatus::Paused);
+    eventually(Duration::from_secs(10), "the cgroup frozen", || {
+        let f = frozen(&d, &a.id);
+        async move { f.then_some(()) }
+    })
+    .await;
+    let at_pause = counter(&d, &a.id).unwrap();
+    // Pausing twice is a no-op; a paused sandbox runs no commands.
+    assert_eq!(
+        c.pause_sandbox(&a.id).await.unwrap().status,
+        SandboxStatus::Paused
+    );
+    let err = c
+        .run_command(
+            &a.id,
+            &RunCommand {
+                argv: vec!["true".into()],
+                ..Default::default()
+            },
+        )
+        .await
+        .unwrap_err();
+    assert_eq!(err.code(), "sandbox_not_running", "{err}");
+
+    // The pause survives a daemon kill -9 and restart.
+    d.kill9();
+    d.restart();
+    let c = d.unix();
+    assert_eq!(
+        c.sandbox(&a.id).await.unwrap().status,
+        SandboxStatus::Paused
+    );
+    assert!(frozen(&d, &a.id));
+    assert_eq!(
+        counter(&d, &a.id),
+        Some(at_pause),
+        "nothing ran while paused"
+    );
+
+    // Through the CLI: resume, and the same loop counts on from where it was.
+    let out = d.cli(["resume", &a.id]);
+    assert!(out.status.success(), "{}", stderr(&out));
+    assert_eq!(
+        c.sandbox(&a.id).await.unwrap().status,
+        SandboxStatus::Running
+    );
+    assert!(!frozen(&d, &a.id));
+    let after = wait_counter_above(&d, &a.id, at_pause).await;
+    assert!(after > at_pause);
+
+    let out = d.cli(["pause", &a.id]);
+    assert!(out.status.success(), "{}", stderr(&out));
+    assert_eq!(
+        c.sandbox(&a.id).await.unwrap().status,
+        SandboxStatus::Paused
+    );
+    // A paused sandbox can be stopped (its processes are thawed to die).
+    let stopped = c.stop_sandbox(&a.id).await.unwrap();
+    assert_eq!(stopped.status, SandboxStatus::Stopped);
+    let err = c.resume_sandbox(&a.id).await.unwrap_err();
+    assert_eq!(err.code(), "sandbox_not_running", "{err}");
+}
