@@ -121,16 +121,7 @@ pub fn body_from_reader<R>(reader: R) -> RequestBody
 where
     R: AsyncRead + Send + Unpin + 'static,
 {
-    let stream = futures::stream::try_unfold(reader, |mut reader| async move {
-        let mut buf = vec![0u8; 64 * 1024];
-        let n = reader.read(&mut buf).await?;
-        if n == 0 {
-            return Ok(None);
-        }
-        buf.truncate(n);
-        Ok(Some((Bytes::from(buf), reader)))
-    });
-    body_from_stream(stream)
+    body_from_stream(tokio_util::io::ReaderStream::with_capacity(reader, 64 * 1024))
 }
 
 fn empty_body() -> RequestBody {
