@@ -121,7 +121,10 @@ pub fn body_from_reader<R>(reader: R) -> RequestBody
 where
     R: AsyncRead + Send + Unpin + 'static,
 {
-    body_from_stream(tokio_util::io::ReaderStream::with_capacity(reader, 64 * 1024))
+    body_from_stream(tokio_util::io::ReaderStream::with_capacity(
+        reader,
+        64 * 1024,
+    ))
 }
 
 fn empty_body() -> RequestBody {
