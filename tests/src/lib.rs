@@ -214,7 +214,7 @@ impl Daemon {
 
     /// A client over 127.0.0.1 with the bearer token.
     pub fn http(&self) -> Client {
-        Client::tcp(self.addr(), self.paths.token())
+        Client::local_tcp(&self.paths).expect("daemon port file")
     }
 
     /// A client over 127.0.0.1 without a token.
@@ -310,26 +310,6 @@ impl Drop for Daemon {
     fn drop(&mut self) {
         self.cleanup();
     }
-}
-
-/// The whole body of a `GET` through `client` (a file read, a tar download), failing the test
-/// on any error.
-pub async fn get_bytes(client: &Client, path_and_query: &str) -> bytes::Bytes {
-    use http_body_util::BodyExt;
-    client
-        .request(
-            http::Method::GET,
-            path_and_query,
-            belljar_client::empty(),
-            None,
-        )
-        .await
-        .unwrap()
-        .into_body()
-        .collect()
-        .await
-        .unwrap()
-        .to_bytes()
 }
 
 /// Waits until `pid` has exited (or is a zombie); false on timeout.
