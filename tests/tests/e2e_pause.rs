@@ -134,3 +134,78 @@ async fn a_paused_sandbox_keeps_its_processes_and_their_state() {
     let err = c.resume_sandbox(&a.id).await.unwrap_err();
     assert_eq!(err.code(), "sandbox_not_running", "{err}");
 }
+
+/// Fork while a process writes: the fork has the files as they were at the fork, on its own
+/// writable layer, and the source runs on, undisturbed.
+#[tokio::test(flavor = "multi_thread")]
+async fn a_fork_takes_the_files_of_a_busy_sandbox_which_runs_on() {
+    let d = Daemon::start();
+    let c: Client = d.unix();
+    let a = d
+        .create(
+            &c,
+            CreateSandbox {
+                tags: Some([("team".to_string(), "x".to_string())].into()),
+                ..Default::default()
+            },
+        )
+        .await;
+    c.run_command(
+        &a.id,
+        &RunCommand {
+            argv: vec![
+                "sh".into(),
+                "-c".into(),
+                "echo kept > /workspace/kept; i=0; \
+                 while :; do i=$((i+1)); echo $i > /workspace/c; sleep 0.02; done"
+                    .into(),
+            ],
+            detached: true,
+            ..Default::default()
+        },
+    )
+    .await
+    .unwrap();
+    wait_counter_above(&d, &a.id, 2).await;
+
+    let out = d.cli(["fork", &a.id, "--name", "forked"]);
+    assert!(out.status.success(), "{}\n{}", stderr(&out), d.log());
+    let b = belljar_e2e::stdout(&out).trim().to_string();
+    let forked = c.sandbox(&b).await.unwrap();
+    assert_eq!(forked.status, SandboxStatus::Running);
+    assert_eq!(forked.name.as_deref(), Some("forked"));
+    assert_eq!(forked.tags.get("team").map(String::as_str), Some("x"));
+    let Some(belljar_api::Source::Snapshot { snapshot_id }) = &forked.source else {
+        panic!("{forked:?}")
+    };
+    let snap = c.snapshot(snapshot_id).await.unwrap();
+    assert_eq!(snap.source_sandbox_id, a.id);
+    assert!(snap.frozen_ms.is_some());
+
+    // The source ran on; the fork has the files of the moment, not its processes.
+    assert_eq!(
+        c.sandbox(&a.id).await.unwrap().status,
+        SandboxStatus::Running
+    );
+    let read = |id: &str, path: &str| {
+        let c = c.clone();
+        let (id, path) = (id.to_string(), path.to_string());
+        async move {
+            let bytes = c.read_file_bytes(&id, &path).await.unwrap();
+            String::from_utf8(bytes.to_vec()).unwrap()
+        }
+    };
+    assert_eq!(read(&b, "/workspace/kept").await, "kept\n");
+    let in_fork: u64 = read(&b, "/workspace/c").await.trim().parse().unwrap();
+    wait_counter_above(&d, &a.id, in_fork).await;
+    // Writes in the fork stay in the fork.
+    c.write_file(&b, "/workspace/only-b", None, belljar_client::full("b"))
+        .await
+        .unwrap();
+    assert!(
+        c.try_stat(&a.id, "/workspace/only-b")
+            .await
+            .unwrap()
+            .is_none()
+    );
+}

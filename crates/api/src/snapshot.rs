@@ -89,6 +89,43 @@ impl Validate for CreateSnapshot {
     }
 }
 
+/// The body of `POST /v1/sandboxes/{id}/fork`: what the new sandbox changes of the source's
+/// configuration. Every field is optional.
+#[derive(Debug, Clone, PartialEq, Eq, Default, Serialize, Deserialize, ToSchema, TS)]
+#[serde(deny_unknown_fields)]
+pub struct ForkSandbox {
+    #[serde(default)]
+    #[ts(optional)]
+    #[schema(max_length = 128)]
+    pub name: Option<String>,
+    /// Replaces the source's tags.
+    #[serde(default)]
+    #[ts(optional)]
+    #[schema(schema_with = limits::tags_schema, nullable)]
+    pub tags: Option<std::collections::BTreeMap<String, String>>,
+    /// Replaces the source's environment.
+    #[serde(default)]
+    #[ts(optional)]
+    #[schema(schema_with = limits::env_schema, nullable)]
+    pub env: Option<std::collections::BTreeMap<String, String>>,
+    /// Default: the source's timeout.
+    #[serde(default)]
+    #[ts(optional)]
+    #[schema(minimum = 1, maximum = 2592000000_i64)]
+    pub timeout_ms: Option<i64>,
+}
+
+impl Validate for ForkSandbox {
+    fn validate(&self) -> Result<(), Invalid> {
+        if let Some(name) = &self.name {
+            limits::text("name", name, limits::MAX_NAME)?;
+        }
+        limits::tags("tags", self.tags.as_ref())?;
+        limits::env("env", self.env.as_ref())?;
+        limits::range("timeout_ms", self.timeout_ms, 1, limits::MAX_TIMEOUT_MS)
+    }
+}
+
 /// How many of a sandbox's snapshots are kept (Vercel's `keepLastSnapshots`).
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, ToSchema, TS)]
 #[serde(deny_unknown_fields)]

@@ -35,6 +35,7 @@ pub fn render() -> String {
         Snapshot::decl(&cfg),
         CreateSnapshot::decl(&cfg),
         KeepLastSnapshots::decl(&cfg),
+        ForkSandbox::decl(&cfg),
         ListSnapshotsQuery::decl(&cfg),
         SnapshotList::decl(&cfg),
         PtySize::decl(&cfg),

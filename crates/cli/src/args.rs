@@ -88,6 +88,15 @@ pub enum Cmd {
         #[arg(required = true)]
         ids: Vec<String>,
     },
+    /// Start a new sandbox from a running one's current files (it keeps running); prints the
+    /// new sandbox's id.
+    Fork {
+        /// Sandbox id or name.
+        id: String,
+        /// The new sandbox's name.
+        #[arg(long)]
+        name: Option<String>,
+    },
     /// Snapshot a sandbox's files; by default the sandbox stops (use --keep-running).
     Snapshot {
         /// Sandbox id or name.

@@ -173,6 +173,7 @@ async fn dispatch(client: &Client, paths: &Paths, command: Cmd, json: bool) -> R
             expiration,
         } => timeline::snapshot(client, &id, keep_running, expiration, json).await,
         Cmd::Snapshots { action } => timeline::snapshots(client, action, json).await,
+        Cmd::Fork { id, name } => timeline::fork(client, &id, name, json).await,
         Cmd::Pause { ids } => timeline::pause_or_resume(client, ids, true, json).await,
         Cmd::Resume { ids } => timeline::pause_or_resume(client, ids, false, json).await,
         Cmd::Daemon { .. } | Cmd::Completions { .. } => unreachable!("handled before"),

@@ -1,5 +1,5 @@
-//! The commands that move sandboxes through time: `snapshot`, `snapshots [ls|rm]`, `pause`,
-//! `resume`.
+//! The commands that move sandboxes through time: `snapshot`, `snapshots [ls|rm]`, `fork`,
+//! `pause`, `resume`.
 
 use anyhow::Result;
 use belljar_client::Client;
@@ -72,4 +72,25 @@ pub(crate) async fn snapshots(
             Ok(0)
         }
     }
+}
+
+/// `belljar fork ID [--name N]`.
+pub(crate) async fn fork(
+    client: &Client,
+    id: &str,
+    name: Option<String>,
+    json: bool,
+) -> Result<i32> {
+    let id = resolve(client, id).await?;
+    let req = belljar_api::ForkSandbox {
+        name,
+        ..Default::default()
+    };
+    let s = client.fork_sandbox(&id, &req).await?;
+    if json {
+        print_json(&s)?;
+    } else {
+        outln!("{}", s.id)?;
+    }
+    Ok(0)
 }

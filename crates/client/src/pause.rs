@@ -1,6 +1,6 @@
-//! `POST /v1/sandboxes/{id}/pause` and `/resume`.
+//! `POST /v1/sandboxes/{id}/pause`, `/resume` and `/fork`.
 
-use belljar_api::Sandbox;
+use belljar_api::{ForkSandbox, Sandbox};
 use http::Method;
 
 use crate::client::Client;
@@ -18,5 +18,10 @@ impl Client {
     pub async fn resume_sandbox(&self, id: &str) -> Result<Sandbox, ClientError> {
         self.call_empty(Method::POST, &sandbox_sub(id, "resume"))
             .await
+    }
+
+    /// A new running sandbox with the files of `id` now (which keeps running).
+    pub async fn fork_sandbox(&self, id: &str, req: &ForkSandbox) -> Result<Sandbox, ClientError> {
+        self.call(Method::POST, &sandbox_sub(id, "fork"), req).await
     }
 }

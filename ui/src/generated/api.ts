@@ -194,6 +194,20 @@ expiration_ms?: number,
  */
 delete_evicted?: boolean, };
 
+export type ForkSandbox = { name?: string, 
+/**
+ * Replaces the source's tags.
+ */
+tags?: { [key in string]: string }, 
+/**
+ * Replaces the source's environment.
+ */
+env?: { [key in string]: string }, 
+/**
+ * Default: the source's timeout.
+ */
+timeout_ms?: number, };
+
 export type ListSnapshotsQuery = { 
 /**
  * Only snapshots taken of this sandbox.

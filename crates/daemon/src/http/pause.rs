@@ -1,15 +1,16 @@
-//! `POST /v1/sandboxes/{id}/pause` and `/resume`: freeze a sandbox's processes where they
-//! are, and let them run on.
+//! `POST /v1/sandboxes/{id}/pause`, `/resume` and `/fork`: freeze a sandbox's processes where
+//! they are, let them run on, or start a new sandbox from its current files.
 
 use axum::Json;
 use axum::extract::State;
-use belljar_api::Sandbox;
+use axum::http::StatusCode;
+use belljar_api::{ForkSandbox, Sandbox};
 use utoipa_axum::router::OpenApiRouter;
 use utoipa_axum::routes;
 
 use super::AppState;
 use super::error::ApiError;
-use super::extract::ApiPath;
+use super::extract::{ApiJson, ApiPath};
 use super::openapi::{Errors, SandboxPath};
 use super::sandboxes::detached;
 
@@ -17,6 +18,7 @@ pub fn router() -> OpenApiRouter<AppState> {
     OpenApiRouter::new()
         .routes(routes!(pause))
         .routes(routes!(resume))
+        .routes(routes!(fork))
 }
 
 /// Pause a running sandbox: its processes stay in memory, frozen, until it is resumed.
@@ -41,4 +43,18 @@ async fn resume(
     Ok(Json(
         detached(async move { st.sandboxes.resume(&id).await }).await?,
     ))
+}
+
+/// Fork a running sandbox: a new running sandbox with its current files (a live snapshot
+/// underneath) and its configuration, changed by the body.
+#[utoipa::path(post, path = "/v1/sandboxes/{id}/fork", operation_id = "sandbox_fork", tag = "sandboxes", params(SandboxPath),
+    request_body = ForkSandbox,
+    responses((status = 201, description = "The new running sandbox", body = Sandbox), Errors))]
+async fn fork(
+    State(st): State<AppState>,
+    ApiPath(SandboxPath { id }): ApiPath<SandboxPath>,
+    ApiJson(req): ApiJson<ForkSandbox>,
+) -> Result<(StatusCode, Json<Sandbox>), ApiError> {
+    let s = detached(async move { st.sandboxes.fork(&id, req).await }).await?;
+    Ok((StatusCode::CREATED, Json(s)))
 }

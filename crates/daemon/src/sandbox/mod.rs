@@ -11,6 +11,7 @@ mod adopt;
 pub mod backend;
 mod commands;
 mod files;
+mod fork;
 mod lifecycle;
 mod logs;
 pub mod microvm;

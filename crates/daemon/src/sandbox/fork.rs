@@ -1,0 +1,49 @@
+//! Fork: a new running sandbox from another's current files, without stopping it. Underneath
+//! it is a live snapshot of the source (which stays on the source's snapshot timeline, with
+//! the source's snapshot expiration) and a sandbox made from that snapshot with the source's
+//! configuration and the request's overrides.
+
+use belljar_api::{CreateSandbox, CreateSnapshot, ForkSandbox, Sandbox, Source};
+
+use super::{SandboxError, Sandboxes};
+
+impl Sandboxes {
+    /// Forks a running sandbox.
+    pub async fn fork(&self, id: &str, req: ForkSandbox) -> Result<Sandbox, SandboxError> {
+        let source = self.get(id)?;
+        let snapshot = self
+            .snapshot(
+                id,
+                CreateSnapshot {
+                    keep_running: Some(true),
+                    expiration_ms: None,
+                },
+            )
+            .await?;
+        let held = self.inner.store.sandbox_layers(id)?.unwrap_or_default();
+        self.create(CreateSandbox {
+            image: Some(source.image),
+            backend: Some(backend_choice(source.backend)),
+            vcpus: Some(source.vcpus),
+            memory_mib: Some(source.memory_mib),
+            disk_mib: Some(source.disk_mib),
+            timeout_ms: req.timeout_ms.or(Some(source.timeout_ms)),
+            env: req.env.or(Some(source.env)),
+            tags: req.tags.or(Some(source.tags)),
+            name: req.name,
+            source: Some(Source::Snapshot {
+                snapshot_id: snapshot.id,
+            }),
+            snapshot_expiration_ms: held.snapshot_expiration_ms,
+            keep_last_snapshots: held.keep_last,
+        })
+        .await
+    }
+}
+
+fn backend_choice(kind: belljar_api::Backend) -> belljar_api::BackendChoice {
+    match kind {
+        belljar_api::Backend::Microvm => belljar_api::BackendChoice::Microvm,
+        belljar_api::Backend::Namespace => belljar_api::BackendChoice::Namespace,
+    }
+}
