@@ -230,6 +230,27 @@ mod tests {
             "Launching the sandbox failed: Invalid sandbox spec: disk too small"
         );
         check(
+            ApiError::Sandbox(SandboxError::SnapshotNotFound("snap_x".into())),
+            404,
+            "not_found",
+        );
+        check(
+            ApiError::Sandbox(SandboxError::SnapshotNotUsable {
+                id: "snap_x".into(),
+                status: "deleted",
+            }),
+            409,
+            "snapshot_not_usable",
+        );
+        check(
+            ApiError::Sandbox(SandboxError::Backend(BackendError::Unsupported {
+                backend: "microvm",
+                what: "snapshot a sandbox",
+            })),
+            501,
+            "not_supported",
+        );
+        check(
             ApiError::Image(ImageError::NotBuilt {
                 name: "base".into(),
             }),

@@ -117,9 +117,11 @@ impl Store {
         Ok(Some(freed))
     }
 
-    /// Gives a new sandbox the chain of `snapshot_id` (taking a reference on each layer) and
-    /// restarts the snapshot's expiration from `now`. `Err(status)`-like `None` when the
-    /// snapshot does not exist; `Some(Err(status))` when it exists but is not `created`.
+    /// Records what a new sandbox stacks: the chain of `layers.snapshot_id`, if any (taking a
+    /// reference on each layer, and restarting the snapshot's expiration from `now`), and its
+    /// snapshot policy. Answers `None` when the snapshot does not exist, `Some(Err(status))`
+    /// when it is not `created` (nothing is recorded then), else the snapshot's row (an empty
+    /// one for a sandbox made from the image alone).
     pub fn use_snapshot(
         &self,
         layers: &SandboxLayers,
