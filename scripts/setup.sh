@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # Installs everything Belljar needs on a Debian 12 machine (run as root, or with sudo available):
-# Debian packages, the UI's npm packages, the Rust binaries, and the guest kernel and images.
+# Debian packages, the UI's npm packages, the Rust binaries (the CLI, `belljar`, on PATH), and
+# the guest kernel and images.
 # Every step is idempotent and cached, so a second run takes seconds.
 set -euo pipefail
 here=$(cd "$(dirname "$0")/.." && pwd)
@@ -65,6 +66,18 @@ step "building the web UI"
 
 step "building the Rust binaries"
 cargo build --workspace --bins --quiet
+
+# README's commands use `belljar` bare. A link, not a copy: the CLI finds belljard (and belljard
+# the agent and the VMM) beside its real path, and a rebuild updates what the link runs.
+# /usr/local/bin is on the PATH of every Debian user and of root; BELLJAR_BIN_DIR picks another.
+bin_dir="${BELLJAR_BIN_DIR:-/usr/local/bin}"
+cli="$(cd "$CARGO_TARGET_DIR" && pwd)/debug/belljar"
+if [ "$(readlink "$bin_dir/belljar" 2>/dev/null)" != "$cli" ]; then
+  step "linking $bin_dir/belljar -> $cli"
+  sudo_cmd=""
+  [ -w "$bin_dir" ] || sudo_cmd="sudo"
+  $sudo_cmd ln -sfn "$cli" "$bin_dir/belljar"
+fi
 
 step "building the guest kernel, agent and images (cached under $BELLJAR_CACHE)"
 guest-images/build-all.sh

@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Sets up everything (scripts/setup.sh) and runs every test: formatting and lints, the Rust
-# workspace (unit, KVM tiny-guest, QEMU boot, namespace escape and end-to-end tests), and the
-# UI in a real browser and in the real desktop app, then real microVM sandboxes
+# workspace (unit, KVM tiny-guest, QEMU boot, namespace escape and end-to-end tests), the
+# desktop app's own workspace (src-tauri) and the UI's type check, the API fuzzing, the UI in a
+# real browser and in the desktop app installed from its .deb, then real microVM sandboxes
 # (scripts/test-microvm.sh).
 set -euo pipefail
 here=$(cd "$(dirname "$0")/.." && pwd)
@@ -9,6 +10,17 @@ cd "$here"
 . "$here/scripts/env.sh"
 
 "$here/scripts/setup.sh"
+
+step "belljar on PATH, as README's commands use it"
+# What a user's shell runs for a bare `belljar`: the link setup.sh made, not another one earlier
+# on PATH.
+hash -r
+want="${BELLJAR_BIN_DIR:-/usr/local/bin}/belljar"
+if [ "$(command -v belljar)" != "$want" ]; then
+  echo "belljar on PATH is '$(command -v belljar)', not $want (PATH=$PATH)" >&2
+  exit 1
+fi
+belljar --version
 
 step "cargo fmt --check"
 cargo fmt --all --check
@@ -18,6 +30,21 @@ cargo clippy --workspace --all-targets --quiet -- -D warnings
 
 step "cargo test --workspace"
 cargo test --workspace --no-fail-fast 2>&1 | tee "$BELLJAR_CACHE/last-cargo-test.log"
+
+# The desktop app is a workspace of its own (it builds against WebKitGTK), so the workspace
+# steps above do not reach it. tauri-build wants the sidecar in place (the debug belljard
+# built by setup.sh; copied only when it changed, so a warm run rebuilds nothing).
+step "src-tauri: cargo fmt --check, clippy -D warnings, cargo test"
+(cd ui && npm run --silent sidecar)
+(
+  cd src-tauri
+  cargo fmt --check
+  cargo clippy --all-targets --quiet -- -D warnings
+  cargo test --quiet
+)
+
+step "UI type check (svelte-check)"
+(cd ui && npm run --silent check -- --fail-on-warnings)
 
 step "API fuzzing: schemathesis against a real daemon (bounded, tests/api-fuzz/run.sh)"
 BELLJAR_FUZZ_SECONDS="${BELLJAR_FUZZ_SECONDS:-150}" timeout 300 tests/api-fuzz/run.sh

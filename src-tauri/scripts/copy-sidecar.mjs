@@ -1,8 +1,10 @@
 // Copies the built belljard into src-tauri/binaries/belljard-<target triple>, where Tauri's
 // `externalBin` expects the sidecar, before a `tauri build`. Builds belljard first if it is not
-// there. BELLJARD_BIN names a binary to use instead; CARGO_TARGET_DIR is honoured.
+// there. BELLJARD_BIN names a binary to use instead; CARGO_TARGET_DIR is honoured. A copy that
+// is already the same bytes is left alone: tauri-build watches the file, and a new modification
+// time alone would rebuild the app crate on every run of CI's clippy and test steps.
 import { execFileSync } from "node:child_process";
-import { copyFileSync, chmodSync, existsSync, mkdirSync, statSync } from "node:fs";
+import { copyFileSync, chmodSync, existsSync, mkdirSync, readFileSync, statSync } from "node:fs";
 import { dirname, join, resolve } from "node:path";
 import { fileURLToPath } from "node:url";
 
@@ -29,7 +31,16 @@ if (!src) {
   src = join(target, release ? "release/belljard" : "debug/belljard");
 }
 const dest = join(repo, "src-tauri/binaries", `belljard-${triple}`);
+function same(a, b) {
+  if (!existsSync(b) || statSync(a).size !== statSync(b).size) return false;
+  return readFileSync(a).equals(readFileSync(b));
+}
+
 mkdirSync(dirname(dest), { recursive: true });
-copyFileSync(src, dest);
-chmodSync(dest, 0o755);
-console.error(`copy-sidecar: ${src} -> ${dest}`);
+if (same(src, dest)) {
+  console.error(`copy-sidecar: ${dest} is already ${src}`);
+} else {
+  copyFileSync(src, dest);
+  chmodSync(dest, 0o755);
+  console.error(`copy-sidecar: ${src} -> ${dest}`);
+}

@@ -1,12 +1,15 @@
-// The real desktop app (src-tauri, release build) under tauri-driver + WebKitWebDriver in Xvfb:
-// it starts its bundled belljard on a temporary home, shows the sandbox list (live: a sandbox
-// made through the API appears), opens a terminal tab and runs a command; saves a screenshot.
+// The desktop app as users get it, under tauri-driver + WebKitWebDriver in Xvfb: run.sh unpacks
+// the .deb into a clean prefix (BELLJAR_APP_PREFIX, the package in BELLJAR_APP_DEB), and the
+// app is started through its installed desktop entry's `Exec=` line. It starts the packaged
+// belljard (its sidecar) on a temporary home, shows the sandbox list (live: a sandbox made
+// through the API appears), opens a terminal tab and runs a command; saves a screenshot.
 // Run under a display: `xvfb-run -a node app.test.mjs` (run.sh does).
 
 import { spawn } from "node:child_process";
-import { existsSync, readFileSync, writeFileSync, createWriteStream } from "node:fs";
+import { existsSync, readFileSync, readlinkSync, realpathSync, writeFileSync, createWriteStream } from "node:fs";
 import { join } from "node:path";
-import { Steps, apiOn, bin, freshHome, repo, screenshots, startDaemon, stopPid, until, sleep } from "./harness.mjs";
+import { Steps, apiOn, freshHome, screenshots, startDaemon, stopPid, until, sleep } from "./harness.mjs";
+import { installedApp, unmetDependencies } from "./installed.mjs";
 
 const DRIVER_PORT = Number(process.env.TAURI_DRIVER_PORT || 4444);
 const steps = new Steps("app");
@@ -18,6 +21,7 @@ let session;
 let sandboxId;
 const extra = [];
 let restarted;
+let app;
 
 /** A W3C WebDriver command. */
 async function wd(method, path, body) {
@@ -42,12 +46,21 @@ async function find(css) {
 const text = () => exec("return document.body.innerText");
 
 try {
+  await steps.step("the installed package: a desktop entry whose program, icon and dependencies are there", async () => {
+    const prefix = process.env.BELLJAR_APP_PREFIX;
+    const deb = process.env.BELLJAR_APP_DEB;
+    if (!prefix || !deb) throw new Error("BELLJAR_APP_PREFIX and BELLJAR_APP_DEB are unset: run this through tests/ui/run.sh");
+    app = installedApp(realpathSync(prefix));
+    const unmet = unmetDependencies(deb);
+    if (unmet.length) throw new Error(`the .deb depends on what is not installed: ${unmet.join(", ")}`);
+    console.log(`      ${app.desktopFile}: Exec=${app.entry.get("Exec")} -> ${app.exe}`);
+  });
+
   await steps.step("start tauri-driver", async () => {
     const env = {
       ...process.env,
       BELLJAR_HOME: h.home,
       BELLJAR_PORT: "0",
-      BELLJAR_UI_DIR: join(repo, "ui/dist"),
       // WebKitGTK's sandbox needs user namespaces the test machine may not give it.
       WEBKIT_DISABLE_SANDBOX_THIS_IS_DANGEROUS: "1",
       WEBKIT_DISABLE_COMPOSITING_MODE: "1",
@@ -60,13 +73,16 @@ try {
     await until("tauri-driver to listen", async () => (await fetch(`http://127.0.0.1:${DRIVER_PORT}/status`)).ok, 15_000);
   });
 
-  await steps.step("launch the app; it starts its bundled belljard", async () => {
-    const application = process.env.BELLJAR_APP || bin("belljar-app", "release");
+  await steps.step("launch the app from its desktop entry; it starts the packaged belljard", async () => {
     const created = await wd("POST", "/session", {
-      capabilities: { alwaysMatch: { "tauri:options": { application } } },
+      capabilities: { alwaysMatch: { "tauri:options": { application: app.exe, args: app.args } } },
     });
     session = created.sessionId;
     await until("the app's daemon to write its port", () => existsSync(h.portFile), 30_000);
+    // The daemon is the package's own sidecar, next to the app, not a belljard from elsewhere.
+    const daemonExe = readlinkSync(`/proc/${readFileSync(h.pidFile, "utf8").trim()}/exe`);
+    const sidecar = join(app.exe, "../belljard");
+    if (daemonExe !== sidecar) throw new Error(`the app's daemon runs ${daemonExe}, not its sidecar ${sidecar}`);
     await until("the sandbox list", async () => (await text()).includes("Sandboxes"), 30_000);
     await until("a connection to belljard", async () => /belljard \d/.test(await text()), 30_000);
     const where = await exec("return [location.origin, !!window.__TAURI_INTERNALS__]");

@@ -1,8 +1,9 @@
 #!/usr/bin/env bash
-# Belljar's UI tests: the UI's unit tests, then builds what the others need (the web UI, belljard and the agent, the desktop app
-# with its sidecar, tauri-driver), then runs the Playwright test in Debian's Chromium and the
-# WebDriver test of the real app under Xvfb. Exits non-zero on any failure; the last line is
-# "N passed, M failed".
+# Belljar's UI tests: the UI's unit tests, then builds what the others need (the web UI, belljard and the agent, the desktop
+# app's .deb with its sidecar (scripts/app-deb.sh, cached by its inputs), tauri-driver), then
+# runs the Playwright test in Debian's Chromium and the WebDriver test of the app as users get
+# it: the .deb unpacked into a clean prefix, started through its desktop entry under Xvfb.
+# Exits non-zero on any failure; the last line is "N passed, M failed".
 #
 # Needs (Debian): chromium xvfb webkit2gtk-driver libwebkit2gtk-4.1-dev libgtk-3-dev
 # libayatana-appindicator3-dev librsvg2-dev libsoup-3.0-dev libxdo-dev; the `base` image built
@@ -30,8 +31,8 @@ build() {
     "$repo/guest-images/build-image.sh" base
   fi
   if [[ " $which " == *" app "* ]]; then
-    say "building the desktop app (debug, UI embedded) with belljard as its sidecar"
-    (cd "$repo/ui" && npm run --silent tauri:build-debug)
+    say "the desktop app's .deb (scripts/app-deb.sh: release app, UI embedded, belljard as its sidecar)"
+    "$repo/scripts/app-deb.sh" >"$debfile"
     if ! command -v tauri-driver >/dev/null && [ ! -x "${CARGO_HOME:-$HOME/.cargo}/bin/tauri-driver" ]; then
       say "installing tauri-driver"
       cargo install --locked tauri-driver
@@ -56,14 +57,16 @@ run() {
   rm -f "$out"
 }
 
+debfile=$(mktemp)
 if ! (build); then
+  rm -f "$debfile"
   echo "UI tests: the build failed" >&2
   echo "0 passed, 1 failed"
   exit 1
 fi
 
-say "UI unit tests (node --test)"
-unit=$(cd "$repo/ui" && node --test tests/ 2>&1)
+say "UI unit tests (node --test), and the test suite's own (tests/ui/unit)"
+unit=$(cd "$repo/ui" && node --test tests/ "$here/unit/" 2>&1)
 echo "$unit" | grep -E '^(not )?ok |^# (pass|fail)'
 up=$(sed -nE 's/^# pass ([0-9]+)$/\1/p' <<<"$unit")
 uf=$(sed -nE 's/^# fail ([0-9]+)$/\1/p' <<<"$unit")
@@ -76,8 +79,13 @@ if [[ " $which " == *" browser "* ]]; then
   run node browser.test.mjs
 fi
 if [[ " $which " == *" app "* ]]; then
-  say "WebDriver: the desktop app under Xvfb"
-  export BELLJAR_APP="${BELLJAR_APP:-$CARGO_TARGET_DIR/debug/belljar-app}"
+  say "WebDriver: the installed desktop app under Xvfb"
+  # A clean prefix stands for the machine's root: the package's files land as dpkg would put
+  # them, without touching the machine (the test checks the dependencies dpkg -x skips).
+  export BELLJAR_APP_DEB BELLJAR_APP_PREFIX
+  BELLJAR_APP_DEB=$(cat "$debfile")
+  BELLJAR_APP_PREFIX=$(mktemp -d "${TMPDIR:-/tmp}/belljar-app-prefix.XXXXXX")
+  dpkg -x "$BELLJAR_APP_DEB" "$BELLJAR_APP_PREFIX"
   # Our own X server on a free display (xvfb-run would also need xauth).
   n=99
   while [ -e "/tmp/.X$n-lock" ] || [ -e "/tmp/.X11-unix/X$n" ]; do n=$((n + 1)); done
@@ -87,7 +95,9 @@ if [[ " $which " == *" app "* ]]; then
   DISPLAY=":$n" run node app.test.mjs
   kill "$xvfb_pid" 2>/dev/null
   wait "$xvfb_pid" 2>/dev/null
+  rm -rf "$BELLJAR_APP_PREFIX"
 fi
+rm -f "$debfile"
 
 echo "$passed passed, $failed failed"
 [ "$failed" -eq 0 ]
