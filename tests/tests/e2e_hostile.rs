@@ -31,7 +31,7 @@ async fn a_guest_cannot_redirect_the_daemon_to_another_sandbox() {
          ln -sfn {b_old} agent.sock.new && mv -f agent.sock.new agent.sock; \
          ln -sfn {b_new} agent.sock.b; ln -sfn {daemon} belljard.sock; ls -l /run/belljar",
         b_old = b_dir.join("ns/run/agent.sock").display(),
-        b_new = b_dir.join("ns/agent.sock").display(),
+        b_new = b_dir.join("namespace/agent.sock").display(),
         daemon = daemon_socket.display(),
     );
     let out = d.cli(["exec", &a.id, "--sudo", "--", "sh", "-c", &plant]);

@@ -11,7 +11,7 @@ use belljar_e2e::{bin_dir, cache_dir, require_image};
 use belljard::events::Events;
 use belljard::images::Images;
 use belljard::paths::Paths;
-use belljard::sandbox::backend::{Backend, Backends, ExitWatch};
+use belljard::sandbox::backend::{BackendDriver, Backends, ExitWatch};
 use belljard::sandbox::namespace::Namespace;
 use belljard::sandbox::{Sandboxes, Settings};
 use belljard::store::Store;
@@ -40,7 +40,7 @@ impl Manager {
         paths.create().unwrap();
         let store = Store::open(&paths.database()).unwrap();
         let events = Arc::new(Events::new(store.clone()));
-        let backends: Vec<Box<dyn Backend>> = vec![Box::new(Namespace::default())];
+        let backends: Vec<Box<dyn BackendDriver>> = vec![Box::new(Namespace::default())];
         let guest_images = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../guest-images");
         let images = Images::new(paths.clone(), guest_images, store.clone());
         let settings = Settings {
@@ -150,7 +150,7 @@ async fn the_monitor_waits_on_events_instead_of_reading_the_store() {
 
     // PID 1 killed from outside: failed, noticed from the pidfd within a second.
     let victim = &idle[0];
-    let dir = m.paths.sandbox_dir(&victim.id).join("ns");
+    let dir = m.paths.sandbox_dir(&victim.id).join("namespace");
     let pid1 = ExitWatch::for_sandbox(&dir)
         .unwrap()
         .expect("PID 1 runs")

@@ -16,7 +16,7 @@ fn counter(d: &Daemon, id: &str) -> Option<u64> {
         .data
         .join("sandboxes")
         .join(id)
-        .join("ns/fs/upper/workspace/c");
+        .join("namespace/fs/upper/workspace/c");
     std::fs::read_to_string(path).ok()?.trim().parse().ok()
 }
 
@@ -28,7 +28,7 @@ fn frozen(d: &Daemon, id: &str) -> bool {
         .data
         .join("sandboxes")
         .join(id)
-        .join("ns/sandbox.json");
+        .join("namespace/sandbox.json");
     let Ok(text) = std::fs::read_to_string(state) else {
         return false;
     };

@@ -222,7 +222,7 @@ mod tests {
         );
         // A backend's failure carries its cause as a source; the message names both.
         let failed = ApiError::Sandbox(SandboxError::Backend(BackendError::Namespace(
-            crate::sandbox::backend::NsStep::Launch,
+            crate::sandbox::backend::Step::Launch,
             belljar_namespace::Error::Spec("disk too small".into()),
         )));
         assert_eq!(

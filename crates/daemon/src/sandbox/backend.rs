@@ -21,15 +21,13 @@ pub enum BackendError {
     /// Starting the sandbox failed.
     #[error("Launching the sandbox failed: {0}")]
     Launch(String),
-    /// Stopping or deleting the sandbox failed.
-    #[error("Stopping the sandbox failed: {0}")]
-    Stop(String),
-    /// The sandbox's process cannot be watched for its end.
-    #[error("Cannot watch the sandbox's process: {0}")]
-    Watch(String),
-    /// A namespace sandbox could not be started, found, watched, stopped or deleted.
+    /// A namespace sandbox could not be started, found, watched, stopped or deleted (also a
+    /// microVM's exit watch, which is the namespace crate's).
     #[error("{0} the sandbox failed")]
-    Namespace(NsStep, #[source] belljar_namespace::Error),
+    Namespace(Step, #[source] belljar_namespace::Error),
+    /// A microVM could not be started, stopped or deleted.
+    #[error("{0} the microVM failed")]
+    Microvm(Step, #[source] super::vmm::VmmError),
     /// This backend cannot do that (yet).
     #[error("The {backend} backend cannot {what} yet")]
     Unsupported {
@@ -51,7 +49,7 @@ pub struct CapturedLayer {
 
 /// Which step of a namespace sandbox's life failed.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, strum::Display)]
-pub enum NsStep {
+pub enum Step {
     #[strum(to_string = "Launching")]
     Launch,
     #[strum(to_string = "Finding")]
@@ -63,10 +61,6 @@ pub enum NsStep {
     #[strum(to_string = "Deleting")]
     Destroy,
 }
-
-/// The trait's old name, until `microvm.rs` (owned by the VMM work) names it `BackendDriver`.
-#[doc(hidden)]
-pub use BackendDriver as Backend;
 
 /// How the daemon reaches a sandbox's agent.
 #[derive(Debug, Clone, PartialEq, Eq)]

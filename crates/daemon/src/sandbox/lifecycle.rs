@@ -154,7 +154,7 @@ impl Sandboxes {
                 return Err(e);
             }
         };
-        let state_dir = self.state_dir(&id);
+        let state_dir = self.new_state_dir(&id, sandbox.backend);
         let spec = LaunchSpec {
             id: id.clone(),
             state_dir: state_dir.clone(),
@@ -254,7 +254,7 @@ impl Sandboxes {
     pub(super) async fn blocking_backend<T: Send + 'static>(
         &self,
         sandbox: &Sandbox,
-        f: impl FnOnce(&dyn super::backend::Backend) -> Result<T, BackendError> + Send + 'static,
+        f: impl FnOnce(&dyn super::backend::BackendDriver) -> Result<T, BackendError> + Send + 'static,
     ) -> Result<T, SandboxError> {
         let this = self.clone();
         let kind = sandbox.backend;

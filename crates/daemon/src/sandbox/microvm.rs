@@ -13,7 +13,9 @@ use belljar_api::{Backend as BackendKind, LimitState, LimitsReport};
 use belljar_vmm_api::ExitReason;
 use belljar_vmm_api::config::{BootMode, VmConfig};
 
-use super::backend::{AgentAddress, Backend, BackendError, ExitWatch, LaunchSpec, Launched, Probe};
+use super::backend::{
+    AgentAddress, BackendDriver, BackendError, ExitWatch, LaunchSpec, Launched, Probe, Step,
+};
 use super::vmm;
 
 /// What the probe looks at, gathered from the host so the decision itself is testable.
@@ -185,7 +187,7 @@ fn launched(state_dir: &Path) -> Launched {
     }
 }
 
-impl Backend for Microvm {
+impl BackendDriver for Microvm {
     fn kind(&self) -> BackendKind {
         BackendKind::Microvm
     }
@@ -214,7 +216,7 @@ impl Backend for Microvm {
                 what: "start a sandbox from a snapshot",
             });
         }
-        let err = |e: vmm::VmmError| BackendError::Launch(e.to_string());
+        let err = |e: vmm::VmmError| BackendError::Microvm(Step::Launch, e);
         let vm = vmm::VmSpec {
             vmm: self.vmm.clone().ok_or_else(|| BackendError::Unavailable {
                 backend: "microvm",
@@ -245,18 +247,24 @@ impl Backend for Microvm {
             return Ok(None);
         };
         ExitWatch::for_process(proc.pid, proc.start_time)
-            .map_err(|e| BackendError::Watch(e.to_string()))
+            .map_err(|e| BackendError::Namespace(Step::Watch, e))
     }
 
     fn stop(&self, state_dir: &Path, grace: Duration) -> Result<(), BackendError> {
-        vmm::stop(state_dir, grace).map_err(|e| BackendError::Stop(e.to_string()))
+        vmm::stop(state_dir, grace).map_err(|e| BackendError::Microvm(Step::Stop, e))
     }
 
     fn destroy(&self, state_dir: &Path) -> Result<(), BackendError> {
         self.stop(state_dir, Duration::from_secs(2))?;
         match std::fs::remove_dir_all(state_dir) {
-            Err(e) if e.kind() != std::io::ErrorKind::NotFound => {
-                Err(BackendError::Stop(e.to_string()))
+            Err(source) if source.kind() != std::io::ErrorKind::NotFound => {
+                Err(BackendError::Microvm(
+                    Step::Destroy,
+                    vmm::VmmError::Io {
+                        what: format!("Cannot remove {}", state_dir.display()),
+                        source,
+                    },
+                ))
             }
             _ => Ok(()),
         }

@@ -29,12 +29,15 @@ use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use belljar_agent_proto::client::{AgentClient, ClientError};
-use belljar_api::{Sandbox, SandboxStatus};
+use belljar_api::{Backend as BackendKind, Sandbox, SandboxStatus};
 
 use crate::events::Events;
 use crate::images::{ImageError, Images};
 use crate::paths::Paths;
 use crate::store::{Store, StoreError};
+
+/// The state directory's name when both backends used one name (see `state_dir`).
+const LEGACY_STATE_DIR: &str = "ns";
 use admission::AdmissionError;
 use backend::{AgentAddress, BackendError, Backends};
 pub use files::Thumbnail;
@@ -251,8 +254,22 @@ impl Sandboxes {
             .clone()
     }
 
+    /// The backend's state directory of an existing sandbox: `<sandbox>/namespace` or
+    /// `<sandbox>/microvm`, or `<sandbox>/ns`, the one name both backends used before (kept so
+    /// that sandboxes an older daemon started are still found after an upgrade).
     fn state_dir(&self, id: &str) -> PathBuf {
-        self.inner.paths.sandbox_dir(id).join("ns")
+        let base = self.inner.paths.sandbox_dir(id);
+        [BackendKind::Namespace, BackendKind::Microvm]
+            .map(|kind| base.join(<&str>::from(kind)))
+            .into_iter()
+            .chain([base.join(LEGACY_STATE_DIR)])
+            .find(|dir| dir.is_dir())
+            .unwrap_or_else(|| base.join(LEGACY_STATE_DIR))
+    }
+
+    /// Where a new sandbox's backend keeps its state: `<sandbox>/<backend>`.
+    fn new_state_dir(&self, id: &str, kind: BackendKind) -> PathBuf {
+        self.inner.paths.sandbox_dir(id).join(<&str>::from(kind))
     }
 
     /// The agent connection of a running sandbox, connecting when there is none.

@@ -10,7 +10,7 @@ use belljar_api::{Backend as BackendKind, LimitState, LimitsReport};
 use belljar_namespace as ns;
 
 use super::backend::{
-    AgentAddress, BackendDriver, BackendError, CapturedLayer, LaunchSpec, Launched, NsStep, Probe,
+    AgentAddress, BackendDriver, BackendError, CapturedLayer, LaunchSpec, Launched, Probe, Step,
 };
 
 /// PIDs a sandbox may have, so that a fork bomb stays inside it.
@@ -86,7 +86,7 @@ impl BackendDriver for Namespace {
         };
         ns::launch(&spec)
             .map(|r| launched(&r))
-            .map_err(|e| BackendError::Namespace(NsStep::Launch, e))
+            .map_err(|e| BackendError::Namespace(Step::Launch, e))
     }
 
     fn adopt(&self, state_dir: &Path) -> Result<Option<Launched>, BackendError> {
@@ -95,28 +95,28 @@ impl BackendDriver for Namespace {
         }
         ns::adopt(state_dir)
             .map(|r| r.as_ref().map(launched))
-            .map_err(|e| BackendError::Namespace(NsStep::Adopt, e))
+            .map_err(|e| BackendError::Namespace(Step::Adopt, e))
     }
 
     fn exit_watch(&self, state_dir: &Path) -> Result<Option<ns::ExitWatch>, BackendError> {
         if !state_dir.exists() {
             return Ok(None);
         }
-        ns::ExitWatch::for_sandbox(state_dir).map_err(|e| BackendError::Namespace(NsStep::Watch, e))
+        ns::ExitWatch::for_sandbox(state_dir).map_err(|e| BackendError::Namespace(Step::Watch, e))
     }
 
     fn stop(&self, state_dir: &Path, grace: Duration) -> Result<(), BackendError> {
         if !state_dir.exists() {
             return Ok(());
         }
-        ns::stop(state_dir, grace).map_err(|e| BackendError::Namespace(NsStep::Stop, e))
+        ns::stop(state_dir, grace).map_err(|e| BackendError::Namespace(Step::Stop, e))
     }
 
     fn destroy(&self, state_dir: &Path) -> Result<(), BackendError> {
         if !state_dir.exists() {
             return Ok(());
         }
-        ns::destroy(state_dir).map_err(|e| BackendError::Namespace(NsStep::Destroy, e))
+        ns::destroy(state_dir).map_err(|e| BackendError::Namespace(Step::Destroy, e))
     }
 
     fn agent_address(&self, state_dir: &Path) -> AgentAddress {
