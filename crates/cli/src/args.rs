@@ -120,6 +120,12 @@ pub enum Cmd {
         action: Option<ImagesCmd>,
     },
     /// Start, stop or inspect the daemon.
+    /// Check what this host offers Belljar and print what is missing, with the fix.
+    Doctor {
+        /// Internal: run the overlayfs probe in this scratch directory (a child of doctor).
+        #[arg(long, hide = true)]
+        overlay_probe: Option<std::path::PathBuf>,
+    },
     Daemon {
         #[command(subcommand)]
         action: DaemonCmd,

@@ -58,6 +58,7 @@ pub async fn run(cli: Cli) -> Result<i32> {
             Ok(0)
         }
         Cmd::Daemon { action } => daemon(&paths, action, json).await,
+        Cmd::Doctor { .. } => doctor(&paths, json).await,
         command => {
             let client = launcher::ensure_running(&paths).await?;
             dispatch(&client, &paths, command, json).await
@@ -176,7 +177,9 @@ async fn dispatch(client: &Client, paths: &Paths, command: Cmd, json: bool) -> R
         Cmd::Fork { id, name } => timeline::fork(client, &id, name, json).await,
         Cmd::Pause { ids } => timeline::pause_or_resume(client, ids, true, json).await,
         Cmd::Resume { ids } => timeline::pause_or_resume(client, ids, false, json).await,
-        Cmd::Daemon { .. } | Cmd::Completions { .. } => unreachable!("handled before"),
+        Cmd::Daemon { .. } | Cmd::Completions { .. } | Cmd::Doctor { .. } => {
+            unreachable!("handled before")
+        }
     }
 }
 
@@ -504,6 +507,18 @@ async fn daemon(paths: &Paths, action: DaemonCmd, json: bool) -> Result<i32> {
             Ok(0)
         }
     }
+}
+
+/// `belljar doctor`: exit status 1 when a finding is a problem.
+async fn doctor(paths: &Paths, json: bool) -> Result<i32> {
+    let exe = std::env::current_exe().context("cannot find the belljar binary")?;
+    let report = belljar_cli::doctor::gather(paths, &exe).await;
+    if json {
+        print_json(&report)?;
+    } else {
+        out!("{}", report.render())?;
+    }
+    Ok(if report.ok { 0 } else { 1 })
 }
 
 #[cfg(test)]

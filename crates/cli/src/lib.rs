@@ -9,6 +9,7 @@
 #![deny(unsafe_code)]
 
 pub mod cp;
+pub mod doctor;
 pub mod duration;
 pub mod exec;
 pub mod launcher;

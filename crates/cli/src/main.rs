@@ -43,6 +43,19 @@ use clap::Parser;
 
 fn main() -> ExitCode {
     let cli = args::Cli::parse();
+    // Before the runtime starts: a user namespace needs a single-threaded process.
+    if let args::Cmd::Doctor {
+        overlay_probe: Some(scratch),
+    } = &cli.command
+    {
+        return match belljar_cli::doctor::overlay::child(scratch) {
+            Ok(()) => ExitCode::SUCCESS,
+            Err(e) => {
+                eprintln!("error: {e}");
+                ExitCode::from(1)
+            }
+        };
+    }
     let runtime = match tokio::runtime::Runtime::new() {
         Ok(rt) => rt,
         Err(e) => {

@@ -264,12 +264,13 @@ pub(crate) fn close_all_but(mut keep: [i32; 2]) {
 }
 
 /// The `start:count` range of `/etc/subuid`-style `file` for a user, by name or uid.
-fn subid_range(file: &Path, name: Option<&str>, uid: u32) -> Option<(u32, u32)> {
+pub fn subid_range(file: &Path, name: Option<&str>, uid: u32) -> Option<(u32, u32)> {
     let text = fs::read_to_string(file).ok()?;
     parse_subid(&text, name, uid)
 }
 
-fn parse_subid(text: &str, name: Option<&str>, uid: u32) -> Option<(u32, u32)> {
+/// The `start:count` entry of `/etc/subuid`-style text for a user, by name or uid.
+pub fn parse_subid(text: &str, name: Option<&str>, uid: u32) -> Option<(u32, u32)> {
     text.lines().find_map(|l| {
         let mut f = l.trim().split(':');
         let (who, start, count) = (f.next()?, f.next()?, f.next()?);
@@ -279,7 +280,8 @@ fn parse_subid(text: &str, name: Option<&str>, uid: u32) -> Option<(u32, u32)> {
     })
 }
 
-fn which(tool: &str) -> bool {
+/// Whether `tool` is an executable file in a `PATH` directory (`newuidmap`, `newgidmap`).
+pub fn which(tool: &str) -> bool {
     std::env::var_os("PATH")
         .map(|p| std::env::split_paths(&p).any(|d| d.join(tool).is_file()))
         .unwrap_or(false)

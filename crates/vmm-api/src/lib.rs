@@ -5,6 +5,7 @@
 //! - [`control`]: the control socket's requests and responses (JSON lines), and
 //!   [`client::ControlClient`], the small synchronous client the daemon and tests use.
 //! - [`exit`]: what `belljar-vmm`'s exit status means.
+//! - [`host`]: whether this host's KVM can run microVMs (shared with `belljar doctor`).
 //! - [`metrics`]: the counters the `metrics` request returns.
 //! - [`net`]: the virtio-net settings and the frame socket that carries the guest's
 //!   Ethernet frames to the daemon.
@@ -17,6 +18,7 @@ pub mod client;
 pub mod config;
 pub mod control;
 pub mod exit;
+pub mod host;
 pub mod metrics;
 pub mod net;
 

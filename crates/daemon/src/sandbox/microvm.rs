@@ -1,9 +1,12 @@
 //! The `microvm` backend: one `belljar-vmm` process per sandbox on hardware KVM.
 //!
-//! The probe decides whether microVMs are usable at all, which is what `auto` needs. A microVM is usable only with `/dev/kvm` that this user can open, a CPU with
+//! The probe decides whether microVMs are usable at all, which is what `auto` needs. A microVM
+//! is usable only with `/dev/kvm` that this user can open, a CPU with
 //! the `vmx` or `svm` flag, KVM that is not the software PVM flavour (which runs guest kernel
 //! code emulated, far too slowly for a Linux guest), and a tiny probe guest that finishes fast,
-//! run by `belljar-vmm` ([`probe_code`]). Each sandbox is one `belljar-vmm` process ([`vmm`]).
+//! run by `belljar-vmm` ([`probe_code`]). The host-side facts and verdict live in
+//! `belljar_vmm_api::host`, shared with `belljar doctor`. Each sandbox is one `belljar-vmm`
+//! process ([`vmm`]).
 
 use std::path::{Path, PathBuf};
 use std::process::Command;
@@ -12,68 +15,12 @@ use std::time::Duration;
 use belljar_api::{Backend as BackendKind, LimitState, LimitsReport};
 use belljar_vmm_api::ExitReason;
 use belljar_vmm_api::config::{BootMode, VmConfig};
+use belljar_vmm_api::host::{HostFacts, host_verdict};
 
 use super::backend::{
     AgentAddress, BackendDriver, BackendError, ExitWatch, LaunchSpec, Launched, Probe, Step,
 };
 use super::vmm;
-
-/// What the probe looks at, gathered from the host so the decision itself is testable.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct HostFacts {
-    /// `None` when `/dev/kvm` is missing; the open error when it cannot be opened.
-    pub kvm: Option<Result<(), String>>,
-    /// The `flags` of `/proc/cpuinfo`.
-    pub cpu_flags: String,
-    /// `/sys/module/kvm_pvm` exists: KVM is the software PVM flavour.
-    pub pvm: bool,
-}
-
-impl HostFacts {
-    pub fn gather() -> Self {
-        let kvm = Path::new("/dev/kvm").exists().then(|| {
-            std::fs::OpenOptions::new()
-                .read(true)
-                .write(true)
-                .open("/dev/kvm")
-                .map(drop)
-                .map_err(|e| e.to_string())
-        });
-        let cpu_flags = std::fs::read_to_string("/proc/cpuinfo")
-            .unwrap_or_default()
-            .lines()
-            .find(|l| l.starts_with("flags"))
-            .unwrap_or_default()
-            .to_owned();
-        Self {
-            kvm,
-            cpu_flags,
-            pvm: Path::new("/sys/module/kvm_pvm").exists(),
-        }
-    }
-}
-
-/// The host-side verdict before the tiny probe guest: `Err(reason)` when microVMs cannot work.
-pub fn host_verdict(facts: &HostFacts) -> Result<&'static str, String> {
-    match &facts.kvm {
-        None => {
-            return Err("no /dev/kvm: hardware virtualization is not exposed to this host".into());
-        }
-        Some(Err(e)) => return Err(format!("cannot open /dev/kvm: {e}")),
-        Some(Ok(())) => {}
-    }
-    if facts.pvm {
-        return Err("KVM is software-based (PVM) here: guest kernels would run emulated".into());
-    }
-    let has = |flag: &str| facts.cpu_flags.split_whitespace().any(|f| f == flag);
-    if has("vmx") {
-        Ok("vmx")
-    } else if has("svm") {
-        Ok("svm")
-    } else {
-        Err("the CPU has no vmx or svm flag: KVM here is not hardware-accelerated".into())
-    }
-}
 
 pub struct Microvm {
     vmm: Option<PathBuf>,
@@ -291,36 +238,6 @@ impl BackendDriver for Microvm {
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    fn facts(kvm: Option<Result<(), String>>, flags: &str, pvm: bool) -> HostFacts {
-        HostFacts {
-            kvm,
-            cpu_flags: format!("flags\t\t: fpu {flags} sse"),
-            pvm,
-        }
-    }
-
-    #[test]
-    fn pvm_and_missing_flags_rule_microvms_out() {
-        let pvm = host_verdict(&facts(Some(Ok(())), "vmx", true)).unwrap_err();
-        assert_eq!(
-            pvm,
-            "KVM is software-based (PVM) here: guest kernels would run emulated"
-        );
-        assert!(
-            host_verdict(&facts(None, "vmx", false))
-                .unwrap_err()
-                .contains("/dev/kvm")
-        );
-        assert!(
-            host_verdict(&facts(Some(Err("denied".into())), "vmx", false))
-                .unwrap_err()
-                .contains("denied")
-        );
-        assert!(host_verdict(&facts(Some(Ok(())), "hypervisor", false)).is_err());
-        assert_eq!(host_verdict(&facts(Some(Ok(())), "svm", false)), Ok("svm"));
-        assert_eq!(host_verdict(&facts(Some(Ok(())), "vmx", false)), Ok("vmx"));
-    }
 
     #[test]
     fn probe_code_is_the_expected_machine_code() {

@@ -29,11 +29,9 @@ impl Hierarchies {
         Self::parse(&mountinfo, &own, |p| fs::read_to_string(p).ok())
     }
 
-    pub(crate) fn parse(
-        mountinfo: &str,
-        own: &str,
-        read: impl Fn(&Path) -> Option<String>,
-    ) -> Self {
+    /// [`Self::discover`] from given file contents: `read` stands for reading a cgroup file,
+    /// so that tests and `belljar doctor`'s fixtures need no real hierarchy.
+    pub fn parse(mountinfo: &str, own: &str, read: impl Fn(&Path) -> Option<String>) -> Self {
         let mut out = Self::default();
         // own group per hierarchy: v2 under "", v1 under each controller name.
         let mut own_paths: BTreeMap<String, String> = BTreeMap::new();

@@ -1,0 +1,253 @@
+//! Each check's classification, from fixture files under a temporary directory.
+
+use std::fs;
+use std::path::Path;
+
+use super::*;
+
+fn v2_fixture(root: &Path, controllers: &str) -> Hierarchies {
+    let mnt = root.join("sys/fs/cgroup");
+    let group = mnt.join("user.slice/user-1000.slice");
+    fs::create_dir_all(&group).unwrap();
+    fs::write(group.join("cgroup.controllers"), controllers).unwrap();
+    let mountinfo = format!(
+        "36 25 0:30 / {} rw,nosuid,nodev,noexec,relatime shared:9 - cgroup2 cgroup2 rw\n",
+        mnt.display()
+    );
+    Hierarchies::parse(&mountinfo, "0::/user.slice/user-1000.slice\n", |p| {
+        fs::read_to_string(p).ok()
+    })
+}
+
+fn v1_fixture(root: &Path, controllers: &[&str]) -> Hierarchies {
+    let mut mountinfo = String::new();
+    let mut own = String::new();
+    for (i, c) in controllers.iter().enumerate() {
+        let mnt = root.join(c);
+        fs::create_dir_all(&mnt).unwrap();
+        mountinfo += &format!(
+            "{} 25 0:{} / {} rw,nosuid shared:{i} - cgroup cgroup rw,{c}\n",
+            40 + i,
+            40 + i,
+            mnt.display()
+        );
+        own += &format!("{}:{c}:/\n", i + 1);
+    }
+    Hierarchies::parse(&mountinfo, &own, |p| fs::read_to_string(p).ok())
+}
+
+#[test]
+fn kvm_on_pvm_is_a_warning_without_hardware() {
+    let pvm = HostFacts {
+        kvm: Some(Ok(())),
+        cpu_flags: "flags : fpu vmx sse".into(),
+        pvm: true,
+    };
+    let f = kvm(&pvm);
+    assert_eq!(f.status, Status::Warning);
+    assert_eq!(f.facts["hardware"], false);
+    assert_eq!(f.facts["pvm"], true);
+    assert!(f.found.contains("PVM"), "{}", f.found);
+    assert_eq!(f.fix, None);
+
+    let hw = HostFacts { pvm: false, ..pvm };
+    let f = kvm(&hw);
+    assert_eq!(f.status, Status::Ok);
+    assert_eq!(f.facts["hardware"], true);
+    assert_eq!(f.facts["cpu_flag"], "vmx");
+
+    let denied = HostFacts {
+        kvm: Some(Err("Permission denied".into())),
+        ..hw.clone()
+    };
+    let f = kvm(&denied);
+    assert_eq!(f.status, Status::Warning);
+    assert!(f.fix.unwrap().contains("usermod -aG kvm"));
+
+    let missing = HostFacts {
+        kvm: None,
+        cpu_flags: "flags : svm".into(),
+        pvm: false,
+    };
+    assert_eq!(kvm(&missing).fix.as_deref(), Some("sudo modprobe kvm_amd"));
+}
+
+#[test]
+fn cgroup_v2_delegation_is_classified() {
+    let dir = tempfile::tempdir().unwrap();
+    let full = v2_fixture(dir.path(), "cpuset cpu io memory pids\n");
+    let f = cgroup(&full, true, true);
+    assert_eq!(f.status, Status::Ok, "{}", f.found);
+    assert_eq!(f.facts["version"], "v2");
+    assert_eq!(f.facts["missing"], serde_json::json!([]));
+
+    let f = cgroup(&full, false, true);
+    assert_eq!(f.status, Status::Warning);
+    assert!(f.found.contains("not delegated"), "{}", f.found);
+    assert!(f.fix.unwrap().contains("Delegate="));
+
+    let dir = tempfile::tempdir().unwrap();
+    let partial = v2_fixture(dir.path(), "memory\n");
+    let f = cgroup(&partial, true, true);
+    assert_eq!(f.status, Status::Warning);
+    assert_eq!(f.facts["missing"], serde_json::json!(["cpu", "pids"]));
+
+    // A user's own group with nothing delegated to it is still reported as v2.
+    let dir = tempfile::tempdir().unwrap();
+    let empty = v2_fixture(dir.path(), "");
+    let f = cgroup(&empty, false, true);
+    assert_eq!(f.facts["version"], "v2");
+    assert_eq!(f.status, Status::Warning);
+}
+
+#[test]
+fn cgroup_v1_lists_mounted_controllers() {
+    let dir = tempfile::tempdir().unwrap();
+    let all = v1_fixture(dir.path(), &["cpu", "freezer", "memory", "pids"]);
+    let f = cgroup(&all, false, false);
+    assert_eq!(f.status, Status::Ok, "{}", f.found);
+    assert_eq!(f.facts["version"], "v1");
+    assert_eq!(
+        f.facts["controllers"],
+        serde_json::json!(["cpu", "freezer", "memory", "pids"])
+    );
+    // Rootless on v1: the daemon cannot write limits.
+    assert_eq!(cgroup(&all, false, true).status, Status::Warning);
+
+    let dir = tempfile::tempdir().unwrap();
+    let some = v1_fixture(dir.path(), &["memory"]);
+    let f = cgroup(&some, false, false);
+    assert_eq!(f.status, Status::Warning);
+    assert_eq!(
+        f.facts["missing"],
+        serde_json::json!(["cpu", "freezer", "pids"])
+    );
+
+    // Hybrid: an empty v2 mount beside the v1 controllers; limits go through v1.
+    let hybrid = Hierarchies {
+        v2: Some((dir.path().join("unified"), vec!["hugetlb".into()])),
+        ..all
+    };
+    assert_eq!(cgroup(&hybrid, true, false).facts["version"], "v1");
+
+    let none = cgroup(&Hierarchies::default(), false, false);
+    assert_eq!(none.status, Status::Warning);
+    assert_eq!(none.facts["version"], serde_json::Value::Null);
+}
+
+#[test]
+fn subordinate_ids_are_read_from_the_files() {
+    let dir = tempfile::tempdir().unwrap();
+    fs::create_dir_all(dir.path().join("etc")).unwrap();
+    let name = nix::unistd::User::from_uid(nix::unistd::Uid::current())
+        .unwrap()
+        .unwrap()
+        .name;
+    fs::write(
+        dir.path().join("etc/subuid"),
+        format!("{name}:100000:65536\n"),
+    )
+    .unwrap();
+    let facts = SubidFacts::gather(dir.path(), true);
+    assert_eq!(facts.subuid, Some((100000, 65536)));
+    assert_eq!(facts.subgid, None);
+    let f = subids(&facts);
+    assert_eq!(f.status, Status::Warning);
+    assert!(f.fix.unwrap().contains("--add-subgids"));
+
+    fs::write(
+        dir.path().join("etc/subgid"),
+        format!("{name}:100000:65536\n"),
+    )
+    .unwrap();
+    let facts = SubidFacts {
+        helpers: true,
+        ..SubidFacts::gather(dir.path(), true)
+    };
+    assert_eq!(subids(&facts).status, Status::Ok);
+    let no_tools = SubidFacts {
+        helpers: false,
+        ..facts.clone()
+    };
+    assert_eq!(
+        subids(&no_tools).fix.as_deref(),
+        Some("sudo apt-get install uidmap")
+    );
+    let small = SubidFacts {
+        subuid: Some((100000, 1000)),
+        ..facts.clone()
+    };
+    assert_eq!(subids(&small).status, Status::Warning);
+    let root = SubidFacts {
+        rootless: false,
+        subuid: None,
+        subgid: None,
+        ..facts
+    };
+    assert_eq!(subids(&root).status, Status::Ok);
+}
+
+#[test]
+fn overlay_failure_names_the_sysctl_that_forbids_it() {
+    let dir = tempfile::tempdir().unwrap();
+    let sys = dir.path().join("proc/sys");
+    fs::create_dir_all(sys.join("kernel")).unwrap();
+    fs::create_dir_all(sys.join("user")).unwrap();
+    fs::write(
+        sys.join("kernel/apparmor_restrict_unprivileged_userns"),
+        "1\n",
+    )
+    .unwrap();
+    fs::write(sys.join("user/max_user_namespaces"), "63000\n").unwrap();
+    let sysctls = Sysctls::gather(dir.path());
+    assert_eq!(sysctls.apparmor_restrict, Some(1));
+    assert_eq!(sysctls.unprivileged_userns_clone, None);
+
+    let failed = Err("Cannot create a user namespace: EPERM".to_owned());
+    let f = overlayfs(&failed, &sysctls);
+    assert_eq!(f.status, Status::Problem);
+    assert_eq!(
+        f.fix.as_deref(),
+        Some("sudo sysctl -w kernel.apparmor_restrict_unprivileged_userns=0")
+    );
+    fs::write(sys.join("user/max_user_namespaces"), "0\n").unwrap();
+    let f = overlayfs(&failed, &Sysctls::gather(dir.path()));
+    assert_eq!(
+        f.fix.as_deref(),
+        Some("sudo sysctl -w user.max_user_namespaces=15000")
+    );
+    assert_eq!(overlayfs(&Ok(()), &sysctls).status, Status::Ok);
+}
+
+#[test]
+fn disk_space_thresholds() {
+    let dir = tempfile::tempdir().unwrap();
+    // A directory that does not exist yet is judged by its nearest existing ancestor.
+    let real = DiskFacts::gather("image cache", &dir.path().join("not/yet"));
+    assert!(real.free.is_some());
+    let at = |free| DiskFacts {
+        free: Some(free),
+        ..real.clone()
+    };
+    assert_eq!(disk(&[at(DISK_WARN)]).status, Status::Ok);
+    assert_eq!(
+        disk(&[at(DISK_WARN), at(DISK_WARN - 1)]).status,
+        Status::Warning
+    );
+    let f = disk(&[at(DISK_WARN), at(DISK_PROBLEM - 1)]);
+    assert_eq!(f.status, Status::Problem);
+    assert!(f.fix.unwrap().contains("BELLJAR_CACHE"));
+}
+
+#[test]
+fn daemon_not_running_is_a_warning_and_problems_fail_the_report() {
+    let sock = Path::new("/nonexistent/belljard.sock");
+    let f = daemon(false, sock);
+    assert_eq!(f.status, Status::Warning);
+    assert_eq!(f.fix.as_deref(), Some("belljar daemon start"));
+    assert!(super::super::Report::new(vec![f.clone()]).ok);
+    let problem = overlayfs(&Err("x".into()), &Sysctls::default());
+    let report = super::super::Report::new(vec![f, problem]);
+    assert!(!report.ok);
+    assert!(report.render().contains("PROBLEM"));
+}
