@@ -372,7 +372,7 @@ impl DiskFacts {
             .ancestors()
             .find(|d| d.exists())
             .and_then(|d| nix::sys::statvfs::statvfs(d).ok())
-            .map(|s| s.blocks_available() as u64 * s.fragment_size() as u64);
+            .map(|s| s.blocks_available().saturating_mul(s.fragment_size()));
         Self {
             what,
             dir: dir.to_path_buf(),
