@@ -36,12 +36,22 @@ fn json(out: &std::process::Output) -> serde_json::Value {
         .unwrap_or_else(|e| panic!("not JSON ({e}): {}\nstderr: {}", stdout(out), stderr(out)))
 }
 
-/// The sandbox's console log (the guest kernel's and the agent's output), for failures.
+/// The sandbox's console log (the guest kernel's and the agent's output) and the VMM's own
+/// log, for failures.
 fn console(d: &Daemon, id: &str) -> String {
     let mut found = String::new();
     let Ok(walk) = std::process::Command::new("find")
         .arg(d.home.path())
-        .args(["-name", "console.log", "-path"])
+        .args([
+            "(",
+            "-name",
+            "console.log",
+            "-o",
+            "-name",
+            "vmm.log",
+            ")",
+            "-path",
+        ])
         .arg(format!("*{id}*"))
         .output()
     else {
@@ -106,14 +116,26 @@ fn create_exec_files_and_stop() {
             l(name).as_os_str(),
             format!("{id}:/tmp/").as_ref(),
         ]);
-        assert!(up.status.success(), "upload {name}: {}", stderr(&up));
+        assert!(
+            up.status.success(),
+            "upload {name}: {}\nconsoles:\n{}\nlog:\n{}",
+            stderr(&up),
+            console(&d, &id),
+            d.log()
+        );
         let back = l(&format!("back-{name}"));
         let down = d.cli([
             "cp".as_ref(),
             format!("{id}:/tmp/{name}").as_ref(),
             back.as_os_str(),
         ]);
-        assert!(down.status.success(), "download {name}: {}", stderr(&down));
+        assert!(
+            down.status.success(),
+            "download {name}: {}\nconsoles:\n{}\nlog:\n{}",
+            stderr(&down),
+            console(&d, &id),
+            d.log()
+        );
         assert!(
             same_file(&l(name), &back),
             "{name} changed in the round trip"

@@ -167,7 +167,12 @@ pub fn launch(spec: &VmSpec, now_ms: i64) -> Result<VmmProcess, VmmError> {
     let pid = child.id();
     // Reap it when it ends while this daemon lives; after a restart, init does.
     std::thread::spawn(move || {
-        let _ = child.wait();
+        // How it ended (a signal such as SIGSYS from its seccomp filter, an exit status) is
+        // nowhere else: the log says it.
+        match child.wait() {
+            Ok(status) => tracing::info!(pid, %status, "belljar-vmm ended"),
+            Err(e) => tracing::warn!(pid, error = %e, "cannot wait for belljar-vmm"),
+        }
     });
     let start_time = start_time(pid).ok_or_else(|| VmmError::Io {
         what: "belljar-vmm exited at once; see vmm.log".into(),
