@@ -176,7 +176,9 @@ impl Sandboxes {
                 .blocking_backend(&sandbox, move |b| b.launch(&spec))
                 .await?;
             sandbox.limits = launched.limits.clone();
-            let agent = self.wait_ready(&sandbox, &launched.agent).await?;
+            let agent = self
+                .wait_ready(&sandbox, &state_dir, &launched.agent)
+                .await?;
             if let Some(source) = sandbox.source.clone() {
                 super::source::install(&agent, &source, &sandbox.env).await?;
             }
@@ -227,15 +229,15 @@ impl Sandboxes {
     async fn wait_ready(
         &self,
         sandbox: &Sandbox,
+        dir: &std::path::Path,
         addr: &super::backend::AgentAddress,
     ) -> Result<belljar_agent_proto::client::AgentClient, SandboxError> {
-        let dir = self.state_dir(&sandbox.id);
         let backend = self.inner.backends.get(sandbox.backend);
         let ended = || {
             let b = backend.as_ref()?;
-            (!b.alive(&dir)).then(|| {
+            (!b.alive(dir)).then(|| {
                 let mut reason = "The sandbox ended before its agent answered".to_owned();
-                if let Some(tail) = output_tail(&dir) {
+                if let Some(tail) = output_tail(dir) {
                     reason += &format!("; its last output:\n{tail}");
                 }
                 reason
