@@ -15,6 +15,8 @@ packages=(
   linux-source bc flex bison libelf-dev libssl-dev cpio xz-utils e2fsprogs debootstrap
   debian-archive-keyring util-linux
   qemu-system-x86 uidmap busybox-static git curl ca-certificates pkg-config build-essential
+  # the namespace backend's seccomp filter (libseccomp compiles it)
+  libseccomp-dev
   # desktop app (Tauri 2)
   libwebkit2gtk-4.1-dev libgtk-3-dev libayatana-appindicator3-dev librsvg2-dev libsoup-3.0-dev
   libxdo-dev librsvg2-bin

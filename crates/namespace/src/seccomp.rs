@@ -5,38 +5,31 @@
 //! modules, kexec, reboot, the kernel keyring, bpf, perf, handle-based opens (the "shocker"
 //! escape), swap, accounting, clocks, raw I/O ports, NUMA policy, userfaultfd, io_uring, new
 //! namespaces (`unshare`, `setns`, `clone` with `CLONE_NEW*`) and the new mount API. `clone3`
-//! answers `ENOSYS` so that libc falls back to `clone`, whose flags the filter can see. The
-//! x32 ABI is refused outright (its numbers would slip past the list) and a foreign
-//! architecture kills the process.
+//! answers `ENOSYS` so that libc falls back to `clone`, whose flags the filter can see.
 //!
-//! The program is hand-built BPF: a flat list of comparisons, small enough to read.
+//! libseccomp (the library runc and podman use) compiles the program. It also closes the two
+//! ways around a system-call list: a foreign architecture kills the process, and so does a
+//! call through the x32 ABI (its numbers carry bit 30, so they would match nothing in the
+//! list). The program is built in the daemon and handed to the sandbox's first process as
+//! plain BPF, because that process installs it after `clone`, where it may not allocate.
+
+use std::fs::File;
+use std::io::{self, Read, Seek, SeekFrom};
+use std::os::fd::FromRawFd;
 
 use libc::sock_filter;
+use libseccomp::{ScmpAction, ScmpArgCompare, ScmpCompareOp, ScmpFilterContext, ScmpSyscall};
 
 /// Errors building the filter.
 #[derive(Debug, thiserror::Error)]
 pub enum Error {
-    #[error("The filter is too long for BPF jump offsets")]
-    TooLong,
+    #[error("libseccomp refused the filter: {0}")]
+    Build(#[from] libseccomp::error::SeccompError),
+    #[error("Could not read back the compiled seccomp filter: {0}")]
+    Export(#[source] io::Error),
+    #[error("The compiled seccomp filter is {0} bytes, not a whole number of instructions")]
+    Malformed(usize),
 }
-
-const AUDIT_ARCH_X86_64: u32 = 0xc000_003e;
-const X32_SYSCALL_BIT: u32 = 0x4000_0000;
-
-const SECCOMP_RET_KILL_PROCESS: u32 = 0x8000_0000;
-const SECCOMP_RET_ERRNO: u32 = 0x0005_0000;
-const SECCOMP_RET_ALLOW: u32 = 0x7fff_0000;
-
-// struct seccomp_data { int nr; u32 arch; u64 instruction_pointer; u64 args[6]; }
-const OFFSET_NR: u32 = 0;
-const OFFSET_ARCH: u32 = 4;
-const OFFSET_ARG0_LOW: u32 = 16;
-
-const BPF_LD_W_ABS: u16 = (libc::BPF_LD | libc::BPF_W | libc::BPF_ABS) as u16;
-const BPF_JEQ_K: u16 = (libc::BPF_JMP | libc::BPF_JEQ | libc::BPF_K) as u16;
-const BPF_JGE_K: u16 = (libc::BPF_JMP | libc::BPF_JGE | libc::BPF_K) as u16;
-const BPF_JSET_K: u16 = (libc::BPF_JMP | libc::BPF_JSET | libc::BPF_K) as u16;
-const BPF_RET_K: u16 = (libc::BPF_RET | libc::BPF_K) as u16;
 
 /// System calls refused with `EPERM`, by name (for documentation and tests) and number.
 pub const DENIED: &[(&str, libc::c_long)] = &[
@@ -91,167 +84,70 @@ pub const DENIED: &[(&str, libc::c_long)] = &[
 ];
 
 /// `clone` flags that make new namespaces; `clone` with any of them is refused.
-const CLONE_NAMESPACE_FLAGS: u32 = (libc::CLONE_NEWNS
-    | libc::CLONE_NEWUTS
-    | libc::CLONE_NEWIPC
-    | libc::CLONE_NEWUSER
-    | libc::CLONE_NEWPID
-    | libc::CLONE_NEWNET
-    | libc::CLONE_NEWCGROUP
-    | 0x80) as u32; // CLONE_NEWTIME
+const CLONE_NAMESPACE_FLAGS: [libc::c_int; 8] = [
+    libc::CLONE_NEWNS,
+    libc::CLONE_NEWUTS,
+    libc::CLONE_NEWIPC,
+    libc::CLONE_NEWUSER,
+    libc::CLONE_NEWPID,
+    libc::CLONE_NEWNET,
+    libc::CLONE_NEWCGROUP,
+    0x80, // CLONE_NEWTIME
+];
 
-fn stmt(code: u16, k: u32) -> sock_filter {
-    sock_filter {
-        code,
-        jt: 0,
-        jf: 0,
-        k,
-    }
-}
-
-fn jump(code: u16, k: u32, jt: u8, jf: u8) -> sock_filter {
-    sock_filter { code, jt, jf, k }
+fn syscall(nr: libc::c_long) -> ScmpSyscall {
+    // System call numbers are small positive integers; libc's constants are wider only by type.
+    ScmpSyscall::from(nr as i32)
 }
 
 /// Builds the filter program.
-///
-/// Layout: the checks, then `allow`, the `clone` flag check (load, test, allow), `deny` and
-/// `enosys`. A check that matches jumps forward to its target.
 pub fn program() -> Result<Vec<sock_filter>, Error> {
-    #[derive(Clone, Copy)]
-    enum Target {
-        Deny,
-        Enosys,
-        CloneCheck,
-    }
-    let mut checks: Vec<(sock_filter, Option<Target>)> = vec![
-        (stmt(BPF_LD_W_ABS, OFFSET_ARCH), None),
-        // Right architecture: skip the kill.
-        (jump(BPF_JEQ_K, AUDIT_ARCH_X86_64, 1, 0), None),
-        (stmt(BPF_RET_K, SECCOMP_RET_KILL_PROCESS), None),
-        (stmt(BPF_LD_W_ABS, OFFSET_NR), None),
-        (jump(BPF_JGE_K, X32_SYSCALL_BIT, 0, 0), Some(Target::Deny)),
-    ];
+    let mut filter = ScmpFilterContext::new(ScmpAction::Allow)?;
+    filter.set_act_badarch(ScmpAction::KillProcess)?;
+    let eperm = ScmpAction::Errno(libc::EPERM);
     for (_, nr) in DENIED {
-        checks.push((jump(BPF_JEQ_K, *nr as u32, 0, 0), Some(Target::Deny)));
+        filter.add_rule(eperm, syscall(*nr))?;
     }
-    checks.push((
-        jump(BPF_JEQ_K, libc::SYS_clone3 as u32, 0, 0),
-        Some(Target::Enosys),
-    ));
-    checks.push((
-        jump(BPF_JEQ_K, libc::SYS_clone as u32, 0, 0),
-        Some(Target::CloneCheck),
-    ));
-    let n = checks.len();
-    let clone_at = n + 1;
-    let deny_at = n + 4;
-    let enosys_at = n + 5;
-    let mut prog = Vec::with_capacity(n + 6);
-    for (i, (mut insn, target)) in checks.into_iter().enumerate() {
-        if let Some(target) = target {
-            let to = match target {
-                Target::Deny => deny_at,
-                Target::Enosys => enosys_at,
-                Target::CloneCheck => clone_at,
-            };
-            insn.jt = u8::try_from(to - i - 1).map_err(|_| Error::TooLong)?;
-        }
-        prog.push(insn);
+    filter.add_rule(ScmpAction::Errno(libc::ENOSYS), syscall(libc::SYS_clone3))?;
+    // One rule per flag: rules for one call are alternatives, and a masked compare tests
+    // one flag exactly.
+    for flag in CLONE_NAMESPACE_FLAGS {
+        let flag = flag as u64;
+        let has_flag = ScmpArgCompare::new(0, ScmpCompareOp::MaskedEqual(flag), flag);
+        filter.add_rule_conditional(eperm, syscall(libc::SYS_clone), &[has_flag])?;
     }
-    prog.push(stmt(BPF_RET_K, SECCOMP_RET_ALLOW));
-    prog.push(stmt(BPF_LD_W_ABS, OFFSET_ARG0_LOW));
-    // Any namespace flag: skip the allow, to deny.
-    prog.push(jump(BPF_JSET_K, CLONE_NAMESPACE_FLAGS, 1, 0));
-    prog.push(stmt(BPF_RET_K, SECCOMP_RET_ALLOW));
-    debug_assert_eq!(prog.len(), deny_at);
-    prog.push(stmt(BPF_RET_K, SECCOMP_RET_ERRNO | libc::EPERM as u32));
-    prog.push(stmt(BPF_RET_K, SECCOMP_RET_ERRNO | libc::ENOSYS as u32));
-    Ok(prog)
+    compiled(&filter)
+}
+
+/// The filter as BPF instructions, read back through a memory file (libseccomp 2.5, Debian
+/// 12's, exports only to a descriptor).
+fn compiled(filter: &ScmpFilterContext) -> Result<Vec<sock_filter>, Error> {
+    // SAFETY: the name is a valid C string; the result is checked before use.
+    let fd = unsafe { libc::memfd_create(c"belljar-seccomp".as_ptr(), libc::MFD_CLOEXEC) };
+    if fd < 0 {
+        return Err(Error::Export(io::Error::last_os_error()));
+    }
+    // SAFETY: `fd` was just created and nothing else owns it.
+    let mut file = unsafe { File::from_raw_fd(fd) };
+    filter.export_bpf(&file)?;
+    let mut bytes = Vec::new();
+    file.seek(SeekFrom::Start(0)).map_err(Error::Export)?;
+    file.read_to_end(&mut bytes).map_err(Error::Export)?;
+    let size = size_of::<sock_filter>();
+    if bytes.is_empty() || bytes.len() % size != 0 {
+        return Err(Error::Malformed(bytes.len()));
+    }
+    Ok(bytes
+        .chunks_exact(size)
+        .map(|insn| sock_filter {
+            code: u16::from_ne_bytes([insn[0], insn[1]]),
+            jt: insn[2],
+            jf: insn[3],
+            k: u32::from_ne_bytes([insn[4], insn[5], insn[6], insn[7]]),
+        })
+        .collect())
 }
 
 #[cfg(test)]
-mod tests {
-    use super::*;
-
-    /// A tiny BPF interpreter, enough for this program, so the tests check what it decides.
-    fn run(prog: &[sock_filter], arch: u32, nr: u32, arg0: u64) -> u32 {
-        let mut data = [0u8; 64];
-        data[0..4].copy_from_slice(&nr.to_ne_bytes());
-        data[4..8].copy_from_slice(&arch.to_ne_bytes());
-        data[16..24].copy_from_slice(&arg0.to_ne_bytes());
-        let mut acc = 0u32;
-        let mut pc = 0usize;
-        loop {
-            let insn = prog[pc];
-            match insn.code {
-                BPF_LD_W_ABS => {
-                    let k = insn.k as usize;
-                    acc = u32::from_ne_bytes(data[k..k + 4].try_into().unwrap());
-                    pc += 1;
-                }
-                BPF_RET_K => return insn.k,
-                BPF_JEQ_K | BPF_JGE_K | BPF_JSET_K => {
-                    let hit = match insn.code {
-                        BPF_JEQ_K => acc == insn.k,
-                        BPF_JGE_K => acc >= insn.k,
-                        _ => acc & insn.k != 0,
-                    };
-                    pc += 1 + if hit { insn.jt } else { insn.jf } as usize;
-                }
-                other => panic!("unexpected opcode {other:#x}"),
-            }
-        }
-    }
-
-    const EPERM: u32 = SECCOMP_RET_ERRNO | libc::EPERM as u32;
-
-    #[test]
-    fn denies_the_list_and_allows_the_rest() {
-        let prog = program().unwrap();
-        for (name, nr) in DENIED {
-            assert_eq!(
-                run(&prog, AUDIT_ARCH_X86_64, *nr as u32, 0),
-                EPERM,
-                "{name}"
-            );
-        }
-        for nr in [
-            libc::SYS_read,
-            libc::SYS_write,
-            libc::SYS_execve,
-            libc::SYS_mount,
-        ] {
-            assert_eq!(
-                run(&prog, AUDIT_ARCH_X86_64, nr as u32, 0),
-                SECCOMP_RET_ALLOW
-            );
-        }
-    }
-
-    #[test]
-    fn clone_with_namespaces_is_refused_and_clone3_is_enosys() {
-        let prog = program().unwrap();
-        let clone = libc::SYS_clone as u32;
-        let fork_flags = (libc::CLONE_CHILD_SETTID | libc::SIGCHLD) as u64;
-        assert_eq!(
-            run(&prog, AUDIT_ARCH_X86_64, clone, fork_flags),
-            SECCOMP_RET_ALLOW
-        );
-        let ns = fork_flags | libc::CLONE_NEWUSER as u64;
-        assert_eq!(run(&prog, AUDIT_ARCH_X86_64, clone, ns), EPERM);
-        let enosys = SECCOMP_RET_ERRNO | libc::ENOSYS as u32;
-        assert_eq!(
-            run(&prog, AUDIT_ARCH_X86_64, libc::SYS_clone3 as u32, 0),
-            enosys
-        );
-    }
-
-    #[test]
-    fn x32_and_foreign_arch() {
-        let prog = program().unwrap();
-        let x32_read = X32_SYSCALL_BIT | libc::SYS_read as u32;
-        assert_eq!(run(&prog, AUDIT_ARCH_X86_64, x32_read, 0), EPERM);
-        assert_eq!(run(&prog, 0x4000_0003, 1, 0), SECCOMP_RET_KILL_PROCESS);
-    }
-}
+#[path = "seccomp_tests.rs"]
+mod tests;
