@@ -4,7 +4,9 @@
 //! `base`), so processes of one sandbox own nothing of the host or of another sandbox. The
 //! image tree is then shown through an idmapped mount (see `child`). Rootless, the invoking
 //! user becomes root inside and, through `newuidmap`/`newgidmap` and `/etc/subuid`,
-//! `/etc/subgid`, ids 1..=65535 map onto the user's subordinate range.
+//! `/etc/subgid`, ids 1..=65535 map onto the user's subordinate range. Without those a
+//! sandbox would have no `belljar` user (uid 1000), so that is an error naming the fix
+//! ([`Error::NoSubids`], [`Error::NoUidmap`]), never a silently smaller sandbox.
 //!
 //! The namespace is made first, by a short-lived helper process, and kept alive by an fd;
 //! the sandbox then joins it with `setns` before unsharing everything else, so every other
@@ -37,6 +39,33 @@ pub enum Error {
     Helper { tool: &'static str, stderr: String },
     #[error("Cannot open the user namespace")]
     Open(#[source] std::io::Error),
+    /// Rootless without a subordinate id range: a sandbox could not have its `belljar` user.
+    #[error(
+        "No subordinate ids for {user} ({missing}): rootless sandboxes need 65536 of them. \
+         Add them with: sudo usermod --add-subuids 100000-165535 --add-subgids 100000-165535 {user}"
+    )]
+    NoSubids { user: String, missing: String },
+    /// Rootless without the setuid helpers that write a multi-id map.
+    #[error(
+        "newuidmap and newgidmap are missing: rootless sandboxes need them to map subordinate \
+         ids. Install them with: sudo apt-get install uidmap"
+    )]
+    NoUidmap,
+}
+
+impl Error {
+    /// A stable, machine-readable name of the failure (for `belljar doctor --json` and the
+    /// daemon's error bodies): what is missing, not how it was noticed.
+    pub fn code(&self) -> &'static str {
+        match self {
+            Self::NoSubids { .. } => "subids_missing",
+            Self::NoUidmap => "uidmap_missing",
+            Self::Unshare => "userns_unavailable",
+            Self::Fork(_) | Self::Map { .. } | Self::Helper { .. } | Self::Open(_) => {
+                "userns_failed"
+            }
+        }
+    }
 }
 
 /// One line of a uid or gid map: `inside outside count`.
@@ -77,54 +106,59 @@ impl IdMap {
         }
     }
 
-    /// Rootless: the invoking user is root inside; subordinate ids fill 1..65536 if any.
-    pub fn rootless() -> Self {
+    /// Rootless: the invoking user is root inside and the user's subordinate ids are
+    /// sandbox ids 1..65536 (so `belljar`, uid 1000, exists).
+    pub fn rootless() -> Result<Self, Error> {
+        Self::rootless_from(Path::new("/etc"), which("newuidmap") && which("newgidmap"))
+    }
+
+    /// [`Self::rootless`] with `etc` holding `subuid` and `subgid`, for tests.
+    pub fn rootless_from(etc: &Path, helpers: bool) -> Result<Self, Error> {
         let (uid, gid) = (Uid::current().as_raw(), Gid::current().as_raw());
         let name = User::from_uid(Uid::current())
             .ok()
             .flatten()
             .map(|u| u.name);
-        let sub_u = subid_range(Path::new("/etc/subuid"), name.as_deref(), uid);
-        let sub_g = subid_range(Path::new("/etc/subgid"), name.as_deref(), uid);
-        let helpers = which("newuidmap") && which("newgidmap");
-        match (sub_u, sub_g, helpers) {
-            (Some(su), Some(sg), true) => {
-                let ext = |own, (start, count): (u32, u32)| {
-                    vec![
-                        Extent {
-                            inside: 0,
-                            outside: own,
-                            count: 1,
-                        },
-                        Extent {
-                            inside: 1,
-                            outside: start,
-                            count: count.min(RANGE - 1),
-                        },
-                    ]
-                };
-                Self {
-                    uids: ext(uid, su),
-                    gids: ext(gid, sg),
-                    use_helpers: true,
-                    deny_setgroups: false,
-                }
+        let sub_u = subid_range(&etc.join("subuid"), name.as_deref(), uid);
+        let sub_g = subid_range(&etc.join("subgid"), name.as_deref(), uid);
+        let (su, sg) = match (sub_u, sub_g) {
+            (Some(su), Some(sg)) => (su, sg),
+            (u, g) => {
+                let missing = [(u.is_none(), "subuid"), (g.is_none(), "subgid")]
+                    .into_iter()
+                    .filter(|(m, _)| *m)
+                    .map(|(_, f)| format!("{}", etc.join(f).display()))
+                    .collect::<Vec<_>>()
+                    .join(", ");
+                return Err(Error::NoSubids {
+                    user: name.unwrap_or_else(|| uid.to_string()),
+                    missing: format!("no entry in {missing}"),
+                });
             }
-            _ => Self {
-                uids: vec![Extent {
-                    inside: 0,
-                    outside: uid,
-                    count: 1,
-                }],
-                gids: vec![Extent {
-                    inside: 0,
-                    outside: gid,
-                    count: 1,
-                }],
-                use_helpers: false,
-                deny_setgroups: true,
-            },
+        };
+        if !helpers {
+            return Err(Error::NoUidmap);
         }
+        let ext = |own, (start, count): (u32, u32)| {
+            vec![
+                Extent {
+                    inside: 0,
+                    outside: own,
+                    count: 1,
+                },
+                Extent {
+                    inside: 1,
+                    outside: start,
+                    count: count.min(RANGE - 1),
+                },
+            ]
+        };
+        Ok(Self {
+            uids: ext(uid, su),
+            gids: ext(gid, sg),
+            use_helpers: true,
+            deny_setgroups: false,
+        })
     }
 
     /// The host uid that is root inside.
@@ -300,6 +334,27 @@ mod tests {
         );
         assert_eq!(parse_subid(text, Some("bob"), 1001), Some((200000, 1000)));
         assert_eq!(parse_subid(text, Some("carol"), 1002), None);
+    }
+
+    #[test]
+    fn rootless_without_subids_names_the_fix() {
+        let etc = tempfile::tempdir().unwrap();
+        let err = IdMap::rootless_from(etc.path(), true).unwrap_err();
+        assert_eq!(err.code(), "subids_missing");
+        let text = err.to_string();
+        assert!(text.contains("sudo usermod --add-subuids"), "{text}");
+        assert!(text.contains("subuid, "), "{text}");
+        let me = Uid::current().as_raw();
+        fs::write(etc.path().join("subuid"), format!("{me}:100000:65536\n")).unwrap();
+        fs::write(etc.path().join("subgid"), format!("{me}:200000:65536\n")).unwrap();
+        let err = IdMap::rootless_from(etc.path(), false).unwrap_err();
+        assert_eq!(err.code(), "uidmap_missing");
+        assert!(err.to_string().contains("apt-get install uidmap"));
+        let map = IdMap::rootless_from(etc.path(), true).unwrap();
+        assert_eq!(map.root_uid(), me);
+        assert_eq!(map.host_uid(1000), Some(100_999));
+        assert_eq!(map.gids[1].outside, 200_000);
+        assert!(map.use_helpers && !map.deny_setgroups);
     }
 
     #[test]

@@ -49,10 +49,10 @@
 //! As root, each sandbox gets its own range of 65536 host uids/gids (see [`SandboxSpec`]):
 //! sandbox uid 0 is host uid `base`, so sandbox root owns nothing on the host. The read-only
 //! image tree (owned by host root and 1000) is seen through an idmapped mount, so inside it
-//! is owned by root and 1000 as built. Rootless, the invoking user becomes root inside and,
-//! when `newuidmap`/`newgidmap` and an `/etc/subuid` + `/etc/subgid` entry exist, sandbox uids
-//! 1..65536 map onto the subordinate range (so `belljar`, uid 1000, exists); otherwise only
-//! uid 0 exists inside and commands can only run as root.
+//! is owned by root and 1000 as built. Rootless, the invoking user becomes root inside and
+//! sandbox uids 1..65536 map onto the user's `/etc/subuid` + `/etc/subgid` range through
+//! `newuidmap`/`newgidmap` (so `belljar`, uid 1000, exists); without a range or the tools a
+//! launch fails with an error that names the command adding them ([`idmap::Error::code`]).
 //!
 //! # Confinement
 //!
@@ -65,7 +65,8 @@
 //! # Rootless
 //!
 //! Without root: launch, commands, stop, destroy and adopt work; the image tree must belong
-//! to the invoking user (files owned by other host users show as `nobody` inside and cannot be
+//! to the invoking user: [`usertree::user_tree`] makes such a copy of a root-built image once
+//! per user (files owned by other host users would show as `nobody` inside and could not be
 //! changed); limits are enforced only through a delegated cgroup v2 group (cgroup v1 is not
 //! writable), and [`Running::limits`] says so per limit.
 //!
@@ -89,6 +90,7 @@ pub mod seccomp;
 mod spec;
 mod state;
 pub mod testing;
+pub mod usertree;
 
 use std::path::PathBuf;
 

@@ -79,6 +79,8 @@ pub enum Error {
     NotReady { path: PathBuf, waited: Duration },
     #[error(transparent)]
     Disk(#[from] disk::Error),
+    #[error(transparent)]
+    UserTree(#[from] crate::usertree::Error),
 }
 
 const PATH: &str = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin";
@@ -98,7 +100,7 @@ pub fn launch(spec: &SandboxSpec) -> Result<Running, Error> {
     }
     let rootless = !Uid::effective().is_root();
     let map = if rootless {
-        IdMap::rootless()
+        IdMap::rootless()?
     } else {
         let base = match &previous {
             Some(p) if !p.rootless => p.root_uid,
@@ -458,8 +460,8 @@ pub fn destroy(state_dir: &Path) -> Result<(), Error> {
 }
 
 /// Deletes `dir` from a child that is root of a user namespace with the rootless mapping.
-fn remove_in_namespace(dir: &Path) -> Result<(), Error> {
-    let map = IdMap::rootless();
+pub(crate) fn remove_in_namespace(dir: &Path) -> Result<(), Error> {
+    let map = IdMap::rootless()?;
     let userns = map.create_namespace()?;
     let remove_err = |source| Error::Remove {
         path: dir.to_owned(),

@@ -65,7 +65,10 @@ pub fn probe() -> Probe {
         return unavailable(Error::NoOverlay.to_string());
     }
     let map = if rootless {
-        crate::idmap::IdMap::rootless()
+        match crate::idmap::IdMap::rootless() {
+            Ok(map) => map,
+            Err(e) => return unavailable(e.to_string()),
+        }
     } else {
         crate::idmap::IdMap::shifted(u32::MAX - 2 * crate::idmap::RANGE)
     };
@@ -81,11 +84,7 @@ pub fn probe() -> Probe {
         CgroupMode::None => "no cgroup controllers: memory, CPU and PID limits are not enforced",
     };
     let who = if rootless {
-        if map.use_helpers {
-            "rootless with subordinate ids"
-        } else {
-            "rootless without subordinate ids: only root exists inside"
-        }
+        "rootless with subordinate ids"
     } else {
         "as root, one id block per sandbox"
     };

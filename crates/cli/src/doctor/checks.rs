@@ -250,9 +250,9 @@ pub fn subids(f: &SubidFacts) -> Finding {
             fix: Some(fix),
             ..finding(
                 "subids",
-                Status::Warning,
+                Status::Problem,
                 format!(
-                    "no /etc/subuid and /etc/subgid range for {user}: sandboxes have only root inside"
+                    "no /etc/subuid and /etc/subgid range for {user}: rootless sandboxes cannot start (error subids_missing)"
                 ),
                 None,
                 data,
@@ -262,8 +262,8 @@ pub fn subids(f: &SubidFacts) -> Finding {
     if !f.helpers {
         return finding(
             "subids",
-            Status::Warning,
-            "newuidmap/newgidmap are missing: sandboxes have only root inside",
+            Status::Problem,
+            "newuidmap/newgidmap are missing: rootless sandboxes cannot start (error uidmap_missing)",
             Some("sudo apt-get install uidmap"),
             data,
         );

@@ -152,7 +152,9 @@ fn subordinate_ids_are_read_from_the_files() {
     assert_eq!(facts.subuid, Some((100000, 65536)));
     assert_eq!(facts.subgid, None);
     let f = subids(&facts);
-    assert_eq!(f.status, Status::Warning);
+    // Rootless sandboxes refuse to start without a range (idmap::Error::NoSubids).
+    assert_eq!(f.status, Status::Problem);
+    assert!(f.found.contains("subids_missing"), "{}", f.found);
     assert!(f.fix.unwrap().contains("--add-subgids"));
 
     fs::write(
@@ -173,6 +175,7 @@ fn subordinate_ids_are_read_from_the_files() {
         subids(&no_tools).fix.as_deref(),
         Some("sudo apt-get install uidmap")
     );
+    assert_eq!(subids(&no_tools).status, Status::Problem);
     let small = SubidFacts {
         subuid: Some((100000, 1000)),
         ..facts.clone()

@@ -21,7 +21,7 @@ use serde::Serialize;
 #[serde(rename_all = "snake_case")]
 pub enum Status {
     Ok,
-    /// Belljar works, with less: no microVMs, limits not enforced, only root in sandboxes.
+    /// Belljar works, with less: no microVMs, limits not enforced.
     Warning,
     /// Sandboxes cannot be created (or images not stored) until it is fixed.
     Problem,

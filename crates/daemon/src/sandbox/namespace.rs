@@ -69,9 +69,16 @@ impl BackendDriver for Namespace {
 
     fn launch(&self, spec: &LaunchSpec) -> Result<Launched, BackendError> {
         let ns_id = spec.id.replace('_', "-");
+        let rootfs = if nix::unistd::Uid::effective().is_root() {
+            spec.image_dir.join("rootfs")
+        } else {
+            // Root built the image: this user's sandboxes need a copy owned by their own ids.
+            ns::usertree::user_tree(&spec.image_dir, &rootless_tree_cache())
+                .map_err(|e| BackendError::Namespace(Step::Launch, e.into()))?
+        };
         let spec = ns::SandboxSpec {
             id: ns_id.clone(),
-            rootfs: spec.image_dir.join("rootfs"),
+            rootfs,
             layers: spec.layers.clone(),
             state_dir: spec.state_dir.clone(),
             agent: spec.agent.clone(),
@@ -139,6 +146,18 @@ impl BackendDriver for Namespace {
     fn thaw(&self, state_dir: &Path) -> Result<(), BackendError> {
         ns::thaw(state_dir).map_err(|e| BackendError::Snapshot(error_chain(&e)))
     }
+}
+
+/// Where a rootless daemon keeps its users' copies of images (see `belljar_namespace::usertree`):
+/// the user's cache, not `BELLJAR_HOME`, so that every daemon of the user (tests start many)
+/// makes each copy once, and not the image cache, which root wrote.
+fn rootless_tree_cache() -> std::path::PathBuf {
+    let base = std::env::var_os("XDG_CACHE_HOME")
+        .filter(|v| !v.is_empty())
+        .map(std::path::PathBuf::from)
+        .or_else(|| std::env::var_os("HOME").map(|h| Path::new(&h).join(".cache")))
+        .unwrap_or_else(std::env::temp_dir);
+    base.join("belljar-rootless")
 }
 
 /// An error and its causes in one line (`Cannot copy x: No space left on device`).

@@ -7,6 +7,7 @@
 //! belljar-ns adopt STATE_DIR | stop STATE_DIR | destroy STATE_DIR | usage STATE_DIR
 //! belljar-ns bench N ROOTFS AGENT WORK_DIR     # launch → socket connectable, N times
 //! belljar-ns sh STATE_DIR COMMAND              # through the test stand-in agent only
+//! belljar-ns user-tree IMAGE_DIR CACHE_DIR     # the image tree this user's sandboxes use
 //! ```
 
 use std::path::PathBuf;
@@ -74,6 +75,15 @@ fn main() -> Result<()> {
             print!("{}", out.text);
             std::process::exit(out.code);
         }
+        Some("user-tree") => {
+            let started = Instant::now();
+            let tree = belljar_namespace::usertree::user_tree(
+                &PathBuf::from(arg(1)?),
+                &PathBuf::from(arg(2)?),
+            )?;
+            println!("{}", tree.display());
+            eprintln!("user-tree: {:.1?}", started.elapsed());
+        }
         Some("bench") => bench(
             arg(1)?.parse()?,
             arg(2)?.into(),
@@ -81,7 +91,7 @@ fn main() -> Result<()> {
             arg(4)?.into(),
         )?,
         _ => bail!(
-            "usage: belljar-ns probe|launch|adopt|stop|destroy|usage|bench ... (see --help in the source)"
+            "usage: belljar-ns probe|launch|adopt|stop|destroy|usage|user-tree|bench ... (see --help in the source)"
         ),
     }
     Ok(())

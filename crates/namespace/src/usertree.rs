@@ -1,0 +1,337 @@
+//! Image trees a rootless sandbox can use.
+//!
+//! Images are built by root, so their `rootfs/` tree belongs to host root (and host uid 1000
+//! for `/home/belljar`). In an ordinary user's user namespace those owners are unmapped: they
+//! show as `nobody`, `sudo` loses its setuid owner, and overlayfs cannot copy such a file up
+//! when the sandbox writes it (the copy would need a `chown` to an unmapped id), so `/etc` and
+//! the `belljar` user's home would be read-only. Root-only files (`/etc/shadow`) cannot even
+//! be read by the user. idmapped mounts, which fix this as root, need `CAP_SYS_ADMIN` on the
+//! host.
+//!
+//! So each user gets a copy of each image whose owners are the sandbox's own ids: the image's
+//! `rootfs.ext4` (world-readable, the microVM disk of the same tree) is read with a userspace
+//! ext4 reader by a process that is root of a user namespace with the user's mapping, and
+//! every file is created and `chown`ed to the id stored in the image (0 becomes the user,
+//! 1000 the user's subordinate id 100999, and so on). The copy is made once per image digest
+//! and mapping, under a lock, and reused by every sandbox of that user. A tree that already
+//! belongs to the user (built rootless, or a test's fixture) is used as it is.
+//!
+//! Not carried over: extended attributes (file capabilities), device nodes (the sandbox gets
+//! its own `/dev`), hard links (each becomes its own file).
+
+use std::ffi::OsStr;
+use std::fs;
+use std::io::{self, Read, Write};
+use std::os::fd::AsRawFd;
+use std::os::unix::ffi::OsStrExt;
+use std::os::unix::fs::{DirBuilderExt, MetadataExt, OpenOptionsExt, PermissionsExt};
+use std::path::{Path, PathBuf};
+
+use nix::unistd::Uid;
+
+use crate::idmap::{self, IdMap};
+
+/// Errors preparing a rootless image tree.
+#[derive(Debug, thiserror::Error)]
+pub enum Error {
+    /// The tree is not the user's and there is no ext4 image to copy it from.
+    #[error("The image tree {} belongs to another user and {} is missing", tree.display(), ext4.display())]
+    NoImage { tree: PathBuf, ext4: PathBuf },
+    #[error(transparent)]
+    UserNamespace(#[from] idmap::Error),
+    #[error("Cannot prepare {}", path.display())]
+    Io {
+        path: PathBuf,
+        #[source]
+        source: io::Error,
+    },
+    /// The copy inside the user namespace failed.
+    #[error("Cannot unpack {} for this user: {reason}", ext4.display())]
+    Unpack { ext4: PathBuf, reason: String },
+}
+
+fn io_err(path: &Path) -> impl FnOnce(io::Error) -> Error + '_ {
+    move |source| Error::Io {
+        path: path.to_owned(),
+        source,
+    }
+}
+
+/// The tree of `image_dir` (`rootfs/`, `rootfs.ext4`) that this user's sandboxes use as their
+/// image layer: `image_dir/rootfs` when it is the user's, else a copy under `cache`.
+pub fn user_tree(image_dir: &Path, cache: &Path) -> Result<PathBuf, Error> {
+    let tree = image_dir.join("rootfs");
+    let me = Uid::current().as_raw();
+    if fs::metadata(&tree).is_ok_and(|m| m.uid() == me) {
+        return Ok(tree);
+    }
+    let ext4 = image_dir.join("rootfs.ext4");
+    if !ext4.is_file() {
+        return Err(Error::NoImage { tree, ext4 });
+    }
+    let map = IdMap::rootless()?;
+    // The digest directory (`current` is a link to it) names the image's content; the
+    // mapping is part of the key because the copy's host owners depend on it.
+    let real = fs::canonicalize(image_dir).map_err(io_err(image_dir))?;
+    let digest = real
+        .file_name()
+        .map(|n| n.to_string_lossy().into_owned())
+        .unwrap_or_default();
+    let name = real
+        .parent()
+        .and_then(Path::file_name)
+        .map(|n| n.to_string_lossy().into_owned())
+        .unwrap_or_default();
+    let key = format!(
+        "{name}-{digest}-{}-{}",
+        map.host_uid(1).unwrap_or(0),
+        map.gids.get(1).map_or(0, |e| e.outside)
+    );
+    let done = cache.join(&key);
+    let out = done.join("rootfs");
+    if out.is_dir() {
+        return Ok(out);
+    }
+    fs::DirBuilder::new()
+        .recursive(true)
+        .mode(0o700)
+        .create(cache)
+        .map_err(io_err(cache))?;
+    let lock_path = cache.join(".lock");
+    let lock = fs::File::create(&lock_path).map_err(io_err(&lock_path))?;
+    // SAFETY: flock on an fd we own; released when `lock` is dropped.
+    if unsafe { libc::flock(lock.as_raw_fd(), libc::LOCK_EX) } < 0 {
+        return Err(io_err(&lock_path)(io::Error::last_os_error()));
+    }
+    if out.is_dir() {
+        // Another daemon (or a test) made it while this one waited.
+        return Ok(out);
+    }
+    let partial = cache.join(format!("{key}.partial"));
+    if partial.exists() {
+        crate::lifecycle::remove_in_namespace(&partial).map_err(|e| Error::Unpack {
+            ext4: ext4.clone(),
+            reason: format!("cannot remove the half-made {}: {e}", partial.display()),
+        })?;
+    }
+    fs::DirBuilder::new()
+        .mode(0o755)
+        .create(&partial)
+        .map_err(io_err(&partial))?;
+    in_namespace(&map, &ext4, &partial.join("rootfs"))?;
+    fs::rename(&partial, &done).map_err(io_err(&done))?;
+    Ok(out)
+}
+
+/// Runs [`unpack`] in a forked child that is root of a user namespace with `map`.
+fn in_namespace(map: &IdMap, ext4: &Path, dest: &Path) -> Result<(), Error> {
+    let userns = map.create_namespace()?;
+    let unpack_err = |reason: String| Error::Unpack {
+        ext4: ext4.to_owned(),
+        reason,
+    };
+    let (err_r, err_w) =
+        nix::unistd::pipe2(nix::fcntl::OFlag::O_CLOEXEC).map_err(|e| unpack_err(e.to_string()))?;
+    // SAFETY: the child joins the namespace, unpacks and exits without returning; glibc's
+    // malloc is usable after fork (its locks are taken around fork).
+    match unsafe { nix::unistd::fork() }.map_err(|e| unpack_err(e.to_string()))? {
+        nix::unistd::ForkResult::Child => {
+            drop(err_r);
+            // SAFETY: plain system calls on an fd we own.
+            let joined = unsafe {
+                libc::setns(userns.as_raw_fd(), libc::CLONE_NEWUSER) == 0
+                    && libc::setgroups(0, std::ptr::null()) == 0
+                    && libc::setresgid(0, 0, 0) == 0
+                    && libc::setresuid(0, 0, 0) == 0
+            };
+            let result = if joined {
+                unpack(ext4, dest)
+            } else {
+                Err(format!(
+                    "cannot become root of the user namespace: {}",
+                    io::Error::last_os_error()
+                ))
+            };
+            let code = match result {
+                Ok(()) => 0,
+                Err(text) => {
+                    let _ = fs::File::from(err_w).write_all(text.as_bytes());
+                    1
+                }
+            };
+            // SAFETY: `_exit` never returns and skips the parent's atexit handlers.
+            unsafe { libc::_exit(code) }
+        }
+        nix::unistd::ForkResult::Parent { child } => {
+            drop(err_w);
+            let mut text = String::new();
+            let _ = fs::File::from(err_r).read_to_string(&mut text);
+            let status = nix::sys::wait::waitpid(child, None);
+            match status {
+                Ok(nix::sys::wait::WaitStatus::Exited(_, 0)) => Ok(()),
+                other => Err(unpack_err(if text.is_empty() {
+                    format!("the unpacking process ended with {other:?}")
+                } else {
+                    text
+                })),
+            }
+        }
+    }
+}
+
+/// Copies the ext4 image's tree to `dest` with the image's owners, modes and times. Runs as
+/// root of the sandbox's user namespace, so the image's ids are this namespace's ids.
+pub fn unpack(ext4: &Path, dest: &Path) -> Result<(), String> {
+    let fs = ext4_view::Ext4::load_from_path(ext4).map_err(|e| format!("{e}"))?;
+    fs::DirBuilder::new()
+        .mode(0o700)
+        .create(dest)
+        .map_err(|e| format!("{}: {e}", dest.display()))?;
+    let root = ext4_view::PathBuf::new("/");
+    let meta = fs.metadata(&root).map_err(|e| format!("/: {e}"))?;
+    copy_dir(&fs, &root, dest, true)?;
+    finish(dest, &meta, false)
+}
+
+fn copy_dir(
+    fs: &ext4_view::Ext4,
+    src: &ext4_view::PathBuf,
+    dest: &Path,
+    top: bool,
+) -> Result<(), String> {
+    let shown = |p: &ext4_view::PathBuf| String::from_utf8_lossy(p.as_ref()).into_owned();
+    let entries = fs
+        .read_dir(src)
+        .map_err(|e| format!("{}: {e}", shown(src)))?;
+    for entry in entries {
+        let entry = entry.map_err(|e| format!("{}: {e}", shown(src)))?;
+        let name = entry.file_name();
+        let bytes: &[u8] = name.as_ref();
+        if bytes == b"." || bytes == b".." || (top && bytes == b"lost+found") {
+            continue;
+        }
+        let from = entry.path();
+        let to = dest.join(OsStr::from_bytes(bytes));
+        let meta = entry
+            .metadata()
+            .map_err(|e| format!("{}: {e}", shown(&from)))?;
+        let what = |e: io::Error| format!("{}: {e}", to.display());
+        let ft = meta.file_type();
+        if ft.is_dir() {
+            fs::DirBuilder::new()
+                .mode(0o700)
+                .create(&to)
+                .map_err(what)?;
+            copy_dir(fs, &from, &to, false)?;
+        } else if ft.is_regular_file() {
+            let mut file = fs
+                .open(&from)
+                .map_err(|e| format!("{}: {e}", shown(&from)))?;
+            let mut out = fs::OpenOptions::new()
+                .write(true)
+                .create_new(true)
+                .mode(0o600)
+                .open(&to)
+                .map_err(what)?;
+            io::copy(&mut file, &mut out).map_err(what)?;
+        } else if ft.is_symlink() {
+            let target = fs
+                .read_link(&from)
+                .map_err(|e| format!("{}: {e}", shown(&from)))?;
+            std::os::unix::fs::symlink(OsStr::from_bytes(target.as_ref()), &to).map_err(what)?;
+        } else {
+            // Devices, FIFOs and sockets: the sandbox mounts its own /dev and /run.
+            continue;
+        }
+        finish(&to, &meta, ft.is_symlink())?;
+    }
+    Ok(())
+}
+
+/// Owner, then mode (a `chown` clears setuid bits, so the mode comes after), then times.
+fn finish(path: &Path, meta: &ext4_view::Metadata, symlink: bool) -> Result<(), String> {
+    let what = |e: io::Error| format!("{}: {e}", path.display());
+    match std::os::unix::fs::lchown(path, Some(meta.uid()), Some(meta.gid())) {
+        Ok(()) => {}
+        // An id outside the sandbox's 65536 stays the namespace root's.
+        Err(e) if e.raw_os_error() == Some(libc::EINVAL) => {}
+        Err(e) => return Err(what(e)),
+    }
+    if !symlink {
+        let mode = u32::from(meta.mode()) & 0o7777;
+        fs::set_permissions(path, fs::Permissions::from_mode(mode)).map_err(what)?;
+    }
+    let m = meta.modified();
+    let time = nix::sys::time::TimeSpec::new(m.seconds(), i64::from(m.nanoseconds()));
+    nix::sys::stat::utimensat(
+        None,
+        path,
+        &time,
+        &time,
+        nix::sys::stat::UtimensatFlags::NoFollowSymlink,
+    )
+    .map_err(|e| what(e.into()))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::process::Command;
+
+    /// An ext4 image of a small tree with several owners, a setuid file and a symlink, made
+    /// with `mkfs.ext4 -d` (as the image build does), then unpacked as root (the ids then
+    /// need no namespace): owners, modes, contents, links and times come back.
+    #[test]
+    fn unpack_keeps_owners_modes_and_links() {
+        if !Uid::effective().is_root() {
+            return;
+        }
+        let tmp = tempfile::tempdir().unwrap();
+        let src = tmp.path().join("src");
+        fs::create_dir_all(src.join("home/belljar")).unwrap();
+        fs::create_dir_all(src.join("usr/bin")).unwrap();
+        fs::write(src.join("home/belljar/.profile"), "hi\n").unwrap();
+        std::os::unix::fs::chown(src.join("home/belljar"), Some(1000), Some(1000)).unwrap();
+        std::os::unix::fs::chown(src.join("home/belljar/.profile"), Some(1000), Some(1000))
+            .unwrap();
+        fs::write(src.join("usr/bin/sudo"), vec![7u8; 70_000]).unwrap();
+        fs::set_permissions(src.join("usr/bin/sudo"), fs::Permissions::from_mode(0o4755)).unwrap();
+        std::os::unix::fs::symlink("usr/bin", src.join("bin")).unwrap();
+        let image = tmp.path().join("rootfs.ext4");
+        let made = Command::new("mkfs.ext4")
+            .args(["-q", "-F", "-d"])
+            .arg(&src)
+            .arg(&image)
+            .arg("16M")
+            .status()
+            .unwrap();
+        assert!(made.success());
+        let dest = tmp.path().join("out");
+        unpack(&image, &dest).unwrap();
+        let meta = |p: &str| fs::symlink_metadata(dest.join(p)).unwrap();
+        assert_eq!(meta("home/belljar/.profile").uid(), 1000);
+        assert_eq!(meta("home/belljar").gid(), 1000);
+        assert_eq!(meta("usr/bin/sudo").uid(), 0);
+        assert_eq!(meta("usr/bin/sudo").mode() & 0o7777, 0o4755);
+        assert_eq!(fs::read(dest.join("usr/bin/sudo")).unwrap().len(), 70_000);
+        assert_eq!(
+            fs::read_link(dest.join("bin")).unwrap(),
+            Path::new("usr/bin")
+        );
+        assert!(!dest.join("lost+found").exists());
+        assert_eq!(
+            meta("home/belljar/.profile").mtime(),
+            fs::metadata(src.join("home/belljar/.profile"))
+                .unwrap()
+                .mtime()
+        );
+    }
+
+    #[test]
+    fn a_tree_of_the_user_is_used_as_it_is() {
+        let tmp = tempfile::tempdir().unwrap();
+        fs::create_dir(tmp.path().join("rootfs")).unwrap();
+        let got = user_tree(tmp.path(), &tmp.path().join("cache")).unwrap();
+        assert_eq!(got, tmp.path().join("rootfs"));
+    }
+}
