@@ -1,7 +1,8 @@
-//! Measures what a user of the API feels, on the namespace backend, in one run: how long from
-//! asking for a sandbox until its first command has run, the round trip of `exec true`, and
-//! file write/read throughput. Prints figures only (never pass/fail), with the machine and
-//! the command line, so that runs on different machines can be compared.
+//! Measures what a user of the API feels, on the namespace backend, in one run: a sandbox's
+//! whole life (create → `true` → delete) next to the peers a user would otherwise use
+//! (bubblewrap, podman; see `peers`), the round trip of `exec true`, many commands in flight
+//! at once (see `load`), and file write/read throughput. Prints figures and ratios only (never
+//! pass/fail), with the machine and the command line, so that runs can be compared.
 //!
 //! It starts its own `belljard` (found next to this binary) in a temporary `BELLJAR_HOME`,
 //! so it never touches the user's sandboxes. Build the binaries in the same profile first:
@@ -9,6 +10,10 @@
 
 #![forbid(unsafe_code)]
 
+mod load;
+mod peers;
+
+use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
 
 use anyhow::{Context, Result, bail};
@@ -22,9 +27,15 @@ use clap::Parser;
 /// Sandbox latency and throughput on the namespace backend.
 #[derive(Debug, Parser)]
 struct Args {
-    /// Sandboxes created for the create-to-first-command figure.
-    #[arg(long, default_value_t = 20)]
-    creates: usize,
+    /// Interleaved rounds of create → `true` → delete, for Belljar and each peer.
+    #[arg(long, default_value_t = 30)]
+    rounds: usize,
+    /// Sandboxes sharing the commands in flight.
+    #[arg(long, default_value_t = 50)]
+    sandboxes: usize,
+    /// Commands in flight at once (0 skips this part).
+    #[arg(long, default_value_t = 1000)]
+    inflight: usize,
     /// Round trips of `exec true`.
     #[arg(long, default_value_t = 200)]
     execs: usize,
@@ -45,7 +56,8 @@ fn percentile(sorted: &[Duration], p: f64) -> Duration {
     sorted[rank.clamp(1, sorted.len()) - 1]
 }
 
-fn report(name: &str, mut samples: Vec<Duration>) {
+/// Prints the figures of `samples` and returns their median.
+fn report(name: &str, mut samples: Vec<Duration>) -> Duration {
     samples.sort();
     let ms = |d: Duration| d.as_secs_f64() * 1000.0;
     println!(
@@ -56,6 +68,7 @@ fn report(name: &str, mut samples: Vec<Duration>) {
         ms(samples[0]),
         ms(samples[samples.len() - 1]),
     );
+    percentile(&samples, 50.0)
 }
 
 fn machine() -> String {
@@ -85,7 +98,7 @@ fn machine() -> String {
 }
 
 struct BenchDaemon {
-    _home: tempfile::TempDir,
+    home: tempfile::TempDir,
     paths: Paths,
 }
 
@@ -105,7 +118,7 @@ impl BenchDaemon {
             .await
             .context("starting belljard (build it in the same profile as this benchmark)")?;
         let client = Client::local(&paths);
-        Ok((Self { _home: home, paths }, client))
+        Ok((Self { home, paths }, client))
     }
 
     async fn stop(&self, client: &Client) {
@@ -140,6 +153,91 @@ async fn exec_true(client: &Client, id: &str) -> Result<()> {
     if cmd.exit_code != Some(0) {
         bail!("`true` exited with {:?}", cmd.exit_code);
     }
+    Ok(())
+}
+
+/// `belljar` next to this binary (same profile), run against the bench's daemon.
+fn cli_round(cli: &Path, home: &Path, image: &str) -> Result<Duration> {
+    let t = Instant::now();
+    let out = std::process::Command::new(cli)
+        .args(["run", image, "--", "true"])
+        .env("BELLJAR_HOME", home)
+        .output()
+        .context("running belljar")?;
+    let took = t.elapsed();
+    if !out.status.success() {
+        bail!(
+            "belljar run failed ({}): {}",
+            out.status,
+            String::from_utf8_lossy(&out.stderr).trim()
+        );
+    }
+    Ok(took)
+}
+
+fn sibling(name: &str) -> Result<PathBuf> {
+    let exe = std::env::current_exe()?;
+    let path = exe.with_file_name(name);
+    if !path.is_file() {
+        bail!("{} not found: build it in the same profile", path.display());
+    }
+    Ok(path)
+}
+
+/// A sandbox's whole life — create, run `true`, delete — through the API and through
+/// `belljar run`, interleaved round by round with the peers on the image's own tree.
+async fn lifecycle_rounds(args: &Args, client: &Client, home: &Path) -> Result<()> {
+    let cache = belljar_client::paths::image_cache(
+        std::env::var_os("BELLJAR_CACHE").as_deref().map(Path::new),
+    )?;
+    let rootfs = cache
+        .join("images")
+        .join(&args.image)
+        .join("current")
+        .join("rootfs");
+    let (peers, missing) = peers::available(&rootfs);
+    for name in missing {
+        println!("peer {name}: not installed, not measured");
+    }
+    let cli = sibling("belljar")?;
+    let mut api = Vec::with_capacity(args.rounds);
+    let mut first = Vec::with_capacity(args.rounds);
+    let mut run = Vec::with_capacity(args.rounds);
+    let mut theirs: Vec<Vec<Duration>> = peers.iter().map(|_| Vec::new()).collect();
+    for peer in &peers {
+        peer.round()?;
+    }
+    cli_round(&cli, home, &args.image)?;
+    for _ in 0..args.rounds {
+        let t = Instant::now();
+        let s = create(client, &args.image).await?;
+        exec_true(client, &s.id).await?;
+        first.push(t.elapsed());
+        delete(client, &s.id).await?;
+        api.push(t.elapsed());
+        run.push(cli_round(&cli, home, &args.image)?);
+        for (peer, samples) in peers.iter().zip(&mut theirs) {
+            samples.push(peer.round()?);
+        }
+    }
+    report("create → first command done (API)", first);
+    let api = report("create → true → delete (API)", api);
+    let run = report("`belljar run IMAGE -- true` (CLI process)", run);
+    let mut medians = Vec::new();
+    for (peer, samples) in peers.iter().zip(theirs) {
+        let label = format!("{} starting `true` on the same tree", peer.name);
+        medians.push((peer.name, report(&label, samples)));
+    }
+    for (name, median) in medians {
+        let ratio = |d: Duration| d.as_secs_f64() / median.as_secs_f64();
+        println!(
+            "{:<48} API {:.1}x   CLI {:.1}x   (medians)",
+            format!("Belljar / {name}"),
+            ratio(api),
+            ratio(run)
+        );
+    }
+    println!();
     Ok(())
 }
 
@@ -190,7 +288,7 @@ async fn files(client: &Client, id: &str, mib: usize) -> Result<(f64, f64)> {
     Ok((mbps(write), mbps(read)))
 }
 
-async fn run(args: &Args, client: &Client) -> Result<()> {
+async fn run(args: &Args, client: &Client, home: &Path) -> Result<()> {
     let info = client.info().await?;
     println!(
         "daemon:  belljard {} (default backend {:?}: {})",
@@ -203,15 +301,7 @@ async fn run(args: &Args, client: &Client) -> Result<()> {
     exec_true(client, &warm.id).await?;
     delete(client, &warm.id).await?;
 
-    let mut samples = Vec::with_capacity(args.creates);
-    for _ in 0..args.creates {
-        let t = Instant::now();
-        let s = create(client, &args.image).await?;
-        exec_true(client, &s.id).await?;
-        samples.push(t.elapsed());
-        delete(client, &s.id).await?;
-    }
-    report("create → first command done (API)", samples);
+    lifecycle_rounds(args, client, home).await?;
 
     let s = create(client, &args.image).await?;
     for _ in 0..10 {
@@ -238,6 +328,10 @@ async fn run(args: &Args, client: &Client) -> Result<()> {
     }
     report("exec true, streamed (CLI path: start+logs+wait)", samples);
 
+    if args.inflight > 0 {
+        load::report(client, &args.image, args.sandboxes, args.inflight).await?;
+    }
+
     let (write, read) = files(client, &s.id, args.file_mib).await?;
     println!(
         "{:<48} write {write:>8.1} MB/s   read {read:>8.1} MB/s   ({} MiB to /workspace, 1 MiB chunks, verified)",
@@ -257,7 +351,7 @@ async fn main() -> Result<()> {
     );
     println!("machine: {}", machine());
     let (daemon, client) = BenchDaemon::start().await?;
-    let result = run(&args, &client).await;
+    let result = run(&args, &client, daemon.home.path()).await;
     daemon.stop(&client).await;
     result
 }
