@@ -498,6 +498,15 @@ fn interactive_shell_on_a_terminal() {
         .unwrap();
     // The shell answered, so the CLI pumps the terminal (and watches for SIGWINCH).
     read_until(Some("first-42"));
+    // The shell waits for the resize as a program would: SIGWINCH, which the sandbox's PTY
+    // raises when the new size reaches it (CLI -> daemon -> agent), then prints that size.
+    master
+        .write_all(
+            b"trap 'stty size; echo shell-$((40+2)); exit 3' WINCH; echo armed-$((40+2)); \
+              while :; do sleep 1000 & wait $!; done\r",
+        )
+        .unwrap();
+    read_until(Some("armed-42"));
     // Resize the local terminal as a terminal emulator does: new size, then SIGWINCH.
     rustix::termios::tcsetwinsize(
         &master,
@@ -514,14 +523,6 @@ fn interactive_shell_on_a_terminal() {
         nix::sys::signal::Signal::SIGWINCH,
     )
     .unwrap();
-    // The new size reaches the sandbox's PTY asynchronously (CLI -> daemon -> agent): the shell
-    // waits for it, for at most 20 s, before it prints the size it has.
-    master
-        .write_all(
-            b"for i in $(seq 400); do [ \"$(stty size)\" = '50 132' ] && break; sleep 0.05; done; \
-              stty size; echo shell-$((40+2)); exit 3\r",
-        )
-        .unwrap();
     read_until(None);
     let status = child.wait().unwrap();
     assert_eq!(status.code(), Some(3));
