@@ -138,6 +138,9 @@ pub enum Cmd {
     },
     /// Print a shell completion script.
     Completions { shell: clap_complete::Shell },
+    /// Serve the Model Context Protocol on stdin/stdout, for agents (starts the daemon if
+    /// needed).
+    Mcp,
 }
 
 #[derive(Debug, Args, Clone, Default)]

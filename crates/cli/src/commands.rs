@@ -59,6 +59,11 @@ pub async fn run(cli: Cli) -> Result<i32> {
         }
         Cmd::Daemon { action } => daemon(&paths, action, json).await,
         Cmd::Doctor { .. } => doctor(&paths, json).await,
+        Cmd::Mcp => {
+            let client = launcher::ensure_running(&paths).await?;
+            belljar_cli::mcp::serve(client).await?;
+            Ok(0)
+        }
         command => {
             let client = launcher::ensure_running(&paths).await?;
             dispatch(&client, &paths, command, json).await
@@ -177,7 +182,7 @@ async fn dispatch(client: &Client, paths: &Paths, command: Cmd, json: bool) -> R
         Cmd::Fork { id, name } => timeline::fork(client, &id, name, json).await,
         Cmd::Pause { ids } => timeline::pause_or_resume(client, ids, true, json).await,
         Cmd::Resume { ids } => timeline::pause_or_resume(client, ids, false, json).await,
-        Cmd::Daemon { .. } | Cmd::Completions { .. } | Cmd::Doctor { .. } => {
+        Cmd::Daemon { .. } | Cmd::Completions { .. } | Cmd::Doctor { .. } | Cmd::Mcp => {
             unreachable!("handled before")
         }
     }

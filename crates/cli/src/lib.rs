@@ -14,6 +14,7 @@ pub mod duration;
 pub mod exec;
 pub mod launcher;
 pub mod logs;
+pub mod mcp;
 pub mod output;
 pub mod snapshots;
 pub mod terminal;

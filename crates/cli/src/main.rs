@@ -114,6 +114,9 @@ fn code_of(err: &anyhow::Error) -> String {
         if let Some(e) = cause.downcast_ref::<TerminalError>() {
             return e.code().to_string();
         }
+        if let Some(e) = cause.downcast_ref::<belljar_cli::mcp::McpError>() {
+            return e.code().to_string();
+        }
         if let Some(e) = cause.downcast_ref::<LauncherError>() {
             return e.code().to_string();
         }

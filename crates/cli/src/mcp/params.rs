@@ -1,0 +1,126 @@
+//! The arguments of each MCP tool. Their doc comments become the JSON Schema descriptions an
+//! agent reads, so they say what a model needs to call the tool right.
+
+use std::collections::BTreeMap;
+
+use schemars::JsonSchema;
+use serde::{Deserialize, Serialize};
+
+#[derive(Debug, Default, Deserialize, JsonSchema)]
+#[serde(deny_unknown_fields)]
+pub struct CreateParams {
+    /// Image: `base` (Debian, default), `python3.13`, `node24` or `node22`.
+    pub image: Option<String>,
+    /// Seconds until the sandbox stops by itself (default 300).
+    pub timeout_seconds: Option<u64>,
+    /// Environment variables of every command in the sandbox.
+    pub env: Option<BTreeMap<String, String>>,
+    /// Tags (key/value) to find the sandbox by later.
+    pub tags: Option<BTreeMap<String, String>>,
+    /// A name for the sandbox.
+    pub name: Option<String>,
+    /// Restore a snapshot: the new sandbox starts with that snapshot's files (`snap_...`).
+    pub snapshot_id: Option<String>,
+}
+
+#[derive(Debug, Default, Deserialize, JsonSchema)]
+#[serde(deny_unknown_fields)]
+pub struct ListParams {
+    /// Only sandboxes in this status: pending, running, paused, stopping, stopped or failed.
+    pub status: Option<String>,
+    /// Only sandboxes carrying this tag, as `key=value`.
+    pub tag: Option<String>,
+}
+
+#[derive(Debug, Deserialize, JsonSchema)]
+#[serde(deny_unknown_fields)]
+pub struct SandboxParams {
+    /// The sandbox's id (`sbx_...`).
+    pub sandbox_id: String,
+}
+
+#[derive(Debug, Deserialize, JsonSchema)]
+#[serde(deny_unknown_fields)]
+pub struct RunParams {
+    /// The sandbox's id (`sbx_...`).
+    pub sandbox_id: String,
+    /// Program and arguments, e.g. ["ls", "-la"]. For shell syntax (pipes, &&) use
+    /// ["bash", "-lc", "your command"].
+    pub argv: Vec<String>,
+    /// Working directory (default /workspace).
+    pub cwd: Option<String>,
+    /// Extra environment variables for this command.
+    pub env: Option<BTreeMap<String, String>>,
+    /// Run as root.
+    #[serde(default)]
+    pub sudo: bool,
+    /// Kill the command (SIGKILL) if it runs longer than this many seconds.
+    pub timeout_seconds: Option<u64>,
+}
+
+/// What `run_command` answers.
+#[derive(Debug, Serialize)]
+pub struct RunOutput {
+    pub command_id: String,
+    /// The exit status; absent when a signal ended the command.
+    pub exit_code: Option<i32>,
+    pub signal: Option<i32>,
+    pub stdout: String,
+    pub stderr: String,
+    /// Whether the command was killed because it outlived `timeout_seconds`.
+    pub timed_out: bool,
+    /// Output bytes left out of this answer (`belljar logs` has them all).
+    pub output_omitted_bytes: u64,
+}
+
+#[derive(Debug, Deserialize, JsonSchema)]
+#[serde(deny_unknown_fields)]
+pub struct PathParams {
+    /// The sandbox's id (`sbx_...`).
+    pub sandbox_id: String,
+    /// Absolute path inside the sandbox.
+    pub path: String,
+}
+
+/// What `read_file` answers.
+#[derive(Debug, Serialize)]
+pub struct FileContent {
+    pub path: String,
+    pub size: u64,
+    /// `utf8` (content is the text) or `base64` (the file is not UTF-8).
+    pub encoding: &'static str,
+    pub content: String,
+}
+
+#[derive(Debug, Deserialize, JsonSchema)]
+#[serde(deny_unknown_fields)]
+pub struct WriteParams {
+    /// The sandbox's id (`sbx_...`).
+    pub sandbox_id: String,
+    /// Absolute path inside the sandbox; missing parent directories are created.
+    pub path: String,
+    /// The file's new content.
+    pub content: String,
+    /// `utf8` (default) or `base64` for binary content.
+    pub encoding: Option<String>,
+    /// Permission bits in octal, e.g. "755".
+    pub mode: Option<String>,
+}
+
+#[derive(Debug, Deserialize, JsonSchema)]
+#[serde(deny_unknown_fields)]
+pub struct SnapshotParams {
+    /// The sandbox's id (`sbx_...`).
+    pub sandbox_id: String,
+    /// Keep the sandbox running (its processes are frozen while the files are captured);
+    /// by default the sandbox stops.
+    #[serde(default)]
+    pub keep_running: bool,
+}
+
+#[derive(Debug, Default, Deserialize, JsonSchema)]
+#[serde(deny_unknown_fields)]
+pub struct ListSnapshotsParams {
+    /// Only snapshots taken of this sandbox.
+    pub sandbox_id: Option<String>,
+}

@@ -1,0 +1,262 @@
+//! `belljar mcp` in a real MCP session: rmcp's client spawns the CLI over stdio against a real
+//! daemon and drives every tool an agent would (create, list, run, write/read/list files,
+//! snapshot, restore from the snapshot, stop, delete). Bad input answers a tool error carrying
+//! the API's code, and the session survives it.
+//!
+//! Needs root and the `base` image (as every e2e test).
+
+use belljar_e2e::{Daemon, binary};
+use rmcp::ServiceExt;
+use rmcp::model::{CallToolRequestParams, CallToolResult};
+use rmcp::service::{RoleClient, RunningService};
+use rmcp::transport::TokioChildProcess;
+use serde_json::{Value, json};
+
+type Session = RunningService<RoleClient, ()>;
+
+async fn call(session: &Session, tool: &'static str, args: Value) -> CallToolResult {
+    let Value::Object(args) = args else {
+        panic!("arguments must be an object")
+    };
+    session
+        .call_tool(CallToolRequestParams::new(tool).with_arguments(args))
+        .await
+        .unwrap_or_else(|e| panic!("{tool}: {e}"))
+}
+
+/// The structured answer of a tool that must succeed.
+async fn ok(session: &Session, tool: &'static str, args: Value) -> Value {
+    let r = call(session, tool, args).await;
+    assert_ne!(r.is_error, Some(true), "{tool} failed: {r:?}");
+    r.structured_content
+        .unwrap_or_else(|| panic!("{tool}: no structured content"))
+}
+
+/// The API error code of a tool call that must fail.
+async fn error_code(session: &Session, tool: &'static str, args: Value) -> String {
+    let r = call(session, tool, args).await;
+    assert_eq!(r.is_error, Some(true), "{tool} should fail: {r:?}");
+    let body = r.structured_content.expect("error body");
+    assert!(body["error"]["message"].is_string(), "{body}");
+    body["error"]["code"].as_str().expect("code").to_string()
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn an_agent_drives_sandboxes_through_mcp() {
+    let d = Daemon::start();
+    let mut cmd = tokio::process::Command::new(binary("belljar"));
+    cmd.arg("mcp")
+        .env("BELLJAR_HOME", d.home.path())
+        .env("BELLJARD", binary("belljard"));
+    let session: Session = ().serve(TokioChildProcess::new(cmd).unwrap()).await.unwrap();
+
+    let info = session.peer_info().expect("server info");
+    let server = info.server_info.as_ref().expect("server_info");
+    assert_eq!(server.name, "belljar");
+    let mut tools: Vec<String> = session
+        .list_all_tools()
+        .await
+        .unwrap()
+        .into_iter()
+        .map(|t| t.name.to_string())
+        .collect();
+    tools.sort();
+    assert_eq!(
+        tools,
+        [
+            "create_sandbox",
+            "delete_sandbox",
+            "get_sandbox",
+            "list_files",
+            "list_sandboxes",
+            "list_snapshots",
+            "read_file",
+            "run_command",
+            "snapshot_sandbox",
+            "stop_sandbox",
+            "write_file",
+        ]
+    );
+
+    let sbx = ok(
+        &session,
+        "create_sandbox",
+        json!({ "tags": { "by": "mcp" }, "env": { "GREETING": "hi" }, "timeout_seconds": 600 }),
+    )
+    .await;
+    let id = sbx["id"].as_str().unwrap().to_string();
+    assert_eq!(sbx["status"], "running");
+
+    let listed = ok(&session, "list_sandboxes", json!({ "tag": "by=mcp" })).await;
+    let ids: Vec<&str> = listed["sandboxes"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|s| s["id"].as_str().unwrap())
+        .collect();
+    assert_eq!(ids, [id.as_str()]);
+
+    // Output of both streams, the sandbox's env and a non-zero exit code.
+    let run = ok(
+        &session,
+        "run_command",
+        json!({ "sandbox_id": id, "argv": ["sh", "-c", "echo $GREETING; echo oops >&2; exit 3"] }),
+    )
+    .await;
+    assert_eq!(
+        (&run["exit_code"], &run["stdout"], &run["stderr"]),
+        (&json!(3), &json!("hi\n"), &json!("oops\n"))
+    );
+    assert_eq!(run["timed_out"], false);
+
+    // A command past its timeout is killed, and says so.
+    let slow = ok(
+        &session,
+        "run_command",
+        json!({ "sandbox_id": id, "argv": ["sleep", "60"], "timeout_seconds": 1 }),
+    )
+    .await;
+    assert_eq!(
+        (&slow["timed_out"], &slow["signal"]),
+        (&json!(true), &json!(9))
+    );
+
+    // Files: text, binary (base64) with a mode, and a listing.
+    ok(
+        &session,
+        "write_file",
+        json!({ "sandbox_id": id, "path": "/workspace/notes/a.txt", "content": "héllo\n" }),
+    )
+    .await;
+    let bin = ok(
+        &session,
+        "write_file",
+        json!({ "sandbox_id": id, "path": "/workspace/notes/run.bin", "content": "/wAB",
+                "encoding": "base64", "mode": "755" }),
+    )
+    .await;
+    assert_eq!((&bin["size"], &bin["mode"]), (&json!(3), &json!(0o755)));
+    let text = ok(
+        &session,
+        "read_file",
+        json!({ "sandbox_id": id, "path": "/workspace/notes/a.txt" }),
+    )
+    .await;
+    assert_eq!(
+        (&text["encoding"], &text["content"]),
+        (&json!("utf8"), &json!("héllo\n"))
+    );
+    let raw = ok(
+        &session,
+        "read_file",
+        json!({ "sandbox_id": id, "path": "/workspace/notes/run.bin" }),
+    )
+    .await;
+    assert_eq!(
+        (&raw["encoding"], &raw["content"]),
+        (&json!("base64"), &json!("/wAB"))
+    );
+    let dir = ok(
+        &session,
+        "list_files",
+        json!({ "sandbox_id": id, "path": "/workspace/notes" }),
+    )
+    .await;
+    let names: Vec<&str> = dir["entries"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|e| e["name"].as_str().unwrap())
+        .collect();
+    assert_eq!(names, ["a.txt", "run.bin"]);
+
+    // Bad input: the API's codes, and the session goes on.
+    assert_eq!(
+        error_code(
+            &session,
+            "get_sandbox",
+            json!({ "sandbox_id": "sbx_nosuch" })
+        )
+        .await,
+        "not_found"
+    );
+    assert_eq!(
+        error_code(
+            &session,
+            "read_file",
+            json!({ "sandbox_id": id, "path": "/workspace/missing" })
+        )
+        .await,
+        "not_found"
+    );
+    assert_eq!(
+        error_code(
+            &session,
+            "run_command",
+            json!({ "sandbox_id": id, "argv": [] })
+        )
+        .await,
+        "bad_request"
+    );
+    assert_eq!(
+        error_code(
+            &session,
+            "write_file",
+            json!({ "sandbox_id": id, "path": "/workspace/x", "content": "", "mode": "9" })
+        )
+        .await,
+        "bad_request"
+    );
+    assert_eq!(
+        error_code(&session, "list_sandboxes", json!({ "status": "asleep" })).await,
+        "bad_request"
+    );
+
+    // Snapshot (the sandbox keeps running), then restore it into a new sandbox.
+    let snap = ok(
+        &session,
+        "snapshot_sandbox",
+        json!({ "sandbox_id": id, "keep_running": true }),
+    )
+    .await;
+    let snap_id = snap["id"].as_str().unwrap().to_string();
+    assert_eq!(snap["source_sandbox_id"], json!(id));
+    let snaps = ok(&session, "list_snapshots", json!({ "sandbox_id": id })).await;
+    assert_eq!(snaps["snapshots"][0]["id"], json!(snap_id));
+    let restored = ok(
+        &session,
+        "create_sandbox",
+        json!({ "snapshot_id": snap_id, "tags": { "by": "mcp" } }),
+    )
+    .await;
+    let restored_id = restored["id"].as_str().unwrap().to_string();
+    let cat = ok(
+        &session,
+        "run_command",
+        json!({ "sandbox_id": restored_id, "argv": ["cat", "/workspace/notes/a.txt"] }),
+    )
+    .await;
+    assert_eq!(
+        (&cat["exit_code"], &cat["stdout"]),
+        (&json!(0), &json!("héllo\n"))
+    );
+
+    let stopped = ok(&session, "stop_sandbox", json!({ "sandbox_id": id })).await;
+    assert_eq!(stopped["status"], "stopped");
+    assert_eq!(
+        error_code(
+            &session,
+            "run_command",
+            json!({ "sandbox_id": id, "argv": ["true"] })
+        )
+        .await,
+        "sandbox_not_running"
+    );
+    for sandbox in [&id, &restored_id] {
+        ok(&session, "delete_sandbox", json!({ "sandbox_id": sandbox })).await;
+    }
+    let left = ok(&session, "list_sandboxes", json!({})).await;
+    assert_eq!(left, json!({ "sandboxes": [] }));
+
+    session.cancel().await.unwrap();
+}
