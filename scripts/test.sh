@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Sets up everything (scripts/setup.sh) and runs every test: formatting and lints, the Rust
 # workspace (unit, KVM tiny-guest, QEMU boot, namespace escape and end-to-end tests), the
-# desktop app's own workspace (src-tauri) and the UI's type check, the API fuzzing, the UI in a
+# desktop app's own workspace (src-tauri) and the UI's type check, the API fuzzing, the SDKs, the UI in a
 # real browser and in the desktop app installed from its .deb, then real microVM sandboxes
 # (scripts/test-microvm.sh).
 set -euo pipefail
@@ -48,6 +48,9 @@ step "UI type check (svelte-check)"
 
 step "API fuzzing: schemathesis against a real daemon (bounded, tests/api-fuzz/run.sh)"
 BELLJAR_FUZZ_SECONDS="${BELLJAR_FUZZ_SECONDS:-150}" timeout 300 tests/api-fuzz/run.sh
+
+step "SDKs against a real daemon (sdk/run-tests.sh: TypeScript with the AI SDK adapter)"
+timeout 600 sdk/run-tests.sh typescript
 
 if [ -x tests/ui/run.sh ]; then
   step "UI tests (Playwright in Chromium, WebDriver in the desktop app)"

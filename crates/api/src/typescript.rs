@@ -1,7 +1,8 @@
 //! Renders the TypeScript declarations of every wire type into one file for the UI and SDK.
 //!
-//! The file is committed at `ui/src/generated/api.ts`; the test below regenerates it and fails
-//! when the committed copy drifted from the Rust types. Run
+//! The file is committed at `ui/src/generated/api.ts` and, for the TypeScript SDK, at
+//! `sdk/typescript/src/generated/api.ts`; the test below regenerates both and fails when a
+//! committed copy drifted from the Rust types. Run
 //! `BELLJAR_WRITE_TS=1 cargo test -p belljar-api` to rewrite it after changing a type.
 
 use ts_rs::{Config, TS};
@@ -77,16 +78,19 @@ mod tests {
 
     #[test]
     fn generated_typescript_matches_the_rust_types() {
-        let path = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../../ui/src/generated/api.ts");
+        let root = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../..");
         let fresh = super::render();
-        if std::env::var_os("BELLJAR_WRITE_TS").is_some() {
-            std::fs::create_dir_all(path.parent().unwrap()).unwrap();
-            std::fs::write(&path, &fresh).unwrap();
+        for file in ["ui/src/generated/api.ts", "sdk/typescript/src/generated/api.ts"] {
+            let path = root.join(file);
+            if std::env::var_os("BELLJAR_WRITE_TS").is_some() {
+                std::fs::create_dir_all(path.parent().unwrap()).unwrap();
+                std::fs::write(&path, &fresh).unwrap();
+            }
+            let committed = std::fs::read_to_string(&path).unwrap_or_default();
+            assert!(
+                committed == fresh,
+                "{file} is out of date: run `BELLJAR_WRITE_TS=1 cargo test -p belljar-api`"
+            );
         }
-        let committed = std::fs::read_to_string(&path).unwrap_or_default();
-        assert!(
-            committed == fresh,
-            "ui/src/generated/api.ts is out of date: run `BELLJAR_WRITE_TS=1 cargo test -p belljar-api`"
-        );
     }
 }

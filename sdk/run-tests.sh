@@ -1,0 +1,96 @@
+#!/usr/bin/env bash
+# The SDK suites against a real daemon: belljard (namespace backend, `--port 0`) in a temporary
+# BELLJAR_HOME, which the SDKs find exactly as the CLI does; then the TypeScript SDK's tsc and
+# Node tests (the AI SDK adapter through `generateText` among them) and the Python SDK's pytest
+# (sync and asyncio clients, installed with `pip install ./sdk/python`).
+#
+# Installs what it needs by name, cached under $BELLJAR_CACHE keyed by its inputs:
+# sdk/typescript/node_modules from its lock file, and a virtualenv $BELLJAR_CACHE/sdk-venv from
+# sdk/python/pyproject.toml. Usage: sdk/run-tests.sh [typescript] [python] (default both).
+set -euo pipefail
+here=$(cd "$(dirname "$0")" && pwd)
+repo=$(cd "$here/.." && pwd)
+export BELLJAR_CACHE="${BELLJAR_CACHE:-${XDG_CACHE_HOME:-$HOME/.cache}/belljar}"
+target="${CARGO_TARGET_DIR:-$BELLJAR_CACHE/cargo-target}"
+suites=("$@")
+[ ${#suites[@]} -gt 0 ] || suites=(typescript python)
+say() { printf -- '--> %s\n' "$*" >&2; }
+
+(cd "$repo" && cargo build --quiet -p belljard -p belljar-agent --bins)
+
+for suite in "${suites[@]}"; do
+  case "$suite" in
+    typescript)
+      stamp="$here/typescript/node_modules/.belljar-lock.sha256"
+      if ! sha256sum "$here/typescript/package-lock.json" | cmp -s - "$stamp"; then
+        say "npm ci in sdk/typescript"
+        (cd "$here/typescript" && npm ci --no-audit --no-fund --loglevel=error)
+        sha256sum "$here/typescript/package-lock.json" >"$stamp"
+      fi
+      ;;
+    python)
+      venv="$BELLJAR_CACHE/sdk-venv"
+      key=$(cat "$here/python/pyproject.toml" "$here/python/requirements-test.txt" | sha256sum)
+      if [ "$key" != "$(cat "$venv/.belljar-inputs.sha256" 2>/dev/null)" ]; then
+        say "creating $venv"
+        rm -rf "$venv"
+        python3 -m venv "$venv"
+        "$venv/bin/pip" install --quiet --disable-pip-version-check -r "$here/python/requirements-test.txt"
+        echo "$key" >"$venv/.belljar-inputs.sha256"
+      fi
+      # The package itself is reinstalled every run: its sources change without its inputs.
+      "$venv/bin/pip" install --quiet --disable-pip-version-check --no-deps --force-reinstall "$here/python"
+      ;;
+    *) echo "unknown suite $suite (typescript, python)" >&2; exit 2 ;;
+  esac
+done
+
+home=$(mktemp -d /tmp/belljar-sdk.XXXXXX)
+daemon=""
+cleanup() {
+  set +e
+  if [ -n "$daemon" ]; then
+    # Sandboxes outlive their daemon: delete what the suites left, then stop it.
+    ids=$(curl -sS --max-time 60 --unix-socket "$home/run/belljard.sock" \
+      "http://belljard/v1/sandboxes?limit=200" |
+      python3 -c 'import json,sys; [print(s["id"]) for s in json.load(sys.stdin)["sandboxes"]]')
+    for id in $ids; do
+      curl -sS --max-time 60 --unix-socket "$home/run/belljard.sock" -X DELETE \
+        "http://belljard/v1/sandboxes/$id" >/dev/null
+    done
+    kill "$daemon" 2>/dev/null
+    wait "$daemon" 2>/dev/null
+  fi
+  rm -rf "$home"
+}
+trap cleanup EXIT
+
+say "starting belljard in $home"
+"$target/debug/belljard" --home "$home" --port 0 >"$home/belljard.log" 2>&1 &
+daemon=$!
+for _ in $(seq 600); do
+  [ -S "$home/run/belljard.sock" ] && [ -s "$home/run/port" ] && break
+  kill -0 "$daemon" 2>/dev/null || { cat "$home/belljard.log" >&2; exit 1; }
+  sleep 0.1
+done
+[ -S "$home/run/belljard.sock" ] || { cat "$home/belljard.log" >&2; exit 1; }
+export BELLJAR_HOME="$home"
+
+status=0
+for suite in "${suites[@]}"; do
+  case "$suite" in
+    typescript)
+      say "TypeScript SDK: tsc and node --test"
+      (cd "$here/typescript" && npm test --silent) || status=1
+      ;;
+    python)
+      say "Python SDK: pytest"
+      (cd "$here/python" && "$BELLJAR_CACHE/sdk-venv/bin/python" -m pytest -q -p no:cacheprovider tests) || status=1
+      ;;
+  esac
+done
+if [ "$status" -ne 0 ]; then
+  say "an SDK suite failed; the daemon's log ends:"
+  tail -30 "$home/belljard.log" >&2
+fi
+exit "$status"

@@ -1,0 +1,361 @@
+// Generated from crates/api by `BELLJAR_WRITE_TS=1 cargo test -p belljar-api`. Do not edit.
+
+export type ErrorBody = { error: ErrorDetail, };
+
+export type ErrorDetail = { code: ErrorCode, message: string, };
+
+export type ErrorCode = "bad_request" | "unauthorized" | "forbidden" | "not_found" | "sandbox_not_running" | "conflict" | "payload_too_large" | "insufficient_resources" | "image_not_available" | "backend_unavailable" | "agent_unavailable" | "agent_error" | "internal" | "not_an_image" | "build_failed" | "command_not_found" | "invalid_path" | "is_a_directory" | "not_a_directory" | "not_a_regular_file" | "exec_failed" | "unknown_user" | "exists" | "not_empty" | "command_finished" | "busy" | "permission_denied" | "file_too_large" | "no_space" | "try_again" | "snapshot_not_usable" | "not_supported";
+
+export type SandboxStatus = "pending" | "running" | "paused" | "stopping" | "stopped" | "failed";
+
+export type Backend = "microvm" | "namespace";
+
+export type BackendChoice = "auto" | "microvm" | "namespace";
+
+export type Source = { "type": "path", path: string, } | { "type": "git", url: string, revision?: string, } | { "type": "snapshot", snapshot_id: string, };
+
+export type CreateSandbox = { 
+/**
+ * `base` (default), `python3.13`, `node24` or `node22`.
+ */
+image?: string, backend?: BackendChoice, 
+/**
+ * Default 2; at most 32.
+ */
+vcpus?: number, 
+/**
+ * Default 1024; 64 to 262144.
+ */
+memory_mib?: number, 
+/**
+ * Size of the writable layer. Default 4096; 64 to 1048576 (1 TiB).
+ */
+disk_mib?: number, 
+/**
+ * Milliseconds until the sandbox stops by itself. Default 5 minutes; at most the daemon's
+ * maximum (24 hours by default).
+ */
+timeout_ms?: number, 
+/**
+ * Environment of every command, overridden per command: at most 256 names matching
+ * `[A-Za-z_][A-Za-z0-9_]*`, values up to 32 KiB, 256 KiB in all.
+ */
+env?: { [key in string]: string }, 
+/**
+ * At most 50; keys 1 to 64 bytes without `=`, values up to 256 bytes.
+ */
+tags?: { [key in string]: string }, name?: string, source?: Source, 
+/**
+ * Default expiration of this sandbox's snapshots, ms after their last use; `0` never.
+ */
+snapshot_expiration_ms?: number, 
+/**
+ * How many of this sandbox's snapshots are kept.
+ */
+keep_last_snapshots?: KeepLastSnapshots, };
+
+export type LimitsReport = { memory: LimitState, cpu: LimitState, pids: LimitState, 
+/**
+ * The sandbox's writable disk (`disk_mib`).
+ */
+disk: LimitState, };
+
+export type LimitState = { enforced: boolean, 
+/**
+ * How it is enforced (`cgroup v2`, `cgroup v1`, `hypervisor`) or why it is not.
+ */
+detail: string, };
+
+export type Sandbox = { 
+/**
+ * `sbx_` followed by lowercase letters and digits.
+ */
+id: string, name?: string, status: SandboxStatus, 
+/**
+ * Why the sandbox failed or stopped (`timeout`, `stopped by user`, an error message).
+ */
+status_reason?: string, image: string, backend: Backend, 
+/**
+ * Why this backend was chosen, e.g. "KVM is software-based (PVM) here".
+ */
+backend_reason: string, vcpus: number, memory_mib: number, disk_mib: number, env: { [key in string]: string }, tags: { [key in string]: string }, source?: Source, created_at: number, started_at?: number, stopped_at?: number, 
+/**
+ * The sandbox's total allowed run time, extended by `extend`.
+ */
+timeout_ms: number, 
+/**
+ * When the sandbox will stop by itself, while it runs.
+ */
+expires_at?: number, limits: LimitsReport, };
+
+export type ListSandboxesQuery = { 
+/**
+ * Only sandboxes in this status.
+ */
+status: SandboxStatus | null, 
+/**
+ * `key=value`; only sandboxes carrying this tag.
+ */
+tag: string | null, 
+/**
+ * Created at or after this time (Unix ms).
+ */
+since: number | null, 
+/**
+ * Created before this time (Unix ms).
+ */
+until: number | null, 
+/**
+ * Page size, 1..=200, default 50.
+ */
+limit: number | null, 
+/**
+ * `next_cursor` of the previous page.
+ */
+cursor: string | null, };
+
+export type SandboxList = { sandboxes: Array<Sandbox>, next_cursor?: string, };
+
+export type UpdateSandbox = { 
+/**
+ * Replaces all tags (the bounds of `CreateSandbox.tags`).
+ */
+tags?: { [key in string]: string }, name?: string, };
+
+export type ExtendSandbox = { 
+/**
+ * Milliseconds added to the timeout; must be positive.
+ */
+duration_ms: number, };
+
+export type SnapshotStatus = "created" | "deleted" | "failed";
+
+export type Snapshot = { 
+/**
+ * `snap_` followed by lowercase letters and digits.
+ */
+id: string, status: SnapshotStatus, 
+/**
+ * Why it failed, for a failed snapshot.
+ */
+status_reason?: string, 
+/**
+ * The sandbox it was taken of.
+ */
+source_sandbox_id: string, 
+/**
+ * The snapshot that sandbox was created from, if any: the previous point on the timeline.
+ */
+parent?: string, 
+/**
+ * The image below its layers.
+ */
+image: string, 
+/**
+ * Bytes of file content its own layer added (the layers below it are shared).
+ */
+size_bytes: number, 
+/**
+ * Layers a sandbox made from it stacks on the image, this snapshot's own included.
+ */
+depth: number, created_at: number, 
+/**
+ * When it expires (30 days after its last use by default); absent when it never does.
+ */
+expires_at?: number, 
+/**
+ * For a live snapshot (`keep_running`), how long the sandbox's processes were frozen, ms.
+ */
+frozen_ms?: number, };
+
+export type CreateSnapshot = { 
+/**
+ * Keep the sandbox running: its processes are frozen while the layer is captured.
+ * Default `false`: the sandbox stops and its writable layer becomes the snapshot.
+ */
+keep_running?: boolean, 
+/**
+ * Milliseconds the snapshot lives after its last use; `0` never expires. Default: the
+ * sandbox's `snapshot_expiration_ms`, else 30 days.
+ */
+expiration_ms?: number, };
+
+export type KeepLastSnapshots = { 
+/**
+ * Keep the newest `count` (1 to 10) snapshots of the sandbox.
+ */
+count: number, 
+/**
+ * Expiration of the kept snapshots, ms; `0` never. Default: each keeps its own.
+ */
+expiration_ms?: number, 
+/**
+ * Delete the older ones at once (default `true`); else they keep their own expiration.
+ */
+delete_evicted?: boolean, };
+
+export type ForkSandbox = { name?: string, 
+/**
+ * Replaces the source's tags.
+ */
+tags?: { [key in string]: string }, 
+/**
+ * Replaces the source's environment.
+ */
+env?: { [key in string]: string }, 
+/**
+ * Default: the source's timeout.
+ */
+timeout_ms?: number, };
+
+export type ListSnapshotsQuery = { 
+/**
+ * Only snapshots taken of this sandbox.
+ */
+sandbox_id: string | null, 
+/**
+ * Only snapshots in this status; default: every status.
+ */
+status: SnapshotStatus | null, 
+/**
+ * Created at or after this time (Unix ms).
+ */
+since: number | null, 
+/**
+ * Created before this time (Unix ms).
+ */
+until: number | null, 
+/**
+ * Page size, 1..=200, default 50.
+ */
+limit: number | null, 
+/**
+ * `next_cursor` of the previous page.
+ */
+cursor: string | null, };
+
+export type SnapshotList = { snapshots: Array<Snapshot>, next_cursor?: string, };
+
+export type PtySize = { rows: number, cols: number, };
+
+export type RunCommand = { 
+/**
+ * Program and arguments. Must not be empty; at most 4096 arguments of up to 32 KiB,
+ * 256 KiB in all.
+ */
+argv: Array<string>, 
+/**
+ * Default `/workspace`.
+ */
+cwd?: string, 
+/**
+ * Merged over the sandbox's env (the bounds of `CreateSandbox.env`).
+ */
+env?: { [key in string]: string }, 
+/**
+ * Run as root instead of `belljar`.
+ */
+sudo: boolean, 
+/**
+ * Return at once with the running command instead of waiting for it to exit.
+ */
+detached: boolean, 
+/**
+ * Run on a pseudo-terminal of this size.
+ */
+pty?: PtySize, 
+/**
+ * Keep stdin open for `POST .../stdin`.
+ */
+stdin: boolean, };
+
+export type CommandStatus = "pending" | "running" | "exited" | "lost";
+
+export type Command = { 
+/**
+ * `cmd_` followed by lowercase letters and digits.
+ */
+id: string, sandbox_id: string, argv: Array<string>, cwd: string, user: string, pty: boolean, status: CommandStatus, exit_code?: number, 
+/**
+ * The signal that killed it.
+ */
+signal?: number, started_at: number, finished_at?: number, 
+/**
+ * Why a `lost` command is lost, when the daemon knows.
+ */
+status_reason?: string, 
+/**
+ * Output bytes the sandbox dropped because the command printed more than it keeps
+ * (64 MiB by default); the logs hold the rest. 0 when nothing was dropped.
+ */
+output_truncated_bytes: number, };
+
+export type CommandList = { commands: Array<Command>, };
+
+export type Stream = "stdout" | "stderr";
+
+export type LogLine = { stream: Stream, data?: string, data_base64?: string, ts: number, };
+
+export type KillCommand = { 
+/**
+ * A number or a name (`TERM`, `SIGKILL`); default `TERM`.
+ */
+signal?: string, };
+
+export type TerminalMessage = { "type": "resize", rows: number, cols: number, } | { "type": "started", command_id: string, } | { "type": "exit", exit_code?: number, signal?: number, } | { "type": "error", code: ErrorCode, message: string, };
+
+export type FileKind = "file" | "directory" | "symlink" | "other";
+
+export type FileEntry = { name: string, 
+/**
+ * Absolute path inside the sandbox.
+ */
+path: string, kind: FileKind, size: number, 
+/**
+ * Permission bits, e.g. 420 (0o644).
+ */
+mode: number, mtime: number, link_target?: string, };
+
+export type FileList = { path: string, entries: Array<FileEntry>, 
+/**
+ * Opaque; absent on the last page.
+ */
+next_cursor?: string, };
+
+export type MkdirRequest = { path: string, };
+
+export type MoveRequest = { from: string, to: string, overwrite: boolean, };
+
+export type WatchKind = "create" | "modify" | "remove" | "rename";
+
+export type WatchEvent = { kind: WatchKind, path: string, to?: string, is_dir: boolean, ts: number, };
+
+export type Event = { "type": "sandbox", seq: number, ts: number, sandbox: Sandbox, } | { "type": "sandbox_deleted", seq: number, ts: number, sandbox_id: string, } | { "type": "command", seq: number, ts: number, command: Command, };
+
+export type BackendInfo = { backend: Backend, available: boolean, reason: string, };
+
+export type Info = { version: string, 
+/**
+ * The backend `auto` resolves to on this host.
+ */
+default_backend: Backend, 
+/**
+ * Why, e.g. "KVM is software-based (PVM) here: guest kernels would run emulated".
+ */
+default_backend_reason: string, backends: Array<BackendInfo>, images: Array<Image>, 
+/**
+ * Host memory available to new sandboxes, MiB.
+ */
+free_memory_mib: number, };
+
+export type SessionToken = { token: string, };
+
+export type ImageStatus = "ready" | "missing" | "building";
+
+export type Image = { 
+/**
+ * `base`, `python3.13`, `node24`, `node22`.
+ */
+name: string, status: ImageStatus, digest?: string, size_bytes?: number, built_at?: number, };
+
+export type ImageBuildEvent = { "type": "progress", message: string, } | { "type": "done", image: Image, } | { "type": "error", code: ErrorCode, message: string, };
