@@ -49,8 +49,8 @@ step "UI type check (svelte-check)"
 step "API fuzzing: schemathesis against a real daemon (bounded, tests/api-fuzz/run.sh)"
 BELLJAR_FUZZ_SECONDS="${BELLJAR_FUZZ_SECONDS:-150}" timeout 300 tests/api-fuzz/run.sh
 
-step "SDKs against a real daemon (sdk/run-tests.sh: TypeScript with the AI SDK adapter)"
-timeout 600 sdk/run-tests.sh typescript
+step "SDKs against a real daemon (sdk/run-tests.sh: TypeScript with the AI SDK adapter, Python)"
+timeout 600 sdk/run-tests.sh
 
 if [ -x tests/ui/run.sh ]; then
   step "UI tests (Playwright in Chromium, WebDriver in the desktop app)"

@@ -82,9 +82,9 @@ export class Command {
     try {
       await this.writeStdin("", { close: true, signal: opts.signal });
     } catch (e) {
+      // 409: the command already exited (the agent may know before the daemon's record
+      // does) or its stdin is closed: either way nothing is left to close.
       if (!(e instanceof BelljarError) || e.status !== 409) throw e;
-      this.data = await this.transport.json<CommandData>("GET", this.route(), undefined, opts.signal);
-      if (this.data.status === "running" || this.data.status === "pending") throw e;
     }
   }
 

@@ -1,0 +1,337 @@
+"""The asyncio client: ``AsyncSandbox`` mirrors ``belljar.Sandbox`` with coroutines
+(``await AsyncSandbox.create(...)``, ``async for line in p.stdout``), over httpx's
+``AsyncClient``. Request bodies and answers are built and read by the same code as the sync
+client (``_common``)."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+from pathlib import Path
+from typing import Any, AsyncIterator, Dict, List, Mapping, Optional, Sequence, Union
+
+import httpx
+
+from ._common import (
+    BelljarError,
+    Endpoint,
+    FileEntry,
+    SnapshotImage,
+    chunk_bytes,
+    create_body,
+    error_of,
+    exec_body,
+    find_daemon,
+    returncode_of,
+    seg,
+)
+
+_TIMEOUT = httpx.Timeout(None, connect=10.0)
+
+
+class AsyncClient:
+    """One daemon connection (a Unix socket, else 127.0.0.1 with the token)."""
+
+    def __init__(self, endpoint: Optional[Endpoint] = None, *, home: Optional[str] = None) -> None:
+        ep = endpoint or find_daemon(home)
+        if ep.socket:
+            transport = httpx.AsyncHTTPTransport(uds=ep.socket)
+            self.http = httpx.AsyncClient(transport=transport, base_url="http://localhost", timeout=_TIMEOUT)
+        else:
+            headers = {"authorization": f"Bearer {ep.token}"} if ep.token else {}
+            self.http = httpx.AsyncClient(base_url=ep.base_url or "", headers=headers, timeout=_TIMEOUT)
+
+    async def request(self, method: str, url: str, **kw: Any) -> httpx.Response:
+        try:
+            resp = await self.http.request(method, url, **kw)
+        except httpx.TransportError as e:
+            raise BelljarError("daemon_unavailable", f"Cannot reach the daemon: {e}") from e
+        if resp.status_code >= 400:
+            raise error_of(resp.status_code, resp.content)
+        return resp
+
+    async def json(self, method: str, url: str, body: Any = None, **kw: Any) -> Any:
+        if body is not None:
+            kw["json"] = body
+        resp = await self.request(method, url, **kw)
+        return resp.json() if resp.content else None
+
+    async def ndjson(self, url: str) -> AsyncIterator[Dict[str, Any]]:
+        try:
+            async with self.http.stream("GET", url) as resp:
+                if resp.status_code >= 400:
+                    raise error_of(resp.status_code, await resp.aread())
+                async for line in resp.aiter_lines():
+                    if line.strip():
+                        yield json.loads(line)
+        except httpx.TransportError as e:
+            raise BelljarError("connection_lost", f"Stream from the daemon broke: {e}") from e
+
+    async def aclose(self) -> None:
+        await self.http.aclose()
+
+
+class AsyncStreamReader:
+    """A process's stdout or stderr: ``async for`` lines as they arrive, or ``await read()``."""
+
+    def __init__(self, proc: "AsyncContainerProcess", stream: str) -> None:
+        self._proc = proc
+        self._stream = stream
+
+    async def __aiter__(self) -> AsyncIterator[str]:
+        pending = b""
+        q = self._proc._queue(self._stream)
+        while True:
+            data = await q.get()
+            if data is None:
+                break
+            pending += data
+            *lines, pending = pending.split(b"\n")
+            for line in lines:
+                yield (line + b"\n").decode("utf-8", "replace")
+        if pending:
+            yield pending.decode("utf-8", "replace")
+
+    async def read(self) -> str:
+        return "".join([line async for line in self])
+
+
+class AsyncStreamWriter:
+    """A process's stdin."""
+
+    def __init__(self, proc: "AsyncContainerProcess") -> None:
+        self._proc = proc
+
+    async def write(self, data: Union[str, bytes]) -> None:
+        await self._proc._stdin(data.encode() if isinstance(data, str) else bytes(data), close=False)
+
+    async def write_eof(self) -> None:
+        await self._proc._stdin(b"", close=True)
+
+    close = write_eof
+
+
+class AsyncContainerProcess:
+    """A command started by ``AsyncSandbox.exec``."""
+
+    def __init__(self, client: AsyncClient, command: Dict[str, Any]) -> None:
+        self._client = client
+        self._data = command
+        self._url = f"/v1/sandboxes/{seg(command['sandbox_id'])}/commands/{seg(command['id'])}"
+        self._queues: Dict[str, "asyncio.Queue[Optional[bytes]]"] = {}
+        self._pump: Optional["asyncio.Task[None]"] = None
+        self.stdout = AsyncStreamReader(self, "stdout")
+        self.stderr = AsyncStreamReader(self, "stderr")
+        self.stdin = AsyncStreamWriter(self)
+
+    @property
+    def object_id(self) -> str:
+        return str(self._data["id"])
+
+    @property
+    def returncode(self) -> Optional[int]:
+        return returncode_of(self._data)
+
+    async def poll(self) -> Optional[int]:
+        self._data = await self._client.json("GET", self._url)
+        return self.returncode
+
+    async def wait(self) -> int:
+        self._data = await self._client.json("GET", self._url + "?wait=true")
+        code = self.returncode
+        assert code is not None
+        return code
+
+    async def kill(self, signal: str = "KILL") -> None:
+        self._data = await self._client.json("POST", self._url + "/kill", {"signal": signal})
+
+    async def _stdin(self, data: bytes, close: bool) -> None:
+        headers = {"content-type": "application/octet-stream"} if data else {}
+        url = self._url + "/stdin" + ("?close=true" if close else "")
+        try:
+            await self._client.request("POST", url, content=data, headers=headers)
+        except BelljarError as e:
+            # 409: the command already exited (or its stdin is closed): nothing is left to close.
+            if not (close and not data and e.status == 409):
+                raise
+
+    def _queue(self, stream: str) -> "asyncio.Queue[Optional[bytes]]":
+        if self._pump is None:
+            self._queues = {"stdout": asyncio.Queue(), "stderr": asyncio.Queue()}
+            self._pump = asyncio.ensure_future(self._run_pump())
+        return self._queues[stream]
+
+    async def _run_pump(self) -> None:
+        try:
+            async for line in self._client.ndjson(self._url + "/logs?follow=true"):
+                self._queues[line["stream"]].put_nowait(chunk_bytes(line))
+        finally:
+            for q in self._queues.values():
+                q.put_nowait(None)
+
+
+class AsyncSandboxFilesystem:
+    """A sandbox's files."""
+
+    def __init__(self, sandbox: "AsyncSandbox") -> None:
+        self._sb = sandbox
+
+    def _url(self, rest: str = "") -> str:
+        return f"/v1/sandboxes/{seg(self._sb.object_id)}/files{rest}"
+
+    async def read_bytes(self, remote_path: str) -> bytes:
+        return (await self._sb._client.request("GET", self._url(), params={"path": remote_path})).content
+
+    async def read_text(self, remote_path: str) -> str:
+        return (await self.read_bytes(remote_path)).decode("utf-8")
+
+    async def write_bytes(self, data: Union[bytes, bytearray, memoryview], remote_path: str, *, mode: Optional[int] = None) -> None:
+        params: Dict[str, str] = {"path": remote_path}
+        if mode is not None:
+            params["mode"] = format(mode, "o")
+        await self._sb._client.request(
+            "PUT", self._url(), params=params, content=bytes(data), headers={"content-type": "application/octet-stream"}
+        )
+
+    async def write_text(self, data: str, remote_path: str) -> None:
+        await self.write_bytes(data.encode("utf-8"), remote_path)
+
+    async def copy_from_local(self, local_path: Union[str, Path], remote_path: str) -> None:
+        await self.write_bytes(Path(local_path).read_bytes(), remote_path)
+
+    async def copy_to_local(self, remote_path: str, local_path: Union[str, Path]) -> None:
+        local = Path(local_path)
+        local.parent.mkdir(parents=True, exist_ok=True)
+        local.write_bytes(await self.read_bytes(remote_path))
+
+    async def stat(self, remote_path: str) -> FileEntry:
+        return FileEntry.of(await self._sb._client.json("GET", self._url("/stat"), params={"path": remote_path}))
+
+    async def list_files(self, remote_path: str) -> List[FileEntry]:
+        out: List[FileEntry] = []
+        cursor: Optional[str] = None
+        while True:
+            params = {"path": remote_path, **({"cursor": cursor} if cursor else {})}
+            page = await self._sb._client.json("GET", self._url("/list"), params=params)
+            out.extend(FileEntry.of(e) for e in page["entries"])
+            cursor = page.get("next_cursor")
+            if not cursor:
+                return out
+
+    async def ls(self, path: str) -> List[str]:
+        return [e.name for e in await self.list_files(path)]
+
+    async def make_directory(self, remote_path: str, *, create_parents: bool = True) -> None:
+        if not create_parents:
+            await self.stat(str(Path(remote_path).parent))
+        await self._sb._client.json("POST", self._url("/mkdir"), {"path": remote_path})
+
+    mkdir = make_directory
+
+    async def remove(self, remote_path: str, *, recursive: bool = False) -> None:
+        params = {"path": remote_path, **({"recursive": "true"} if recursive else {})}
+        await self._sb._client.request("DELETE", self._url(), params=params)
+
+    rm = remove
+
+
+class AsyncSandbox:
+    """A Belljar sandbox, for asyncio code."""
+
+    def __init__(self, client: AsyncClient, data: Dict[str, Any]) -> None:
+        self._client = client
+        self._data = data
+        self.filesystem = AsyncSandboxFilesystem(self)
+
+    @property
+    def object_id(self) -> str:
+        return str(self._data["id"])
+
+    @property
+    def status(self) -> str:
+        return str(self._data["status"])
+
+    @staticmethod
+    async def create(
+        *,
+        image: Any = None,
+        timeout: Optional[int] = 300,
+        idle_timeout: Optional[int] = None,
+        env: Optional[Mapping[str, Optional[str]]] = None,
+        tags: Optional[Mapping[str, str]] = None,
+        block_network: bool = False,
+        outbound_cidr_allowlist: Optional[Sequence[str]] = None,
+        name: Optional[str] = None,
+        cpu: Optional[float] = None,
+        memory: Optional[int] = None,
+        client: Optional[AsyncClient] = None,
+    ) -> "AsyncSandbox":
+        body = create_body(
+            image=image, timeout=timeout, idle_timeout=idle_timeout, env=env, tags=tags,
+            block_network=block_network, outbound_cidr_allowlist=outbound_cidr_allowlist,
+            name=name, cpu=cpu, memory=memory,
+        )
+        c = client or AsyncClient()
+        return AsyncSandbox(c, await c.json("POST", "/v1/sandboxes", body))
+
+    @staticmethod
+    async def from_id(sandbox_id: str, client: Optional[AsyncClient] = None) -> "AsyncSandbox":
+        c = client or AsyncClient()
+        return AsyncSandbox(c, await c.json("GET", f"/v1/sandboxes/{seg(sandbox_id)}"))
+
+    @staticmethod
+    async def list(*, tags: Optional[Mapping[str, str]] = None, client: Optional[AsyncClient] = None) -> AsyncIterator["AsyncSandbox"]:
+        c = client or AsyncClient()
+        want = dict(tags or {})
+        first = next(iter(want.items()), None)
+        cursor: Optional[str] = None
+        while True:
+            params: Dict[str, Any] = {"limit": 200}
+            if first:
+                params["tag"] = f"{first[0]}={first[1]}"
+            if cursor:
+                params["cursor"] = cursor
+            page = await c.json("GET", "/v1/sandboxes", params=params)
+            for s in page["sandboxes"]:
+                if all(s["tags"].get(k) == v for k, v in want.items()):
+                    yield AsyncSandbox(c, s)
+            cursor = page.get("next_cursor")
+            if not cursor:
+                return
+
+    async def exec(
+        self,
+        *args: str,
+        workdir: Optional[str] = None,
+        env: Optional[Mapping[str, Optional[str]]] = None,
+        pty: bool = False,
+        sudo: bool = False,
+    ) -> AsyncContainerProcess:
+        body = exec_body(args, workdir, env, pty, sudo)
+        data = await self._client.json("POST", f"/v1/sandboxes/{seg(self.object_id)}/commands", body)
+        return AsyncContainerProcess(self._client, data)
+
+    async def get_tags(self) -> Dict[str, str]:
+        self._data = await self._client.json("GET", f"/v1/sandboxes/{seg(self.object_id)}")
+        return dict(self._data["tags"])
+
+    async def set_tags(self, tags: Mapping[str, str]) -> None:
+        self._data = await self._client.json("PATCH", f"/v1/sandboxes/{seg(self.object_id)}", {"tags": dict(tags)})
+
+    async def snapshot_filesystem(self, timeout: int = 55) -> SnapshotImage:
+        url = f"/v1/sandboxes/{seg(self.object_id)}/snapshots"
+        try:
+            snap = await asyncio.wait_for(self._client.json("POST", url, {"keep_running": True}), timeout)
+        except asyncio.TimeoutError as e:
+            raise BelljarError("timeout", f"The snapshot took longer than {timeout}s") from e
+        return SnapshotImage(snap["id"], snap["source_sandbox_id"], snap["size_bytes"])
+
+    async def terminate(self) -> None:
+        try:
+            self._data = await self._client.json("POST", f"/v1/sandboxes/{seg(self.object_id)}/stop")
+        except BelljarError as e:
+            if e.code != "sandbox_not_running":
+                raise
+
+    async def delete(self) -> None:
+        await self._client.request("DELETE", f"/v1/sandboxes/{seg(self.object_id)}")

@@ -1,0 +1,380 @@
+"""The synchronous client: ``Sandbox`` with Modal's ergonomics (create, from_id, list, exec,
+filesystem, tags, snapshot_filesystem, terminate) over the daemon's HTTP API through httpx.
+
+A process's output arrives on one followed NDJSON stream that a background thread splits into
+stdout and stderr, so ``for line in p.stdout`` yields lines as the command prints them."""
+
+from __future__ import annotations
+
+import json
+import queue
+import shutil
+import threading
+from pathlib import Path
+from typing import Any, Dict, Iterator, List, Mapping, Optional, Sequence, Union
+
+import httpx
+
+from ._common import (
+    BelljarError,
+    Endpoint,
+    FileEntry,
+    SnapshotImage,
+    chunk_bytes,
+    create_body,
+    error_of,
+    exec_body,
+    find_daemon,
+    returncode_of,
+    seg,
+)
+
+_TIMEOUT = httpx.Timeout(None, connect=10.0)
+
+
+class Client:
+    """One daemon connection (a Unix socket, else 127.0.0.1 with the token)."""
+
+    def __init__(self, endpoint: Optional[Endpoint] = None, *, home: Optional[str] = None) -> None:
+        ep = endpoint or find_daemon(home)
+        headers = {"authorization": f"Bearer {ep.token}"} if ep.token else {}
+        if ep.socket:
+            transport = httpx.HTTPTransport(uds=ep.socket)
+            self.http = httpx.Client(transport=transport, base_url="http://localhost", timeout=_TIMEOUT)
+        else:
+            self.http = httpx.Client(base_url=ep.base_url or "", headers=headers, timeout=_TIMEOUT)
+
+    def request(self, method: str, url: str, **kw: Any) -> httpx.Response:
+        try:
+            resp = self.http.request(method, url, **kw)
+        except httpx.TransportError as e:
+            raise BelljarError("daemon_unavailable", f"Cannot reach the daemon: {e}") from e
+        if resp.status_code >= 400:
+            raise error_of(resp.status_code, resp.content)
+        return resp
+
+    def json(self, method: str, url: str, body: Any = None, **kw: Any) -> Any:
+        resp = self.request(method, url, json=body, **kw) if body is not None else self.request(method, url, **kw)
+        return resp.json() if resp.content else None
+
+    def ndjson(self, url: str) -> Iterator[Dict[str, Any]]:
+        try:
+            with self.http.stream("GET", url) as resp:
+                if resp.status_code >= 400:
+                    raise error_of(resp.status_code, resp.read())
+                for line in resp.iter_lines():
+                    if line.strip():
+                        yield json.loads(line)
+        except httpx.TransportError as e:
+            raise BelljarError("connection_lost", f"Stream from the daemon broke: {e}") from e
+
+
+_default: Optional[Client] = None
+
+
+def _client(client: Optional[Client]) -> Client:
+    global _default
+    if client is not None:
+        return client
+    if _default is None:
+        _default = Client()
+    return _default
+
+
+class StreamReader:
+    """A process's stdout or stderr: iterate lines as they arrive, or ``read()`` it all."""
+
+    def __init__(self, proc: "ContainerProcess", stream: str) -> None:
+        self._proc = proc
+        self._stream = stream
+
+    def __iter__(self) -> Iterator[str]:
+        pending = b""
+        for data in self._proc._chunks(self._stream):
+            pending += data
+            *lines, pending = pending.split(b"\n")
+            for line in lines:
+                yield (line + b"\n").decode("utf-8", "replace")
+        if pending:
+            yield pending.decode("utf-8", "replace")
+
+    def read(self) -> str:
+        return "".join(self)
+
+
+class StreamWriter:
+    """A process's stdin."""
+
+    def __init__(self, proc: "ContainerProcess") -> None:
+        self._proc = proc
+
+    def write(self, data: Union[str, bytes]) -> None:
+        raw = data.encode() if isinstance(data, str) else bytes(data)
+        self._proc._stdin(raw, close=False)
+
+    def write_eof(self) -> None:
+        self._proc._stdin(b"", close=True)
+
+    def drain(self) -> None:
+        """Writes are sent at once; kept for Modal's API."""
+
+    close = write_eof
+
+
+class ContainerProcess:
+    """A command started by ``Sandbox.exec``."""
+
+    def __init__(self, client: Client, command: Dict[str, Any]) -> None:
+        self._client = client
+        self._data = command
+        self._url = f"/v1/sandboxes/{seg(command['sandbox_id'])}/commands/{seg(command['id'])}"
+        self._queues: Dict[str, "queue.Queue[Optional[bytes]]"] = {"stdout": queue.Queue(), "stderr": queue.Queue()}
+        self._pump: Optional[threading.Thread] = None
+        self._lock = threading.Lock()
+        self.stdout = StreamReader(self, "stdout")
+        self.stderr = StreamReader(self, "stderr")
+        self.stdin = StreamWriter(self)
+
+    @property
+    def object_id(self) -> str:
+        return str(self._data["id"])
+
+    @property
+    def returncode(self) -> Optional[int]:
+        return returncode_of(self._data)
+
+    def poll(self) -> Optional[int]:
+        """The exit code if the command ended, else ``None``."""
+        self._data = self._client.json("GET", self._url)
+        return self.returncode
+
+    def wait(self) -> int:
+        """Waits until the command ends; its exit code (``-signal`` when killed)."""
+        self._data = self._client.json("GET", self._url + "?wait=true")
+        code = self.returncode
+        assert code is not None
+        return code
+
+    def kill(self, signal: str = "KILL") -> None:
+        self._data = self._client.json("POST", self._url + "/kill", {"signal": signal})
+
+    def _stdin(self, data: bytes, close: bool) -> None:
+        headers = {"content-type": "application/octet-stream"} if data else {}
+        try:
+            self._client.request("POST", self._url + "/stdin" + ("?close=true" if close else ""), content=data, headers=headers)
+        except BelljarError as e:
+            # 409: the command already exited (or its stdin is closed): nothing is left to close.
+            if not (close and not data and e.status == 409):
+                raise
+
+    def _chunks(self, stream: str) -> Iterator[bytes]:
+        with self._lock:
+            if self._pump is None:
+                self._pump = threading.Thread(target=self._run_pump, daemon=True)
+                self._pump.start()
+        q = self._queues[stream]
+        while True:
+            item = q.get()
+            if item is None:
+                return
+            yield item
+
+    def _run_pump(self) -> None:
+        try:
+            for line in self._client.ndjson(self._url + "/logs?follow=true"):
+                self._queues[line["stream"]].put(chunk_bytes(line))
+        finally:
+            for q in self._queues.values():
+                q.put(None)
+
+
+class SandboxFilesystem:
+    """A sandbox's files (Modal's ``Sandbox.filesystem``)."""
+
+    def __init__(self, sandbox: "Sandbox") -> None:
+        self._sb = sandbox
+
+    def _url(self, rest: str, path: str) -> str:
+        return f"/v1/sandboxes/{seg(self._sb.object_id)}/files{rest}"
+
+    def read_bytes(self, remote_path: str) -> bytes:
+        return self._sb._client.request("GET", self._url("", remote_path), params={"path": remote_path}).content
+
+    def read_text(self, remote_path: str) -> str:
+        return self.read_bytes(remote_path).decode("utf-8")
+
+    def write_bytes(self, data: Union[bytes, bytearray, memoryview], remote_path: str, *, mode: Optional[int] = None) -> None:
+        params: Dict[str, str] = {"path": remote_path}
+        if mode is not None:
+            params["mode"] = format(mode, "o")
+        self._sb._client.request(
+            "PUT", self._url("", remote_path), params=params, content=bytes(data),
+            headers={"content-type": "application/octet-stream"},
+        )
+
+    def write_text(self, data: str, remote_path: str) -> None:
+        self.write_bytes(data.encode("utf-8"), remote_path)
+
+    def copy_from_local(self, local_path: Union[str, Path], remote_path: str) -> None:
+        with open(local_path, "rb") as f:
+            self._sb._client.request(
+                "PUT", self._url("", remote_path), params={"path": remote_path}, content=f,
+                headers={"content-type": "application/octet-stream"},
+            )
+
+    def copy_to_local(self, remote_path: str, local_path: Union[str, Path]) -> None:
+        local = Path(local_path)
+        local.parent.mkdir(parents=True, exist_ok=True)
+        tmp = local.with_name(local.name + ".belljar-part")
+        try:
+            with self._sb._client.http.stream("GET", self._url("", remote_path), params={"path": remote_path}) as resp:
+                if resp.status_code >= 400:
+                    raise error_of(resp.status_code, resp.read())
+                with open(tmp, "wb") as f:
+                    for chunk in resp.iter_bytes():
+                        f.write(chunk)
+            shutil.move(str(tmp), str(local))
+        finally:
+            tmp.unlink(missing_ok=True)
+
+    def stat(self, remote_path: str) -> FileEntry:
+        return FileEntry.of(self._sb._client.json("GET", self._url("/stat", remote_path), params={"path": remote_path}))
+
+    def list_files(self, remote_path: str) -> List[FileEntry]:
+        out: List[FileEntry] = []
+        cursor: Optional[str] = None
+        while True:
+            params = {"path": remote_path, **({"cursor": cursor} if cursor else {})}
+            page = self._sb._client.json("GET", self._url("/list", remote_path), params=params)
+            out.extend(FileEntry.of(e) for e in page["entries"])
+            cursor = page.get("next_cursor")
+            if not cursor:
+                return out
+
+    def ls(self, path: str) -> List[str]:
+        return [e.name for e in self.list_files(path)]
+
+    def make_directory(self, remote_path: str, *, create_parents: bool = True) -> None:
+        if not create_parents:
+            self.stat(str(Path(remote_path).parent))
+        self._sb._client.json("POST", f"/v1/sandboxes/{seg(self._sb.object_id)}/files/mkdir", {"path": remote_path})
+
+    mkdir = make_directory
+
+    def remove(self, remote_path: str, *, recursive: bool = False) -> None:
+        params = {"path": remote_path, **({"recursive": "true"} if recursive else {})}
+        self._sb._client.request("DELETE", self._url("", remote_path), params=params)
+
+    rm = remove
+
+
+class Sandbox:
+    """A Belljar sandbox."""
+
+    def __init__(self, client: Client, data: Dict[str, Any]) -> None:
+        self._client = client
+        self._data = data
+        self.filesystem = SandboxFilesystem(self)
+
+    @property
+    def object_id(self) -> str:
+        return str(self._data["id"])
+
+    @property
+    def status(self) -> str:
+        return str(self._data["status"])
+
+    @staticmethod
+    def create(
+        *,
+        image: Any = None,
+        timeout: Optional[int] = 300,
+        idle_timeout: Optional[int] = None,
+        env: Optional[Mapping[str, Optional[str]]] = None,
+        tags: Optional[Mapping[str, str]] = None,
+        block_network: bool = False,
+        outbound_cidr_allowlist: Optional[Sequence[str]] = None,
+        name: Optional[str] = None,
+        cpu: Optional[float] = None,
+        memory: Optional[int] = None,
+        client: Optional[Client] = None,
+    ) -> "Sandbox":
+        """Creates a sandbox (``image`` is an image name or a ``SnapshotImage``); returns once it runs."""
+        body = create_body(
+            image=image, timeout=timeout, idle_timeout=idle_timeout, env=env, tags=tags,
+            block_network=block_network, outbound_cidr_allowlist=outbound_cidr_allowlist,
+            name=name, cpu=cpu, memory=memory,
+        )
+        c = _client(client)
+        return Sandbox(c, c.json("POST", "/v1/sandboxes", body))
+
+    @staticmethod
+    def from_id(sandbox_id: str, client: Optional[Client] = None) -> "Sandbox":
+        c = _client(client)
+        return Sandbox(c, c.json("GET", f"/v1/sandboxes/{seg(sandbox_id)}"))
+
+    @staticmethod
+    def list(*, tags: Optional[Mapping[str, str]] = None, client: Optional[Client] = None) -> Iterator["Sandbox"]:
+        """Sandboxes carrying at least ``tags``, newest first."""
+        c = _client(client)
+        want = dict(tags or {})
+        first = next(iter(want.items()), None)
+        cursor: Optional[str] = None
+        while True:
+            params: Dict[str, Any] = {"limit": 200}
+            if first:
+                params["tag"] = f"{first[0]}={first[1]}"
+            if cursor:
+                params["cursor"] = cursor
+            page = c.json("GET", "/v1/sandboxes", params=params)
+            for s in page["sandboxes"]:
+                if all(s["tags"].get(k) == v for k, v in want.items()):
+                    yield Sandbox(c, s)
+            cursor = page.get("next_cursor")
+            if not cursor:
+                return
+
+    def exec(
+        self,
+        *args: str,
+        workdir: Optional[str] = None,
+        env: Optional[Mapping[str, Optional[str]]] = None,
+        pty: bool = False,
+        sudo: bool = False,
+    ) -> ContainerProcess:
+        """Starts a command; its output streams while it runs."""
+        body = exec_body(args, workdir, env, pty, sudo)
+        return ContainerProcess(self._client, self._client.json("POST", f"/v1/sandboxes/{seg(self.object_id)}/commands", body))
+
+    def get_tags(self) -> Dict[str, str]:
+        self._data = self._client.json("GET", f"/v1/sandboxes/{seg(self.object_id)}")
+        return dict(self._data["tags"])
+
+    def set_tags(self, tags: Mapping[str, str]) -> None:
+        self._data = self._client.json("PATCH", f"/v1/sandboxes/{seg(self.object_id)}", {"tags": dict(tags)})
+
+    def snapshot_filesystem(self, timeout: int = 55) -> SnapshotImage:
+        """Snapshots the files (the sandbox keeps running); start new sandboxes from it with
+        ``Sandbox.create(image=snapshot)``."""
+        url = f"/v1/sandboxes/{seg(self.object_id)}/snapshots"
+        try:
+            snap = self._client.json("POST", url, {"keep_running": True}, timeout=float(timeout))
+        except httpx.TimeoutException as e:
+            raise BelljarError("timeout", f"The snapshot took longer than {timeout}s") from e
+        return SnapshotImage(snap["id"], snap["source_sandbox_id"], snap["size_bytes"])
+
+    def poll(self) -> Optional[str]:
+        """``None`` while the sandbox runs, else its final status."""
+        self._data = self._client.json("GET", f"/v1/sandboxes/{seg(self.object_id)}")
+        return None if self.status in ("pending", "running", "paused") else self.status
+
+    def terminate(self) -> None:
+        """Stops the sandbox; a no-op when it already ended."""
+        try:
+            self._data = self._client.json("POST", f"/v1/sandboxes/{seg(self.object_id)}/stop")
+        except BelljarError as e:
+            if e.code != "sandbox_not_running":
+                raise
+
+    def delete(self) -> None:
+        self._client.request("DELETE", f"/v1/sandboxes/{seg(self.object_id)}")

@@ -1,0 +1,106 @@
+"""The synchronous client against a real daemon (sdk/run-tests.sh starts one and sets
+BELLJAR_HOME): create with Modal's arguments, exec with lines streamed as they arrive, wait and
+poll, stdin, kill, the filesystem, tags, list, snapshot and restore, terminate, and the API's
+error codes; unsupported options raise instead of being ignored."""
+
+import os
+
+import pytest
+
+from belljar import BelljarError, NotSupportedError, Sandbox
+
+TAG = {"suite": f"py-{os.getpid()}"}
+
+
+@pytest.fixture(scope="module")
+def sb():
+    s = Sandbox.create(timeout=600, env={"GREETING": "hi"}, tags=TAG)
+    yield s
+    for left in Sandbox.list(tags=TAG):
+        left.delete()
+
+
+def test_create_from_id_and_list(sb):
+    assert sb.status == "running" and sb.object_id.startswith("sbx_")
+    assert Sandbox.from_id(sb.object_id).object_id == sb.object_id
+    assert [s.object_id for s in Sandbox.list(tags=TAG)] == [sb.object_id]
+    assert list(Sandbox.list(tags={**TAG, "other": "x"})) == []
+
+
+def test_exec_streams_lines_as_they_arrive(sb):
+    p = sb.exec("sh", "-c", "echo one; read go; echo two; echo $GREETING $X >&2; exit 3", env={"X": "y"})
+    lines = iter(p.stdout)
+    # "one" is read while the command still waits on stdin: streamed, not buffered.
+    assert next(lines) == "one\n"
+    assert p.poll() is None
+    p.stdin.write("go\n")
+    p.stdin.write_eof()
+    assert list(lines) == ["two\n"]
+    assert p.stderr.read() == "hi y\n"
+    assert p.wait() == 3
+    assert p.returncode == 3 and p.poll() == 3
+
+
+def test_exec_workdir_pty_kill(sb):
+    assert sb.exec("pwd", workdir="/tmp").stdout.read() == "/tmp\n"
+    assert sb.exec("sh", "-c", "[ -t 1 ] && echo tty", pty=True).stdout.read().strip() == "tty"
+    p = sb.exec("sleep", "60")
+    p.kill()
+    assert p.wait() == -9
+
+
+def test_filesystem(sb, tmp_path):
+    fs = sb.filesystem
+    fs.write_text("héllo\n", "/workspace/d/a.txt")
+    fs.write_bytes(b"\x00\xff", "/workspace/d/b.bin", mode=0o700)
+    assert fs.read_text("/workspace/d/a.txt") == "héllo\n"
+    assert fs.read_bytes("/workspace/d/b.bin") == b"\x00\xff"
+    assert fs.stat("/workspace/d/b.bin").mode == 0o700
+    assert fs.ls("/workspace/d") == ["a.txt", "b.bin"]
+    local = tmp_path / "up.txt"
+    local.write_text("from host")
+    fs.copy_from_local(local, "/workspace/up/x.txt")
+    fs.copy_to_local("/workspace/up/x.txt", tmp_path / "down" / "y.txt")
+    assert (tmp_path / "down" / "y.txt").read_text() == "from host"
+    fs.mkdir("/workspace/m/n")
+    assert fs.stat("/workspace/m/n").type == "directory"
+    with pytest.raises(BelljarError) as e:
+        fs.remove("/workspace/m")
+    assert e.value.code == "not_empty"
+    fs.rm("/workspace/m", recursive=True)
+    with pytest.raises(BelljarError) as e:
+        fs.read_text("/workspace/m")
+    assert e.value.code == "not_found"
+
+
+def test_tags(sb):
+    sb.set_tags({**TAG, "stage": "2"})
+    assert sb.get_tags() == {**TAG, "stage": "2"}
+
+
+def test_errors_and_unsupported_options():
+    with pytest.raises(BelljarError) as e:
+        Sandbox.from_id("sbx_nosuch")
+    assert (e.value.code, e.value.status) == ("not_found", 404)
+    with pytest.raises(BelljarError) as e:
+        Sandbox.create(memory=1)
+    assert e.value.code == "bad_request"
+    for bad in ({"block_network": True}, {"outbound_cidr_allowlist": ["10.0.0.0/8"]}, {"idle_timeout": 60}):
+        with pytest.raises(NotSupportedError):
+            Sandbox.create(**bad)
+    assert list(Sandbox.list(tags={"never": "created"})) == []
+
+
+def test_snapshot_restore_terminate(sb):
+    sb.filesystem.write_text("kept", "/workspace/keep.txt")
+    snap = sb.snapshot_filesystem()
+    assert snap.object_id.startswith("snap_") and snap.source_sandbox_id == sb.object_id
+    sb2 = Sandbox.create(image=snap, tags=TAG)
+    assert sb2.filesystem.read_text("/workspace/keep.txt") == "kept"
+    assert sb2.poll() is None
+    sb2.terminate()
+    assert sb2.poll() == "stopped"
+    sb2.terminate()  # a no-op once it ended
+    with pytest.raises(BelljarError) as e:
+        sb2.exec("true")
+    assert e.value.code == "sandbox_not_running"
