@@ -7,7 +7,9 @@ import os
 
 import pytest
 
-from belljar import BelljarError, NotSupportedError, Sandbox
+from pathlib import Path
+
+from belljar import BelljarError, Client, Endpoint, NotSupportedError, Sandbox
 
 TAG = {"suite": f"py-{os.getpid()}"}
 
@@ -104,3 +106,14 @@ def test_snapshot_restore_terminate(sb):
     with pytest.raises(BelljarError) as e:
         sb2.exec("true")
     assert e.value.code == "sandbox_not_running"
+
+
+def test_over_tcp_with_the_token(sb):
+    home = Path(os.environ["BELLJAR_HOME"])
+    base_url = f"http://127.0.0.1:{(home / 'run' / 'port').read_text().strip()}"
+    token = (home / "config" / "token").read_text().strip()
+    tcp = Client(Endpoint(base_url=base_url, token=token))
+    assert Sandbox.from_id(sb.object_id, client=tcp).exec("echo", "tcp").stdout.read() == "tcp\n"
+    with pytest.raises(BelljarError) as e:
+        Sandbox.from_id(sb.object_id, client=Client(Endpoint(base_url=base_url, token="wrong")))
+    assert (e.value.code, e.value.status) == ("unauthorized", 401)

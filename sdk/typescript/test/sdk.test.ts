@@ -3,6 +3,8 @@
 // and restore, and the API's error codes on bad input.
 
 import assert from "node:assert/strict";
+import { readFileSync } from "node:fs";
+import { join } from "node:path";
 import { PassThrough } from "node:stream";
 import { after, before, describe, test } from "node:test";
 
@@ -37,6 +39,20 @@ describe("sandboxes", () => {
     assert.deepEqual(listed.map((s) => s.id), [sbx.id]);
     await sbx.setTags({ suite: tag, extra: "1" });
     assert.deepEqual((await sbx.refresh()).data.tags, { suite: tag, extra: "1" });
+  });
+
+  test("over 127.0.0.1 with the bearer token, as the CLI's files give them", async () => {
+    const home = process.env.BELLJAR_HOME!;
+    const baseUrl = `http://127.0.0.1:${readFileSync(join(home, "run", "port"), "utf8").trim()}`;
+    const token = readFileSync(join(home, "config", "token"), "utf8").trim();
+    const viaTcp = await Sandbox.get({ sandboxId: sbx.id, baseUrl, token });
+    assert.equal(viaTcp.transport.socketPath, undefined);
+    assert.equal((await viaTcp.runCommand("echo", ["tcp"])).stdout(), "tcp\n");
+    const term = await viaTcp.openTerminal();
+    assert.match(term.commandId ?? "", /^cmd_/);
+    term.write("exit 0\n");
+    assert.deepEqual(await term.exited, { exitCode: 0, signal: null });
+    await rejectsWith(Sandbox.get({ sandboxId: sbx.id, baseUrl, token: "wrong" }), "unauthorized");
   });
 
   test("errors carry the API's code", async () => {
