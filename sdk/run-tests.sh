@@ -2,7 +2,7 @@
 # The SDK suites against a real daemon: belljard (namespace backend, `--port 0`) in a temporary
 # BELLJAR_HOME, which the SDKs find exactly as the CLI does; then the TypeScript SDK's tsc and
 # Node tests (the AI SDK adapter through `generateText` among them) and the Python SDK's pytest
-# (sync and asyncio clients, installed with `pip install ./sdk/python`).
+# (sync and asyncio clients, installed with `pip install ./sdk/python`, checked by mypy --strict).
 #
 # Installs what it needs by name, cached under $BELLJAR_CACHE keyed by its inputs:
 # sdk/typescript/node_modules from its lock file, and a virtualenv $BELLJAR_CACHE/sdk-venv from
@@ -84,7 +84,8 @@ for suite in "${suites[@]}"; do
       (cd "$here/typescript" && npm test --silent) || status=1
       ;;
     python)
-      say "Python SDK: pytest"
+      say "Python SDK: mypy --strict, pytest"
+      (cd "$here/python" && "$BELLJAR_CACHE/sdk-venv/bin/python" -m mypy --strict --cache-dir=/dev/null src/belljar) || status=1
       (cd "$here/python" && "$BELLJAR_CACHE/sdk-venv/bin/python" -m pytest -q -p no:cacheprovider tests) || status=1
       ;;
   esac
