@@ -31,6 +31,11 @@ cargo clippy --workspace --all-targets --quiet -- -D warnings
 step "cargo test --workspace"
 cargo test --workspace --no-fail-fast 2>&1 | tee "$BELLJAR_CACHE/last-cargo-test.log"
 
+# Its twin, as an ordinary user on delegated cgroup v2, runs in the microVM harness's L1 guest
+# (tests/microvm/rootless.sh): the two hosts' findings must differ.
+step "belljar doctor on this host (root, cgroup v1; tests/tests/doctor.rs)"
+BELLJAR_DOCTOR_HOST=v1-root cargo test --quiet -p belljar-e2e --test doctor -- --ignored --exact doctor_as_root_on_cgroup_v1
+
 # The desktop app is a workspace of its own (it builds against WebKitGTK), so the workspace
 # steps above do not reach it. tauri-build wants the sidecar in place (the debug belljard
 # built by setup.sh; copied only when it changed, so a warm run rebuilds nothing).

@@ -125,6 +125,9 @@ pub enum Cmd {
         /// Internal: run the overlayfs probe in this scratch directory (a child of doctor).
         #[arg(long, hide = true)]
         overlay_probe: Option<std::path::PathBuf>,
+        /// Internal: make a tap in a new network namespace (a child of doctor).
+        #[arg(long, hide = true)]
+        net_probe: bool,
     },
     Daemon {
         #[command(subcommand)]

@@ -45,7 +45,20 @@ fn main() -> ExitCode {
     let cli = args::Cli::parse();
     // Before the runtime starts: a user namespace needs a single-threaded process.
     if let args::Cmd::Doctor {
+        net_probe: true, ..
+    } = &cli.command
+    {
+        return match belljar_cli::doctor::net::child() {
+            Ok(()) => ExitCode::SUCCESS,
+            Err(e) => {
+                eprintln!("error: {e}");
+                ExitCode::from(1)
+            }
+        };
+    }
+    if let args::Cmd::Doctor {
         overlay_probe: Some(scratch),
+        ..
     } = &cli.command
     {
         return match belljar_cli::doctor::overlay::child(scratch) {

@@ -96,6 +96,30 @@ pub fn probe() -> Probe {
     }
 }
 
+/// `TUNSETIFF` with `IFF_TAP | IFF_NO_PI`: attaches the open `/dev/net/tun` to a new tap
+/// device `name` in the caller's network namespace (it goes when the fd closes). For
+/// `belljar doctor`'s network check, which makes one in a throwaway namespace.
+pub fn make_tap(tun: &fs::File, name: &str) -> std::io::Result<()> {
+    use std::os::fd::AsRawFd;
+    const TUNSETIFF: libc::c_ulong = 0x4004_54ca;
+    // SAFETY: an all-zero `ifreq` is valid (an empty name and zero flags).
+    let mut req: libc::ifreq = unsafe { std::mem::zeroed() };
+    for (dst, src) in req
+        .ifr_name
+        .iter_mut()
+        .zip(name.bytes().take(libc::IFNAMSIZ - 1))
+    {
+        *dst = src as libc::c_char;
+    }
+    req.ifr_ifru.ifru_flags = (libc::IFF_TAP | libc::IFF_NO_PI) as libc::c_short;
+    // SAFETY: TUNSETIFF reads and writes one `ifreq`, which lives for the call; the fd is ours.
+    let ret = unsafe { libc::ioctl(tun.as_raw_fd(), TUNSETIFF, &mut req) };
+    if ret < 0 {
+        return Err(std::io::Error::last_os_error());
+    }
+    Ok(())
+}
+
 /// `(major, minor)` of a kernel release string such as `6.18.44-fc-v657`.
 fn kernel_version(release: &str) -> Option<(u32, u32)> {
     let mut parts = release.split(|c: char| !c.is_ascii_digit());

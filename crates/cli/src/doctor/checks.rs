@@ -450,3 +450,37 @@ pub fn daemon(answers: bool, socket: &Path) -> Finding {
 #[cfg(test)]
 #[path = "checks_tests.rs"]
 mod tests;
+
+/// The network path: a tap device in the sandbox's network namespace carries its traffic.
+pub fn network(f: &super::net::NetFacts) -> Finding {
+    let data = json!({
+        "tun_present": f.tun_present,
+        "tap_in_netns": f.tap_in_netns.is_ok(),
+        "reason": f.tap_in_netns.as_ref().err(),
+    });
+    if !f.tun_present {
+        return finding(
+            "network",
+            Status::Warning,
+            "no /dev/net/tun: namespace sandboxes have no network",
+            Some("sudo modprobe tun"),
+            data,
+        );
+    }
+    match &f.tap_in_netns {
+        Ok(()) => finding(
+            "network",
+            Status::Ok,
+            "/dev/net/tun works: a tap device can be made in a sandbox's network namespace",
+            None,
+            data,
+        ),
+        Err(why) => finding(
+            "network",
+            Status::Warning,
+            format!("{why}: namespace sandboxes have no network"),
+            None,
+            data,
+        ),
+    }
+}

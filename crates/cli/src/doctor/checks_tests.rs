@@ -254,3 +254,28 @@ fn daemon_not_running_is_a_warning_and_problems_fail_the_report() {
     assert!(!report.ok);
     assert!(report.render().contains("PROBLEM"));
 }
+
+#[test]
+fn network_needs_tun_and_a_tap_in_a_netns() {
+    use crate::doctor::net::NetFacts;
+    let missing = NetFacts {
+        tun_present: false,
+        tap_in_netns: Err("/dev/net/tun is missing".into()),
+    };
+    let f = network(&missing);
+    assert_eq!(f.status, Status::Warning);
+    assert_eq!(f.fix.as_deref(), Some("sudo modprobe tun"));
+    let refused = NetFacts {
+        tun_present: true,
+        tap_in_netns: Err("Cannot create a tap device in a network namespace: EPERM".into()),
+    };
+    let f = network(&refused);
+    assert_eq!(f.status, Status::Warning);
+    assert!(f.found.contains("EPERM"), "{}", f.found);
+    assert_eq!(f.facts["tap_in_netns"], false);
+    let fine = NetFacts {
+        tun_present: true,
+        tap_in_netns: Ok(()),
+    };
+    assert_eq!(network(&fine).status, Status::Ok);
+}

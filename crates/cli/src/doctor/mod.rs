@@ -8,6 +8,7 @@
 //! judgement is tested on fixture inputs rather than on whatever host runs the tests.
 
 pub mod checks;
+pub mod net;
 pub mod overlay;
 
 use std::fmt::Write as _;
@@ -30,7 +31,8 @@ pub enum Status {
 /// One check's result.
 #[derive(Debug, Clone, PartialEq, Serialize)]
 pub struct Finding {
-    /// Stable name of the check: `kvm`, `cgroup`, `subids`, `overlayfs`, `disk`, `daemon`.
+    /// Stable name of the check: `kvm`, `cgroup`, `subids`, `overlayfs`, `network`, `disk`,
+    /// `daemon`.
     pub check: &'static str,
     pub status: Status,
     /// What was found, one sentence for people.
@@ -92,11 +94,21 @@ pub async fn gather(paths: &Paths, exe: &Path) -> Report {
     .await
     .unwrap_or_else(|e| Err(e.to_string()));
     let overlay = checks::overlayfs(&overlay, &checks::Sysctls::gather(Path::new("/")));
+    let network = tokio::task::spawn_blocking({
+        let exe = exe.to_path_buf();
+        move || net::NetFacts::gather(&exe)
+    })
+    .await
+    .unwrap_or_else(|e| net::NetFacts {
+        tun_present: false,
+        tap_in_netns: Err(e.to_string()),
+    });
+    let network = checks::network(&network);
     let disk = checks::disk(&disk_dirs(paths));
     let client = Client::local(paths);
     let answers = client.answers().await;
     let daemon = checks::daemon(answers, &paths.socket());
-    Report::new(vec![kvm, cgroup, subids, overlay, disk, daemon])
+    Report::new(vec![kvm, cgroup, subids, overlay, network, disk, daemon])
 }
 
 /// The directories images and sandboxes are stored in, with their free space.

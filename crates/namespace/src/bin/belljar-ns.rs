@@ -8,6 +8,7 @@
 //! belljar-ns bench N ROOTFS AGENT WORK_DIR     # launch → socket connectable, N times
 //! belljar-ns sh STATE_DIR COMMAND              # through the test stand-in agent only
 //! belljar-ns user-tree IMAGE_DIR CACHE_DIR     # the image tree this user's sandboxes use
+//! belljar-ns fixtures                          # builds the test fixtures, prints their directory
 //! ```
 
 use std::path::PathBuf;
@@ -84,6 +85,10 @@ fn main() -> Result<()> {
             println!("{}", tree.display());
             eprintln!("user-tree: {:.1?}", started.elapsed());
         }
+        Some("fixtures") => {
+            belljar_namespace::testing::fixtures()?;
+            println!("{}", belljar_namespace::testing::fixture_dir().display());
+        }
         Some("bench") => bench(
             arg(1)?.parse()?,
             arg(2)?.into(),
@@ -91,7 +96,7 @@ fn main() -> Result<()> {
             arg(4)?.into(),
         )?,
         _ => bail!(
-            "usage: belljar-ns probe|launch|adopt|stop|destroy|usage|user-tree|bench ... (see --help in the source)"
+            "usage: belljar-ns probe|launch|adopt|stop|destroy|usage|user-tree|fixtures|bench ... (see --help in the source)"
         ),
     }
     Ok(())

@@ -1,9 +1,19 @@
 //! Discovery: which cgroup hierarchies this process sees (`/proc/self/mountinfo`, read with
 //! `procfs-core`) and its own group in each (`/proc/self/cgroup`), so that sandboxes' groups
 //! nest under the daemon's own. Creating groups and writing limits is `super`'s job.
+//!
+//! Without root, only a delegated cgroup v2 subtree is writable. Delegation is ownership: the
+//! delegating party (systemd for `user@UID.service` and for a `Delegate=yes` scope, or an
+//! administrator) chowns the group's directory, `cgroup.procs` and `cgroup.subtree_control` to
+//! the user. A rootless daemon therefore uses, as the base of its sandboxes' groups, its own
+//! group when that is delegated and holds no other process (`systemd-run --user --scope -p
+//! Delegate=yes belljard`), else the topmost delegated ancestor of its own group (the
+//! subtree an administrator or the user's systemd manager delegated, whose processes sit in
+//! child groups such as `init.scope` or a session's scope, never in it directly).
 
 use std::collections::BTreeMap;
 use std::fs;
+use std::os::unix::fs::MetadataExt;
 use std::path::{Path, PathBuf};
 
 use procfs_core::FromBufRead;
@@ -22,11 +32,23 @@ pub struct Hierarchies {
 }
 
 impl Hierarchies {
-    /// Reads `/proc/self/mountinfo` and `/proc/self/cgroup`.
+    /// Reads `/proc/self/mountinfo` and `/proc/self/cgroup`; without root, the v2 base is
+    /// the delegated group (see the module's comment), when there is one.
     pub fn discover() -> Self {
         let mountinfo = fs::read_to_string("/proc/self/mountinfo").unwrap_or_default();
         let own = fs::read_to_string("/proc/self/cgroup").unwrap_or_default();
-        Self::parse(&mountinfo, &own, |p| fs::read_to_string(p).ok())
+        let mut h = Self::parse(&mountinfo, &own, |p| fs::read_to_string(p).ok());
+        let uid = nix::unistd::Uid::effective().as_raw();
+        if uid != 0
+            && let Some((dir, ctrls)) = &mut h.v2
+            && let Some(base) = delegated_base(dir, uid, std::process::id())
+            && base != *dir
+        {
+            let offered = fs::read_to_string(base.join("cgroup.controllers")).unwrap_or_default();
+            *ctrls = offered.split_whitespace().map(str::to_owned).collect();
+            *dir = base;
+        }
+        h
     }
 
     /// [`Self::discover`] from given file contents: `read` stands for reading a cgroup file,
@@ -97,6 +119,33 @@ impl Hierarchies {
             _ => crate::CgroupMode::None,
         }
     }
+}
+
+/// Whether `uid` owns the files that make `dir` a delegated group.
+fn delegated_to(dir: &Path, uid: u32) -> bool {
+    ["cgroup.procs", "cgroup.subtree_control"]
+        .iter()
+        .all(|f| fs::metadata(dir.join(f)).is_ok_and(|m| m.uid() == uid))
+}
+
+/// The group a rootless daemon in `own` makes its sandboxes' groups under: `own` when it is
+/// delegated to `uid` and holds no process but `pid`, else the topmost delegated ancestor of
+/// `own` (searched up to the hierarchy's root, the last directory with a `cgroup.procs`).
+pub fn delegated_base(own: &Path, uid: u32, pid: u32) -> Option<PathBuf> {
+    let procs = fs::read_to_string(own.join("cgroup.procs")).unwrap_or_default();
+    let alone = procs.split_whitespace().all(|p| p == pid.to_string());
+    if delegated_to(own, uid) && alone {
+        return Some(own.to_owned());
+    }
+    let mut topmost = None;
+    let mut dir = Some(own);
+    while let Some(d) = dir.filter(|d| d.join("cgroup.procs").exists()) {
+        if delegated_to(d, uid) {
+            topmost = Some(d.to_owned());
+        }
+        dir = d.parent();
+    }
+    topmost
 }
 
 /// `\040` and friends in mountinfo paths (the parser leaves them escaped).
@@ -180,6 +229,45 @@ mod tests {
         let mi = "34 30 0:30 /docker/x /sys/fs/cgroup/memory rw - cgroup cgroup rw,memory\n";
         let h = Hierarchies::parse(mi, "4:memory:/docker/x/sub\n", |_| None);
         assert_eq!(h.v1["memory"].0, PathBuf::from("/sys/fs/cgroup/memory/sub"));
+    }
+
+    /// A tree shaped like systemd's: `user@UID.service` delegated to the user, a session's
+    /// scope in it (the user's, holding the shell), and the daemon's own `Delegate=yes` scope.
+    #[test]
+    fn rootless_base_is_the_delegated_group() {
+        let tmp = tempfile::tempdir().unwrap();
+        let me = nix::unistd::Uid::effective().as_raw();
+        let root = tmp.path().join("cgroup");
+        let service = root.join("user.slice/user@4242.service");
+        let session = service.join("session.scope");
+        let scope = service.join("app.slice/belljard.scope");
+        for d in [&root, &root.join("user.slice"), &service, &session, &scope] {
+            fs::create_dir_all(d).unwrap();
+            fs::write(d.join("cgroup.procs"), "").unwrap();
+            fs::write(d.join("cgroup.subtree_control"), "").unwrap();
+        }
+        fs::write(session.join("cgroup.procs"), "100\n4242\n").unwrap();
+        fs::write(scope.join("cgroup.procs"), "4242\n").unwrap();
+        if me == 0 {
+            // Files here are root's: make everything above the service someone else's.
+            for d in [&root, &root.join("user.slice")] {
+                for f in ["cgroup.procs", "cgroup.subtree_control"] {
+                    std::os::unix::fs::chown(d.join(f), Some(1), Some(1)).unwrap();
+                }
+            }
+        }
+        // Its own scope, alone in it: that scope.
+        assert_eq!(delegated_base(&scope, me, 4242), Some(scope.clone()));
+        // A scope shared with the shell: the topmost delegated group, the user's service.
+        let got = delegated_base(&session, me, 4242);
+        if me == 0 {
+            assert_eq!(got, Some(service.clone()));
+        } else {
+            // Everything in a temporary directory is ours: the topmost is the tree's root.
+            assert_eq!(got, Some(root.clone()));
+        }
+        // Nothing delegated to this uid.
+        assert_eq!(delegated_base(&session, 77_777, 4242), None);
     }
 
     #[test]

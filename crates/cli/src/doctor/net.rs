@@ -1,0 +1,91 @@
+//! The network-path check, done for real: a namespace sandbox's network reaches the daemon
+//! through a tap device in the sandbox's network namespace, which needs the kernel's `tun`
+//! driver, `/dev/net/tun`, and the right to make a tap there (root, or root of a user
+//! namespace that owns the network namespace). So a throwaway child makes a network namespace
+//! (inside a user namespace when not root), opens `/dev/net/tun` and creates a tap with
+//! `TUNSETIFF`, the same calls a sandbox's set-up makes. The tap dies with the namespace.
+//!
+//! As with the overlayfs probe, `unshare(CLONE_NEWUSER)` refuses a multithreaded process, so
+//! [`probe`] re-runs the `belljar` binary (`doctor --net-probe`) and [`child`] does the work.
+
+use std::fs;
+use std::os::unix::fs::FileTypeExt;
+use std::path::Path;
+use std::process::Command;
+
+use nix::sched::{CloneFlags, unshare};
+use nix::unistd::{Gid, Uid};
+
+/// The tun character device.
+pub const TUN: &str = "/dev/net/tun";
+
+/// Why the child could not make a tap.
+#[derive(Debug, thiserror::Error)]
+pub enum NetError {
+    #[error("Cannot create a network namespace: {0}")]
+    Unshare(#[source] nix::Error),
+    #[error("Cannot write the id maps of the user namespace: {0}")]
+    IdMap(#[source] std::io::Error),
+    #[error("Cannot open /dev/net/tun: {0}")]
+    Open(#[source] std::io::Error),
+    #[error("Cannot create a tap device in a network namespace: {0}")]
+    Tap(#[source] std::io::Error),
+}
+
+/// What the host offers for the network path.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct NetFacts {
+    /// `/dev/net/tun` exists and is a character device.
+    pub tun_present: bool,
+    /// The child's answer: a tap was made in a fresh network namespace, or why not.
+    pub tap_in_netns: Result<(), String>,
+}
+
+impl NetFacts {
+    /// Looks at `/dev/net/tun` and runs the child probe through `exe`.
+    pub fn gather(exe: &Path) -> Self {
+        let tun_present = fs::metadata(TUN).is_ok_and(|m| m.file_type().is_char_device());
+        let tap_in_netns = if tun_present {
+            probe(exe)
+        } else {
+            Err(format!("{TUN} is missing"))
+        };
+        Self {
+            tun_present,
+            tap_in_netns,
+        }
+    }
+}
+
+/// Runs `exe doctor --net-probe`; `Err` carries the child's reason.
+pub fn probe(exe: &Path) -> Result<(), String> {
+    let out = Command::new(exe)
+        .args(["doctor", "--net-probe"])
+        .output()
+        .map_err(|e| format!("cannot run {}: {e}", exe.display()))?;
+    if out.status.success() {
+        Ok(())
+    } else {
+        let err = String::from_utf8_lossy(&out.stderr);
+        Err(err.trim().trim_start_matches("error: ").to_owned())
+    }
+}
+
+/// The child's side: new namespaces, then a tap in the new network namespace.
+pub fn child() -> Result<(), NetError> {
+    let (uid, gid) = (Uid::current(), Gid::current());
+    if uid.is_root() {
+        unshare(CloneFlags::CLONE_NEWNET).map_err(NetError::Unshare)?;
+    } else {
+        unshare(CloneFlags::CLONE_NEWUSER | CloneFlags::CLONE_NEWNET).map_err(NetError::Unshare)?;
+        fs::write("/proc/self/setgroups", "deny").map_err(NetError::IdMap)?;
+        fs::write("/proc/self/uid_map", format!("0 {uid} 1")).map_err(NetError::IdMap)?;
+        fs::write("/proc/self/gid_map", format!("0 {gid} 1")).map_err(NetError::IdMap)?;
+    }
+    let tun = fs::OpenOptions::new()
+        .read(true)
+        .write(true)
+        .open(TUN)
+        .map_err(NetError::Open)?;
+    belljar_namespace::probe::make_tap(&tun, "bjprobe0").map_err(NetError::Tap)
+}

@@ -1,0 +1,110 @@
+//! `belljar doctor --json` on the two kinds of host Belljar is tested on, whose findings must
+//! differ: this build machine (root, cgroup v1 with an empty v2 mount, PVM's `/dev/kvm`), and
+//! the rootless host of the microVM harness's L1 guest (an ordinary user with subordinate ids
+//! on cgroup v2 with a subtree delegated to it, `/dev/kvm` present but only for the `kvm`
+//! group). Each test needs its host, so both are ignored by default: `scripts/test.sh` runs the
+//! first here and `tests/microvm/rootless.sh` the second in L1 (`BELLJAR_DOCTOR_HOST` names
+//! the host so that a run on the wrong one fails instead of passing vacuously).
+
+use std::process::Command;
+
+use belljar_e2e::binary;
+use serde_json::Value;
+
+/// The report, and the finding of each check by name.
+fn doctor() -> (Value, impl Fn(&str) -> Value) {
+    let home = tempfile::tempdir().unwrap();
+    let out = Command::new(binary("belljar"))
+        .args(["doctor", "--json"])
+        // No daemon answers in an empty home: that finding is a warning, not a problem.
+        .env("BELLJAR_HOME", home.path())
+        .output()
+        .expect("belljar doctor");
+    let report: Value = serde_json::from_slice(&out.stdout).unwrap_or_else(|e| {
+        panic!(
+            "{e}: {}{}",
+            String::from_utf8_lossy(&out.stdout),
+            String::from_utf8_lossy(&out.stderr)
+        )
+    });
+    eprintln!("{}", serde_json::to_string_pretty(&report).unwrap());
+    let findings = report["findings"].as_array().unwrap().clone();
+    let by_name = move |check: &str| {
+        findings
+            .iter()
+            .find(|f| f["check"] == check)
+            .unwrap_or_else(|| panic!("no {check} finding"))
+            .clone()
+    };
+    (report, by_name)
+}
+
+fn expect_host(kind: &str) {
+    assert_eq!(
+        std::env::var("BELLJAR_DOCTOR_HOST").as_deref(),
+        Ok(kind),
+        "run on the {kind} host with BELLJAR_DOCTOR_HOST={kind}"
+    );
+}
+
+#[test]
+#[ignore = "needs a root host on cgroup v1: scripts/test.sh runs it with BELLJAR_DOCTOR_HOST=v1-root"]
+fn doctor_as_root_on_cgroup_v1() {
+    expect_host("v1-root");
+    let (report, f) = doctor();
+    let cgroup = f("cgroup");
+    assert_eq!(cgroup["status"], "ok", "{cgroup}");
+    assert_eq!(cgroup["facts"]["version"], "v1");
+    let subids = f("subids");
+    assert_eq!(subids["status"], "ok");
+    assert_eq!(subids["facts"]["rootless"], false);
+    // PVM: /dev/kvm opens but cannot run a Linux guest; no command fixes that.
+    let kvm = f("kvm");
+    assert_eq!(kvm["status"], "warning", "{kvm}");
+    assert_eq!(kvm["facts"]["pvm"], true);
+    assert_eq!(kvm["fix"], Value::Null);
+    assert_eq!(f("overlayfs")["status"], "ok");
+    // Root makes a tap in a fresh network namespace.
+    let network = f("network");
+    assert_eq!(network["status"], "ok", "{network}");
+    assert_eq!(network["facts"]["tap_in_netns"], true);
+    assert_eq!(report["ok"], true);
+}
+
+#[test]
+#[ignore = "needs an ordinary user on delegated cgroup v2: tests/microvm/rootless.sh runs it in L1"]
+fn doctor_as_an_ordinary_user_on_delegated_v2() {
+    expect_host("v2-rootless");
+    let (report, f) = doctor();
+    let cgroup = f("cgroup");
+    assert_eq!(cgroup["status"], "ok", "{cgroup}");
+    assert_eq!(cgroup["facts"]["version"], "v2");
+    assert_eq!(cgroup["facts"]["subtree_control_writable"], true);
+    let group = cgroup["facts"]["group"].as_str().unwrap();
+    assert!(group.ends_with(".service"), "the delegated group: {group}");
+    let controllers = cgroup["facts"]["controllers"].to_string();
+    for c in ["cpu", "memory", "pids"] {
+        assert!(controllers.contains(c), "{controllers}");
+    }
+    let subids = f("subids");
+    assert_eq!(subids["status"], "ok", "{subids}");
+    assert_eq!(subids["facts"]["rootless"], true);
+    assert_eq!(subids["facts"]["subuid"]["count"], 65536);
+    // Nested KVM is there, but only the kvm group may open it: the fix is joining it.
+    let kvm = f("kvm");
+    assert_eq!(kvm["status"], "warning", "{kvm}");
+    assert_eq!(kvm["facts"]["present"], true);
+    assert_eq!(kvm["facts"]["openable"], false);
+    assert!(kvm["fix"].as_str().unwrap().contains("usermod -aG kvm"));
+    assert_eq!(f("overlayfs")["status"], "ok");
+    // L1's initramfs loads no tun module: then the fix is loading it; with it, the user
+    // makes a tap in a network namespace of its own user namespace.
+    let network = f("network");
+    if std::path::Path::new("/dev/net/tun").exists() {
+        assert_eq!(network["status"], "ok", "{network}");
+    } else {
+        assert_eq!(network["status"], "warning", "{network}");
+        assert_eq!(network["fix"], "sudo modprobe tun");
+    }
+    assert_eq!(report["ok"], true);
+}
