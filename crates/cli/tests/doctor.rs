@@ -45,7 +45,15 @@ fn doctor_reports_this_host_truthfully() {
         .collect();
     assert_eq!(
         checks,
-        ["kvm", "cgroup", "subids", "overlayfs", "disk", "daemon"]
+        [
+            "kvm",
+            "cgroup",
+            "subids",
+            "overlayfs",
+            "network",
+            "disk",
+            "daemon"
+        ]
     );
     assert_eq!(status == 0, report["ok"] == true, "{report:#}");
 
