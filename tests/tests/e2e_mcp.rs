@@ -53,13 +53,17 @@ async fn an_agent_drives_sandboxes_through_mcp() {
     let info = session.peer_info().expect("server info");
     let server = info.server_info.as_ref().expect("server_info");
     assert_eq!(server.name, "belljar");
-    let mut tools: Vec<String> = session
-        .list_all_tools()
-        .await
-        .unwrap()
-        .into_iter()
-        .map(|t| t.name.to_string())
-        .collect();
+    let listed = session.list_all_tools().await.unwrap();
+    // Each tool describes its arguments (the schema an agent fills in).
+    let run = listed.iter().find(|t| t.name == "run_command").unwrap();
+    let schema = serde_json::Value::Object((*run.input_schema).clone());
+    assert_eq!(
+        schema["required"],
+        json!(["sandbox_id", "argv"]),
+        "{schema}"
+    );
+    assert_eq!(schema["properties"]["argv"]["type"], "array", "{schema}");
+    let mut tools: Vec<String> = listed.into_iter().map(|t| t.name.to_string()).collect();
     tools.sort();
     assert_eq!(
         tools,
@@ -211,6 +215,21 @@ async fn an_agent_drives_sandboxes_through_mcp() {
         error_code(&session, "list_sandboxes", json!({ "status": "asleep" })).await,
         "bad_request"
     );
+    // Arguments that do not fit a tool's schema: the same code, as a tool error.
+    for (tool, args) in [
+        ("create_sandbox", json!({ "image": 5 })),
+        ("get_sandbox", json!({})),
+        (
+            "read_file",
+            json!({ "sandbox_id": id, "path": "/x", "bogus": true }),
+        ),
+    ] {
+        assert_eq!(
+            error_code(&session, tool, args).await,
+            "bad_request",
+            "{tool}"
+        );
+    }
 
     // Snapshot (the sandbox keeps running), then restore it into a new sandbox.
     let snap = ok(

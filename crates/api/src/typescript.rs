@@ -80,7 +80,10 @@ mod tests {
     fn generated_typescript_matches_the_rust_types() {
         let root = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../..");
         let fresh = super::render();
-        for file in ["ui/src/generated/api.ts", "sdk/typescript/src/generated/api.ts"] {
+        for file in [
+            "ui/src/generated/api.ts",
+            "sdk/typescript/src/generated/api.ts",
+        ] {
             let path = root.join(file);
             if std::env::var_os("BELLJAR_WRITE_TS").is_some() {
                 std::fs::create_dir_all(path.parent().unwrap()).unwrap();

@@ -56,6 +56,9 @@ pub enum ToolError {
     /// An argument the tool rejects before asking the daemon.
     #[error("{0}")]
     BadRequest(String),
+    /// Arguments that do not fit the tool's schema.
+    #[error(transparent)]
+    Arguments(#[from] params::BadArguments),
     /// A file too big to hand to a model in one answer.
     #[error(
         "{path} is {size} bytes; read_file answers at most {max} (copy it out with `belljar cp`)"
@@ -67,7 +70,7 @@ impl ToolError {
     pub fn code(&self) -> &str {
         match self {
             Self::Client(e) => e.code(),
-            Self::BadRequest(_) => "bad_request",
+            Self::BadRequest(_) | Self::Arguments(_) => "bad_request",
             Self::TooLarge { .. } => "payload_too_large",
         }
     }

@@ -3,8 +3,42 @@
 
 use std::collections::BTreeMap;
 
+use rmcp::ErrorData;
+use rmcp::handler::server::common::FromContextPart;
+use rmcp::handler::server::tool::ToolCallContext;
 use schemars::JsonSchema;
+use serde::de::DeserializeOwned;
 use serde::{Deserialize, Serialize};
+
+/// A tool's arguments, or why they do not fit its schema. rmcp's own extractor turns a
+/// mismatch into a JSON-RPC protocol error; this one hands it to the tool, which answers a
+/// `bad_request` tool error with the API's error body, as for every other bad input. (Named
+/// `Parameters` because rmcp's `#[tool]` finds a tool's input schema by that name.)
+pub struct Parameters<P>(pub Result<P, BadArguments>);
+
+/// Arguments that do not fit a tool's schema.
+#[derive(Debug, thiserror::Error)]
+#[error("Invalid arguments: {0}")]
+pub struct BadArguments(String);
+
+impl<P: JsonSchema> JsonSchema for Parameters<P> {
+    fn schema_name() -> std::borrow::Cow<'static, str> {
+        P::schema_name()
+    }
+
+    fn json_schema(generator: &mut schemars::SchemaGenerator) -> schemars::Schema {
+        P::json_schema(generator)
+    }
+}
+
+impl<S, P: DeserializeOwned> FromContextPart<ToolCallContext<'_, S>> for Parameters<P> {
+    fn from_context_part(context: &mut ToolCallContext<'_, S>) -> Result<Self, ErrorData> {
+        let arguments = context.arguments.take().unwrap_or_default();
+        let parsed = serde_json::from_value(serde_json::Value::Object(arguments))
+            .map_err(|e| BadArguments(e.to_string()));
+        Ok(Self(parsed))
+    }
+}
 
 #[derive(Debug, Default, Deserialize, JsonSchema)]
 #[serde(deny_unknown_fields)]

@@ -10,13 +10,12 @@ use belljar_api::{
 };
 use belljar_client::{Client, full, log_bytes};
 use rmcp::handler::server::router::tool::ToolRouter;
-use rmcp::handler::server::wrapper::Parameters;
 use rmcp::model::{CallToolResult, Implementation, ServerCapabilities, ServerConfig};
 use rmcp::{ServerHandler, tool, tool_handler, tool_router};
 
 use super::params::{
-    CreateParams, FileContent, ListParams, ListSnapshotsParams, PathParams, RunOutput,
-    SandboxParams, SnapshotParams, WriteParams,
+    CreateParams, FileContent, ListParams, ListSnapshotsParams, Parameters, PathParams, RunOutput,
+    RunParams, SandboxParams, SnapshotParams, WriteParams,
 };
 use super::{ToolError, answer};
 
@@ -48,75 +47,82 @@ impl Belljar {
         description = "Create a local Linux sandbox (optionally from a snapshot) and return it once it runs."
     )]
     async fn create_sandbox(&self, Parameters(p): Parameters<CreateParams>) -> CallToolResult {
-        answer(self.create(p).await)
+        answer(async { self.create(p?).await }.await)
     }
 
     #[tool(description = "List sandboxes, newest first.")]
     async fn list_sandboxes(&self, Parameters(p): Parameters<ListParams>) -> CallToolResult {
-        answer(self.list(p).await)
+        answer(async { self.list(p?).await }.await)
     }
 
     #[tool(description = "Show one sandbox.")]
     async fn get_sandbox(&self, Parameters(p): Parameters<SandboxParams>) -> CallToolResult {
-        answer(self.client.sandbox(&p.sandbox_id).await.map_err(Into::into))
+        answer(async { Ok(self.client.sandbox(&p?.sandbox_id).await?) }.await)
     }
 
     #[tool(description = "Stop a sandbox; its files and logs stay until it is deleted.")]
     async fn stop_sandbox(&self, Parameters(p): Parameters<SandboxParams>) -> CallToolResult {
-        answer(
-            self.client
-                .stop_sandbox(&p.sandbox_id)
-                .await
-                .map_err(Into::into),
-        )
+        answer(async { Ok(self.client.stop_sandbox(&p?.sandbox_id).await?) }.await)
     }
 
     #[tool(description = "Delete a sandbox, stopping it first.")]
     async fn delete_sandbox(&self, Parameters(p): Parameters<SandboxParams>) -> CallToolResult {
-        let id = p.sandbox_id;
-        let done = self.client.delete_sandbox(&id).await;
         answer(
-            done.map(|()| serde_json::json!({ "deleted": id }))
-                .map_err(Into::into),
+            async {
+                let id = p?.sandbox_id;
+                self.client.delete_sandbox(&id).await?;
+                Ok(serde_json::json!({ "deleted": id }))
+            }
+            .await,
         )
     }
 
     #[tool(
         description = "Run a command in a sandbox and wait for it; returns exit code, stdout and stderr."
     )]
-    async fn run_command(
-        &self,
-        Parameters(p): Parameters<super::params::RunParams>,
-    ) -> CallToolResult {
-        answer(self.run(p).await)
+    async fn run_command(&self, Parameters(p): Parameters<RunParams>) -> CallToolResult {
+        answer(async { self.run(p?).await }.await)
     }
 
     #[tool(description = "Read a file from a sandbox (UTF-8 text, else base64).")]
     async fn read_file(&self, Parameters(p): Parameters<PathParams>) -> CallToolResult {
-        answer(self.read(p).await)
+        answer(async { self.read(p?).await }.await)
     }
 
     #[tool(description = "Write a file in a sandbox, creating missing parent directories.")]
     async fn write_file(&self, Parameters(p): Parameters<WriteParams>) -> CallToolResult {
-        answer(self.write(p).await)
+        answer(async { self.write(p?).await }.await)
     }
 
     #[tool(description = "List a directory in a sandbox.")]
     async fn list_files(&self, Parameters(p): Parameters<PathParams>) -> CallToolResult {
-        let list = self.client.list_files(&p.sandbox_id, &p.path, None, None);
-        answer(list.await.map_err(Into::into))
+        answer(
+            async {
+                let p = p?;
+                Ok(self
+                    .client
+                    .list_files(&p.sandbox_id, &p.path, None, None)
+                    .await?)
+            }
+            .await,
+        )
     }
 
     #[tool(
         description = "Snapshot a sandbox's files. The sandbox stops unless keep_running; restore with create_sandbox's snapshot_id."
     )]
     async fn snapshot_sandbox(&self, Parameters(p): Parameters<SnapshotParams>) -> CallToolResult {
-        let req = CreateSnapshot {
-            keep_running: Some(p.keep_running),
-            expiration_ms: None,
-        };
-        let snap = self.client.snapshot_sandbox(&p.sandbox_id, &req).await;
-        answer(snap.map_err(Into::into))
+        answer(
+            async {
+                let p = p?;
+                let req = CreateSnapshot {
+                    keep_running: Some(p.keep_running),
+                    expiration_ms: None,
+                };
+                Ok(self.client.snapshot_sandbox(&p.sandbox_id, &req).await?)
+            }
+            .await,
+        )
     }
 
     #[tool(description = "List snapshots, newest first.")]
@@ -124,11 +130,16 @@ impl Belljar {
         &self,
         Parameters(p): Parameters<ListSnapshotsParams>,
     ) -> CallToolResult {
-        let q = ListSnapshotsQuery {
-            sandbox_id: p.sandbox_id,
-            ..Default::default()
-        };
-        answer(self.client.list_snapshots(&q).await.map_err(Into::into))
+        answer(
+            async {
+                let q = ListSnapshotsQuery {
+                    sandbox_id: p?.sandbox_id,
+                    ..Default::default()
+                };
+                Ok(self.client.list_snapshots(&q).await?)
+            }
+            .await,
+        )
     }
 }
 
@@ -191,7 +202,7 @@ impl Belljar {
         Ok(serde_json::json!({ "sandboxes": all }))
     }
 
-    async fn run(&self, p: super::params::RunParams) -> Result<RunOutput, ToolError> {
+    async fn run(&self, p: RunParams) -> Result<RunOutput, ToolError> {
         let id = p.sandbox_id;
         let req = RunCommand {
             argv: p.argv,
