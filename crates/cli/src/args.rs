@@ -144,6 +144,22 @@ pub enum Cmd {
     /// Serve the Model Context Protocol on stdin/stdout, for agents (starts the daemon if
     /// needed).
     Mcp,
+    /// Run a program with Vercel's Sandbox SDK (`@vercel/sandbox`) pointed at this daemon:
+    /// `belljar vercel -- node app.mjs`; `belljar vercel env` prints the variables instead.
+    #[command(args_conflicts_with_subcommands = true)]
+    Vercel {
+        #[command(subcommand)]
+        action: Option<VercelCmd>,
+        /// The program and its arguments, after `--`.
+        #[arg(last = true)]
+        command: Vec<String>,
+    },
+}
+
+#[derive(Debug, Subcommand)]
+pub enum VercelCmd {
+    /// Print the variables as shell `export` lines (`eval "$(belljar vercel env)"`).
+    Env,
 }
 
 #[derive(Debug, Args, Clone, Default)]

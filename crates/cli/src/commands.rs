@@ -20,7 +20,7 @@ use belljar_client::{Client, ClientError, Paths};
 use clap::CommandFactory;
 
 use crate::args::{
-    Cli, Cmd, CreateArgs, DaemonCmd, ExecArgs, ImagesCmd, LsArgs, RunArgs, SandboxOpts,
+    Cli, Cmd, CreateArgs, DaemonCmd, ExecArgs, ImagesCmd, LsArgs, RunArgs, SandboxOpts, VercelCmd,
 };
 use crate::timeline;
 
@@ -182,9 +182,27 @@ async fn dispatch(client: &Client, paths: &Paths, command: Cmd, json: bool) -> R
         Cmd::Fork { id, name } => timeline::fork(client, &id, name, json).await,
         Cmd::Pause { ids } => timeline::pause_or_resume(client, ids, true, json).await,
         Cmd::Resume { ids } => timeline::pause_or_resume(client, ids, false, json).await,
+        Cmd::Vercel { action, command } => vercel(client, paths, action, command).await,
         Cmd::Daemon { .. } | Cmd::Completions { .. } | Cmd::Doctor { .. } | Cmd::Mcp => {
             unreachable!("handled before")
         }
+    }
+}
+
+/// `belljar vercel env` prints the environment; `belljar vercel -- CMD` becomes CMD with it.
+async fn vercel(
+    client: &Client,
+    paths: &Paths,
+    action: Option<VercelCmd>,
+    command: Vec<String>,
+) -> Result<i32> {
+    let env = belljar_cli::vercel::environment(client, paths).await?;
+    match action {
+        Some(VercelCmd::Env) => {
+            out!("{}", belljar_cli::vercel::export_lines(&env))?;
+            Ok(0)
+        }
+        None => Err(belljar_cli::vercel::exec(&command, &env).into()),
     }
 }
 

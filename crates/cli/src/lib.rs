@@ -18,3 +18,4 @@ pub mod mcp;
 pub mod output;
 pub mod snapshots;
 pub mod terminal;
+pub mod vercel;

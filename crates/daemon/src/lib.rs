@@ -2,9 +2,11 @@
 //!
 //! [`server::run`] wires it together: [`paths`] and [`config`] say where things live, [`store`]
 //! keeps state in SQLite, [`sandbox`] runs sandboxes on a backend, [`images`] finds and builds
-//! root filesystems, [`events`] numbers and broadcasts changes, and [`http`] serves the API.
+//! root filesystems, [`events`] numbers and broadcasts changes, and [`http`] serves the API;
+//! [`compat`] serves cloud sandbox APIs (Vercel's) on top of the same services.
 #![forbid(unsafe_code)]
 
+pub mod compat;
 pub mod config;
 pub mod events;
 pub mod http;

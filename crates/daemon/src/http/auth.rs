@@ -116,6 +116,11 @@ impl Auth {
         }
     }
 
+    /// The bearer token, for the compatibility layers that sign their own credentials with it.
+    pub(crate) fn token(&self) -> &str {
+        &self.token
+    }
+
     /// The TCP port actually bound, which the daemon's own origins carry.
     pub fn set_port(&self, port: u16) {
         self.port.store(port, Ordering::Relaxed);
@@ -288,15 +293,20 @@ pub fn cors(auth: std::sync::Arc<Auth>) -> CorsLayer {
         .max_age(Duration::from_secs(600))
 }
 
-/// Refuses what [`Auth::check_credentials`] refuses. The API under `/v1` needs credentials;
-/// the UI's static files and `/ui` do not (they hold no secret).
+/// Refuses what [`Auth::check_credentials`] refuses. The API under `/v1` and the
+/// compatibility APIs under `/compat/` need credentials; the UI's static files and `/ui` do not
+/// (they hold no secret).
 pub async fn credentials_guard(
     State(auth): State<std::sync::Arc<Auth>>,
     mut req: Request,
     next: Next,
 ) -> Response {
     let path = req.uri().path();
-    let needs = path == "/v1" || path.starts_with("/v1/");
+    let needs = path == "/v1" || path.starts_with("/v1/") || path.starts_with("/compat/");
+    if path.starts_with(crate::compat::vercel::PREFIX) {
+        // Vercel's SDK sends its credential as a JWT; one the daemon signed stands for the token.
+        crate::compat::vercel::token::accept(&auth, req.headers_mut());
+    }
     if let Some(bearer) = websocket_query_token(&req) {
         // A browser cannot set headers on a WebSocket, so the desktop app sends its token in
         // the query of the upgrade; it is checked exactly like the header.

@@ -98,13 +98,13 @@ impl<T: DeserializeOwned + Send, S: Send + Sync> FromRequestParts<S> for ApiPath
     }
 }
 
-/// Turns the plain-text answers axum makes on its own under `/v1` (a path segment that is
+/// Turns the plain-text answers axum makes on its own under `/v1` and `/compat/` (a path segment that is
 /// not UTF-8 once decoded, a WebSocket route asked without an upgrade, a method the route
 /// does not have) into `{"error":{"code","message"}}` with the same status. Answers that are
 /// already JSON, and everything outside the API (the web UI), pass unchanged.
 pub async fn json_rejections(req: Request, next: Next) -> Response {
     let path = req.uri().path();
-    let api = path == "/v1" || path.starts_with("/v1/");
+    let api = path == "/v1" || path.starts_with("/v1/") || path.starts_with("/compat/");
     let resp = next.run(req).await;
     let status = resp.status();
     let is_json = resp

@@ -60,6 +60,7 @@ pub fn api_router() -> OpenApiRouter<AppState> {
 pub fn router(state: AppState) -> Router {
     let (api, _document) = api_router().split_for_parts();
     api.merge(ui::router())
+        .merge(crate::compat::router())
         .fallback(ui::fallback)
         .layer(axum::middleware::from_fn(extract::json_rejections))
         .with_state(state)

@@ -44,8 +44,21 @@ impl Sandboxes {
         req: RunCommand,
         idempotency_key: Option<String>,
     ) -> Result<Command, SandboxError> {
+        self.run_command_as(id, req, idempotency_key, None).await
+    }
+
+    /// [`Sandboxes::run_command`] as `user` (a name in the sandbox's passwd) instead of the
+    /// default user when the request is not `sudo`; compatibility layers whose API promises
+    /// another user (Vercel's `vercel-sandbox`) use it.
+    pub async fn run_command_as(
+        &self,
+        id: &str,
+        req: RunCommand,
+        idempotency_key: Option<String>,
+        user: Option<String>,
+    ) -> Result<Command, SandboxError> {
         let detached = req.detached;
-        let (rec, _) = self.start_command(id, req, idempotency_key).await?;
+        let (rec, _) = self.start_command(id, req, idempotency_key, user).await?;
         if detached {
             return Ok(rec.command);
         }
@@ -60,6 +73,7 @@ impl Sandboxes {
         id: &str,
         req: RunCommand,
         idempotency_key: Option<String>,
+        as_user: Option<String>,
     ) -> Result<(CommandRecord, AgentClient), SandboxError> {
         if req.argv.is_empty() || req.argv[0].is_empty() {
             return Err(SandboxError::BadRequest("argv: must not be empty".into()));
@@ -81,7 +95,11 @@ impl Sandboxes {
         let sandbox = self.running(id)?;
         let agent = self.agent(&sandbox).await?;
         let key = idempotency_key.as_deref();
-        let user = req.sudo.then(|| "root".to_owned());
+        let user = if req.sudo {
+            Some("root".to_owned())
+        } else {
+            as_user
+        };
         let (mut rec, state) = match self.replay(id, key, &req.argv)? {
             Some(lost) if never_started(&lost) => match self.revive(&lost).await? {
                 Some(rec) => {

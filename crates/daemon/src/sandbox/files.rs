@@ -105,13 +105,23 @@ impl Sandboxes {
     }
 
     pub async fn mkdir(&self, id: &str, req: MkdirRequest) -> Result<FileEntry, SandboxError> {
+        self.mkdir_as(id, req, None).await
+    }
+
+    /// [`Sandboxes::mkdir`], the directories it creates owned by `user` (default `belljar`).
+    pub async fn mkdir_as(
+        &self,
+        id: &str,
+        req: MkdirRequest,
+        user: Option<&str>,
+    ) -> Result<FileEntry, SandboxError> {
         check_path("path", &req.path)?;
         let agent = self.agent_of(id).await?;
         let req = AgentMkdir {
             path: req.path,
             parents: true,
             mode: None,
-            user: None,
+            user: user.map(str::to_owned),
         };
         agent
             .mkdir(&req)
@@ -208,10 +218,21 @@ impl Sandboxes {
         path: &str,
         body: RequestBody,
     ) -> Result<(), SandboxError> {
+        self.upload_tar_as(id, path, None, body).await
+    }
+
+    /// [`Sandboxes::upload_tar`], what it extracts owned by `user` (default `belljar`).
+    pub async fn upload_tar_as(
+        &self,
+        id: &str,
+        path: &str,
+        user: Option<&str>,
+        body: RequestBody,
+    ) -> Result<(), SandboxError> {
         check_path("path", path)?;
         let agent = self.agent_of(id).await?;
         agent
-            .upload_tar(path, None, body)
+            .upload_tar(path, user, body)
             .await
             .map_err(|e| self.agent_error(id, e))
     }

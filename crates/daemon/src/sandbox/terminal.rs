@@ -49,7 +49,7 @@ impl Sandboxes {
             stdin: true,
             env: Some([("TERM".to_owned(), "xterm-256color".to_owned())].into()),
         };
-        let (rec, agent) = self.start_command(id, req, None).await?;
+        let (rec, agent) = self.start_command(id, req, None, None).await?;
         Ok(Terminal {
             agent_id: rec.agent_id.clone().unwrap_or_default(),
             command: rec.command,
