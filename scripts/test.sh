@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Sets up everything (scripts/setup.sh) and runs every test: formatting and lints, the Rust
 # workspace (unit, KVM tiny-guest, QEMU boot, namespace escape and end-to-end tests), the
-# desktop app's own workspace (src-tauri) and the UI's type check, the API fuzzing, the SDKs, the UI in a
+# desktop app's own workspace (src-tauri) and the UI's type check, the API fuzzing, the SDKs,
+# Vercel's Sandbox SDK against the compatibility layer (tests/compat), the UI in a
 # real browser and in the desktop app installed from its .deb, then real microVM sandboxes
 # (scripts/test-microvm.sh).
 set -euo pipefail
@@ -56,6 +57,9 @@ BELLJAR_FUZZ_SECONDS="${BELLJAR_FUZZ_SECONDS:-150}" timeout 300 tests/api-fuzz/r
 
 step "SDKs against a real daemon (sdk/run-tests.sh: TypeScript with the AI SDK adapter, Python)"
 timeout 600 sdk/run-tests.sh
+
+step "Vercel SDK compatibility: the real @vercel/sandbox 1.x and 3.x through belljar vercel (tests/compat/run.sh)"
+timeout 600 tests/compat/run.sh
 
 if [ -x tests/ui/run.sh ]; then
   step "UI tests (Playwright in Chromium, WebDriver in the desktop app)"

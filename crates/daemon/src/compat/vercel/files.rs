@@ -8,6 +8,7 @@
 //! [`runtime::USER`]; the tar header's mode is kept (the SDK's `writeFiles` `mode`).
 
 use std::io::{self, Read};
+use std::sync::{Arc, Mutex};
 
 use axum::Json;
 use axum::body::Body;
@@ -59,9 +60,24 @@ pub async fn write(st: &AppState, id: &str, headers: &HeaderMap, body: Body) -> 
             runtime::resolve(".", Some(v))?
         }
     };
-    st.sandboxes
-        .upload_tar_as(id, &dir, Some(runtime::USER), gunzip(body))
-        .await?;
+    let bad_gzip = Arc::new(Mutex::new(None));
+    let result = st
+        .sandboxes
+        .upload_tar_as(
+            id,
+            &dir,
+            Some(runtime::USER),
+            gunzip(body, bad_gzip.clone()),
+        )
+        .await;
+    // A body that is not gzip breaks the stream to the agent mid-request, which on its own
+    // would read as the agent's failure: say what was wrong instead.
+    if let Some(why) = bad_gzip.lock().unwrap_or_else(|e| e.into_inner()).take() {
+        return Err(VercelError::BadRequest(format!(
+            "body: not a gzip stream ({why})"
+        )));
+    }
+    result?;
     Ok(Json(serde_json::json!({})).into_response())
 }
 
@@ -75,8 +91,11 @@ pub async fn mkdir(st: &AppState, id: &str, req: PathRequest) -> Result<Response
 }
 
 /// The body, decompressed as it arrives. A body that is not gzip ends the stream with an
-/// error, which the agent reports as a bad tar stream.
-fn gunzip(body: Body) -> belljar_agent_proto::client::RequestBody {
+/// error and leaves the reason in `bad_gzip`.
+fn gunzip(
+    body: Body,
+    bad_gzip: Arc<Mutex<Option<String>>>,
+) -> belljar_agent_proto::client::RequestBody {
     let compressed = StreamReader::new(body.into_data_stream().map_err(io::Error::other));
     let reader = SyncIoBridge::new(compressed);
     let (tx, rx) = mpsc::channel::<io::Result<Bytes>>(8);
@@ -95,6 +114,7 @@ fn gunzip(body: Body) -> belljar_agent_proto::client::RequestBody {
                     }
                 }
                 Err(e) => {
+                    *bad_gzip.lock().unwrap_or_else(|e| e.into_inner()) = Some(e.to_string());
                     let _ = tx.blocking_send(Err(io::Error::new(
                         io::ErrorKind::InvalidData,
                         format!("body: not a gzip stream ({e})"),

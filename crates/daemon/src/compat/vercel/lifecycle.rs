@@ -167,6 +167,31 @@ pub fn find_named(st: &AppState, name: &str) -> Result<Option<Sandbox>> {
     }
 }
 
+/// The ids of every session of `s`'s name (`s` itself when it has none), newest first.
+pub fn sessions_of(st: &AppState, s: &Sandbox) -> Result<Vec<String>> {
+    let Some(name) = &s.name else {
+        return Ok(vec![s.id.clone()]);
+    };
+    let mut ids = Vec::new();
+    let mut query = ListSandboxesQuery {
+        limit: Some(200),
+        ..ListSandboxesQuery::default()
+    };
+    loop {
+        let page = st.sandboxes.list(&query)?;
+        ids.extend(
+            page.sandboxes
+                .into_iter()
+                .filter(|x| x.name.as_ref() == Some(name))
+                .map(|x| x.id),
+        );
+        match page.next_cursor {
+            Some(c) => query.cursor = Some(c),
+            None => return Ok(ids),
+        }
+    }
+}
+
 /// [`find_named`], or 404.
 pub fn named(st: &AppState, name: &str) -> Result<Sandbox> {
     find_named(st, name)?.ok_or_else(|| VercelError::NotFound(format!("No sandbox named {name:?}")))

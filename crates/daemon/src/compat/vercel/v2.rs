@@ -192,14 +192,19 @@ async fn update(
     )
 }
 
-/// Deletes the sandbox (its current session and its files).
+/// Deletes the sandbox: every session of that name, with its files.
 async fn delete(State(st): State<AppState>, VPath(name): VPath<String>) -> Result<Response> {
     let s = lifecycle::named(&st, &name)?;
+    let ids = lifecycle::sessions_of(&st, &s)?;
     let sandboxes = st.sandboxes.clone();
-    let id = s.id.clone();
-    tokio::spawn(async move { sandboxes.delete(&id).await })
-        .await
-        .map_err(|e| VercelError::Api(crate::http::error::ApiError::Internal(e.to_string())))??;
+    tokio::spawn(async move {
+        for id in ids {
+            sandboxes.delete(&id).await?;
+        }
+        Ok::<_, crate::sandbox::SandboxError>(())
+    })
+    .await
+    .map_err(|e| VercelError::Api(crate::http::error::ApiError::Internal(e.to_string())))??;
     Ok(Json(json!({ "sandbox": NamedSandbox::from(&s) })).into_response())
 }
 

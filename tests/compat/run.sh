@@ -1,0 +1,134 @@
+#!/usr/bin/env bash
+# Vercel's Sandbox SDK, unchanged, against a real daemon: the examples of the SDK reference
+# (v1/, with the pinned 1.x line; v3/, the same workflows with the pinned 3.x line, whose
+# sandboxes have names) run as `belljar vercel -- node EXAMPLE.mjs`, and bad input through the
+# layer gets error codes (bad-input.mjs). belljard runs on the namespace backend in a
+# temporary BELLJAR_HOME (`--port 0`); every sandbox it made is deleted at the end.
+#
+# The SDKs are installed by name from the npm registry into
+# $BELLJAR_CACHE/compat-npm-<hash of the pinned versions and node's version>, so a second run
+# installs nothing (BELLJAR_COMPAT_NPM names another directory). Each example runs from a
+# scratch directory whose node_modules links there; the preload `belljar vercel` writes goes to
+# the temporary home.
+#
+# v1/node24.mjs is the reference's basic workflow as written (runtime node24): it needs the
+# node24 image, which CI does not build (guest-images/build-all.sh --node does). It runs when
+# that image is built, and BELLJAR_COMPAT_NODE=1 makes its absence a failure.
+#
+# Needs: node and npm, scripts/setup.sh run (the python3.13 image, built binaries).
+set -euo pipefail
+here=$(cd "$(dirname "$0")" && pwd)
+repo=$(cd "$here/../.." && pwd)
+export BELLJAR_CACHE="${BELLJAR_CACHE:-${XDG_CACHE_HOME:-$HOME/.cache}/belljar}"
+target="${CARGO_TARGET_DIR:-$BELLJAR_CACHE/cargo-target}"
+say() { printf -- '--> %s\n' "$*" >&2; }
+
+# The pinned SDK lines.
+sdk_v1=1.10.2
+sdk_v3=3.5.0
+
+(cd "$repo" && cargo build --quiet -p belljard -p belljar-cli -p belljar-agent --bins)
+
+key=$(printf '%s\n' "@vercel/sandbox@$sdk_v1" "@vercel/sandbox@$sdk_v3" "$(node --version)" \
+  | sha256sum | cut -c1-16)
+npm_dir="${BELLJAR_COMPAT_NPM:-$BELLJAR_CACHE/compat-npm-$key}"
+for line in v1 v3; do
+  version=$sdk_v1
+  [ "$line" = v3 ] && version=$sdk_v3
+  dir="$npm_dir/$line"
+  if [ ! -f "$dir/.installed" ]; then
+    say "installing @vercel/sandbox@$version into $dir"
+    rm -rf "$dir"
+    mkdir -p "$dir"
+    # A package.json of its own, so npm installs here and not in a parent directory's project.
+    printf '{"name":"belljar-compat-%s","private":true}\n' "$line" >"$dir/package.json"
+    (cd "$dir" && npm install --no-audit --no-fund --loglevel=error "@vercel/sandbox@$version")
+    touch "$dir/.installed"
+  fi
+done
+
+home=$(mktemp -d /tmp/belljar-compat.XXXXXX)
+socket="$home/run/belljard.sock"
+api() { curl -sS --max-time 60 --unix-socket "$socket" "$@"; }
+daemon=""
+cleanup() {
+  set +e
+  if [ -n "$daemon" ]; then
+    for _ in $(seq 20); do
+      ids=$(api "http://belljard/v1/sandboxes?limit=200" \
+        | python3 -c 'import json,sys; [print(s["id"]) for s in json.load(sys.stdin)["sandboxes"]]')
+      [ -n "$ids" ] || break
+      for id in $ids; do
+        api -X DELETE "http://belljard/v1/sandboxes/$id" >/dev/null
+      done
+    done
+    kill "$daemon" 2>/dev/null
+    wait "$daemon" 2>/dev/null
+  fi
+  rm -rf "$home"
+}
+trap cleanup EXIT
+
+say "starting belljard in $home"
+"$target/debug/belljard" --home "$home" --port 0 >"$home/belljard.log" 2>&1 &
+daemon=$!
+for _ in $(seq 600); do
+  [ -S "$socket" ] && [ -s "$home/run/port" ] && break
+  kill -0 "$daemon" 2>/dev/null || { cat "$home/belljard.log" >&2; exit 1; }
+  sleep 0.1
+done
+[ -S "$socket" ] || { echo "belljard did not start" >&2; cat "$home/belljard.log" >&2; exit 1; }
+
+export BELLJAR_HOME="$home"
+belljar="$target/debug/belljar"
+failed=()
+ran=0
+
+# Runs one example with one SDK line; `env` runs it after `eval "$(belljar vercel env)"`
+# instead of through `belljar vercel --`.
+run() {
+  local line=$1 file=$2 how=${3:-exec}
+  local work
+  work=$(mktemp -d "$home/example.XXXXXX")
+  ln -s "$npm_dir/$line/node_modules" "$work/node_modules"
+  cp "$file" "$work/"
+  local name="$line/$(basename "$file") ($how)"
+  say "$name"
+  ran=$((ran + 1))
+  local status=0
+  if [ "$how" = env ]; then
+    (cd "$work" && eval "$(BELLJAR_CACHE="$home/cache" "$belljar" vercel env)" &&
+      timeout 300 node "$(basename "$file")") || status=$?
+  else
+    (cd "$work" && BELLJAR_CACHE="$home/cache" timeout 300 "$belljar" vercel -- node "$(basename "$file")") ||
+      status=$?
+  fi
+  if [ "$status" != 0 ]; then
+    failed+=("$name: exit $status")
+  fi
+}
+
+for f in "$here"/v1/*.mjs; do
+  [ "$(basename "$f")" = node24.mjs ] && continue
+  run v1 "$f"
+done
+for f in "$here"/v3/*.mjs; do
+  run v3 "$f"
+done
+run v1 "$here/bad-input.mjs"
+run v3 "$here/v3/basic-workflow.mjs" env
+
+if [ -e "$BELLJAR_CACHE/images/node24/current" ]; then
+  run v1 "$here/v1/node24.mjs"
+elif [ "${BELLJAR_COMPAT_NODE:-0}" = 1 ]; then
+  failed+=("v1/node24.mjs: the node24 image is not built (guest-images/build-all.sh --node)")
+else
+  say "v1/node24.mjs not run: the node24 image is not built (BELLJAR_COMPAT_NODE=1 requires it)"
+fi
+
+if [ "${#failed[@]}" != 0 ]; then
+  printf 'FAILED: %s\n' "${failed[@]}" >&2
+  tail -n 40 "$home/belljard.log" >&2
+  exit 1
+fi
+say "$ran examples passed"
