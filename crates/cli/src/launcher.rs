@@ -2,11 +2,13 @@
 //! started `belljard` yet: the first command starts it in the background.
 
 use std::fs::OpenOptions;
+use std::os::unix::fs::DirBuilderExt;
 use std::os::unix::process::CommandExt;
 use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
+use belljar_client::ready::ReadySocket;
 use belljar_client::{Client, Paths};
 use nix::errno::Errno;
 use nix::sys::signal::{Signal, kill};
@@ -120,29 +122,40 @@ pub async fn start(paths: &Paths, args: &[String]) -> Result<u32, LauncherError>
     let mut cmd = Command::new(&bin);
     cmd.args(args).stdin(Stdio::null()).stdout(log).stderr(log2);
     detach(&mut cmd);
-    let mut child = cmd.spawn().map_err(spawn_err)?;
-    let pid = child.id();
-    let client = Client::local(paths);
-    let deadline = Instant::now() + START_TIMEOUT;
-    loop {
-        if client.answers().await {
-            return Ok(pid);
+    // The daemon says when it listens (systemd's notify protocol; see `belljar_client::ready`).
+    let runtime = paths
+        .socket()
+        .parent()
+        .map(Path::to_path_buf)
+        .unwrap_or_default();
+    std::fs::DirBuilder::new()
+        .recursive(true)
+        .mode(0o700)
+        .create(&runtime)
+        .map_err(spawn_err)?;
+    let ready = ReadySocket::bind(&runtime).map_err(spawn_err)?;
+    cmd.env(belljar_client::ready::ENV, ready.path());
+    let mut child = tokio::process::Command::from(cmd)
+        .spawn()
+        .map_err(spawn_err)?;
+    let pid = child.id().unwrap_or_default();
+    tokio::select! {
+        told = ready.wait() => {
+            told.map_err(spawn_err)?;
+            Ok(pid)
         }
-        if let Ok(Some(status)) = child.try_wait() {
-            return Err(LauncherError::Exited {
-                reason: failure_reason(&log_file, log_start)
-                    .unwrap_or_else(|| format!("it exited with {status}")),
-                log: log_file.display().to_string(),
-            });
-        }
-        if Instant::now() > deadline {
-            return Err(LauncherError::Timeout {
-                socket: paths.socket().display().to_string(),
-                log: log_file.display().to_string(),
-                secs: START_TIMEOUT.as_secs(),
-            });
-        }
-        tokio::time::sleep(Duration::from_millis(25)).await;
+        status = child.wait() => Err(LauncherError::Exited {
+            reason: failure_reason(&log_file, log_start).unwrap_or_else(|| match status {
+                Ok(s) => format!("it exited with {s}"),
+                Err(e) => format!("waiting for it failed: {e}"),
+            }),
+            log: log_file.display().to_string(),
+        }),
+        () = tokio::time::sleep(START_TIMEOUT) => Err(LauncherError::Timeout {
+            socket: paths.socket().display().to_string(),
+            log: log_file.display().to_string(),
+            secs: START_TIMEOUT.as_secs(),
+        }),
     }
 }
 

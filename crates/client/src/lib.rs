@@ -20,6 +20,7 @@ mod files;
 pub mod ndjson;
 pub mod paths;
 mod pause;
+pub mod ready;
 pub mod routes;
 mod sandboxes;
 mod snapshots;

@@ -150,6 +150,9 @@ async fn serve(config: Config, paths: &Paths) -> Result<(), ServerError> {
     std::fs::set_permissions(&socket, std::fs::Permissions::from_mode(0o600))
         .map_err(io_err("Cannot make the socket private"))?;
     tracing::info!(socket = %socket.display(), port, "belljard is ready");
+    if let Err(e) = belljar_client::ready::notify_ready() {
+        tracing::warn!(error = %e, "could not tell the starter that belljard is ready");
+    }
 
     let tcp_app = auth::tcp_layers(router(state.clone()), auth);
     let unix_app = router(state).layer(middleware::from_fn(auth::unix_caller));

@@ -8,7 +8,10 @@ use std::net::TcpStream;
 use std::os::unix::net::UnixStream;
 use std::path::PathBuf;
 use std::process::{Child, Command, Stdio};
-use std::time::{Duration, Instant};
+use std::time::Duration;
+
+use belljar_client::Paths;
+use belljar_client::ready::ReadySocket;
 
 pub struct Daemon {
     pub child: Child,
@@ -33,7 +36,10 @@ impl Daemon {
     /// A daemon started with these extra flags (and no `BELLJAR_PORT` from the environment).
     pub fn start_with(args: &[&str]) -> Daemon {
         let home = tempfile::tempdir().unwrap();
+        let paths = Paths::under_home(home.path());
         let cache = home.path().join("cache");
+        // The daemon says when it listens (systemd's notify protocol).
+        let ready = ReadySocket::bind(home.path()).unwrap();
         let child = Command::new(env!("CARGO_BIN_EXE_belljard"))
             .args(args)
             .env_remove("BELLJAR_PORT")
@@ -42,24 +48,17 @@ impl Daemon {
             .arg("--cache")
             .arg(&cache)
             .env("BELLJAR_UI_DIR", home.path().join("no-ui"))
+            .env(belljar_client::ready::ENV, ready.path())
             .stdin(Stdio::null())
             .stdout(Stdio::null())
             .stderr(Stdio::inherit())
             .spawn()
             .unwrap();
-        let port_file = home.path().join("run/port");
-        let socket = home.path().join("run/belljard.sock");
-        let deadline = Instant::now() + Duration::from_secs(30);
-        while !(socket.exists() && port_file.exists()) {
-            assert!(Instant::now() < deadline, "belljard did not get ready");
-            std::thread::sleep(Duration::from_millis(20));
-        }
-        let port = std::fs::read_to_string(&port_file)
-            .unwrap()
-            .trim()
-            .parse()
-            .unwrap();
-        let token = std::fs::read_to_string(home.path().join("config/token")).unwrap();
+        ready
+            .wait_blocking(Duration::from_secs(30))
+            .expect("belljard did not get ready");
+        let port = paths.port().expect("no port file");
+        let token = paths.token().expect("no token");
         Daemon {
             child,
             home,
@@ -69,7 +68,7 @@ impl Daemon {
     }
 
     pub fn socket(&self) -> PathBuf {
-        self.home.path().join("run/belljard.sock")
+        Paths::under_home(self.home.path()).socket()
     }
 
     /// One HTTP/1.1 request over TCP with exactly these extra headers.
