@@ -184,6 +184,15 @@ pub struct CreateSandbox {
     #[serde(default)]
     #[ts(optional)]
     pub keep_last_snapshots: Option<crate::KeepLastSnapshots>,
+    /// The sandbox's firewall; `allow-all` when absent.
+    #[serde(default)]
+    #[ts(optional)]
+    pub network_policy: Option<crate::NetworkPolicy>,
+    /// Sandbox TCP ports exposed on 127.0.0.1 (each on a free host port).
+    #[serde(default)]
+    #[ts(optional)]
+    #[schema(max_items = 64)]
+    pub ports: Option<Vec<u32>>,
 }
 
 /// Whether each resource limit is enforced on this sandbox, and why not when it is not.
@@ -237,6 +246,10 @@ pub struct Sandbox {
     #[ts(optional)]
     pub expires_at: Option<i64>,
     pub limits: LimitsReport,
+    /// The sandbox's firewall (brokered header values redacted).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[ts(optional)]
+    pub network_policy: Option<crate::NetworkPolicy>,
 }
 
 impl Validate for Source {
@@ -286,6 +299,19 @@ impl Validate for CreateSandbox {
         )?;
         if let Some(keep) = &self.keep_last_snapshots {
             keep.validate()?;
+        }
+        if let Some(policy) = &self.network_policy {
+            policy.validate()?;
+        }
+        let ports = self.ports.as_deref().unwrap_or_default();
+        if ports.len() > crate::MAX_PORTS {
+            return Err(Invalid::new(
+                "ports",
+                format!("more than {}", crate::MAX_PORTS),
+            ));
+        }
+        for (i, p) in ports.iter().enumerate() {
+            limits::range(&format!("ports[{i}]"), Some(*p), 1, 65535)?;
         }
         self.source.as_ref().map_or(Ok(()), Validate::validate)
     }
@@ -352,11 +378,18 @@ pub struct UpdateSandbox {
     #[ts(optional)]
     #[schema(max_length = 128)]
     pub name: Option<String>,
+    /// Replaces the firewall at once; open flows it denies are cut.
+    #[serde(default)]
+    #[ts(optional)]
+    pub network_policy: Option<crate::NetworkPolicy>,
 }
 
 impl Validate for UpdateSandbox {
     fn validate(&self) -> Result<(), Invalid> {
         limits::tags("tags", self.tags.as_ref())?;
+        if let Some(policy) = &self.network_policy {
+            policy.validate()?;
+        }
         if let Some(name) = &self.name {
             limits::text("name", name, limits::MAX_NAME)?;
         }

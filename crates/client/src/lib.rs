@@ -18,6 +18,7 @@ mod daemon;
 pub mod error;
 mod files;
 pub mod ndjson;
+mod network;
 pub mod paths;
 mod pause;
 pub mod ready;

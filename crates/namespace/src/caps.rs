@@ -12,11 +12,12 @@
 
 use std::fs;
 
-/// Capabilities kept only for the agent's sake. `belljar-agent --mode namespace` once
-/// mounted `/proc`, `/dev/pts`, `/dev/shm`, set the hostname and brought `lo` up itself and
-/// failed without `CAP_SYS_ADMIN` and `CAP_NET_ADMIN`, although this crate does all of that
-/// before the exec; it now treats those steps as best effort, so nothing is kept for it.
-pub const AGENT_NEEDS: &[(u32, &str)] = &[];
+/// Capabilities kept only for the agent's sake: `CAP_NET_ADMIN`, so that it configures the
+/// sandbox's `eth0` (address, routes, MTU) with the same code in a namespace sandbox as in a
+/// microVM. The agent drops it (bounding set and its own sets) once `eth0` is up, before it
+/// serves, so no command ever holds it. (Mounting `/proc` and the like, which the agent also
+/// tries, is done by this crate before the exec and is best effort in the agent.)
+pub const AGENT_NEEDS: &[(u32, &str)] = &[(12, "CAP_NET_ADMIN")];
 
 /// Docker's default capabilities, kept in the bounding set, by number (`capability.h`).
 pub const KEPT: &[(u32, &str)] = &[

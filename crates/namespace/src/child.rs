@@ -241,6 +241,9 @@ fn pid1(plan: &Plan, err_fd: RawFd) -> ! {
         );
         let agent_fd = libc::open(plan.agent.as_ptr(), libc::O_PATH | libc::O_CLOEXEC);
         check(agent_fd, err_fd, "open the agent binary");
+        // The host's /dev, before the pivot hides it; a tun descriptor belongs to the network
+        // namespace it was opened in, which is already the sandbox's.
+        let tun_fd = libc::open(c"/dev/net/tun".as_ptr(), libc::O_RDWR | libc::O_CLOEXEC);
         if !plan.setgroups_denied {
             check(libc::setgroups(0, std::ptr::null()), err_fd, "setgroups");
         }
@@ -256,6 +259,9 @@ fn pid1(plan: &Plan, err_fd: RawFd) -> ! {
             "sethostname",
         );
         loopback_up(err_fd);
+        if tun_fd >= 0 {
+            tap_create(tun_fd);
+        }
         for cap in &plan.drop_caps {
             let ret = libc::prctl(libc::PR_CAPBSET_DROP, *cap as c_ulong, 0, 0, 0);
             check(ret, err_fd, "drop capability");
@@ -465,6 +471,33 @@ unsafe fn run_step(step: &Step, agent_fd: RawFd, err_fd: RawFd) {
                 check(libc::chdir(c"/".as_ptr()), err_fd, "chdir /");
             }
         }
+    }
+}
+
+/// The sandbox's network device: a tap whose frames the daemon's userspace stack reads.
+pub const TAP_NAME: &str = "eth0";
+
+/// Creates the persistent tap [`TAP_NAME`] in the sandbox's network namespace and closes
+/// `tun_fd`. Persistent, the device (and the addresses the agent gives it) outlives every
+/// descriptor, so the daemon attaches to it when it likes and again after a restart, even a
+/// `kill -9`. Best effort: a host without `/dev/net/tun` gets a sandbox without network,
+/// which the daemon reports when it cannot attach.
+fn tap_create(tun_fd: RawFd) {
+    /// `_IOW('T', 202, int)` and `_IOW('T', 203, int)` from `<linux/if_tun.h>`.
+    const TUNSETIFF: c_ulong = 0x4004_54ca;
+    const TUNSETPERSIST: c_ulong = 0x4004_54cb;
+    // SAFETY: ioctls on a descriptor we own with a zeroed, then filled, `ifreq`; TUNSETPERSIST
+    // takes its argument by value.
+    unsafe {
+        let mut req: libc::ifreq = std::mem::zeroed();
+        for (dst, src) in req.ifr_name.iter_mut().zip(TAP_NAME.bytes()) {
+            *dst = src as c_char;
+        }
+        req.ifr_ifru.ifru_flags = (libc::IFF_TAP | libc::IFF_NO_PI) as libc::c_short;
+        if libc::ioctl(tun_fd, TUNSETIFF, &mut req as *mut libc::ifreq) == 0 {
+            libc::ioctl(tun_fd, TUNSETPERSIST, 1 as c_ulong);
+        }
+        libc::close(tun_fd);
     }
 }
 

@@ -91,6 +91,10 @@ pub struct Config {
     /// than the RTC.
     #[arg(long, env = "BELLJAR_CLOCK_MS")]
     pub clock_ms: Option<i64>,
+    /// The sandbox's network (`eth0` and `/etc/resolv.conf`), as the daemon sets it
+    /// (`belljar_agent_proto::net`); without it the sandbox has only loopback.
+    #[arg(long, env = belljar_agent_proto::net::NET_ENV)]
+    pub net: Option<belljar_agent_proto::net::NetSetup>,
 }
 
 impl Config {

@@ -279,6 +279,17 @@ pub fn init(config: &Config) -> Result<(), SystemError> {
         Mode::Namespace => namespace_init(config)?,
         _ => return Ok(()),
     }
+    // A sandbox without network still serves: the daemon reports what is missing.
+    if let Some(net) = &config.net
+        && let Err(e) = crate::net::setup(net)
+    {
+        tracing::warn!("network: {e}: {}", crate::net::source_of(&e));
+    }
+    if config.mode() == Mode::Namespace
+        && let Err(e) = crate::net::drop_net_admin()
+    {
+        tracing::warn!("{e}: {}", crate::net::source_of(&e));
+    }
     protect_from_oom();
     Ok(())
 }

@@ -11,6 +11,7 @@ mod events;
 pub mod extract;
 mod files;
 mod info;
+mod network;
 pub mod openapi;
 mod pause;
 mod sandboxes;
@@ -53,6 +54,7 @@ pub fn api_router() -> OpenApiRouter<AppState> {
         .merge(files::router())
         .merge(terminal::router())
         .merge(events::router())
+        .merge(network::router())
         .merge(ui::api_router())
 }
 

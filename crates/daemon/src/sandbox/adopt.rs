@@ -29,6 +29,7 @@ impl Sandboxes {
             match (s.status, adopted) {
                 (SandboxStatus::Running | SandboxStatus::Paused, Ok(Some(_))) => {
                     tracing::info!(sandbox = %s.id, "adopted a running sandbox");
+                    self.attach_network(&s, &self.state_dir(&s.id)).await;
                     self.reattach(&s).await?;
                     self.track(&s);
                 }

@@ -36,6 +36,8 @@ impl Sandboxes {
             }),
             snapshot_expiration_ms: held.snapshot_expiration_ms,
             keep_last_snapshots: held.keep_last,
+            network_policy: self.network_policy_of(id),
+            ports: None,
         })
         .await
     }

@@ -92,6 +92,11 @@ impl Sandboxes {
         let agent = self.agent_binary(&image.rootfs)?;
 
         let id = new_id("sbx");
+        self.prepare_network(
+            &id,
+            req.network_policy.as_ref(),
+            req.ports.as_deref().unwrap_or_default(),
+        )?;
         let now = now_ms();
         let mut sandbox = Sandbox {
             id: id.clone(),
@@ -113,6 +118,7 @@ impl Sandboxes {
             timeout_ms,
             expires_at: None,
             limits: LimitsReport::default(),
+            network_policy: None,
         };
         let lock = self.lock_for(&id);
         let _guard = lock.lock().await;
@@ -167,6 +173,7 @@ impl Sandboxes {
                 .command_output_limit
                 .map(|l| ("BELLJAR_OUTPUT_LIMIT".to_owned(), l.to_string()))
                 .into_iter()
+                .chain([super::network::agent_env()])
                 .collect(),
             layers: from.map(|f| f.layers).unwrap_or_default(),
         };
@@ -176,9 +183,13 @@ impl Sandboxes {
                 .blocking_backend(&sandbox, move |b| b.launch(&spec))
                 .await?;
             sandbox.limits = launched.limits.clone();
+            self.attach_network(&sandbox, &state_dir).await;
             let agent = self
                 .wait_ready(&sandbox, &state_dir, &launched.agent)
                 .await?;
+            if let Err(e) = self.install_ca(&id, &agent).await {
+                tracing::warn!(sandbox = %id, error = %e, "cannot install the broker's CA");
+            }
             if let Some(source) = sandbox.source.clone() {
                 super::source::install(&agent, &source, &sandbox.env).await?;
             }
@@ -193,6 +204,7 @@ impl Sandboxes {
                 .blocking_backend(&sandbox, move |b| b.stop(&dir, grace))
                 .await;
             self.forget_agent(&id);
+            self.detach_network(&id);
             sandbox.status = SandboxStatus::Failed;
             sandbox.status_reason = Some(match &e {
                 SandboxError::Backend(b) => crate::util::error_chain(b),
@@ -207,7 +219,7 @@ impl Sandboxes {
         sandbox.started_at = Some(now);
         sandbox.expires_at = Some(now + timeout_ms);
         self.save(&sandbox)?;
-        Ok(sandbox)
+        Ok(self.with_network(sandbox))
     }
 
     /// The agent binary the namespace backend bind-mounts: `BELLJAR_AGENT`, else
@@ -301,7 +313,11 @@ impl Sandboxes {
                 e => e.into(),
             })?;
         Ok(SandboxList {
-            sandboxes: page.sandboxes,
+            sandboxes: page
+                .sandboxes
+                .into_iter()
+                .map(|s| self.with_network(s))
+                .collect(),
             next_cursor: page.next_cursor,
         })
     }
@@ -318,8 +334,11 @@ impl Sandboxes {
         if let Some(name) = req.name {
             s.name = (!name.is_empty()).then_some(name);
         }
+        if let Some(policy) = &req.network_policy {
+            self.replace_network_policy(id, policy)?;
+        }
         self.save(&s)?;
-        Ok(s)
+        Ok(self.with_network(s))
     }
 
     /// Adds time to a running sandbox.
@@ -381,6 +400,7 @@ impl Sandboxes {
             .blocking_backend(&s, move |b| b.stop(&dir, grace))
             .await;
         self.forget_agent(id);
+        self.detach_network(id);
         self.lose_running_commands(id, &format!("the sandbox stopped ({reason})"))?;
         match stopped {
             Ok(()) => {
@@ -425,6 +445,7 @@ impl Sandboxes {
             _ => {}
         }
         self.inner.store.delete_sandbox(id)?;
+        self.forget_network(id);
         self.release_layers(id).await?;
         self.inner
             .events

@@ -17,6 +17,8 @@ mod logs;
 pub mod microvm;
 mod monitor;
 pub mod namespace;
+pub mod network;
+mod network_policy;
 mod pause;
 mod snapshots;
 mod source;
@@ -156,6 +158,7 @@ struct Inner {
     admission: tokio::sync::Mutex<()>,
     monitor: monitor::MonitorState,
     snapshots: snapshots::SnapshotState,
+    network: network::NetState,
 }
 
 impl Sandboxes {
@@ -182,6 +185,7 @@ impl Sandboxes {
                 admission: Default::default(),
                 monitor: Default::default(),
                 snapshots: Default::default(),
+                network: Default::default(),
             }),
         }
     }
@@ -204,6 +208,7 @@ impl Sandboxes {
         self.inner
             .store
             .sandbox(id)?
+            .map(|s| self.with_network(s))
             .ok_or_else(|| SandboxError::NotFound(id.to_owned()))
     }
 

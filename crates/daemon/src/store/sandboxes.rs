@@ -210,6 +210,7 @@ fn row_to_sandbox(r: &Row<'_>) -> rusqlite::Result<Sandbox> {
         timeout_ms: r.get(16)?,
         expires_at: r.get(17)?,
         limits: json_col(18, &r.get::<_, String>(18)?)?,
+        network_policy: None,
     })
 }
 
@@ -242,6 +243,7 @@ pub(crate) mod tests {
             timeout_ms: 300_000,
             expires_at: Some(created_at + 300_000),
             limits: LimitsReport::default(),
+            network_policy: None,
         }
     }
 

@@ -81,6 +81,9 @@ fn main() {
         .to_owned();
     unsafe {
         signal(15, on_term as *const () as usize);
+        // Like belljar-agent once eth0 is up: CAP_NET_ADMIN (12) leaves the bounding set, so
+        // no command gets it (prctl = 157, PR_CAPBSET_DROP = 24).
+        syscall(157, 24, 12, 0, 0, 0, 0);
     }
     let statuses: Statuses = Arc::new((Mutex::new(HashMap::new()), Condvar::new()));
     let reaper = statuses.clone();

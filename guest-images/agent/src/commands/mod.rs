@@ -474,6 +474,19 @@ fn base_env(user: &User, pty: bool) -> std::collections::BTreeMap<String, String
     if pty {
         env.insert("TERM".into(), "xterm-256color".into());
     }
+    // The sandbox's CA for credential brokering, once the daemon installed it: for the
+    // runtimes that do not read the system store (Node) or read only their own (requests).
+    use belljar_agent_proto::net::{SANDBOX_CA_PATH, SYSTEM_CA_BUNDLE};
+    if Path::new(SANDBOX_CA_PATH).is_file() {
+        let bundle = if Path::new(SYSTEM_CA_BUNDLE).is_file() {
+            SYSTEM_CA_BUNDLE
+        } else {
+            SANDBOX_CA_PATH
+        };
+        env.insert("SSL_CERT_FILE".into(), bundle.into());
+        env.insert("REQUESTS_CA_BUNDLE".into(), bundle.into());
+        env.insert("NODE_EXTRA_CA_CERTS".into(), SANDBOX_CA_PATH.into());
+    }
     env
 }
 

@@ -1,0 +1,660 @@
+//! Each sandbox's network in the daemon: one `belljar-network` stack per running sandbox, fed
+//! by the sandbox's `eth0` (namespace backend: the persistent tap the backend created in the
+//! sandbox's network namespace, attached here through `setns`; microVM backend: the VMM's
+//! frame socket), with its firewall, credential broker, exposed ports and flow log.
+//!
+//! What must outlive the daemon lives beside the sandbox's state, out of the sandbox's reach:
+//! `network.json` (the policy with its secrets, the broker's CA key, the ports and their host
+//! ports; mode 0600) and `flows.ndjson` (the bounded flow log). A restarted daemon attaches
+//! again ([`Sandboxes::attach_network`] from adoption): the tap kept its addresses, so new
+//! flows work as soon as the stack runs.
+//!
+//! Knobs for tests and unusual hosts, read once: `BELLJAR_DNS_SERVERS` (`addr:port,...`; the
+//! host's resolver otherwise) and `BELLJAR_BROKER_CA` (a PEM file of extra roots the broker
+//! trusts upstream, beside the public web's).
+
+use std::collections::{BTreeMap, HashMap};
+use std::io::Write;
+use std::path::{Path, PathBuf};
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use belljar_agent_proto::client::{AgentClient, body_from_bytes};
+use belljar_agent_proto::net::{NET_ENV, NetSetup, SANDBOX_CA_PATH, SYSTEM_CA_BUNDLE};
+use belljar_api as api;
+use belljar_network::{Broker, FlowRecord, Forward, Network};
+use futures::StreamExt;
+use serde::{Deserialize, Serialize};
+
+use super::{SandboxError, Sandboxes};
+
+/// Flow records kept per sandbox, in memory and on disk.
+const FLOWS_KEPT: usize = 1000;
+/// How long attaching to a sandbox's tap may wait for a descriptor that is still closing.
+const ATTACH_TIMEOUT: Duration = Duration::from_secs(5);
+/// The longest system CA bundle read from a sandbox to add the broker's CA to.
+const MAX_BUNDLE: usize = 8 << 20;
+
+/// What is kept of a sandbox's network across restarts.
+#[derive(Debug, Clone, Default, Serialize, Deserialize)]
+struct Saved {
+    policy: api::NetworkPolicy,
+    #[serde(default)]
+    ports: BTreeMap<u16, u16>,
+    #[serde(default)]
+    ca_key_pem: Option<String>,
+    /// The next flow id: ids keep growing across restarts.
+    #[serde(default)]
+    next_flow_id: u64,
+}
+
+/// A running sandbox's network.
+struct Attached {
+    network: Network,
+    forwards: Mutex<BTreeMap<u16, Forward>>,
+    pump: tokio::task::AbortHandle,
+}
+
+impl Drop for Attached {
+    fn drop(&mut self) {
+        self.pump.abort();
+    }
+}
+
+/// The daemon's view of every sandbox network.
+#[derive(Default)]
+pub(crate) struct NetState {
+    attached: Mutex<HashMap<String, Arc<Attached>>>,
+    /// Serialises writes of one sandbox's `network.json`.
+    files: Mutex<()>,
+    /// Flow records of each sandbox, oldest first, as served (from disk on first use).
+    flows: Mutex<HashMap<String, std::collections::VecDeque<api::NetworkFlow>>>,
+    follow: Mutex<HashMap<String, tokio::sync::broadcast::Sender<api::NetworkFlow>>>,
+}
+
+/// The addresses the agent gives `eth0`, from the stack's fixed layout.
+pub fn net_setup() -> NetSetup {
+    use belljar_network::config as c;
+    NetSetup {
+        v4: c::GUEST_V4,
+        prefix_v4: c::PREFIX_V4,
+        gateway_v4: c::GATEWAY_V4,
+        v6: c::GUEST_V6,
+        prefix_v6: c::PREFIX_V6,
+        gateway_v6: c::GATEWAY_V6,
+        dns: c::GATEWAY_V4.into(),
+        mtu: u32::try_from(c::MTU).unwrap_or(1500),
+        mac: c::GUEST_MAC,
+    }
+}
+
+/// The agent's environment entry that sets up the network.
+pub fn agent_env() -> (String, String) {
+    (NET_ENV.to_owned(), net_setup().to_string())
+}
+
+fn dns_upstream() -> belljar_network::DnsUpstream {
+    let servers: Vec<std::net::SocketAddr> = std::env::var("BELLJAR_DNS_SERVERS")
+        .unwrap_or_default()
+        .split(',')
+        .filter_map(|s| s.trim().parse().ok())
+        .collect();
+    if servers.is_empty() {
+        belljar_network::DnsUpstream::System
+    } else {
+        belljar_network::DnsUpstream::Servers(servers)
+    }
+}
+
+fn broker_roots() -> Option<rustls::RootCertStore> {
+    let path = std::env::var_os("BELLJAR_BROKER_CA")?;
+    let pem = std::fs::read(&path).ok()?;
+    let mut roots = rustls::RootCertStore {
+        roots: webpki_roots::TLS_SERVER_ROOTS.to_vec(),
+    };
+    use rustls::pki_types::pem::PemObject;
+    for cert in rustls::pki_types::CertificateDer::pem_slice_iter(&pem).flatten() {
+        let _ = roots.add(cert);
+    }
+    Some(roots)
+}
+
+fn to_flow(r: &FlowRecord, base: u64) -> api::NetworkFlow {
+    let ms = |v: u64| i64::try_from(v).unwrap_or(i64::MAX);
+    api::NetworkFlow {
+        id: base + r.id,
+        started_at: ms(r.started_ms),
+        ended_at: r.ended_ms.map(ms),
+        protocol: match r.protocol {
+            belljar_network::Protocol::Tcp => api::FlowProtocol::Tcp,
+            belljar_network::Protocol::Udp => api::FlowProtocol::Udp,
+            belljar_network::Protocol::Dns => api::FlowProtocol::Dns,
+        },
+        src: r.src.to_string(),
+        dst: r.dst.to_string(),
+        name: r.name.clone(),
+        verdict: match r.verdict {
+            belljar_network::FlowVerdict::Allowed => api::FlowVerdict::Allowed,
+            belljar_network::FlowVerdict::Denied => api::FlowVerdict::Denied,
+        },
+        rule: r.rule.clone(),
+        bytes_out: r.bytes_out,
+        bytes_in: r.bytes_in,
+    }
+}
+
+/// Opens the sandbox's tap from inside its network namespace (a thread that joins it; the
+/// descriptor stays bound to that namespace).
+fn open_tap(state_dir: &Path) -> std::io::Result<std::os::fd::OwnedFd> {
+    let running = belljar_namespace::adopt(state_dir)
+        .map_err(std::io::Error::other)?
+        .ok_or_else(|| std::io::Error::other("the sandbox is not running"))?;
+    let netns = std::fs::File::open(format!("/proc/{}/ns/net", running.pid))?;
+    std::thread::scope(|s| {
+        s.spawn(|| {
+            nix::sched::setns(&netns, nix::sched::CloneFlags::CLONE_NEWNET)?;
+            belljar_network::tap::attach(belljar_agent_proto::net::INTERFACE, ATTACH_TIMEOUT)
+        })
+        .join()
+        .map_err(|_| std::io::Error::other("the attaching thread panicked"))?
+    })
+}
+
+fn url(host_port: u16) -> String {
+    format!("http://127.0.0.1:{host_port}/")
+}
+
+impl Sandboxes {
+    fn network_file(&self, id: &str) -> PathBuf {
+        self.inner.paths.sandbox_dir(id).join("network.json")
+    }
+
+    fn flows_file(&self, id: &str) -> PathBuf {
+        self.inner.paths.sandbox_dir(id).join("flows.ndjson")
+    }
+
+    fn load_saved(&self, id: &str) -> Saved {
+        std::fs::read(self.network_file(id))
+            .ok()
+            .and_then(|b| serde_json::from_slice(&b).ok())
+            .unwrap_or_default()
+    }
+
+    fn store_saved(&self, id: &str, saved: &Saved) -> Result<(), SandboxError> {
+        use std::os::unix::fs::OpenOptionsExt;
+        let _guard = self
+            .inner
+            .network
+            .files
+            .lock()
+            .unwrap_or_else(|e| e.into_inner());
+        let path = self.network_file(id);
+        let tmp = path.with_extension("json.tmp");
+        let mut f = std::fs::OpenOptions::new()
+            .write(true)
+            .create(true)
+            .truncate(true)
+            .mode(0o600)
+            .open(&tmp)?;
+        f.write_all(&serde_json::to_vec(saved).map_err(std::io::Error::other)?)?;
+        f.sync_all()?;
+        std::fs::rename(&tmp, &path)?;
+        Ok(())
+    }
+
+    /// Checks a new sandbox's network settings and keeps them (with a new broker CA) before
+    /// it starts.
+    pub(super) fn prepare_network(
+        &self,
+        id: &str,
+        policy: Option<&api::NetworkPolicy>,
+        ports: &[u32],
+    ) -> Result<(), SandboxError> {
+        let policy = policy.cloned().unwrap_or_default();
+        super::network_policy::firewall(&policy)?;
+        let mut saved = Saved {
+            policy,
+            ca_key_pem: Some(
+                Broker::generate(None)
+                    .map_err(|e| SandboxError::Io(std::io::Error::other(e)))?
+                    .ca_key_pem(),
+            ),
+            ..Saved::default()
+        };
+        for (i, p) in ports.iter().enumerate() {
+            let port = u16::try_from(*p).ok().filter(|p| *p > 0).ok_or_else(|| {
+                SandboxError::BadRequest(format!("ports[{i}]: must be 1..=65535"))
+            })?;
+            saved.ports.insert(port, 0);
+        }
+        std::fs::create_dir_all(self.inner.paths.sandbox_dir(id))?;
+        self.store_saved(id, &saved)
+    }
+
+    /// Starts the stack of a running sandbox on its `eth0` (after launch, and again after a
+    /// daemon restart), with its policy, broker, ports and flow log. Failing to attach leaves
+    /// the sandbox running without network, which is logged.
+    pub(super) async fn attach_network(&self, sandbox: &api::Sandbox, state_dir: &Path) {
+        if let Err(e) = self.try_attach_network(sandbox, state_dir).await {
+            tracing::warn!(sandbox = %sandbox.id, error = %e, "the sandbox has no network");
+        }
+    }
+
+    async fn try_attach_network(
+        &self,
+        sandbox: &api::Sandbox,
+        state_dir: &Path,
+    ) -> Result<(), SandboxError> {
+        let id = sandbox.id.clone();
+        self.detach_network(&id);
+        let mut saved = self.load_saved(&id);
+        let firewall = super::network_policy::firewall(&saved.policy)?;
+        let roots = broker_roots();
+        let broker = match &saved.ca_key_pem {
+            Some(pem) => Broker::from_key_pem(pem, roots),
+            None => Broker::generate(roots),
+        }
+        .map_err(|e| SandboxError::Io(std::io::Error::other(e)))?;
+        if saved.ca_key_pem.is_none() {
+            saved.ca_key_pem = Some(broker.ca_key_pem());
+        }
+        let options = belljar_network::Options {
+            policy: firewall,
+            dns: dns_upstream(),
+            flow_capacity: FLOWS_KEPT,
+            broker: Some(Arc::new(broker)),
+            ..Default::default()
+        };
+        let network = match sandbox.backend {
+            api::Backend::Namespace => {
+                let dir = state_dir.to_owned();
+                let fd = tokio::task::spawn_blocking(move || open_tap(&dir))
+                    .await
+                    .map_err(|e| SandboxError::Io(std::io::Error::other(e)))??;
+                let device = belljar_network::TapDevice::new(fd)?;
+                Network::spawn(device, options)
+            }
+            api::Backend::Microvm => {
+                let device = belljar_network::SeqpacketDevice::new(state_dir.join(NET_SOCKET));
+                Network::spawn(device, options)
+            }
+        }
+        .map_err(|e| SandboxError::Io(std::io::Error::other(e)))?;
+        // Flow ids go on from the last daemon's; leave room for what it numbered after the
+        // last save.
+        let id_base = saved.next_flow_id;
+        saved.next_flow_id += 1 << 32;
+        let pump = self.spawn_flow_pump(&id, network.flows().subscribe(), id_base);
+        let attached = Arc::new(Attached {
+            network,
+            forwards: Mutex::new(BTreeMap::new()),
+            pump,
+        });
+        // The same host port as before when it is free, else another.
+        let mut ports = BTreeMap::new();
+        for (port, host_port) in saved.ports.clone() {
+            let forward = bind(&attached.network, port, host_port)
+                .or_else(|_| bind(&attached.network, port, 0));
+            match forward {
+                Ok(f) => {
+                    ports.insert(port, f.local_addr().port());
+                    lock(&attached.forwards).insert(port, f);
+                }
+                Err(e) => tracing::warn!(sandbox = %id, port, error = %e, "cannot expose port"),
+            }
+        }
+        saved.ports = ports;
+        self.store_saved(&id, &saved)?;
+        lock(&self.inner.network.attached).insert(id, attached);
+        Ok(())
+    }
+
+    /// Stops a sandbox's stack and its ports (the sandbox stopped).
+    pub(super) fn detach_network(&self, id: &str) {
+        lock(&self.inner.network.attached).remove(id);
+    }
+
+    fn attached(&self, id: &str) -> Option<Arc<Attached>> {
+        lock(&self.inner.network.attached).get(id).cloned()
+    }
+
+    /// Makes the sandbox trust its broker CA: the system bundle and [`SANDBOX_CA_PATH`] (the
+    /// agent then points `SSL_CERT_FILE` and friends of every command at them).
+    pub(super) async fn install_ca(
+        &self,
+        id: &str,
+        agent: &AgentClient,
+    ) -> Result<(), SandboxError> {
+        let saved = self.load_saved(id);
+        let Some(key) = &saved.ca_key_pem else {
+            return Ok(());
+        };
+        let pem = Broker::from_key_pem(key, None)
+            .map_err(|e| SandboxError::Io(std::io::Error::other(e)))?
+            .ca_pem()
+            .to_owned();
+        if let Ok((_, mut stream)) = agent.read_file(SYSTEM_CA_BUNDLE).await {
+            let mut bundle = Vec::new();
+            while let Some(Ok(chunk)) = stream.next().await {
+                bundle.extend_from_slice(&chunk);
+                if bundle.len() > MAX_BUNDLE {
+                    bundle.clear();
+                    break;
+                }
+            }
+            if !bundle.is_empty() {
+                if !bundle.ends_with(b"\n") {
+                    bundle.push(b'\n');
+                }
+                bundle.extend_from_slice(pem.as_bytes());
+                agent
+                    .write_file(
+                        SYSTEM_CA_BUNDLE,
+                        Some(0o644),
+                        Some("root"),
+                        body_from_bytes(bundle),
+                    )
+                    .await?;
+            }
+        }
+        agent
+            .write_file(
+                SANDBOX_CA_PATH,
+                Some(0o644),
+                Some("root"),
+                body_from_bytes(pem),
+            )
+            .await?;
+        Ok(())
+    }
+
+    /// The policy of a sandbox with its secrets (to carry into a fork).
+    pub(super) fn network_policy_of(&self, id: &str) -> Option<api::NetworkPolicy> {
+        Some(self.load_saved(id).policy)
+    }
+
+    /// Fills in the policy a client sees (secrets redacted).
+    pub(super) fn with_network(&self, mut s: api::Sandbox) -> api::Sandbox {
+        s.network_policy = Some(self.load_saved(&s.id).policy.redacted());
+        s
+    }
+
+    /// Replaces a sandbox's policy; open flows it denies are cut at once.
+    pub(super) fn replace_network_policy(
+        &self,
+        id: &str,
+        policy: &api::NetworkPolicy,
+    ) -> Result<(), SandboxError> {
+        let mut saved = self.load_saved(id);
+        let policy = policy.unredacted(&saved.policy);
+        let firewall = super::network_policy::firewall(&policy)?;
+        saved.policy = policy;
+        self.store_saved(id, &saved)?;
+        if let Some(a) = self.attached(id) {
+            a.network.set_policy(firewall);
+        }
+        Ok(())
+    }
+
+    /// `GET /v1/sandboxes/{id}/network`.
+    pub fn network_info(&self, id: &str) -> Result<api::NetworkInfo, SandboxError> {
+        self.get(id)?;
+        let saved = self.load_saved(id);
+        let attached = self.attached(id);
+        let totals = attached
+            .as_ref()
+            .map(|a| a.network.flows().totals())
+            .unwrap_or_default();
+        let past = self.past_totals(id);
+        Ok(api::NetworkInfo {
+            policy: saved.policy.redacted(),
+            ports: self.port_list(id, &saved),
+            usage: api::NetworkUsage {
+                ingress_bytes: past.ingress_bytes.max(totals.bytes_in),
+                egress_bytes: past.egress_bytes.max(totals.bytes_out),
+            },
+            attached: attached.is_some(),
+        })
+    }
+
+    /// Totals from the flow log kept across restarts.
+    fn past_totals(&self, id: &str) -> api::NetworkUsage {
+        let flows = self.flow_records(id);
+        api::NetworkUsage {
+            ingress_bytes: flows.iter().map(|f| f.bytes_in).sum(),
+            egress_bytes: flows.iter().map(|f| f.bytes_out).sum(),
+        }
+    }
+
+    fn port_list(&self, id: &str, saved: &Saved) -> Vec<api::Port> {
+        let live: BTreeMap<u16, u16> = self
+            .attached(id)
+            .map(|a| {
+                lock(&a.forwards)
+                    .iter()
+                    .map(|(p, f)| (*p, f.local_addr().port()))
+                    .collect()
+            })
+            .unwrap_or_default();
+        saved
+            .ports
+            .iter()
+            .map(|(port, host)| {
+                let host_port = live.get(port).copied().unwrap_or(*host);
+                api::Port {
+                    port: *port,
+                    host_port,
+                    url: url(host_port),
+                }
+            })
+            .collect()
+    }
+
+    pub fn ports(&self, id: &str) -> Result<api::PortList, SandboxError> {
+        self.get(id)?;
+        let saved = self.load_saved(id);
+        Ok(api::PortList {
+            ports: self.port_list(id, &saved),
+        })
+    }
+
+    /// Exposes a running sandbox's port on 127.0.0.1.
+    pub async fn add_port(&self, id: &str, req: api::AddPort) -> Result<api::Port, SandboxError> {
+        let bad = |field: &str, what: &str| SandboxError::BadRequest(format!("{field}: {what}"));
+        let port = u16::try_from(req.port)
+            .ok()
+            .filter(|p| *p > 0)
+            .ok_or_else(|| bad("port", "must be 1..=65535"))?;
+        let host_port = match req.host_port {
+            None => 0,
+            Some(h) => u16::try_from(h)
+                .ok()
+                .filter(|h| *h >= 1024)
+                .ok_or_else(|| bad("host_port", "must be 1024..=65535"))?,
+        };
+        let lock_ = self.lock_for(id);
+        let _guard = lock_.lock().await;
+        self.running(id)?;
+        let attached = self
+            .attached(id)
+            .ok_or_else(|| SandboxError::Conflict("The sandbox has no network".into()))?;
+        let mut saved = self.load_saved(id);
+        if saved.ports.contains_key(&port) {
+            return Err(bad("port", "is already exposed"));
+        }
+        if saved.ports.len() >= api::MAX_PORTS {
+            return Err(bad("port", "too many ports"));
+        }
+        let forward = bind(&attached.network, port, host_port).map_err(|e| {
+            if e.kind() == std::io::ErrorKind::AddrInUse {
+                bad("host_port", "is taken")
+            } else {
+                SandboxError::Io(e)
+            }
+        })?;
+        let host_port = forward.local_addr().port();
+        lock(&attached.forwards).insert(port, forward);
+        saved.ports.insert(port, host_port);
+        self.store_saved(id, &saved)?;
+        Ok(api::Port {
+            port,
+            host_port,
+            url: url(host_port),
+        })
+    }
+
+    /// Stops exposing a port.
+    pub async fn remove_port(&self, id: &str, port: u32) -> Result<(), SandboxError> {
+        let lock_ = self.lock_for(id);
+        let _guard = lock_.lock().await;
+        self.get(id)?;
+        let mut saved = self.load_saved(id);
+        let port = u16::try_from(port).unwrap_or(0);
+        if saved.ports.remove(&port).is_none() {
+            return Err(SandboxError::NotFound(format!("{id} port {port}")));
+        }
+        if let Some(a) = self.attached(id) {
+            lock(&a.forwards).remove(&port);
+        }
+        self.store_saved(id, &saved)
+    }
+
+    /// The flows kept, oldest first.
+    fn flow_records(&self, id: &str) -> Vec<api::NetworkFlow> {
+        let mut all = lock(&self.inner.network.flows);
+        let flows = all.entry(id.to_owned()).or_insert_with(|| {
+            let text = std::fs::read_to_string(self.flows_file(id)).unwrap_or_default();
+            let mut by_id: BTreeMap<u64, api::NetworkFlow> = BTreeMap::new();
+            for f in text
+                .lines()
+                .filter_map(|l| serde_json::from_str::<api::NetworkFlow>(l).ok())
+            {
+                by_id.insert(f.id, f);
+            }
+            let skip = by_id.len().saturating_sub(FLOWS_KEPT);
+            by_id.into_values().skip(skip).collect()
+        });
+        flows.iter().cloned().collect()
+    }
+
+    /// `GET /v1/sandboxes/{id}/network/flows`: what is kept, then (`follow`) what comes.
+    pub fn flows(
+        &self,
+        id: &str,
+        follow: bool,
+    ) -> Result<impl futures::Stream<Item = api::NetworkFlow> + Send + 'static, SandboxError> {
+        self.get(id)?;
+        let rx = follow.then(|| self.flow_sender(id).subscribe());
+        let kept = futures::stream::iter(self.flow_records(id));
+        let live = futures::stream::unfold(rx, |rx| async move {
+            let mut rx = rx?;
+            loop {
+                match rx.recv().await {
+                    Ok(flow) => return Some((flow, Some(rx))),
+                    // A slow follower misses records rather than holding the sandbox up.
+                    Err(tokio::sync::broadcast::error::RecvError::Lagged(_)) => continue,
+                    Err(_) => return None,
+                }
+            }
+        });
+        Ok(kept.chain(live))
+    }
+
+    fn flow_sender(&self, id: &str) -> tokio::sync::broadcast::Sender<api::NetworkFlow> {
+        lock(&self.inner.network.follow)
+            .entry(id.to_owned())
+            .or_insert_with(|| tokio::sync::broadcast::channel(256).0)
+            .clone()
+    }
+
+    /// Keeps every flow record of a sandbox: in memory (bounded), on disk (appended,
+    /// compacted when twice the bound) and to followers.
+    fn spawn_flow_pump(
+        &self,
+        id: &str,
+        mut rx: tokio::sync::broadcast::Receiver<FlowRecord>,
+        base: u64,
+    ) -> tokio::task::AbortHandle {
+        let this = self.clone();
+        let id = id.to_owned();
+        let sender = self.flow_sender(&id);
+        tokio::spawn(async move {
+            let mut written = 0usize;
+            loop {
+                let record = match rx.recv().await {
+                    Ok(r) => r,
+                    Err(tokio::sync::broadcast::error::RecvError::Lagged(n)) => {
+                        tracing::warn!(sandbox = %id, lost = n, "flow records dropped");
+                        continue;
+                    }
+                    Err(_) => break,
+                };
+                let flow = to_flow(&record, base);
+                this.keep_flow(&id, &flow, &mut written);
+                let _ = sender.send(flow);
+            }
+        })
+        .abort_handle()
+    }
+
+    fn keep_flow(&self, id: &str, flow: &api::NetworkFlow, written: &mut usize) {
+        // Load what earlier daemons kept before the first new record joins it.
+        self.flow_records(id);
+        {
+            let mut all = lock(&self.inner.network.flows);
+            let flows = all.entry(id.to_owned()).or_default();
+            if let Some(f) = flows.iter_mut().rev().find(|f| f.id == flow.id) {
+                *f = flow.clone();
+            } else {
+                if flows.len() >= FLOWS_KEPT {
+                    flows.pop_front();
+                }
+                flows.push_back(flow.clone());
+            }
+        }
+        let path = self.flows_file(id);
+        *written += 1;
+        if *written >= 2 * FLOWS_KEPT {
+            *written = 0;
+            let lines: String = self
+                .flow_records(id)
+                .iter()
+                .filter_map(|f| serde_json::to_string(f).ok())
+                .map(|l| l + "\n")
+                .collect();
+            let tmp = path.with_extension("ndjson.tmp");
+            if std::fs::write(&tmp, lines).is_ok() {
+                let _ = std::fs::rename(&tmp, &path);
+            }
+            return;
+        }
+        let line = serde_json::to_string(flow).unwrap_or_default() + "\n";
+        let appended = std::fs::OpenOptions::new()
+            .create(true)
+            .append(true)
+            .open(&path)
+            .and_then(|mut f| f.write_all(line.as_bytes()));
+        if let Err(e) = appended {
+            tracing::warn!(sandbox = %id, error = %e, "cannot keep a flow record");
+        }
+    }
+
+    /// Forgets a deleted sandbox's network state.
+    pub(super) fn forget_network(&self, id: &str) {
+        self.detach_network(id);
+        lock(&self.inner.network.flows).remove(id);
+        lock(&self.inner.network.follow).remove(id);
+    }
+}
+
+/// The frame socket the VMM listens on for the daemon's stack, in the microVM's state dir.
+pub const NET_SOCKET: &str = "net.sock";
+
+fn bind(network: &Network, port: u16, host_port: u16) -> std::io::Result<Forward> {
+    let listener = std::net::TcpListener::bind((std::net::Ipv4Addr::LOCALHOST, host_port))?;
+    network.forward(listener, port)
+}
+
+fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
+    m.lock().unwrap_or_else(|e| e.into_inner())
+}
