@@ -52,7 +52,15 @@ snapshot_expiration_ms?: number,
 /**
  * How many of this sandbox's snapshots are kept.
  */
-keep_last_snapshots?: KeepLastSnapshots, };
+keep_last_snapshots?: KeepLastSnapshots, 
+/**
+ * The sandbox's firewall; `allow-all` when absent.
+ */
+network_policy?: NetworkPolicy, 
+/**
+ * Sandbox TCP ports exposed on 127.0.0.1 (each on a free host port).
+ */
+ports?: Array<number>, };
 
 export type LimitsReport = { memory: LimitState, cpu: LimitState, pids: LimitState, 
 /**
@@ -86,7 +94,11 @@ timeout_ms: number,
 /**
  * When the sandbox will stop by itself, while it runs.
  */
-expires_at?: number, limits: LimitsReport, };
+expires_at?: number, limits: LimitsReport, 
+/**
+ * The sandbox's firewall (brokered header values redacted).
+ */
+network_policy?: NetworkPolicy, };
 
 export type ListSandboxesQuery = { 
 /**
@@ -120,7 +132,11 @@ export type UpdateSandbox = {
 /**
  * Replaces all tags (the bounds of `CreateSandbox.tags`).
  */
-tags?: { [key in string]: string }, name?: string, };
+tags?: { [key in string]: string }, name?: string, 
+/**
+ * Replaces the firewall at once; open flows it denies are cut.
+ */
+network_policy?: NetworkPolicy, };
 
 export type ExtendSandbox = { 
 /**
@@ -235,6 +251,90 @@ limit: number | null,
 cursor: string | null, };
 
 export type SnapshotList = { snapshots: Array<Snapshot>, next_cursor?: string, };
+
+export type NetworkMode = "allow-all" | "deny-all";
+
+export type NetworkPolicy = NetworkMode | NetworkRules;
+
+export type NetworkRules = { allow?: DomainAllow, subnets?: Subnets, };
+
+export type DomainAllow = Array<string> | { [key in string]: Array<DomainRule> };
+
+export type DomainRule = { transform: Array<Transform>, };
+
+export type Transform = { headers: { [key in string]: string }, };
+
+export type Subnets = { allow: Array<string>, deny: Array<string>, };
+
+export type Port = { port: number, host_port: number, 
+/**
+ * `http://127.0.0.1:<host_port>/`
+ */
+url: string, };
+
+export type AddPort = { 
+/**
+ * The sandbox's TCP port, 1..=65535.
+ */
+port: number, 
+/**
+ * The host port on 127.0.0.1, 1024..=65535; a free one when absent.
+ */
+host_port?: number, };
+
+export type PortList = { ports: Array<Port>, };
+
+export type FlowProtocol = "tcp" | "udp" | "dns";
+
+export type FlowVerdict = "allowed" | "denied";
+
+export type NetworkFlow = { id: number, started_at: number, ended_at?: number, protocol: FlowProtocol, 
+/**
+ * The sandbox's end, `addr:port`.
+ */
+src: string, 
+/**
+ * The destination, `addr:port`.
+ */
+dst: string, 
+/**
+ * TLS SNI, HTTP `Host` or the DNS question.
+ */
+name?: string, verdict: FlowVerdict, 
+/**
+ * The rule that decided (`subnets.deny 10.0.0.0/8`).
+ */
+rule: string, 
+/**
+ * Bytes from the sandbox.
+ */
+bytes_out: number, 
+/**
+ * Bytes to the sandbox.
+ */
+bytes_in: number, };
+
+export type FlowsQuery = { 
+/**
+ * Keep the stream open and send flows as they happen.
+ */
+follow: boolean | null, };
+
+export type NetworkUsage = { 
+/**
+ * Bytes to the sandbox.
+ */
+ingress_bytes: number, 
+/**
+ * Bytes from the sandbox.
+ */
+egress_bytes: number, };
+
+export type NetworkInfo = { policy: NetworkPolicy, ports: Array<Port>, usage: NetworkUsage, 
+/**
+ * Whether the sandbox's network is attached now (it is while the sandbox runs).
+ */
+attached: boolean, };
 
 export type PtySize = { rows: number, cols: number, };
 
