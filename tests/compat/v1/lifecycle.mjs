@@ -1,6 +1,10 @@
 // Sandbox.get, Sandbox.list (since/until/limit and pagination), extendTimeout, stop (plain
 // and blocking), updateNetworkPolicy, and what is not there yet failing clearly.
 import assert from 'node:assert/strict';
+import { execFileSync } from 'node:child_process';
+import { mkdtempSync, rmSync, writeFileSync } from 'node:fs';
+import { tmpdir } from 'node:os';
+import { join } from 'node:path';
 import { Sandbox } from '@vercel/sandbox';
 
 const before = Date.now() - 1;
@@ -42,3 +46,24 @@ assert.equal(stoppedSandbox.status, 'stopped');
 await a.stop(); // safe to call again
 await assert.rejects(Sandbox.get({ sandboxId: 'sbx_doesnotexist' }), (e) => e.response?.status === 404);
 await assert.rejects(a.runCommand('true'), (e) => e.json?.error?.code === 'sandbox_stopped');
+
+// A git source is cloned into the working directory, owned by the sandbox's user.
+const repo = mkdtempSync(join(tmpdir(), 'belljar-compat-repo-'));
+try {
+  writeFileSync(join(repo, 'README.md'), 'hello from git\n');
+  const git = (...args) => execFileSync('git', ['-C', repo, ...args], { stdio: 'pipe' });
+  git('init', '-q');
+  git('add', '.');
+  git('-c', 'user.email=t@example.invalid', '-c', 'user.name=t', 'commit', '-qm', 'init');
+  const cloned = await Sandbox.create({
+    runtime: 'python3.13',
+    source: { type: 'git', url: repo, depth: 1 },
+    resources: { vcpus: 1 },
+    timeout: 60_000,
+  });
+  const r = await cloned.runCommand('sh', ['-c', 'cat README.md; stat -c %U README.md']);
+  assert.equal(await r.stdout(), 'hello from git\nvercel-sandbox\n');
+  await cloned.stop();
+} finally {
+  rmSync(repo, { recursive: true, force: true });
+}

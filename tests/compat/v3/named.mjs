@@ -62,3 +62,12 @@ await got.stop();
 await got.delete();
 // Every session of the name goes with it.
 await assert.rejects(Sandbox.get({ name }), (e) => e.response?.status === 404);
+
+// getOrCreate: creates when the name is free, gets it afterwards.
+let created = 0;
+const first = await Sandbox.getOrCreate({ name, runtime: 'python3.13', onCreate: () => { created += 1; } });
+const second = await Sandbox.getOrCreate({ name, runtime: 'python3.13', onCreate: () => { created += 1; } });
+assert.equal(created, 1);
+assert.equal(second.name, first.name);
+await second.stop();
+await second.delete();
