@@ -180,6 +180,7 @@ async fn update(
         let update = UpdateSandbox {
             tags: Some(tags),
             name: None,
+            network_policy: None,
         };
         belljar_api::Validate::validate(&update)
             .map_err(|e| VercelError::BadRequest(e.to_string()))?;
