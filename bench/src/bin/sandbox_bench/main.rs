@@ -196,17 +196,14 @@ async fn lifecycle_rounds(args: &Args, client: &Client, home: &Path) -> Result<(
         .join("current")
         .join("rootfs");
     let (peers, missing) = peers::available(&rootfs);
-    for name in missing {
-        println!("peer {name}: not installed, not measured");
+    for why in missing {
+        println!("peer not measured: {why}");
     }
     let cli = sibling("belljar")?;
     let mut api = Vec::with_capacity(args.rounds);
     let mut first = Vec::with_capacity(args.rounds);
     let mut run = Vec::with_capacity(args.rounds);
     let mut theirs: Vec<Vec<Duration>> = peers.iter().map(|_| Vec::new()).collect();
-    for peer in &peers {
-        peer.round()?;
-    }
     cli_round(&cli, home, &args.image)?;
     for _ in 0..args.rounds {
         let t = Instant::now();

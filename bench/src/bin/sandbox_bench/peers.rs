@@ -75,39 +75,68 @@ fn bubblewrap(rootfs: &Path) -> Option<Peer> {
     })
 }
 
-/// podman on the same tree (`--rootfs`), no network, removed afterwards.
-fn podman(rootfs: &Path) -> Option<Peer> {
+/// podman on the same tree (`--rootfs`), no network, removed afterwards, with its default
+/// OCI runtime or the one named. Resource limits are set below any hard limit, so that the
+/// runtime needs no privilege to apply them.
+fn podman(rootfs: &Path, runtime: Option<&str>) -> Option<Peer> {
     let program = on_path("podman")?;
-    let args = [
-        "run",
-        "--rm",
-        "--network=none",
-        "--rootfs",
-        &rootfs.display().to_string(),
-        "/bin/true",
-    ]
-    .iter()
-    .map(|s| s.to_string())
-    .collect();
+    let mut args: Vec<String> = Vec::new();
+    if let Some(runtime) = runtime {
+        args.extend(["--runtime".into(), runtime.into()]);
+    }
+    args.extend(
+        [
+            "run",
+            "--rm",
+            "--network=none",
+            "--ulimit=nofile=1024:1024",
+            "--ulimit=nproc=1024:1024",
+            "--rootfs",
+            &rootfs.display().to_string(),
+            "/bin/true",
+        ]
+        .iter()
+        .map(|s| s.to_string()),
+    );
     Some(Peer {
-        name: "podman",
+        name: if runtime.is_some() {
+            "podman (runc)"
+        } else {
+            "podman"
+        },
         program,
         args,
     })
 }
 
-/// The peers installed here, and the names of those that are not.
-pub fn available(rootfs: &Path) -> (Vec<Peer>, Vec<&'static str>) {
+/// The peers that work here, each run once; for the others, why not.
+pub fn available(rootfs: &Path) -> (Vec<Peer>, Vec<String>) {
+    let rootfs = rootfs
+        .canonicalize()
+        .unwrap_or_else(|_| rootfs.to_path_buf());
     let mut found = Vec::new();
     let mut missing = Vec::new();
-    for (name, peer) in [
-        ("bubblewrap", bubblewrap(rootfs)),
-        ("podman", podman(rootfs)),
-    ] {
-        match peer {
-            Some(p) => found.push(p),
-            None => missing.push(name),
+    let mut try_peer = |name: &str, peer: Option<Peer>| match peer {
+        None => {
+            missing.push(format!("{name}: not installed"));
+            false
         }
+        Some(p) => match p.round() {
+            Ok(_) => {
+                found.push(p);
+                true
+            }
+            Err(e) => {
+                missing.push(format!("{name}: {e:#}"));
+                false
+            }
+        },
+    };
+    try_peer("bubblewrap", bubblewrap(&rootfs));
+    // crun, podman's default runtime, refuses hosts with cgroup v1 and v2 mounted at once;
+    // runc runs there.
+    if !try_peer("podman", podman(&rootfs, None)) && on_path("runc").is_some() {
+        try_peer("podman (runc)", podman(&rootfs, Some("runc")));
     }
     (found, missing)
 }
