@@ -194,11 +194,11 @@ class SandboxFilesystem:
     def __init__(self, sandbox: "Sandbox") -> None:
         self._sb = sandbox
 
-    def _url(self, rest: str, path: str) -> str:
+    def _url(self, rest: str = "") -> str:
         return f"/v1/sandboxes/{seg(self._sb.object_id)}/files{rest}"
 
     def read_bytes(self, remote_path: str) -> bytes:
-        return self._sb._client.request("GET", self._url("", remote_path), params={"path": remote_path}).content
+        return self._sb._client.request("GET", self._url(), params={"path": remote_path}).content
 
     def read_text(self, remote_path: str) -> str:
         return self.read_bytes(remote_path).decode("utf-8")
@@ -208,7 +208,7 @@ class SandboxFilesystem:
         if mode is not None:
             params["mode"] = format(mode, "o")
         self._sb._client.request(
-            "PUT", self._url("", remote_path), params=params, content=bytes(data),
+            "PUT", self._url(), params=params, content=bytes(data),
             headers={"content-type": "application/octet-stream"},
         )
 
@@ -218,7 +218,7 @@ class SandboxFilesystem:
     def copy_from_local(self, local_path: Union[str, Path], remote_path: str) -> None:
         with open(local_path, "rb") as f:
             self._sb._client.request(
-                "PUT", self._url("", remote_path), params={"path": remote_path}, content=f,
+                "PUT", self._url(), params={"path": remote_path}, content=f,
                 headers={"content-type": "application/octet-stream"},
             )
 
@@ -227,7 +227,7 @@ class SandboxFilesystem:
         local.parent.mkdir(parents=True, exist_ok=True)
         tmp = local.with_name(local.name + ".belljar-part")
         try:
-            with self._sb._client.http.stream("GET", self._url("", remote_path), params={"path": remote_path}) as resp:
+            with self._sb._client.http.stream("GET", self._url(), params={"path": remote_path}) as resp:
                 if resp.status_code >= 400:
                     raise error_of(resp.status_code, resp.read())
                 with open(tmp, "wb") as f:
@@ -238,14 +238,14 @@ class SandboxFilesystem:
             tmp.unlink(missing_ok=True)
 
     def stat(self, remote_path: str) -> FileEntry:
-        return FileEntry.of(self._sb._client.json("GET", self._url("/stat", remote_path), params={"path": remote_path}))
+        return FileEntry.of(self._sb._client.json("GET", self._url("/stat"), params={"path": remote_path}))
 
     def list_files(self, remote_path: str) -> List[FileEntry]:
         out: List[FileEntry] = []
         cursor: Optional[str] = None
         while True:
             params = {"path": remote_path, **({"cursor": cursor} if cursor else {})}
-            page = self._sb._client.json("GET", self._url("/list", remote_path), params=params)
+            page = self._sb._client.json("GET", self._url("/list"), params=params)
             out.extend(FileEntry.of(e) for e in page["entries"])
             cursor = page.get("next_cursor")
             if not cursor:
@@ -263,7 +263,7 @@ class SandboxFilesystem:
 
     def remove(self, remote_path: str, *, recursive: bool = False) -> None:
         params = {"path": remote_path, **({"recursive": "true"} if recursive else {})}
-        self._sb._client.request("DELETE", self._url("", remote_path), params=params)
+        self._sb._client.request("DELETE", self._url(), params=params)
 
     rm = remove
 
