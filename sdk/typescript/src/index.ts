@@ -6,6 +6,7 @@ export type { CreateOptions, RunOptions, Signalled } from "./sandbox.js";
 export { Command, CommandFinished } from "./command.js";
 export type { LogChunk } from "./command.js";
 export { Files } from "./files.js";
+export { Network } from "./network.js";
 export { Terminal } from "./terminal.js";
 export type { TerminalExit, TerminalOptions } from "./terminal.js";
 export { BelljarError, Transport } from "./transport.js";

@@ -5,6 +5,7 @@ import type { Writable } from "node:stream";
 
 import { Command, CommandFinished } from "./command.js";
 import { Files } from "./files.js";
+import { Network } from "./network.js";
 import type {
   Command as CommandData,
   CreateSandbox,
@@ -55,6 +56,8 @@ export class Sandbox {
   data: SandboxData;
   /** Its files. */
   readonly files: Files;
+  /** Its firewall, flows and exposed ports. */
+  readonly network: Network;
 
   private constructor(
     readonly transport: Transport,
@@ -62,6 +65,7 @@ export class Sandbox {
   ) {
     this.data = data;
     this.files = new Files(transport, data.id);
+    this.network = new Network(transport, data.id, (d) => (this.data = d));
   }
 
   get id(): string {
