@@ -34,6 +34,9 @@ async def scenario(tmp_path):
         sb2 = await AsyncSandbox.create(image=snap, tags=TAG)
         assert await sb2.filesystem.read_text("/workspace/a/b.txt") == "x"
         await sb2.terminate()
+        blocked = await AsyncSandbox.create(block_network=True, unencrypted_ports=[8000], tags=TAG)
+        assert await blocked.network_policy() == "deny-all"
+        assert list(await blocked.tunnels()) == [8000]
         try:
             await AsyncSandbox.from_id("sbx_nosuch")
             raise AssertionError("expected not_found")

@@ -87,9 +87,8 @@ def test_errors_and_unsupported_options():
     with pytest.raises(BelljarError) as e:
         Sandbox.create(memory=1)
     assert e.value.code == "bad_request"
-    for bad in ({"block_network": True}, {"outbound_cidr_allowlist": ["10.0.0.0/8"]}, {"idle_timeout": 60}):
-        with pytest.raises(NotSupportedError):
-            Sandbox.create(**bad)
+    with pytest.raises(NotSupportedError):
+        Sandbox.create(idle_timeout=60)
     assert list(Sandbox.list(tags={"never": "created"})) == []
 
 
@@ -117,3 +116,22 @@ def test_over_tcp_with_the_token(sb):
     with pytest.raises(BelljarError) as e:
         Sandbox.from_id(sb.object_id, client=Client(Endpoint(base_url=base_url, token="wrong")))
     assert (e.value.code, e.value.status) == ("unauthorized", 401)
+
+
+def test_network_options():
+    blocked = Sandbox.create(block_network=True, tags=TAG)
+    assert blocked.network_policy() == "deny-all"
+    assert blocked.exec("getent", "hosts", "a.test").wait() != 0
+    allow = ["203.0.113.0/24"]
+    ranged = Sandbox.create(outbound_cidr_allowlist=allow, unencrypted_ports=[8000], tags=TAG)
+    assert ranged.network_policy() == {"subnets": {"allow": allow, "deny": []}}
+    tunnels = ranged.tunnels()
+    assert list(tunnels) == [8000]
+    assert tunnels[8000].host == "127.0.0.1" and tunnels[8000].port > 0
+    ranged.set_network_policy("deny-all")
+    assert ranged.network_policy() == "deny-all"
+    with pytest.raises(NotSupportedError):
+        Sandbox.create(encrypted_ports=[443])
+    with pytest.raises(BelljarError) as e:
+        Sandbox.create(outbound_cidr_allowlist=["not-a-cidr"])
+    assert e.value.code == "bad_request"

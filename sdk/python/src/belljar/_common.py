@@ -103,11 +103,14 @@ def create_body(
     """The body of ``POST /v1/sandboxes`` for ``Sandbox.create``'s arguments."""
     if idle_timeout is not None:
         raise NotSupportedError("idle_timeout: Belljar has no idle timeout yet")
-    if block_network or outbound_cidr_allowlist is not None:
-        raise NotSupportedError(
-            "block_network/outbound_cidr_allowlist: the daemon's API has no network policy yet"
-        )
     body: Dict[str, Any] = {}
+    if block_network and outbound_cidr_allowlist:
+        raise BelljarError("bad_request", "block_network and outbound_cidr_allowlist exclude each other")
+    if block_network:
+        body["network_policy"] = "deny-all"
+    elif outbound_cidr_allowlist is not None:
+        # Only these ranges: no domain is allowed, so DNS answers nothing either.
+        body["network_policy"] = {"subnets": {"allow": list(outbound_cidr_allowlist), "deny": []}}
     snapshot_id = getattr(image, "snapshot_id", None)
     if snapshot_id is not None:
         body["source"] = {"type": "snapshot", "snapshot_id": snapshot_id}
@@ -184,6 +187,26 @@ class FileEntry:
     @staticmethod
     def of(e: Mapping[str, Any]) -> "FileEntry":
         return FileEntry(e["name"], e["path"], e["kind"], e["size"], e["mode"], e["mtime"])
+
+
+@dataclass(frozen=True)
+class Tunnel:
+    """An exposed port of the sandbox, reachable from this host."""
+
+    host: str
+    port: int
+    url: str
+
+    @property
+    def tcp_socket(self) -> "tuple[str, int]":
+        return (self.host, self.port)
+
+
+def check_ports(encrypted_ports: Sequence[int], h2_ports: Sequence[int]) -> None:
+    if encrypted_ports or h2_ports:
+        raise NotSupportedError(
+            "encrypted_ports/h2_ports: Belljar forwards plain TCP on 127.0.0.1; use unencrypted_ports"
+        )
 
 
 @dataclass(frozen=True)

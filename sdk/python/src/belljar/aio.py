@@ -17,6 +17,8 @@ from ._common import (
     Endpoint,
     FileEntry,
     SnapshotImage,
+    Tunnel,
+    check_ports,
     chunk_bytes,
     create_body,
     error_of,
@@ -264,6 +266,9 @@ class AsyncSandbox:
         name: Optional[str] = None,
         cpu: Optional[float] = None,
         memory: Optional[int] = None,
+        unencrypted_ports: Sequence[int] = (),
+        encrypted_ports: Sequence[int] = (),
+        h2_ports: Sequence[int] = (),
         client: Optional[AsyncClient] = None,
     ) -> "AsyncSandbox":
         body = create_body(
@@ -271,8 +276,12 @@ class AsyncSandbox:
             block_network=block_network, outbound_cidr_allowlist=outbound_cidr_allowlist,
             name=name, cpu=cpu, memory=memory,
         )
+        check_ports(encrypted_ports, h2_ports)
         c = client or AsyncClient()
-        return AsyncSandbox(c, await c.json("POST", "/v1/sandboxes", body))
+        sb = AsyncSandbox(c, await c.json("POST", "/v1/sandboxes", body))
+        for port in unencrypted_ports:
+            await c.json("POST", f"/v1/sandboxes/{seg(sb.object_id)}/ports", {"port": port})
+        return sb
 
     @staticmethod
     async def from_id(sandbox_id: str, client: Optional[AsyncClient] = None) -> "AsyncSandbox":
@@ -325,6 +334,20 @@ class AsyncSandbox:
         except asyncio.TimeoutError as e:
             raise BelljarError("timeout", f"The snapshot took longer than {timeout}s") from e
         return SnapshotImage(snap["id"], snap["source_sandbox_id"], snap["size_bytes"])
+
+    async def tunnels(self, timeout: int = 50) -> Dict[int, Tunnel]:
+        """The exposed ports (``unencrypted_ports``), by the sandbox's port."""
+        ports = await self._client.json("GET", f"/v1/sandboxes/{seg(self.object_id)}/ports")
+        return {p["port"]: Tunnel("127.0.0.1", p["host_port"], p["url"]) for p in ports["ports"]}
+
+    async def network_policy(self) -> Any:
+        """The firewall: ``"allow-all"``, ``"deny-all"`` or rules (brokered values redacted)."""
+        return (await self._client.json("GET", f"/v1/sandboxes/{seg(self.object_id)}/network"))["policy"]
+
+    async def set_network_policy(self, policy: Any) -> None:
+        """Replaces the firewall while the sandbox runs."""
+        url = f"/v1/sandboxes/{seg(self.object_id)}"
+        self._data = await self._client.json("PATCH", url, {"network_policy": policy})
 
     async def terminate(self) -> None:
         try:

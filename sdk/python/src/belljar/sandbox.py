@@ -20,6 +20,8 @@ from ._common import (
     Endpoint,
     FileEntry,
     SnapshotImage,
+    Tunnel,
+    check_ports,
     chunk_bytes,
     create_body,
     error_of,
@@ -297,6 +299,9 @@ class Sandbox:
         name: Optional[str] = None,
         cpu: Optional[float] = None,
         memory: Optional[int] = None,
+        unencrypted_ports: Sequence[int] = (),
+        encrypted_ports: Sequence[int] = (),
+        h2_ports: Sequence[int] = (),
         client: Optional[Client] = None,
     ) -> "Sandbox":
         """Creates a sandbox (``image`` is an image name or a ``SnapshotImage``); returns once it runs."""
@@ -305,8 +310,12 @@ class Sandbox:
             block_network=block_network, outbound_cidr_allowlist=outbound_cidr_allowlist,
             name=name, cpu=cpu, memory=memory,
         )
+        check_ports(encrypted_ports, h2_ports)
         c = _client(client)
-        return Sandbox(c, c.json("POST", "/v1/sandboxes", body))
+        sb = Sandbox(c, c.json("POST", "/v1/sandboxes", body))
+        for port in unencrypted_ports:
+            c.json("POST", f"/v1/sandboxes/{seg(sb.object_id)}/ports", {"port": port})
+        return sb
 
     @staticmethod
     def from_id(sandbox_id: str, client: Optional[Client] = None) -> "Sandbox":
@@ -367,6 +376,20 @@ class Sandbox:
         """``None`` while the sandbox runs, else its final status."""
         self._data = self._client.json("GET", f"/v1/sandboxes/{seg(self.object_id)}")
         return None if self.status in ("pending", "running", "paused") else self.status
+
+    def tunnels(self, timeout: int = 50) -> Dict[int, Tunnel]:
+        """The exposed ports (``unencrypted_ports``), by the sandbox's port."""
+        ports = self._client.json("GET", f"/v1/sandboxes/{seg(self.object_id)}/ports")
+        return {p["port"]: Tunnel("127.0.0.1", p["host_port"], p["url"]) for p in ports["ports"]}
+
+    def network_policy(self) -> Any:
+        """The firewall: ``"allow-all"``, ``"deny-all"`` or rules (brokered values redacted)."""
+        return (self._client.json("GET", f"/v1/sandboxes/{seg(self.object_id)}/network"))["policy"]
+
+    def set_network_policy(self, policy: Any) -> None:
+        """Replaces the firewall while the sandbox runs."""
+        url = f"/v1/sandboxes/{seg(self.object_id)}"
+        self._data = self._client.json("PATCH", url, {"network_policy": policy})
 
     def terminate(self) -> None:
         """Stops the sandbox; a no-op when it already ended."""
