@@ -13,7 +13,7 @@ import type {
 } from "ai";
 
 import type { Command } from "./command.js";
-import type { FileEntry } from "./generated/api.js";
+import type { FileEntry, NetworkInfo } from "./generated/api.js";
 import type { Sandbox } from "./sandbox.js";
 import { BelljarError, readAll } from "./transport.js";
 
@@ -24,6 +24,9 @@ export interface SessionOptions {
   sudo?: boolean;
   /** Appended to the description the model reads. */
   description?: string;
+  /** The sandbox's network (`await sandbox.network.info()`), so the description names its
+   * exposed ports; without it, only the policy on the sandbox's record is described. */
+  network?: NetworkInfo;
 }
 
 /** The sandbox as the AI SDK's experimental sandbox session. */
@@ -132,8 +135,12 @@ function describe(sandbox: Sandbox, base: string, opts: SessionOptions): string 
   const lines = [
     `A Belljar sandbox (${d.id}): Linux, image ${d.image}, ${d.vcpus} vCPUs, ${d.memory_mib} MiB of memory, ${d.disk_mib} MiB of disk.`,
     `Commands run with sh -c as ${opts.sudo ? "root" : "the user belljar (sudo works)"}; the working directory is ${base}.`,
-    "No ports are exposed, and the network policy is the daemon's default.",
+    `Network policy: ${JSON.stringify(opts.network?.policy ?? d.network_policy ?? "allow-all")}.`,
   ];
+  const ports = opts.network?.ports ?? [];
+  if (ports.length) {
+    lines.push(`Exposed ports (sandbox port -> URL on the user's machine): ${ports.map((p) => `${p.port} -> ${p.url}`).join(", ")}.`);
+  }
   if (opts.description) lines.push(opts.description);
   return lines.join("\n");
 }

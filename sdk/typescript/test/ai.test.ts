@@ -72,6 +72,7 @@ test("generateText runs a tool's command in the sandbox through experimental_san
   const session = toSandboxSession(sbx);
   assert.match(session.description, new RegExp(`${sbx.id}.*image base`));
   assert.match(session.description, /working directory is \/workspace/);
+  assert.match(session.description, /Network policy: "allow-all"/);
 
   const result = await generateText({
     model,

@@ -6,7 +6,7 @@ import assert from "node:assert/strict";
 import { connect } from "node:net";
 import { after, before, test } from "node:test";
 
-import { BelljarError, Sandbox } from "../src/index.js";
+import { BelljarError, Sandbox, toSandboxSession } from "../src/index.js";
 
 let sbx: Sandbox;
 
@@ -51,6 +51,10 @@ test("an exposed port reaches a server in the sandbox from the host", async () =
     s.on("error", reject);
   });
   assert.equal(text, "from-sandbox\n");
+  // The AI SDK session tells the model about the port and the policy.
+  const described = toSandboxSession(sbx, { network: await sbx.network.info() }).description;
+  assert.match(described, new RegExp(`8000 -> ${port.url.replace(/[.*+?^${}()|[\]\\]/g, "\\$&")}`));
+  assert.match(described, /Network policy: \{"subnets"/);
   await server.kill("KILL");
   await sbx.network.removePort(8000);
   assert.deepEqual(await sbx.network.ports(), []);
