@@ -507,6 +507,62 @@ fn namespace_sandboxes_reach_the_test_internet_through_the_firewall() {
             usage.ingress_bytes > 0 && usage.egress_bytes > 0,
             "{usage:?}"
         );
+
+        // The CLI: policy flags at create, `network set|show|flows`, `port add|ls|rm`.
+        let out = d.cli([
+            "create",
+            "--backend",
+            "namespace",
+            "--allow-domain",
+            "a.test",
+            "--deny-cidr",
+            "203.0.113.9/32",
+            "--broker",
+            "api.test:Authorization=Bearer cli-secret",
+            "--port",
+            "8080",
+            "--json",
+        ]);
+        assert!(out.status.success(), "{}", belljar_e2e::stderr(&out));
+        let made: belljar_api::Sandbox = serde_json::from_slice(&out.stdout).unwrap();
+        let shown = serde_json::to_string(&made.network_policy).unwrap();
+        assert!(
+            shown.contains("a.test") && shown.contains("203.0.113.9/32"),
+            "{shown}"
+        );
+        assert!(!shown.contains("cli-secret"), "{shown}");
+        assert!(reaches(&c, &made.id, "https://a.test/").await);
+        assert!(!reaches(&c, &made.id, "https://sub.c.test/").await);
+        let out = d.cli(["network", "set", &made.id, "--network", "deny-all"]);
+        assert!(out.status.success(), "{}", belljar_e2e::stderr(&out));
+        assert!(!reaches(&c, &made.id, "https://a.test/").await);
+        let out = d.cli(["network", "show", &made.id]);
+        assert!(belljar_e2e::stdout(&out).contains("deny-all"), "{out:?}");
+        let out = d.cli(["network", "flows", &made.id]);
+        let text = belljar_e2e::stdout(&out);
+        assert!(
+            text.contains("denied") && text.contains("allowed"),
+            "{text}"
+        );
+        let out = d.cli(["port", "ls", &made.id]);
+        assert!(
+            belljar_e2e::stdout(&out).starts_with("8080 -> http://127.0.0.1:"),
+            "{out:?}"
+        );
+        let out = d.cli(["port", "add", &made.id, "9090"]);
+        assert!(
+            belljar_e2e::stdout(&out).starts_with("9090 -> http://127.0.0.1:"),
+            "{out:?}"
+        );
+        assert!(d.cli(["port", "rm", &made.id, "8080"]).status.success());
+        let left = c.ports(&made.id).await.unwrap().ports;
+        assert_eq!(left.iter().map(|p| p.port).collect::<Vec<_>>(), [9090]);
+        let out = d.cli(["network", "set", &made.id, "--allow-domain", "*.*.test"]);
+        assert!(!out.status.success());
+        assert!(
+            belljar_e2e::stderr(&out).contains("network_policy.allow"),
+            "{out:?}"
+        );
     });
     drop(d);
     drop(net);

@@ -139,6 +139,16 @@ pub enum Cmd {
         #[arg(long)]
         no_open: bool,
     },
+    /// Show or replace a sandbox's firewall, or read its flows.
+    Network {
+        #[command(subcommand)]
+        action: NetworkCmd,
+    },
+    /// Expose a sandbox's TCP ports on 127.0.0.1, list or remove them.
+    Port {
+        #[command(subcommand)]
+        action: PortCmd,
+    },
     /// Print a shell completion script.
     Completions { shell: clap_complete::Shell },
     /// Serve the Model Context Protocol on stdin/stdout, for agents (starts the daemon if
@@ -154,6 +164,63 @@ pub enum Cmd {
         #[arg(last = true)]
         command: Vec<String>,
     },
+}
+
+#[derive(Debug, Subcommand)]
+pub enum NetworkCmd {
+    /// The policy (brokered values redacted), ports and byte totals.
+    Show { id: String },
+    /// Replace the policy; open flows it denies are cut.
+    Set {
+        id: String,
+        #[command(flatten)]
+        policy: PolicyOpts,
+    },
+    /// The flows (the last 1000); -f follows new ones.
+    Flows {
+        id: String,
+        #[arg(short = 'f', long)]
+        follow: bool,
+    },
+}
+
+#[derive(Debug, Subcommand)]
+pub enum PortCmd {
+    /// Expose the sandbox's PORT on 127.0.0.1 (a free host port unless --host-port).
+    Add {
+        id: String,
+        port: u32,
+        #[arg(long)]
+        host_port: Option<u32>,
+    },
+    Ls {
+        id: String,
+    },
+    Rm {
+        id: String,
+        port: u16,
+    },
+}
+
+/// A NetworkPolicy from flags: a mode, or allow/deny lists and brokered headers.
+#[derive(Debug, Args, Clone, Default)]
+pub struct PolicyOpts {
+    /// allow-all (default) or deny-all.
+    #[arg(long, value_name = "MODE")]
+    pub network: Option<String>,
+    /// Allow a domain (TLS SNI, HTTP Host, DNS): example.com, *.example.com, www.*.com.
+    #[arg(long, value_name = "DOMAIN")]
+    pub allow_domain: Vec<String>,
+    /// Allow an address range, whatever the protocol.
+    #[arg(long, value_name = "CIDR")]
+    pub allow_cidr: Vec<String>,
+    /// Deny an address range (wins over every allow).
+    #[arg(long, value_name = "CIDR")]
+    pub deny_cidr: Vec<String>,
+    /// Set a header on HTTPS requests to a domain, in the daemon (the secret never enters the
+    /// sandbox): 'api.example.com:Authorization=Bearer ...'.
+    #[arg(long, value_name = "DOMAIN:Header=value")]
+    pub broker: Vec<String>,
 }
 
 #[derive(Debug, Subcommand)]
@@ -194,6 +261,11 @@ pub struct SandboxOpts {
     /// Start from a snapshot (its files, on its image).
     #[arg(long, value_name = "SNAPSHOT", conflicts_with = "source")]
     pub from: Option<String>,
+    #[command(flatten)]
+    pub policy: PolicyOpts,
+    /// Expose this sandbox TCP port on 127.0.0.1; repeatable.
+    #[arg(long = "port", value_name = "PORT")]
+    pub ports: Vec<u32>,
 }
 
 #[derive(Debug, Args)]

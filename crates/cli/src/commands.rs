@@ -183,6 +183,8 @@ async fn dispatch(client: &Client, paths: &Paths, command: Cmd, json: bool) -> R
         Cmd::Pause { ids } => timeline::pause_or_resume(client, ids, true, json).await,
         Cmd::Resume { ids } => timeline::pause_or_resume(client, ids, false, json).await,
         Cmd::Vercel { action, command } => vercel(client, paths, action, command).await,
+        Cmd::Network { action } => crate::netcmd::network(client, action, json).await,
+        Cmd::Port { action } => crate::netcmd::port(client, action, json).await,
         Cmd::Daemon { .. } | Cmd::Completions { .. } | Cmd::Doctor { .. } | Cmd::Mcp => {
             unreachable!("handled before")
         }
@@ -317,6 +319,8 @@ fn create_request(image: Option<String>, o: &SandboxOpts) -> Result<CreateSandbo
             }),
             None => o.source.as_deref().map(source).transpose()?,
         },
+        network_policy: crate::netcmd::policy(&o.policy)?,
+        ports: (!o.ports.is_empty()).then(|| o.ports.clone()),
         ..Default::default()
     })
 }
