@@ -76,7 +76,9 @@ try {
   await expectError(400, 'bad_request', 'POST', `/v1/sandboxes/${id}/fs/write`, gzipSync(Buffer.alloc(0)), { 'x-cwd': 'relative' });
   await expectError(400, 'bad_request', 'POST', `/v1/sandboxes/${id}/extend-timeout`, JSON.stringify({ duration: -1 }));
   await expectError(400, 'bad_request', 'POST', `/v1/sandboxes/${id}/extend-timeout`, '{}');
-  await expectError(422, 'not_implemented', 'POST', `/v1/sandboxes/${id}/network-policy`, JSON.stringify({ mode: 'deny-all' }));
+  await expectError(400, 'bad_request', 'POST', `/v1/sandboxes/${id}/network-policy`, JSON.stringify({ mode: 'open' }));
+  await expectError(400, 'bad_request', 'POST', `/v1/sandboxes/${id}/network-policy`, JSON.stringify({ mode: 'custom', allowedCIDRs: ['not-a-cidr'] }));
+  await expectError(422, 'not_implemented', 'POST', `/v1/sandboxes/${id}/network-policy`, JSON.stringify({ mode: 'custom', forwardRules: [{ domain: 'a', forwardURL: 'b' }] }));
   await expectError(422, 'not_implemented', 'POST', `/v2/sandboxes/sessions/${id}/interactive`, '{}');
   await expectError(400, 'bad_request', 'POST', `/v1/sandboxes/${id}/snapshot`, JSON.stringify({ expiration: 'never' }));
   // A tar entry that climbs out of the directory is not extracted outside it.

@@ -30,13 +30,45 @@ const all = await Sandbox.list({ since: new Date(before) });
 assert.deepEqual(all.json.sandboxes.map((s) => s.id), [b.sandboxId, a.sandboxId]);
 assert.equal(all.json.pagination.next, null);
 
-await a.updateNetworkPolicy('allow-all');
-await assert.rejects(a.updateNetworkPolicy('deny-all'), (e) => e.json?.error?.code === 'not_implemented');
-await assert.rejects(
-  Sandbox.create({ runtime: 'python3.13', ports: [3000] }),
-  (e) => e.json?.error?.code === 'not_implemented',
-);
-assert.throws(() => a.domain(3000), /No route for port 3000/);
+// Network policies replace each other whole; answers name brokered headers, never values.
+assert.equal(await a.updateNetworkPolicy('deny-all'), 'deny-all'); // Block all egress
+const brokered = await a.updateNetworkPolicy({
+  allow: { 'ai-gateway.vercel.sh': [{ transform: [{ headers: { 'x-api-key': 'secret-key' } }] }] },
+  subnets: { deny: ['10.0.0.0/8'] },
+});
+console.log(JSON.stringify(brokered));
+assert.deepEqual(Object.keys(brokered.allow), ['ai-gateway.vercel.sh']);
+assert.deepEqual(brokered.subnets, { deny: ['10.0.0.0/8'] });
+assert.ok(JSON.stringify(brokered).includes('x-api-key'));
+assert.ok(!JSON.stringify(brokered).includes('secret-key'));
+await a.updateNetworkPolicy('allow-all'); // Allow all egress from the sandbox
+const denied = await Sandbox.create({ runtime: 'python3.13', networkPolicy: 'deny-all' });
+assert.equal(denied.networkPolicy, 'deny-all');
+await denied.stop();
+
+// Ports: routes carry the forwarded local URL (the SDK's domain() builds Vercel's own host
+// name from the route, so programs reach the port through `routes[].url`).
+const web = await Sandbox.create({ runtime: 'python3.13', ports: [3000] });
+try {
+  assert.equal(web.routes.length, 1);
+  assert.equal(web.routes[0].port, 3000);
+  assert.match(web.routes[0].url, /^http:\/\/127\.0\.0\.1:\d+$/);
+  assert.match(web.domain(3000), /^https:\/\//);
+  assert.throws(() => web.domain(4000), /No route for port 4000/);
+  await web.writeFiles([{ path: 'index.html', content: Buffer.from('served from the sandbox') }]);
+  await web.runCommand({ cmd: 'python3', args: ['-m', 'http.server', '3000'], detached: true });
+  let body = '';
+  for (let i = 0; i < 100 && body === ''; i++) {
+    try {
+      body = await (await fetch(`${web.routes[0].url}/index.html`)).text();
+    } catch {
+      await new Promise((r) => setTimeout(r, 100)); // the server is still starting
+    }
+  }
+  assert.equal(body, 'served from the sandbox');
+} finally {
+  await web.stop();
+}
 
 // Trigger sandbox shutdown asynchronously
 await b.stop();

@@ -54,8 +54,10 @@ assert.equal(await after.stdout(), 'resumed\n');
 assert.equal((await got.listSessions()).sessions.length, sessionsBefore + 1);
 
 await assert.rejects(got.update({ persistent: true }), (e) => e.json?.error?.code === 'not_implemented');
+await got.update({ networkPolicy: { allow: ['example.com'], subnets: { deny: ['10.0.0.0/8'] } } });
+assert.deepEqual(got.networkPolicy, { allow: ['example.com'], subnets: { deny: ['10.0.0.0/8'] } });
 await assert.rejects(
-  Sandbox.create({ runtime: 'python3.13', networkPolicy: 'deny-all' }),
+  got.updateNetworkPolicy({ allow: { 'a.example': [{ forwardURL: 'http://127.0.0.1:1' }] } }),
   (e) => e.json?.error?.code === 'not_implemented',
 );
 await got.stop();

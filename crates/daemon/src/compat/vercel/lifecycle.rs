@@ -2,18 +2,18 @@
 //! directory Vercel documents), find by id or name, list, extend, stop, snapshot and fork,
 //! over the daemon's sandbox and snapshot services.
 //!
-//! What Vercel offers and the daemon does not yet (exposed ports, network policies other than
-//! `allow-all`, persistent sandboxes, drives, tarball sources) is refused as
-//! `not_implemented` rather than ignored.
+//! Network policies and exposed ports map onto the daemon's network ([`super::policy`]);
+//! what Vercel offers and the daemon does not yet (persistent sandboxes, drives, tarball
+//! sources) is refused as `not_implemented` rather than ignored.
 
 use belljar_api::{
-    CreateSandbox, CreateSnapshot, ExtendSandbox, ForkSandbox, ListSandboxesQuery,
-    ListSnapshotsQuery, RunCommand, Sandbox, Snapshot, Source, Validate,
+    AddPort, CreateSandbox, CreateSnapshot, ExtendSandbox, ForkSandbox, ListSandboxesQuery,
+    ListSnapshotsQuery, RunCommand, Sandbox, Snapshot, Source, UpdateSandbox, Validate,
 };
 
 use super::error::{Result, VercelError};
 use super::runtime;
-use super::wire::{CreateRequest, SourceRequest};
+use super::wire::{CreateRequest, Route, SourceRequest};
 use crate::http::AppState;
 use crate::http::error::ApiError;
 
@@ -29,18 +29,6 @@ async fn detached<T: Send + 'static>(
 
 /// Refuses the parts of a request the daemon has no counterpart for yet.
 fn refuse_unsupported(req: &CreateRequest) -> Result<()> {
-    if req.ports.as_ref().is_some_and(|p| !p.is_empty()) {
-        return Err(VercelError::NotImplemented(
-            "ports (and sandbox.domain())".into(),
-        ));
-    }
-    if let Some(policy) = &req.network_policy
-        && policy.get("mode").and_then(|m| m.as_str()) != Some("allow-all")
-    {
-        return Err(VercelError::NotImplemented(
-            "networkPolicy other than allow-all".into(),
-        ));
-    }
     if req.persistent == Some(true) {
         return Err(VercelError::NotImplemented("persistent: true".into()));
     }
@@ -94,8 +82,19 @@ pub async fn create(st: &AppState, req: CreateRequest) -> Result<Sandbox> {
         Some(Source::Snapshot { .. }) if req.runtime.is_none() && req.image.is_none() => None,
         _ => runtime::image_for(&st.images, req.runtime.as_deref(), req.image.as_deref())?,
     };
+    let network_policy = req
+        .network_policy
+        .as_ref()
+        .map(super::policy::from_vercel)
+        .transpose()?;
+    let ports = req
+        .ports
+        .filter(|p| !p.is_empty())
+        .map(|p| p.into_iter().map(u32::from).collect());
     let create = CreateSandbox {
         image,
+        network_policy,
+        ports,
         vcpus: req.resources.and_then(|r| r.vcpus),
         timeout_ms: req.timeout,
         env: req.env,
@@ -218,6 +217,49 @@ pub async fn extend(st: &AppState, id: &str, duration: i64) -> Result<Sandbox> {
             .await?)
     })
     .await
+}
+
+/// The sandbox's exposed ports as Vercel's routes; `url` is the forwarded local URL.
+pub fn routes(st: &AppState, s: &Sandbox) -> Vec<Route> {
+    let ports = st
+        .sandboxes
+        .ports(&s.id)
+        .map(|l| l.ports)
+        .unwrap_or_default();
+    ports
+        .into_iter()
+        .map(|p| Route {
+            url: p.url.trim_end_matches('/').to_owned(),
+            subdomain: format!("{}-{}", s.id.replace('_', "-"), p.port),
+            port: p.port,
+        })
+        .collect()
+}
+
+/// Replaces the sandbox's network policy.
+pub async fn set_policy(st: &AppState, id: &str, policy: &serde_json::Value) -> Result<Sandbox> {
+    let update = UpdateSandbox {
+        network_policy: Some(super::policy::from_vercel(policy)?),
+        ..UpdateSandbox::default()
+    };
+    update
+        .validate()
+        .map_err(|e| VercelError::BadRequest(e.to_string()))?;
+    let (sandboxes, id) = (st.sandboxes.clone(), id.to_owned());
+    detached(async move { Ok(sandboxes.update(&id, update).await?) }).await
+}
+
+/// Exposes the ports of `ports` that are not exposed yet.
+pub async fn add_ports(st: &AppState, s: &Sandbox, ports: &[u16]) -> Result<()> {
+    let have: Vec<u16> = routes(st, s).iter().map(|r| r.port).collect();
+    for port in ports.iter().filter(|p| !have.contains(p)) {
+        let req = AddPort {
+            port: u32::from(*port),
+            host_port: None,
+        };
+        st.sandboxes.add_port(&s.id, req).await?;
+    }
+    Ok(())
 }
 
 /// Takes a snapshot and stops the sandbox, as Vercel's `snapshot()` does.

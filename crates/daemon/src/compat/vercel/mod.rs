@@ -14,6 +14,7 @@ pub mod error;
 mod exec;
 mod files;
 mod lifecycle;
+pub mod policy;
 pub mod runtime;
 pub mod token;
 mod v1;

@@ -10,10 +10,10 @@ use axum::routing::{get, post};
 use belljar_api::{ListSandboxesQuery, ListSnapshotsQuery, Sandbox};
 use serde_json::json;
 
-use super::error::{Result, VercelError};
+use super::error::Result;
 use super::wire::{
-    CreateRequest, ExtendRequest, KillRequest, Line, ListQuery, PathRequest, Route, RunRequest,
-    Session, SnapshotRequest, TimePagination, WireSnapshot,
+    CreateRequest, ExtendRequest, KillRequest, Line, ListQuery, PathRequest, RunRequest, Session,
+    SnapshotRequest, TimePagination, WireSnapshot,
 };
 use super::{VJson, VPath, VQuery, exec, files, lifecycle};
 use crate::http::AppState;
@@ -44,16 +44,16 @@ fn sandbox_body(s: &Sandbox) -> Response {
     Json(json!({ "sandbox": Session::from(s) })).into_response()
 }
 
-fn with_routes(s: &Sandbox) -> Response {
-    Json(json!({ "sandbox": Session::from(s), "routes": Vec::<Route>::new() })).into_response()
+fn with_routes(st: &AppState, s: &Sandbox) -> Response {
+    Json(json!({ "sandbox": Session::from(s), "routes": lifecycle::routes(st, s) })).into_response()
 }
 
 async fn create(State(st): State<AppState>, VJson(req): VJson<CreateRequest>) -> Result<Response> {
-    Ok(with_routes(&lifecycle::create(&st, req).await?))
+    Ok(with_routes(&st, &lifecycle::create(&st, req).await?))
 }
 
 async fn get_one(State(st): State<AppState>, VPath(id): VPath<String>) -> Result<Response> {
-    Ok(with_routes(&st.sandboxes.get(&id)?))
+    Ok(with_routes(&st, &st.sandboxes.get(&id)?))
 }
 
 /// Newest first; `pagination.next` is the `until` of the next page.
@@ -146,24 +146,14 @@ async fn extend(
     ))
 }
 
-/// Sandboxes here reach the network without a policy, which is what `allow-all` asks for;
-/// any other policy waits for the daemon's network policies.
-pub fn network_policy_for(st: &AppState, id: &str, policy: &serde_json::Value) -> Result<Sandbox> {
-    let s = st.sandboxes.get(id)?;
-    if policy.get("mode").and_then(|m| m.as_str()) == Some("allow-all") {
-        return Ok(s);
-    }
-    Err(VercelError::NotImplemented(
-        "network policies other than allow-all".into(),
-    ))
-}
-
 async fn network_policy(
     State(st): State<AppState>,
     VPath(id): VPath<String>,
     VJson(policy): VJson<serde_json::Value>,
 ) -> Result<Response> {
-    Ok(sandbox_body(&network_policy_for(&st, &id, &policy)?))
+    Ok(sandbox_body(
+        &lifecycle::set_policy(&st, &id, &policy).await?,
+    ))
 }
 
 async fn snapshot(

@@ -22,10 +22,9 @@ use serde_json::json;
 use super::error::{Result, VercelError};
 use super::wire::{
     CreateRequest, CursorPagination, ExtendRequest, KeepLast, KillRequest, Line, ListQuery,
-    NamedSandbox, PathRequest, Resources, Route, RunRequest, Session, SnapshotRequest,
-    WireSnapshot,
+    NamedSandbox, PathRequest, Resources, RunRequest, Session, SnapshotRequest, WireSnapshot,
 };
-use super::{VJson, VPath, VQuery, exec, files, lifecycle, v1};
+use super::{VJson, VPath, VQuery, exec, files, lifecycle};
 use crate::http::AppState;
 
 pub fn router() -> Router<AppState> {
@@ -70,11 +69,11 @@ async fn not_implemented(uri: axum::http::Uri) -> VercelError {
 }
 
 /// `{ sandbox, session, routes }`, the answer of create, get and fork.
-fn full(s: &Sandbox, resumed: bool) -> Response {
+fn full(st: &AppState, s: &Sandbox, resumed: bool) -> Response {
     Json(json!({
         "sandbox": NamedSandbox::from(s),
         "session": Session::from(s),
-        "routes": Vec::<Route>::new(),
+        "routes": lifecycle::routes(st, s),
         "resumed": resumed,
     }))
     .into_response()
@@ -85,7 +84,7 @@ fn session_body(s: &Sandbox) -> Response {
 }
 
 async fn create(State(st): State<AppState>, VJson(req): VJson<CreateRequest>) -> Result<Response> {
-    Ok(full(&lifecycle::create(&st, req).await?, false))
+    Ok(full(&st, &lifecycle::create(&st, req).await?, false))
 }
 
 /// With `resume=true`, a stopped sandbox starts a new session first.
@@ -108,9 +107,9 @@ async fn get_one(
             tags: Some(s.tags.clone()),
             ..CreateRequest::default()
         };
-        return Ok(full(&lifecycle::create(&st, again).await?, true));
+        return Ok(full(&st, &lifecycle::create(&st, again).await?, true));
     }
-    Ok(full(&s, false))
+    Ok(full(&st, &s, false))
 }
 
 /// Tags pass through; a longer `timeout` extends a running session; `networkPolicy`
@@ -150,7 +149,6 @@ async fn update(
     let s = lifecycle::named(&st, &name)?;
     let unsupported = [
         (req.persistent == Some(true), "persistent: true"),
-        (req.ports.as_ref().is_some_and(|p| !p.is_empty()), "ports"),
         (
             req.snapshot_expiration.is_some(),
             "changing snapshotExpiration",
@@ -168,7 +166,10 @@ async fn update(
         return Err(VercelError::NotImplemented((*what).to_owned()));
     }
     if let Some(policy) = &req.network_policy {
-        v1::network_policy_for(&st, &s.id, policy)?;
+        lifecycle::set_policy(&st, &s.id, policy).await?;
+    }
+    if let Some(ports) = &req.ports {
+        lifecycle::add_ports(&st, &s, ports).await?;
     }
     if let Some(timeout) = req.timeout
         && timeout > s.timeout_ms
@@ -188,7 +189,7 @@ async fn update(
     }
     let s = st.sandboxes.get(&s.id)?;
     Ok(
-        Json(json!({ "sandbox": NamedSandbox::from(&s), "routes": Vec::<Route>::new() }))
+        Json(json!({ "sandbox": NamedSandbox::from(&s), "routes": lifecycle::routes(&st, &s) }))
             .into_response(),
     )
 }
@@ -215,7 +216,11 @@ async fn fork(
     VJson(req): VJson<CreateRequest>,
 ) -> Result<Response> {
     let source = lifecycle::named(&st, &name)?;
-    Ok(full(&lifecycle::fork(&st, &source.id, req).await?, false))
+    Ok(full(
+        &st,
+        &lifecycle::fork(&st, &source.id, req).await?,
+        false,
+    ))
 }
 
 async fn list(State(st): State<AppState>, VQuery(q): VQuery<ListQuery>) -> Result<Response> {
@@ -270,7 +275,7 @@ async fn list_sessions(
 async fn get_session(State(st): State<AppState>, VPath(sid): VPath<String>) -> Result<Response> {
     let s = st.sandboxes.get(&sid)?;
     Ok(
-        Json(json!({ "session": Session::from(&s), "routes": Vec::<Route>::new() }))
+        Json(json!({ "session": Session::from(&s), "routes": lifecycle::routes(&st, &s) }))
             .into_response(),
     )
 }
@@ -354,7 +359,9 @@ async fn network_policy(
     VPath(sid): VPath<String>,
     VJson(policy): VJson<serde_json::Value>,
 ) -> Result<Response> {
-    Ok(session_body(&v1::network_policy_for(&st, &sid, &policy)?))
+    Ok(session_body(
+        &lifecycle::set_policy(&st, &sid, &policy).await?,
+    ))
 }
 
 async fn snapshot(

@@ -204,6 +204,8 @@ pub struct Session {
     pub created_at: i64,
     pub cwd: &'static str,
     pub updated_at: i64,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub network_policy: Option<serde_json::Value>,
 }
 
 /// Vercel's status of a sandbox: a paused one cannot run commands until resumed, like one
@@ -244,6 +246,7 @@ impl From<&Sandbox> for Session {
             created_at: s.created_at,
             cwd: runtime::CWD,
             updated_at: updated,
+            network_policy: s.network_policy.as_ref().map(super::policy::to_vercel),
         }
     }
 }
@@ -267,6 +270,8 @@ pub struct NamedSandbox {
     pub status: &'static str,
     pub cwd: &'static str,
     pub tags: BTreeMap<String, String>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub network_policy: Option<serde_json::Value>,
 }
 
 impl From<&Sandbox> for NamedSandbox {
@@ -287,6 +292,7 @@ impl From<&Sandbox> for NamedSandbox {
             status: session.status,
             cwd: runtime::CWD,
             tags: s.tags.clone(),
+            network_policy: session.network_policy,
         }
     }
 }
