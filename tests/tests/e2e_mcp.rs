@@ -70,12 +70,14 @@ async fn an_agent_drives_sandboxes_through_mcp() {
         [
             "create_sandbox",
             "delete_sandbox",
+            "expose_port",
             "get_sandbox",
             "list_files",
             "list_sandboxes",
             "list_snapshots",
             "read_file",
             "run_command",
+            "set_network_policy",
             "snapshot_sandbox",
             "stop_sandbox",
             "write_file",
@@ -231,6 +233,61 @@ async fn an_agent_drives_sandboxes_through_mcp() {
         );
     }
 
+    // Network: deny-all (DNS too), replaced live; a port exposed on the host.
+    let net = ok(
+        &session,
+        "set_network_policy",
+        json!({ "sandbox_id": id, "policy": "deny-all" }),
+    )
+    .await;
+    assert_eq!(net["policy"], "deny-all");
+    let dns = ok(
+        &session,
+        "run_command",
+        json!({ "sandbox_id": id, "argv": ["getent", "hosts", "a.test"] }),
+    )
+    .await;
+    assert_ne!(dns["exit_code"], 0);
+    let rules = json!({ "subnets": { "allow": ["203.0.113.0/24"], "deny": [] } });
+    let net = ok(
+        &session,
+        "set_network_policy",
+        json!({ "sandbox_id": id, "policy": rules }),
+    )
+    .await;
+    assert_eq!(net["policy"], rules);
+    let port = ok(
+        &session,
+        "expose_port",
+        json!({ "sandbox_id": id, "port": 8000 }),
+    )
+    .await;
+    assert_eq!(port["port"], 8000);
+    assert!(
+        port["url"]
+            .as_str()
+            .unwrap()
+            .starts_with("http://127.0.0.1:")
+    );
+    assert_eq!(
+        error_code(
+            &session,
+            "set_network_policy",
+            json!({ "sandbox_id": id, "policy": "allow-some" })
+        )
+        .await,
+        "bad_request"
+    );
+    assert_eq!(
+        error_code(
+            &session,
+            "set_network_policy",
+            json!({ "sandbox_id": id, "policy": { "subnets": { "allow": ["nope"], "deny": [] } } })
+        )
+        .await,
+        "bad_request"
+    );
+
     // Snapshot (the sandbox keeps running), then restore it into a new sandbox.
     let snap = ok(
         &session,
@@ -245,9 +302,10 @@ async fn an_agent_drives_sandboxes_through_mcp() {
     let restored = ok(
         &session,
         "create_sandbox",
-        json!({ "snapshot_id": snap_id, "tags": { "by": "mcp" } }),
+        json!({ "snapshot_id": snap_id, "tags": { "by": "mcp" }, "network_policy": "deny-all" }),
     )
     .await;
+    assert_eq!(restored["network_policy"], "deny-all");
     let restored_id = restored["id"].as_str().unwrap().to_string();
     let cat = ok(
         &session,

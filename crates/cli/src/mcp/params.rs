@@ -55,6 +55,8 @@ pub struct CreateParams {
     pub name: Option<String>,
     /// Restore a snapshot: the new sandbox starts with that snapshot's files (`snap_...`).
     pub snapshot_id: Option<String>,
+    /// The firewall (see set_network_policy); default "allow-all".
+    pub network_policy: Option<serde_json::Value>,
 }
 
 #[derive(Debug, Default, Deserialize, JsonSchema)]
@@ -157,4 +159,24 @@ pub struct SnapshotParams {
 pub struct ListSnapshotsParams {
     /// Only snapshots taken of this sandbox.
     pub sandbox_id: Option<String>,
+}
+
+#[derive(Debug, Deserialize, JsonSchema)]
+#[serde(deny_unknown_fields)]
+pub struct PolicyParams {
+    /// The sandbox's id (`sbx_...`).
+    pub sandbox_id: String,
+    /// "allow-all", "deny-all", or rules: {"allow": ["example.com", "*.example.org"],
+    /// "subnets": {"allow": ["10.0.0.0/8"], "deny": ["10.0.0.9"]}} (deny wins; everything
+    /// else is denied).
+    pub policy: serde_json::Value,
+}
+
+#[derive(Debug, Deserialize, JsonSchema)]
+#[serde(deny_unknown_fields)]
+pub struct PortParams {
+    /// The sandbox's id (`sbx_...`).
+    pub sandbox_id: String,
+    /// The TCP port a server in the sandbox listens on.
+    pub port: u32,
 }

@@ -5,8 +5,8 @@ use std::time::Duration;
 
 use base64::Engine;
 use belljar_api::{
-    CreateSandbox, CreateSnapshot, ListSandboxesQuery, ListSnapshotsQuery, RunCommand,
-    SandboxStatus, Source, Stream,
+    AddPort, CreateSandbox, CreateSnapshot, ListSandboxesQuery, ListSnapshotsQuery, NetworkPolicy,
+    RunCommand, SandboxStatus, Source, Stream,
 };
 use belljar_client::{Client, full, log_bytes};
 use rmcp::handler::server::router::tool::ToolRouter;
@@ -14,8 +14,8 @@ use rmcp::model::{CallToolResult, Implementation, ServerCapabilities, ServerConf
 use rmcp::{ServerHandler, tool, tool_handler, tool_router};
 
 use super::params::{
-    CreateParams, FileContent, ListParams, ListSnapshotsParams, Parameters, PathParams, RunOutput,
-    RunParams, SandboxParams, SnapshotParams, WriteParams,
+    CreateParams, FileContent, ListParams, ListSnapshotsParams, Parameters, PathParams,
+    PolicyParams, PortParams, RunOutput, RunParams, SandboxParams, SnapshotParams, WriteParams,
 };
 use super::{ToolError, answer};
 
@@ -125,6 +125,40 @@ impl Belljar {
         )
     }
 
+    #[tool(
+        description = "Replace a sandbox's firewall while it runs; returns its network (policy, ports, bytes)."
+    )]
+    async fn set_network_policy(&self, Parameters(p): Parameters<PolicyParams>) -> CallToolResult {
+        answer(
+            async {
+                let p = p?;
+                let policy = policy_of(p.policy)?;
+                self.client
+                    .set_network_policy(&p.sandbox_id, &policy)
+                    .await?;
+                Ok(self.client.network(&p.sandbox_id).await?)
+            }
+            .await,
+        )
+    }
+
+    #[tool(
+        description = "Expose a TCP port of a sandbox on this machine's 127.0.0.1; returns the URL to reach it."
+    )]
+    async fn expose_port(&self, Parameters(p): Parameters<PortParams>) -> CallToolResult {
+        answer(
+            async {
+                let p = p?;
+                let req = AddPort {
+                    port: p.port,
+                    host_port: None,
+                };
+                Ok(self.client.add_port(&p.sandbox_id, &req).await?)
+            }
+            .await,
+        )
+    }
+
     #[tool(description = "List snapshots, newest first.")]
     async fn list_snapshots(
         &self,
@@ -177,6 +211,7 @@ impl Belljar {
             source: p
                 .snapshot_id
                 .map(|snapshot_id| Source::Snapshot { snapshot_id }),
+            network_policy: p.network_policy.map(policy_of).transpose()?,
             ..Default::default()
         };
         Ok(self.client.create_sandbox(&req).await?)
@@ -303,4 +338,13 @@ impl Belljar {
             .await?;
         Ok(written)
     }
+}
+
+/// A policy from an agent's JSON; the daemon checks the rest (patterns, CIDRs).
+fn policy_of(value: serde_json::Value) -> Result<NetworkPolicy, ToolError> {
+    serde_json::from_value(value).map_err(|e| {
+        ToolError::BadRequest(format!(
+            "network_policy: expected \"allow-all\", \"deny-all\" or {{allow, subnets}}: {e}"
+        ))
+    })
 }
