@@ -309,9 +309,10 @@ impl Sandboxes {
         Ok(())
     }
 
-    /// Stops a sandbox's stack and its ports (the sandbox stopped).
+    /// Stops a sandbox's stack and its ports (the sandbox stopped); followed flow logs end.
     pub(super) fn detach_network(&self, id: &str) {
         lock(&self.inner.network.attached).remove(id);
+        lock(&self.inner.network.follow).remove(id);
     }
 
     fn attached(&self, id: &str) -> Option<Arc<Attached>> {
@@ -544,6 +545,8 @@ impl Sandboxes {
         follow: bool,
     ) -> Result<impl futures::Stream<Item = api::NetworkFlow> + Send + 'static, SandboxError> {
         self.get(id)?;
+        // Only a running sandbox's log grows; a stopped one's ends where it is.
+        let follow = follow && self.attached(id).is_some();
         let rx = follow.then(|| self.flow_sender(id).subscribe());
         let kept = futures::stream::iter(self.flow_records(id));
         let live = futures::stream::unfold(rx, |rx| async move {
