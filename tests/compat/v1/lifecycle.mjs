@@ -46,8 +46,8 @@ const denied = await Sandbox.create({ runtime: 'python3.13', networkPolicy: 'den
 assert.equal(denied.networkPolicy, 'deny-all');
 await denied.stop();
 
-// Ports: routes carry the forwarded local URL (the SDK's domain() builds Vercel's own host
-// name from the route, so programs reach the port through `routes[].url`).
+// Ports: routes carry the forwarded local URL; the SDK's domain() builds Vercel's own host
+// name from the route, which `belljar vercel`'s preload sends to the same local port.
 const web = await Sandbox.create({ runtime: 'python3.13', ports: [3000] });
 try {
   assert.equal(web.routes.length, 1);
@@ -66,6 +66,8 @@ try {
     }
   }
   assert.equal(body, 'served from the sandbox');
+  // The preload sends requests for domain(port) to the forwarded port.
+  assert.equal(await (await fetch(`${web.domain(3000)}/index.html`)).text(), 'served from the sandbox');
 } finally {
   await web.stop();
 }

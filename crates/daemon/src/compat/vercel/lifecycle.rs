@@ -219,7 +219,9 @@ pub async fn extend(st: &AppState, id: &str, duration: i64) -> Result<Sandbox> {
     .await
 }
 
-/// The sandbox's exposed ports as Vercel's routes; `url` is the forwarded local URL.
+/// The sandbox's exposed ports as Vercel's routes; `url` is the forwarded local URL. The SDK's
+/// `domain()` makes `https://<subdomain>.vercel.run` of a route, so the subdomain ends in
+/// `-belljar-<host port>`, which `belljar vercel`'s preload sends to that local port.
 pub fn routes(st: &AppState, s: &Sandbox) -> Vec<Route> {
     let ports = st
         .sandboxes
@@ -230,7 +232,12 @@ pub fn routes(st: &AppState, s: &Sandbox) -> Vec<Route> {
         .into_iter()
         .map(|p| Route {
             url: p.url.trim_end_matches('/').to_owned(),
-            subdomain: format!("{}-{}", s.id.replace('_', "-"), p.port),
+            subdomain: format!(
+                "{}-p{}-belljar-{}",
+                s.id.replace('_', "-"),
+                p.port,
+                p.host_port
+            ),
             port: p.port,
         })
         .collect()
