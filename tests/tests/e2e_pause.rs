@@ -54,7 +54,17 @@ async fn wait_counter_above(d: &Daemon, id: &str, floor: u64) -> u64 {
 async fn a_paused_sandbox_keeps_its_processes_and_their_state() {
     let d = Daemon::start();
     let c: Client = d.unix();
-    let a = d.create(&c, CreateSandbox::default()).await;
+    // Without auto-resume, so that a command shows it paused (e2e_pause_idle covers resuming
+    // on use).
+    let a = d
+        .create(
+            &c,
+            CreateSandbox {
+                auto_resume: Some(false),
+                ..Default::default()
+            },
+        )
+        .await;
     c.run_command(
         &a.id,
         &RunCommand {
@@ -79,7 +89,7 @@ async fn a_paused_sandbox_keeps_its_processes_and_their_state() {
     })
     .await;
     let at_pause = counter(&d, &a.id).unwrap();
-    // Pausing twice is a no-op; a paused sandbox runs no commands.
+    // Pausing twice is a no-op; a paused sandbox without auto-resume runs no commands.
     assert_eq!(
         c.pause_sandbox(&a.id).await.unwrap().status,
         SandboxStatus::Paused

@@ -4,7 +4,7 @@ use serde::{Deserialize, Serialize};
 use ts_rs::TS;
 use utoipa::ToSchema;
 
-use crate::{Command, Sandbox};
+use crate::{Command, Sandbox, Snapshot};
 
 /// One line of `GET /v1/events` (NDJSON, or text frames on a WebSocket).
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize, ToSchema, TS)]
@@ -21,6 +21,13 @@ pub enum Event {
         seq: u64,
         ts: i64,
         sandbox_id: String,
+    },
+    /// A snapshot was taken, failed, or was deleted (by a request, its expiration or a
+    /// retention policy); carries its new state.
+    Snapshot {
+        seq: u64,
+        ts: i64,
+        snapshot: Box<Snapshot>,
     },
     /// A command started or finished.
     Command {

@@ -11,6 +11,7 @@
 #![forbid(unsafe_code)]
 
 pub mod command;
+pub mod diff;
 pub mod duration;
 pub mod error;
 pub mod event;
@@ -24,6 +25,7 @@ pub mod snapshot;
 pub mod typescript;
 
 pub use command::*;
+pub use diff::*;
 pub use error::*;
 pub use event::*;
 pub use file::*;

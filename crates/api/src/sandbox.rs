@@ -193,6 +193,67 @@ pub struct CreateSandbox {
     #[ts(optional)]
     #[schema(max_items = 64)]
     pub ports: Option<Vec<u32>>,
+    /// Stopping (or timing out) snapshots the sandbox, and `start` resumes it from its latest
+    /// snapshot with the same id, name, tags and configuration. Default `false`.
+    #[serde(default)]
+    #[ts(optional)]
+    pub persistent: Option<bool>,
+    /// Pause after this many ms with no API use and no running command (Modal's
+    /// `idle_timeout`, Sandbox0's soft `ttl`).
+    #[serde(default)]
+    #[ts(optional)]
+    #[schema(minimum = 1, maximum = 2592000000_i64)]
+    pub idle_timeout_ms: Option<i64>,
+    /// Delete the sandbox (and its own snapshots' hold) this many ms after it was created,
+    /// whatever its state (Sandbox0's `hard_ttl`).
+    #[serde(default)]
+    #[ts(optional)]
+    #[schema(minimum = 1, maximum = 315360000000_i64)]
+    pub hard_ttl_ms: Option<i64>,
+    /// Any API use of the paused sandbox resumes it. Default `true`.
+    #[serde(default)]
+    #[ts(optional)]
+    pub auto_resume: Option<bool>,
+}
+
+/// How a sandbox lives on past a stop and how long it may live: persistence, the idle pause,
+/// the hard TTL and auto-resume.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, ToSchema, TS)]
+pub struct SandboxLifecycle {
+    /// Stopping snapshots it, and `start` resumes it from its latest snapshot.
+    #[serde(default)]
+    pub persistent: bool,
+    /// It pauses after this many ms with no API use and no running command.
+    #[serde(default)]
+    #[ts(optional)]
+    pub idle_timeout_ms: Option<i64>,
+    /// It is deleted this many ms after its creation.
+    #[serde(default)]
+    #[ts(optional)]
+    pub hard_ttl_ms: Option<i64>,
+    /// When the hard TTL deletes it.
+    #[serde(default)]
+    #[ts(optional)]
+    pub deletes_at: Option<i64>,
+    /// Any API use while it is paused resumes it.
+    #[serde(default = "yes")]
+    pub auto_resume: bool,
+}
+
+fn yes() -> bool {
+    true
+}
+
+impl Default for SandboxLifecycle {
+    fn default() -> Self {
+        Self {
+            persistent: false,
+            idle_timeout_ms: None,
+            hard_ttl_ms: None,
+            deletes_at: None,
+            auto_resume: true,
+        }
+    }
 }
 
 /// Whether each resource limit is enforced on this sandbox, and why not when it is not.
@@ -250,6 +311,9 @@ pub struct Sandbox {
     #[serde(default, skip_serializing_if = "Option::is_none")]
     #[ts(optional)]
     pub network_policy: Option<crate::NetworkPolicy>,
+    /// Persistence, idle pause, hard TTL and auto-resume.
+    #[serde(flatten)]
+    pub lifecycle: SandboxLifecycle,
 }
 
 impl Validate for Source {
@@ -313,6 +377,13 @@ impl Validate for CreateSandbox {
         for (i, p) in ports.iter().enumerate() {
             limits::range(&format!("ports[{i}]"), Some(*p), 1, 65535)?;
         }
+        limits::range(
+            "idle_timeout_ms",
+            self.idle_timeout_ms,
+            1,
+            limits::MAX_TIMEOUT_MS,
+        )?;
+        limits::range("hard_ttl_ms", self.hard_ttl_ms, 1, crate::MAX_EXPIRATION_MS)?;
         self.source.as_ref().map_or(Ok(()), Validate::validate)
     }
 }

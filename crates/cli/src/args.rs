@@ -88,6 +88,12 @@ pub enum Cmd {
         #[arg(required = true)]
         ids: Vec<String>,
     },
+    /// Start stopped persistent sandboxes again, each from its latest snapshot.
+    Start {
+        /// Sandbox ids or names.
+        #[arg(required = true)]
+        ids: Vec<String>,
+    },
     /// Start a new sandbox from a running one's current files (it keeps running); prints the
     /// new sandbox's id.
     Fork {
@@ -266,6 +272,18 @@ pub struct SandboxOpts {
     /// Expose this sandbox TCP port on 127.0.0.1; repeatable.
     #[arg(long = "port", value_name = "PORT")]
     pub ports: Vec<u32>,
+    /// Snapshot the sandbox whenever it stops; `belljar start` resumes it from there.
+    #[arg(long)]
+    pub persistent: bool,
+    /// Pause the sandbox after this long unused, e.g. 10m; a bare number is seconds.
+    #[arg(long, value_name = "DURATION")]
+    pub idle_timeout: Option<String>,
+    /// Delete the sandbox this long after its creation, whatever its state, e.g. 1d.
+    #[arg(long, value_name = "DURATION")]
+    pub hard_ttl: Option<String>,
+    /// Keep a paused sandbox paused when it is used (by default any use resumes it).
+    #[arg(long)]
+    pub no_auto_resume: bool,
 }
 
 #[derive(Debug, Args)]

@@ -185,6 +185,7 @@ async fn dispatch(client: &Client, paths: &Paths, command: Cmd, json: bool) -> R
         Cmd::Vercel { action, command } => vercel(client, paths, action, command).await,
         Cmd::Network { action } => crate::netcmd::network(client, action, json).await,
         Cmd::Port { action } => crate::netcmd::port(client, action, json).await,
+        Cmd::Start { ids } => timeline::start(client, ids, json).await,
         Cmd::Daemon { .. } | Cmd::Completions { .. } | Cmd::Doctor { .. } | Cmd::Mcp => {
             unreachable!("handled before")
         }
@@ -321,6 +322,10 @@ fn create_request(image: Option<String>, o: &SandboxOpts) -> Result<CreateSandbo
         },
         network_policy: crate::netcmd::policy(&o.policy)?,
         ports: (!o.ports.is_empty()).then(|| o.ports.clone()),
+        persistent: o.persistent.then_some(true),
+        idle_timeout_ms: o.idle_timeout.as_deref().map(parse_ms).transpose()?,
+        hard_ttl_ms: o.hard_ttl.as_deref().map(parse_ms).transpose()?,
+        auto_resume: o.no_auto_resume.then_some(false),
         ..Default::default()
     })
 }

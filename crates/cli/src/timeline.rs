@@ -1,5 +1,5 @@
-//! The commands that move sandboxes through time: `snapshot`, `snapshots [ls|rm]`, `fork`,
-//! `pause`, `resume`.
+//! The commands that move sandboxes through time: `snapshot`, `snapshots [ls|rm|diff]`,
+//! `fork`, `pause`, `resume`, `start`.
 
 use anyhow::Result;
 use belljar_client::Client;
@@ -42,6 +42,20 @@ pub(crate) async fn pause_or_resume(
         };
         if json {
             print_json(&s)?;
+        }
+    }
+    Ok(0)
+}
+
+/// `belljar start ID...`: each stopped persistent sandbox again, from its latest snapshot.
+pub(crate) async fn start(client: &Client, ids: Vec<String>, json: bool) -> Result<i32> {
+    for id in ids {
+        let id = resolve(client, &id).await?;
+        let s = client.start_sandbox(&id).await?;
+        if json {
+            print_json(&s)?;
+        } else {
+            outln!("{}", s.id)?;
         }
     }
     Ok(0)

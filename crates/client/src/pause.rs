@@ -1,4 +1,4 @@
-//! `POST /v1/sandboxes/{id}/pause`, `/resume` and `/fork`.
+//! `POST /v1/sandboxes/{id}/pause`, `/resume`, `/fork` and `/start`.
 
 use belljar_api::{ForkSandbox, Sandbox};
 use http::Method;
@@ -17,6 +17,13 @@ impl Client {
     /// Lets a paused sandbox run on; the sandbox, now `running`.
     pub async fn resume_sandbox(&self, id: &str) -> Result<Sandbox, ClientError> {
         self.call_empty(Method::POST, &sandbox_sub(id, "resume"))
+            .await
+    }
+
+    /// Starts a stopped persistent sandbox again from its latest snapshot; the sandbox, now
+    /// `running`.
+    pub async fn start_sandbox(&self, id: &str) -> Result<Sandbox, ClientError> {
+        self.call_empty(Method::POST, &sandbox_sub(id, "start"))
             .await
     }
 

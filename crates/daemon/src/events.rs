@@ -29,6 +29,7 @@ fn seq_of(e: &Event) -> u64 {
     match e {
         Event::Sandbox { seq, .. }
         | Event::SandboxDeleted { seq, .. }
+        | Event::Snapshot { seq, .. }
         | Event::Command { seq, .. } => *seq,
     }
 }

@@ -129,6 +129,7 @@ async fn serve(config: Config, paths: &Paths) -> Result<(), ServerError> {
     );
     sandboxes.recover_snapshots().await?;
     sandboxes.adopt_all().await?;
+    sandboxes.watch_lifetimes()?;
     let monitor = sandboxes.spawn_monitor();
     let reaper = sandboxes.spawn_snapshot_reaper();
 

@@ -1,5 +1,6 @@
-//! `POST /v1/sandboxes/{id}/pause`, `/resume` and `/fork`: freeze a sandbox's processes where
-//! they are, let them run on, or start a new sandbox from its current files.
+//! `POST /v1/sandboxes/{id}/pause`, `/resume`, `/fork` and `/start`: freeze a sandbox's
+//! processes where they are, let them run on, start a new sandbox from its current files, or
+//! start a stopped persistent sandbox again from its latest snapshot.
 
 use axum::Json;
 use axum::extract::State;
@@ -19,6 +20,20 @@ pub fn router() -> OpenApiRouter<AppState> {
         .routes(routes!(pause))
         .routes(routes!(resume))
         .routes(routes!(fork))
+        .routes(routes!(start))
+}
+
+/// Start a stopped persistent sandbox again: the same sandbox (id, name, tags, settings)
+/// on its latest snapshot. A running one is returned as it is; a paused one is resumed.
+#[utoipa::path(post, path = "/v1/sandboxes/{id}/start", operation_id = "sandbox_start", tag = "sandboxes", params(SandboxPath),
+    responses((status = 200, description = "The sandbox, status `running`", body = Sandbox), Errors))]
+async fn start(
+    State(st): State<AppState>,
+    ApiPath(SandboxPath { id }): ApiPath<SandboxPath>,
+) -> Result<Json<Sandbox>, ApiError> {
+    Ok(Json(
+        detached(async move { st.sandboxes.start(&id).await }).await?,
+    ))
 }
 
 /// Pause a running sandbox: its processes stay in memory, frozen, until it is resumed.

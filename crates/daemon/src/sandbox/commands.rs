@@ -92,7 +92,7 @@ impl Sandboxes {
                 "Idempotency-Key: must be 1 to 255 visible ASCII characters".into(),
             ));
         }
-        let sandbox = self.running(id)?;
+        let sandbox = self.awake(id).await?;
         let agent = self.agent(&sandbox).await?;
         let key = idempotency_key.as_deref();
         let user = if req.sudo {

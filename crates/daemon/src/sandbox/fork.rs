@@ -38,6 +38,10 @@ impl Sandboxes {
             keep_last_snapshots: held.keep_last,
             network_policy: self.network_policy_of(id),
             ports: None,
+            persistent: Some(source.lifecycle.persistent),
+            idle_timeout_ms: source.lifecycle.idle_timeout_ms,
+            hard_ttl_ms: source.lifecycle.hard_ttl_ms,
+            auto_resume: Some(source.lifecycle.auto_resume),
         })
         .await
     }

@@ -4,7 +4,7 @@ use std::time::{Duration, Instant};
 
 use belljar_api::{
     BackendChoice, CreateSandbox, ExtendSandbox, LimitsReport, ListSandboxesQuery, Sandbox,
-    SandboxList, SandboxStatus, UpdateSandbox,
+    SandboxLifecycle, SandboxList, SandboxStatus, UpdateSandbox,
 };
 
 use super::backend::{BackendError, LaunchSpec};
@@ -119,6 +119,13 @@ impl Sandboxes {
             expires_at: None,
             limits: LimitsReport::default(),
             network_policy: None,
+            lifecycle: SandboxLifecycle {
+                persistent: req.persistent.unwrap_or(false),
+                idle_timeout_ms: req.idle_timeout_ms,
+                hard_ttl_ms: req.hard_ttl_ms,
+                deletes_at: req.hard_ttl_ms.map(|ttl| now.saturating_add(ttl)),
+                auto_resume: req.auto_resume.unwrap_or(true),
+            },
         };
         let lock = self.lock_for(&id);
         let _guard = lock.lock().await;
@@ -161,31 +168,10 @@ impl Sandboxes {
             }
         };
         let state_dir = self.new_state_dir(&id, sandbox.backend);
-        let spec = LaunchSpec {
-            id: id.clone(),
-            state_dir: state_dir.clone(),
-            image_dir: image.dir.clone(),
-            agent,
-            vcpus,
-            memory_mib,
-            disk_mib,
-            agent_env: s
-                .command_output_limit
-                .map(|l| ("BELLJAR_OUTPUT_LIMIT".to_owned(), l.to_string()))
-                .into_iter()
-                .chain([super::network::agent_env()])
-                .collect(),
-            layers: from.map(|f| f.layers).unwrap_or_default(),
-        };
+        let layers = from.map(|f| f.layers).unwrap_or_default();
         let started = async {
-            std::fs::create_dir_all(&state_dir)?;
-            let launched = self
-                .blocking_backend(&sandbox, move |b| b.launch(&spec))
-                .await?;
-            sandbox.limits = launched.limits.clone();
-            self.attach_network(&sandbox, &state_dir).await;
             let agent = self
-                .wait_ready(&sandbox, &state_dir, &launched.agent)
+                .boot(&mut sandbox, image.dir.clone(), agent, layers)
                 .await?;
             if let Err(e) = self.install_ca(&id, &agent).await {
                 tracing::warn!(sandbox = %id, error = %e, "cannot install the broker's CA");
@@ -222,9 +208,49 @@ impl Sandboxes {
         Ok(self.with_network(sandbox))
     }
 
+    /// Launches `sandbox`'s processes in a new state directory, on `layers` (topmost first)
+    /// over the image in `image_dir`, and waits for its agent to answer.
+    pub(super) async fn boot(
+        &self,
+        sandbox: &mut Sandbox,
+        image_dir: std::path::PathBuf,
+        agent: std::path::PathBuf,
+        layers: Vec<std::path::PathBuf>,
+    ) -> Result<belljar_agent_proto::client::AgentClient, SandboxError> {
+        let state_dir = self.new_state_dir(&sandbox.id, sandbox.backend);
+        let spec = LaunchSpec {
+            id: sandbox.id.clone(),
+            state_dir: state_dir.clone(),
+            image_dir,
+            agent,
+            vcpus: sandbox.vcpus,
+            memory_mib: sandbox.memory_mib,
+            disk_mib: sandbox.disk_mib,
+            agent_env: self
+                .inner
+                .settings
+                .command_output_limit
+                .map(|l| ("BELLJAR_OUTPUT_LIMIT".to_owned(), l.to_string()))
+                .into_iter()
+                .chain([super::network::agent_env()])
+                .collect(),
+            layers,
+        };
+        std::fs::create_dir_all(&state_dir)?;
+        let launched = self
+            .blocking_backend(sandbox, move |b| b.launch(&spec))
+            .await?;
+        sandbox.limits = launched.limits.clone();
+        self.attach_network(sandbox, &state_dir).await;
+        self.wait_ready(sandbox, &state_dir, &launched.agent).await
+    }
+
     /// The agent binary the namespace backend bind-mounts: `BELLJAR_AGENT`, else
     /// `belljar-agent` next to this executable, else the image's own.
-    fn agent_binary(&self, rootfs: &std::path::Path) -> Result<std::path::PathBuf, SandboxError> {
+    pub(super) fn agent_binary(
+        &self,
+        rootfs: &std::path::Path,
+    ) -> Result<std::path::PathBuf, SandboxError> {
         if let Some(a) = &self.inner.settings.agent {
             return Ok(a.clone());
         }
@@ -379,14 +405,18 @@ impl Sandboxes {
     ) -> Result<Sandbox, SandboxError> {
         let lock = self.lock_for(id);
         let _guard = lock.lock().await;
-        self.stop_locked(id, status, reason).await
+        self.stop_locked(id, status, reason, true).await
     }
 
+    /// Stops a sandbox; with `persist`, a persistent one is snapshotted once its processes
+    /// are gone (a `stopping` sandbox left by a crash is snapshotted when the daemon settles
+    /// it at its next start).
     pub(super) async fn stop_locked(
         &self,
         id: &str,
         status: SandboxStatus,
         reason: &str,
+        persist: bool,
     ) -> Result<Sandbox, SandboxError> {
         let mut s = self.get(id)?;
         if s.status.is_final() {
@@ -402,6 +432,9 @@ impl Sandboxes {
         self.forget_agent(id);
         self.detach_network(id);
         self.lose_running_commands(id, &format!("the sandbox stopped ({reason})"))?;
+        if persist && s.lifecycle.persistent && stopped.is_ok() {
+            self.persist_stopped(&s).await;
+        }
         match stopped {
             Ok(()) => {
                 s.status = status;
@@ -435,7 +468,7 @@ impl Sandboxes {
         let lock = self.lock_for(id);
         let _guard = lock.lock().await;
         let s = self.get(id)?;
-        self.stop_locked(id, SandboxStatus::Stopped, "deleted")
+        self.stop_locked(id, SandboxStatus::Stopped, "deleted", false)
             .await?;
         let dir = self.state_dir(id);
         self.blocking_backend(&s, move |b| b.destroy(&dir)).await?;

@@ -13,6 +13,7 @@ mod commands;
 mod files;
 mod fork;
 mod lifecycle;
+mod lifetime;
 mod logs;
 pub mod microvm;
 mod monitor;
@@ -20,6 +21,7 @@ pub mod namespace;
 pub mod network;
 mod network_policy;
 mod pause;
+mod persist;
 mod snapshots;
 mod source;
 mod terminal;
@@ -159,6 +161,7 @@ struct Inner {
     monitor: monitor::MonitorState,
     snapshots: snapshots::SnapshotState,
     network: network::NetState,
+    lifetime: lifetime::LifetimeState,
 }
 
 impl Sandboxes {
@@ -186,6 +189,7 @@ impl Sandboxes {
                 monitor: Default::default(),
                 snapshots: Default::default(),
                 network: Default::default(),
+                lifetime: Default::default(),
             }),
         }
     }
@@ -316,9 +320,9 @@ impl Sandboxes {
         Ok(client)
     }
 
-    /// The agent of a running sandbox by id.
+    /// The agent of a running sandbox by id (a paused one with `auto_resume` is resumed).
     async fn agent_of(&self, id: &str) -> Result<AgentClient, SandboxError> {
-        let s = self.running(id)?;
+        let s = self.awake(id).await?;
         self.agent(&s).await
     }
 

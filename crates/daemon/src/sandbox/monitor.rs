@@ -52,6 +52,7 @@ impl Sandboxes {
         if running {
             self.watch_exit(s);
         }
+        self.watch_lifetime(s);
     }
 
     /// Waits on the sandbox's process (a pidfd) in a task; when it ends without the daemon
@@ -133,7 +134,7 @@ impl Sandboxes {
         let s = self.get(id)?;
         let live = matches!(s.status, SandboxStatus::Running | SandboxStatus::Paused);
         if live && s.expires_at.is_some_and(|at| at <= now_ms()) {
-            self.stop_locked(id, SandboxStatus::Stopped, "timeout")
+            self.stop_locked(id, SandboxStatus::Stopped, "timeout", true)
                 .await?;
         }
         Ok(())

@@ -9,6 +9,11 @@ use super::{SandboxError, Sandboxes};
 impl Sandboxes {
     /// Freezes a running sandbox (a no-op on a paused one).
     pub async fn pause(&self, id: &str) -> Result<Sandbox, SandboxError> {
+        self.pause_with(id, "paused by user").await
+    }
+
+    /// Freezes a running sandbox, recording why (`paused by user`, `idle`).
+    pub(super) async fn pause_with(&self, id: &str, reason: &str) -> Result<Sandbox, SandboxError> {
         let lock = self.lock_for(id);
         let _guard = lock.lock().await;
         let mut s = self.get(id)?;
@@ -25,7 +30,7 @@ impl Sandboxes {
         let dir = self.state_dir(id);
         self.blocking_backend(&s, move |b| b.freeze(&dir)).await?;
         s.status = SandboxStatus::Paused;
-        s.status_reason = Some("paused by user".into());
+        s.status_reason = Some(reason.into());
         self.save(&s)?;
         Ok(s)
     }
@@ -49,6 +54,7 @@ impl Sandboxes {
         self.blocking_backend(&s, move |b| b.thaw(&dir)).await?;
         s.status = SandboxStatus::Running;
         s.status_reason = None;
+        self.touch(id);
         self.save(&s)?;
         Ok(s)
     }

@@ -21,6 +21,7 @@ use belljar_api::{
     SnapshotList, SnapshotStatus, Source,
 };
 
+use super::backend::CapturedLayer;
 use super::{SandboxError, Sandboxes};
 use crate::store::{SandboxLayers, SnapshotRow, StoreError};
 use crate::util::{is_id, new_id, now_ms};
@@ -38,7 +39,7 @@ const FROZEN_MARKER: &str = "snapshot-frozen";
 /// to a concurrent deletion of the last snapshot that held it.
 #[derive(Default)]
 pub(super) struct SnapshotState {
-    layers: tokio::sync::Mutex<()>,
+    pub(super) layers: tokio::sync::Mutex<()>,
 }
 
 /// What a new sandbox made from a snapshot stacks.
@@ -48,7 +49,7 @@ pub(super) struct FromSnapshot {
 }
 
 impl Sandboxes {
-    fn layers_dir(&self) -> PathBuf {
+    pub(super) fn layers_dir(&self) -> PathBuf {
         self.inner.paths.dirs.data.join("layers")
     }
 
@@ -106,16 +107,40 @@ impl Sandboxes {
             };
             (captured, Some(frozen.as_millis() as u64))
         } else {
-            self.stop_locked(id, SandboxStatus::Stopped, "snapshotted")
+            self.stop_locked(id, SandboxStatus::Stopped, "snapshotted", false)
                 .await?;
             let captured = self
                 .blocking_backend(&sandbox, move |b| b.capture(&dir, &layers_dir))
                 .await;
             (captured, None)
         };
+        self.record_snapshot(
+            &sandbox,
+            &held,
+            captured,
+            frozen_ms,
+            req.expiration_ms,
+            layer_lock,
+        )
+        .await
+    }
+
+    /// Records what a capture of `sandbox` gave: a `created` snapshot on top of the chain it
+    /// held, or a `failed` one; then applies its `keep_last_snapshots` and tells subscribers.
+    /// `layer_lock` (held since before the capture) is released before evicted snapshots are
+    /// deleted.
+    pub(super) async fn record_snapshot(
+        &self,
+        sandbox: &Sandbox,
+        held: &SandboxLayers,
+        captured: Result<CapturedLayer, SandboxError>,
+        frozen_ms: Option<u64>,
+        expiration_ms: Option<i64>,
+        layer_lock: tokio::sync::MutexGuard<'_, ()>,
+    ) -> Result<Snapshot, SandboxError> {
+        let id = &sandbox.id;
         let now = now_ms();
-        let expiration_ms = req
-            .expiration_ms
+        let expiration_ms = expiration_ms
             .or(held.snapshot_expiration_ms)
             .unwrap_or(DEFAULT_EXPIRATION_MS);
         let mut row = SnapshotRow {
@@ -143,6 +168,7 @@ impl Sandboxes {
                 row.snapshot.status_reason = Some(e.to_string());
                 row.snapshot.expires_at = None;
                 self.inner.store.insert_snapshot(&row, 0)?;
+                self.emit_snapshot(row.snapshot);
                 return Err(e);
             }
         };
@@ -162,14 +188,23 @@ impl Sandboxes {
             self.remove_unheld(&[captured.digest])?;
         }
         drop(layer_lock);
-        if let Some(keep) = &held.keep_last {
-            self.apply_keep_last(id, keep, now).await?;
-        }
-        Ok(self
+        let snapshot = self
             .inner
             .store
             .snapshot(&row.snapshot.id)?
-            .map_or(row.snapshot, |r| r.snapshot))
+            .map_or(row.snapshot, |r| r.snapshot);
+        self.emit_snapshot(snapshot.clone());
+        if let Some(keep) = &held.keep_last {
+            self.apply_keep_last(id, keep, now).await?;
+        }
+        Ok(self.get_snapshot(&snapshot.id).unwrap_or(snapshot))
+    }
+
+    /// Tells event subscribers (the app's timeline) about a snapshot's new state.
+    fn emit_snapshot(&self, snapshot: Snapshot) {
+        self.inner
+            .events
+            .emit(crate::store::EventBody::Snapshot(Box::new(snapshot)));
     }
 
     /// Applies `keep_last_snapshots` to a sandbox's snapshots after a new one.
@@ -234,6 +269,9 @@ impl Sandboxes {
         let _layers = self.inner.snapshots.layers.lock().await;
         if let Some(freed) = self.inner.store.delete_snapshot(id)? {
             self.remove_layers(&freed);
+            let deleted = self.get_snapshot(id)?;
+            self.emit_snapshot(deleted.clone());
+            return Ok(deleted);
         }
         self.get_snapshot(id)
     }
@@ -377,7 +415,7 @@ impl Sandboxes {
     }
 
     /// Deletes the directories of layers the store no longer holds.
-    fn remove_unheld(&self, digests: &[String]) -> Result<(), SandboxError> {
+    pub(super) fn remove_unheld(&self, digests: &[String]) -> Result<(), SandboxError> {
         let live = self.inner.store.live_layers()?;
         let unheld: Vec<String> = digests
             .iter()
@@ -388,7 +426,7 @@ impl Sandboxes {
         Ok(())
     }
 
-    fn remove_layers(&self, digests: &[String]) {
+    pub(super) fn remove_layers(&self, digests: &[String]) {
         for digest in digests {
             // Digests come from the store, which only holds hex names written by a capture.
             if digest.bytes().all(|b| b.is_ascii_hexdigit()) && !digest.is_empty() {

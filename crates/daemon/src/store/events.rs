@@ -13,6 +13,7 @@ const KEEP: i64 = 10_000;
 pub enum EventBody {
     Sandbox(Box<belljar_api::Sandbox>),
     SandboxDeleted(String),
+    Snapshot(Box<belljar_api::Snapshot>),
     Command(Box<belljar_api::Command>),
 }
 
@@ -44,6 +45,17 @@ impl Store {
                 },
                 id,
             ),
+            EventBody::Snapshot(snapshot) => {
+                let id = snapshot.source_sandbox_id.clone();
+                (
+                    Event::Snapshot {
+                        seq: seq as u64,
+                        ts,
+                        snapshot,
+                    },
+                    id,
+                )
+            }
             EventBody::Command(c) => {
                 let id = c.sandbox_id.clone();
                 (

@@ -112,6 +112,11 @@ const MIGRATIONS: &[&str] = &[
         keep_last               TEXT
     );
     "#,
+    // 4: a sandbox's lifecycle settings (persistence, idle pause, hard TTL, auto-resume) as
+    // one JSON column; NULL reads as the defaults.
+    r#"
+    ALTER TABLE sandboxes ADD COLUMN lifecycle TEXT;
+    "#,
 ];
 
 /// The schema version this daemon writes.

@@ -7,7 +7,7 @@ use super::{Store, StoreError, enum_col, enum_to_sql, json_col};
 
 const COLUMNS: &str = "id, name, status, status_reason, image, backend, backend_reason, vcpus, \
     memory_mib, disk_mib, env, tags, source, created_at, started_at, stopped_at, timeout_ms, \
-    expires_at, limits";
+    expires_at, limits, lifecycle";
 
 /// One page of a listing and the cursor of the next one.
 #[derive(Debug, Clone, PartialEq)]
@@ -23,7 +23,7 @@ impl Store {
         // delete would cascade to the sandbox's commands.
         let sql = format!(
             "INSERT INTO sandboxes ({COLUMNS}) VALUES \
-             (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, ?11, ?12, ?13, ?14, ?15, ?16, ?17, ?18, ?19) \
+             (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, ?11, ?12, ?13, ?14, ?15, ?16, ?17, ?18, ?19, ?20) \
              ON CONFLICT (id) DO UPDATE SET {}",
             update_set(COLUMNS)
         );
@@ -50,6 +50,7 @@ impl Store {
                 s.timeout_ms,
                 s.expires_at,
                 serde_json::to_string(&s.limits)?,
+                serde_json::to_string(&s.lifecycle)?,
             ],
         )?;
         Ok(())
@@ -211,6 +212,11 @@ fn row_to_sandbox(r: &Row<'_>) -> rusqlite::Result<Sandbox> {
         expires_at: r.get(17)?,
         limits: json_col(18, &r.get::<_, String>(18)?)?,
         network_policy: None,
+        lifecycle: r
+            .get::<_, Option<String>>(19)?
+            .map(|l| json_col(19, &l))
+            .transpose()?
+            .unwrap_or_default(),
     })
 }
 
@@ -244,6 +250,7 @@ pub(crate) mod tests {
             expires_at: Some(created_at + 300_000),
             limits: LimitsReport::default(),
             network_policy: None,
+            lifecycle: Default::default(),
         }
     }
 
@@ -273,6 +280,10 @@ pub(crate) mod tests {
         });
         s.status = SandboxStatus::Failed;
         s.status_reason = Some("boom".into());
+        s.lifecycle.persistent = true;
+        s.lifecycle.idle_timeout_ms = Some(1_000);
+        s.lifecycle.deletes_at = Some(99);
+        s.lifecycle.auto_resume = false;
         store.put_sandbox(&s).unwrap();
         assert_eq!(store.sandbox("sbx_a").unwrap().unwrap(), s);
         assert!(store.sandbox("sbx_b").unwrap().is_none());

@@ -40,6 +40,10 @@ pub struct SandboxLayers {
     pub keep_last: Option<KeepLastSnapshots>,
 }
 
+/// What [`Store::restack_sandbox`] did: the sandbox's new chain of layers (topmost first) and
+/// the layers no one holds any more.
+pub type Restacked = (Vec<String>, Vec<String>);
+
 /// One page of a listing and the cursor of the next one.
 #[derive(Debug, Clone, PartialEq)]
 pub struct SnapshotPage {
@@ -194,6 +198,57 @@ impl Store {
                 },
             )
             .optional()?)
+    }
+
+    /// Moves a sandbox onto the chain of `snapshot_id` (a persistent sandbox starting again
+    /// from its latest snapshot) in one transaction: references are taken on the new chain
+    /// before those on the old one are dropped, and the snapshot's expiration restarts. The
+    /// sandbox's snapshot policy stays. Returns the new chain and the layers no one holds any
+    /// more, or `None` (changing nothing) when the snapshot is not `created`.
+    pub fn restack_sandbox(
+        &self,
+        sandbox_id: &str,
+        snapshot_id: &str,
+        now: i64,
+    ) -> Result<Option<Restacked>, StoreError> {
+        let mut conn = self.conn();
+        let tx = conn.transaction()?;
+        let sql = format!("SELECT {COLUMNS} FROM snapshots WHERE id = ?1");
+        let Some(row) = tx
+            .query_row(&sql, [snapshot_id], row_to_snapshot)
+            .optional()?
+            .filter(|r| r.snapshot.status == SnapshotStatus::Created)
+        else {
+            return Ok(None);
+        };
+        if row.expiration_ms > 0 {
+            tx.execute(
+                "UPDATE snapshots SET expires_at = ?2 WHERE id = ?1",
+                params![snapshot_id, now.saturating_add(row.expiration_ms)],
+            )?;
+        }
+        for digest in &row.layers {
+            retain(&tx, digest, 0)?;
+        }
+        let old: Option<String> = tx
+            .query_row(
+                "SELECT layers FROM sandbox_layers WHERE sandbox_id = ?1",
+                [sandbox_id],
+                |r| r.get(0),
+            )
+            .optional()?;
+        let old: Vec<String> = old
+            .map(|o| serde_json::from_str(&o))
+            .transpose()?
+            .unwrap_or_default();
+        tx.execute(
+            "INSERT INTO sandbox_layers (sandbox_id, snapshot_id, layers) VALUES (?1, ?2, ?3) \
+             ON CONFLICT (sandbox_id) DO UPDATE SET snapshot_id = ?2, layers = ?3",
+            params![sandbox_id, snapshot_id, serde_json::to_string(&row.layers)?],
+        )?;
+        let freed = release(&tx, &old)?;
+        tx.commit()?;
+        Ok(Some((row.layers, freed)))
     }
 
     /// Drops a deleted sandbox's references; returns the layers no one holds any more.
@@ -474,6 +529,40 @@ mod tests {
         freed.sort();
         assert_eq!(freed, ["A", "B"]);
         assert!(store.live_layers().unwrap().is_empty());
+    }
+
+    /// Restacking takes the new chain before dropping the old one, so a layer both hold
+    /// survives, and a layer only the old chain held is freed.
+    #[test]
+    fn restacking_moves_a_sandbox_onto_a_newer_chain() {
+        let store = Store::open_in_memory().unwrap();
+        store
+            .insert_snapshot(&row("snap_a", "sbx_1", &["A"], 1), 1)
+            .unwrap();
+        let from_a = SandboxLayers {
+            sandbox_id: "sbx_1".into(),
+            snapshot_id: Some("snap_a".into()),
+            snapshot_expiration_ms: Some(7),
+            ..Default::default()
+        };
+        store.use_snapshot(&from_a, 0).unwrap().unwrap().unwrap();
+        store
+            .insert_snapshot(&row("snap_b", "sbx_1", &["B", "A"], 2), 1)
+            .unwrap();
+        assert_eq!(store.delete_snapshot("snap_a").unwrap(), Some(vec![]));
+        let (chain, freed) = store
+            .restack_sandbox("sbx_1", "snap_b", 5)
+            .unwrap()
+            .unwrap();
+        assert_eq!((chain, freed), (vec!["B".into(), "A".into()], vec![]));
+        let held = store.sandbox_layers("sbx_1").unwrap().unwrap();
+        assert_eq!(held.snapshot_id.as_deref(), Some("snap_b"));
+        assert_eq!(held.snapshot_expiration_ms, Some(7), "the policy stays");
+        assert_eq!(store.restack_sandbox("sbx_1", "snap_a", 5).unwrap(), None);
+        assert_eq!(store.delete_snapshot("snap_b").unwrap(), Some(vec![]));
+        let mut freed = store.release_sandbox_layers("sbx_1").unwrap();
+        freed.sort();
+        assert_eq!(freed, ["A", "B"]);
     }
 
     #[test]

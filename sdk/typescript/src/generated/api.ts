@@ -60,7 +60,26 @@ network_policy?: NetworkPolicy,
 /**
  * Sandbox TCP ports exposed on 127.0.0.1 (each on a free host port).
  */
-ports?: Array<number>, };
+ports?: Array<number>, 
+/**
+ * Stopping (or timing out) snapshots the sandbox, and `start` resumes it from its latest
+ * snapshot with the same id, name, tags and configuration. Default `false`.
+ */
+persistent?: boolean, 
+/**
+ * Pause after this many ms with no API use and no running command (Modal's
+ * `idle_timeout`, Sandbox0's soft `ttl`).
+ */
+idle_timeout_ms?: number, 
+/**
+ * Delete the sandbox (and its own snapshots' hold) this many ms after it was created,
+ * whatever its state (Sandbox0's `hard_ttl`).
+ */
+hard_ttl_ms?: number, 
+/**
+ * Any API use of the paused sandbox resumes it. Default `true`.
+ */
+auto_resume?: boolean, };
 
 export type LimitsReport = { memory: LimitState, cpu: LimitState, pids: LimitState, 
 /**
@@ -73,6 +92,28 @@ export type LimitState = { enforced: boolean,
  * How it is enforced (`cgroup v2`, `cgroup v1`, `hypervisor`) or why it is not.
  */
 detail: string, };
+
+export type SandboxLifecycle = { 
+/**
+ * Stopping snapshots it, and `start` resumes it from its latest snapshot.
+ */
+persistent: boolean, 
+/**
+ * It pauses after this many ms with no API use and no running command.
+ */
+idle_timeout_ms?: number, 
+/**
+ * It is deleted this many ms after its creation.
+ */
+hard_ttl_ms?: number, 
+/**
+ * When the hard TTL deletes it.
+ */
+deletes_at?: number, 
+/**
+ * Any API use while it is paused resumes it.
+ */
+auto_resume: boolean, };
 
 export type Sandbox = { 
 /**
@@ -98,7 +139,27 @@ expires_at?: number, limits: LimitsReport,
 /**
  * The sandbox's firewall (brokered header values redacted).
  */
-network_policy?: NetworkPolicy, };
+network_policy?: NetworkPolicy, 
+/**
+ * Stopping snapshots it, and `start` resumes it from its latest snapshot.
+ */
+persistent: boolean, 
+/**
+ * It pauses after this many ms with no API use and no running command.
+ */
+idle_timeout_ms?: number, 
+/**
+ * It is deleted this many ms after its creation.
+ */
+hard_ttl_ms?: number, 
+/**
+ * When the hard TTL deletes it.
+ */
+deletes_at?: number, 
+/**
+ * Any API use while it is paused resumes it.
+ */
+auto_resume: boolean, };
 
 export type ListSandboxesQuery = { 
 /**
@@ -336,6 +397,63 @@ export type NetworkInfo = { policy: NetworkPolicy, ports: Array<Port>, usage: Ne
  */
 attached: boolean, };
 
+export type DiffQuery = { 
+/**
+ * A later snapshot (`snap_...`), or a sandbox (`sbx_...`) whose current files are
+ * compared. Without it: what the snapshot changed on top of its parent (or its image).
+ */
+to: string | null, };
+
+export type ChangeKind = "added" | "modified" | "deleted";
+
+export type EntryKind = "file" | "dir" | "symlink" | "other";
+
+export type DiffEntry = { kind: EntryKind, 
+/**
+ * Permission bits (`0o644` is 420).
+ */
+mode: number, uid: number, gid: number, 
+/**
+ * Bytes, for a file.
+ */
+size_bytes: number, 
+/**
+ * Its target, for a symlink.
+ */
+target?: string, };
+
+export type FileChange = { 
+/**
+ * Absolute path in the sandbox.
+ */
+path: string, change: ChangeKind, 
+/**
+ * Before (absent for an added path).
+ */
+old?: DiffEntry, 
+/**
+ * After (absent for a deleted path).
+ */
+new?: DiffEntry, 
+/**
+ * For a text file (UTF-8, at most 256 KiB on both sides): its unified diff.
+ */
+unified_diff?: string, };
+
+export type SnapshotDiff = { 
+/**
+ * The earlier point: a snapshot, or `image:<name>` for a snapshot without a parent.
+ */
+from: string, 
+/**
+ * The later point: a snapshot or a sandbox.
+ */
+to: string, changes: Array<FileChange>, 
+/**
+ * More than [`MAX_DIFF_CHANGES`] paths changed; the list stops there.
+ */
+truncated: boolean, };
+
 export type PtySize = { rows: number, cols: number, };
 
 export type RunCommand = { 
@@ -430,7 +548,7 @@ export type WatchKind = "create" | "modify" | "remove" | "rename";
 
 export type WatchEvent = { kind: WatchKind, path: string, to?: string, is_dir: boolean, ts: number, };
 
-export type Event = { "type": "sandbox", seq: number, ts: number, sandbox: Sandbox, } | { "type": "sandbox_deleted", seq: number, ts: number, sandbox_id: string, } | { "type": "command", seq: number, ts: number, command: Command, };
+export type Event = { "type": "sandbox", seq: number, ts: number, sandbox: Sandbox, } | { "type": "sandbox_deleted", seq: number, ts: number, sandbox_id: string, } | { "type": "snapshot", seq: number, ts: number, snapshot: Snapshot, } | { "type": "command", seq: number, ts: number, command: Command, };
 
 export type BackendInfo = { backend: Backend, available: boolean, reason: string, };
 

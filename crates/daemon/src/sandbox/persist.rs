@@ -1,0 +1,155 @@
+//! Persistent sandboxes (Vercel's persistent sandboxes): stopping one, by request or by its
+//! timeout, first snapshots its writable layer, and `start` brings the same sandbox (same id,
+//! name, tags, environment, limits and snapshot policy) back on its latest snapshot. Each
+//! session adds one snapshot to its timeline; `keep_last_snapshots` bounds how many it keeps.
+//!
+//! Crash safety: the snapshot is taken while the sandbox is `stopping`, and the daemon settles
+//! a sandbox it finds `stopping` at start by stopping it again, which snapshots it then; a
+//! start moves the sandbox onto its new chain of layers in one store transaction before its
+//! old state directory is of any use again.
+
+use belljar_api::{Sandbox, SandboxStatus};
+
+use super::{SandboxError, Sandboxes, admission};
+use crate::util::now_ms;
+
+impl Sandboxes {
+    /// Snapshots a persistent sandbox whose processes have just ended (its lock held). A
+    /// failed capture is recorded as a `failed` snapshot and logged; the stop goes on.
+    pub(super) async fn persist_stopped(&self, s: &Sandbox) {
+        let held = match self.inner.store.sandbox_layers(&s.id) {
+            Ok(held) => held.unwrap_or_default(),
+            Err(e) => {
+                tracing::warn!(sandbox = %s.id, error = %e, "cannot snapshot a persistent sandbox");
+                return;
+            }
+        };
+        let dir = self.state_dir(&s.id);
+        let layers_dir = self.layers_dir();
+        let layer_lock = self.inner.snapshots.layers.lock().await;
+        let captured = self
+            .blocking_backend(s, move |b| b.capture(&dir, &layers_dir))
+            .await;
+        match self
+            .record_snapshot(s, &held, captured, None, None, layer_lock)
+            .await
+        {
+            Ok(snap) => tracing::info!(sandbox = %s.id, snapshot = %snap.id, "persisted"),
+            Err(e) => tracing::warn!(sandbox = %s.id, error = %e, "persistent snapshot failed"),
+        }
+    }
+
+    /// Starts a stopped persistent sandbox again from its latest snapshot (a no-op on a
+    /// running one; a paused one is resumed).
+    pub async fn start(&self, id: &str) -> Result<Sandbox, SandboxError> {
+        let lock = self.lock_for(id);
+        let guard = lock.lock().await;
+        let mut s = self.get(id)?;
+        match s.status {
+            SandboxStatus::Running => return Ok(s),
+            SandboxStatus::Paused => {
+                drop(guard);
+                return self.resume(id).await;
+            }
+            SandboxStatus::Pending | SandboxStatus::Stopping => {
+                return Err(SandboxError::Conflict(format!(
+                    "Sandbox {id} is {}; start it once it has settled",
+                    s.status
+                )));
+            }
+            SandboxStatus::Stopped | SandboxStatus::Failed => {}
+        }
+        if !s.lifecycle.persistent {
+            return Err(SandboxError::Conflict(format!(
+                "Sandbox {id} is not persistent: only a sandbox created with `persistent: true` \
+                 starts again (make a new one from one of its snapshots instead)"
+            )));
+        }
+        let image = self.inner.images.resolve(&s.image)?;
+        let agent = self.agent_binary(&image.rootfs)?;
+        {
+            let _admission = self.inner.admission.lock().await;
+            let available = admission::mem_available_mib()?;
+            admission::admit(
+                s.memory_mib,
+                self.committed_memory_mib()?,
+                available,
+                self.inner.settings.memory_reserve_mib,
+            )?;
+            s.status = SandboxStatus::Pending;
+            s.status_reason = Some("starting from its latest snapshot".into());
+            s.stopped_at = None;
+            self.save(&s)?;
+        }
+        let layers = match self.restack(&s).await {
+            Ok(layers) => layers,
+            Err(e) => return self.fail_start(s, e).await,
+        };
+        let old = self.state_dir(id);
+        let destroyed = self.blocking_backend(&s, move |b| b.destroy(&old)).await;
+        if let Err(e) = destroyed {
+            return self.fail_start(s, e).await;
+        }
+        if let Err(e) = self.boot(&mut s, image.dir.clone(), agent, layers).await {
+            return self.fail_start(s, e).await;
+        }
+        let now = now_ms();
+        s.status = SandboxStatus::Running;
+        s.status_reason = None;
+        s.started_at = Some(now);
+        s.expires_at = Some(now.saturating_add(s.timeout_ms));
+        self.save(&s)?;
+        Ok(s)
+    }
+
+    /// Moves the sandbox onto its newest `created` snapshot's chain; returns the layer
+    /// directories to stack, topmost first. Without any snapshot it keeps what it held.
+    async fn restack(&self, s: &Sandbox) -> Result<Vec<std::path::PathBuf>, SandboxError> {
+        let _layers = self.inner.snapshots.layers.lock().await;
+        let latest = self
+            .inner
+            .store
+            .created_snapshots_of(&s.id)?
+            .into_iter()
+            .next();
+        let chain = match latest {
+            Some(row) => {
+                let (chain, freed) = self
+                    .inner
+                    .store
+                    .restack_sandbox(&s.id, &row.snapshot.id, now_ms())?
+                    .ok_or_else(|| SandboxError::SnapshotNotUsable {
+                        id: row.snapshot.id.clone(),
+                        status: "deleted",
+                    })?;
+                self.remove_layers(&freed);
+                chain
+            }
+            None => self
+                .inner
+                .store
+                .sandbox_layers(&s.id)?
+                .map(|h| h.layers)
+                .unwrap_or_default(),
+        };
+        Ok(chain.iter().map(|d| self.layers_dir().join(d)).collect())
+    }
+
+    async fn fail_start(&self, mut s: Sandbox, e: SandboxError) -> Result<Sandbox, SandboxError> {
+        tracing::warn!(sandbox = %s.id, error = %e, "sandbox failed to start again");
+        let dir = self.state_dir(&s.id);
+        let grace = self.inner.settings.stop_grace;
+        let _ = self
+            .blocking_backend(&s, move |b| b.stop(&dir, grace))
+            .await;
+        self.forget_agent(&s.id);
+        s.status = SandboxStatus::Failed;
+        s.status_reason = Some(match &e {
+            SandboxError::Backend(b) => crate::util::error_chain(b),
+            e => e.to_string(),
+        });
+        s.stopped_at = Some(now_ms());
+        self.save(&s)?;
+        Err(e)
+    }
+}

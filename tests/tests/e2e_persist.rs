@@ -1,0 +1,217 @@
+//! Persistent sandboxes on the namespace backend, through a real daemon and the CLI: stopping
+//! one (by request or by its timeout) snapshots it, and `start` (by id or by name) brings the
+//! same sandbox back with its files, deletions, name, tags and settings; `keep_last_snapshots`
+//! bounds its timeline; the snapshot events reach the event stream; a sandbox that is not
+//! persistent cannot be started again.
+//!
+//! Needs root and the `base` image (as every e2e test).
+
+use std::collections::BTreeMap;
+use std::time::Duration;
+
+use belljar_api::{
+    CreateSandbox, Event, KeepLastSnapshots, ListSnapshotsQuery, RunCommand, Sandbox,
+    SandboxStatus, SnapshotStatus,
+};
+use belljar_client::{Client, NdjsonStream, log_bytes};
+use belljar_e2e::{Daemon, stderr, stdout};
+
+/// Runs `script` with `sh -c` as root in the sandbox; returns its exit code and output.
+async fn sh(c: &Client, id: &str, script: &str) -> (i32, String) {
+    let cmd = c
+        .run_command(
+            id,
+            &RunCommand {
+                argv: vec!["sh".into(), "-c".into(), script.into()],
+                sudo: true,
+                ..Default::default()
+            },
+        )
+        .await
+        .unwrap_or_else(|e| panic!("run {script:?}: {e}"));
+    let mut lines = c.command_logs(id, &cmd.id, true).await.unwrap();
+    let mut out = Vec::new();
+    while let Some(l) = lines.next().await.unwrap() {
+        out.extend(log_bytes(&l));
+    }
+    let done = c.wait_command(id, &cmd.id).await.unwrap();
+    (
+        done.exit_code.unwrap_or(-1),
+        String::from_utf8_lossy(&out).into_owned(),
+    )
+}
+
+async fn ok(c: &Client, id: &str, script: &str) -> String {
+    let (code, out) = sh(c, id, script).await;
+    assert_eq!(code, 0, "{script}: {out}");
+    out
+}
+
+/// Waits (up to `secs`) for an event on `events` that `pick` accepts.
+async fn wait_event<T>(
+    events: &mut NdjsonStream<Event>,
+    secs: u64,
+    what: &str,
+    mut pick: impl FnMut(Event) -> Option<T>,
+) -> T {
+    tokio::time::timeout(Duration::from_secs(secs), async {
+        loop {
+            let e = events.next().await.unwrap().expect("events stream ended");
+            if let Some(v) = pick(e) {
+                return v;
+            }
+        }
+    })
+    .await
+    .unwrap_or_else(|_| panic!("timed out waiting for {what}"))
+}
+
+fn status_of(id: &str, status: SandboxStatus) -> impl FnMut(Event) -> Option<Sandbox> + '_ {
+    move |e| match e {
+        Event::Sandbox { sandbox, .. } if sandbox.id == id && sandbox.status == status => {
+            Some(*sandbox)
+        }
+        _ => None,
+    }
+}
+
+async fn created_snapshots(c: &Client, id: &str) -> Vec<belljar_api::Snapshot> {
+    c.list_snapshots(&ListSnapshotsQuery {
+        sandbox_id: Some(id.into()),
+        status: Some(SnapshotStatus::Created),
+        ..Default::default()
+    })
+    .await
+    .unwrap()
+    .snapshots
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn a_persistent_sandbox_stops_and_starts_again_with_its_files_and_identity() {
+    let d = Daemon::start();
+    let c = d.unix();
+    let mut events = c.events(None).await.unwrap();
+    let tags = BTreeMap::from([("team".to_owned(), "blue".to_owned())]);
+    let a = d
+        .create(
+            &c,
+            CreateSandbox {
+                name: Some("keeper".into()),
+                tags: Some(tags.clone()),
+                env: Some(BTreeMap::from([("K".to_owned(), "v".to_owned())])),
+                persistent: Some(true),
+                keep_last_snapshots: Some(KeepLastSnapshots {
+                    count: 1,
+                    expiration_ms: None,
+                    delete_evicted: None,
+                }),
+                ..Default::default()
+            },
+        )
+        .await;
+    assert!(a.lifecycle.persistent);
+    ok(
+        &c,
+        &a.id,
+        "set -e; echo one > /workspace/one; chmod 600 /workspace/one; rm /etc/issue",
+    )
+    .await;
+
+    let stopped = c.stop_sandbox(&a.id).await.unwrap();
+    assert_eq!(stopped.status, SandboxStatus::Stopped);
+    let first = wait_event(&mut events, 30, "the stop's snapshot", |e| match e {
+        Event::Snapshot { snapshot, .. }
+            if snapshot.source_sandbox_id == a.id && snapshot.status == SnapshotStatus::Created =>
+        {
+            Some(*snapshot)
+        }
+        _ => None,
+    })
+    .await;
+    assert_eq!(created_snapshots(&c, &a.id).await, vec![first.clone()]);
+
+    // Started again by name through the CLI: the same sandbox, its files, its deletion.
+    let out = d.cli(["start", "keeper"]);
+    assert!(out.status.success(), "{}", stderr(&out));
+    assert_eq!(stdout(&out).trim(), a.id);
+    let b = c.sandbox(&a.id).await.unwrap();
+    assert_eq!(b.status, SandboxStatus::Running);
+    assert_eq!(
+        (&b.name, &b.tags, &b.env, b.lifecycle.persistent),
+        (&a.name, &a.tags, &a.env, true)
+    );
+    assert_eq!(
+        ok(
+            &c,
+            &a.id,
+            "cat /workspace/one; stat -c %a /workspace/one; test ! -e /etc/issue && echo gone"
+        )
+        .await,
+        "one\n600\ngone\n"
+    );
+
+    // A second session: `keep_last` 1 keeps only the newest snapshot, which builds on the
+    // first.
+    ok(&c, &a.id, "echo two > /workspace/two").await;
+    let stopped = c.stop_sandbox(&a.id).await.unwrap();
+    assert_eq!(stopped.status, SandboxStatus::Stopped);
+    let kept = created_snapshots(&c, &a.id).await;
+    assert_eq!(kept.len(), 1, "{kept:?}");
+    assert_eq!(kept[0].parent.as_deref(), Some(first.id.as_str()));
+    assert_eq!(
+        c.snapshot(&first.id).await.unwrap().status,
+        SnapshotStatus::Deleted
+    );
+    let again = c.start_sandbox(&a.id).await.unwrap();
+    assert_eq!(again.status, SandboxStatus::Running);
+    assert_eq!(
+        ok(&c, &a.id, "cat /workspace/one /workspace/two").await,
+        "one\ntwo\n"
+    );
+    // Starting a running sandbox is a no-op.
+    assert_eq!(
+        c.start_sandbox(&a.id).await.unwrap().started_at,
+        again.started_at
+    );
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn a_timeout_snapshots_a_persistent_sandbox_and_others_cannot_start_again() {
+    let d = Daemon::start();
+    let c = d.unix();
+    let mut events = c.events(None).await.unwrap();
+    let short = d
+        .create(
+            &c,
+            CreateSandbox {
+                persistent: Some(true),
+                timeout_ms: Some(4_000),
+                ..Default::default()
+            },
+        )
+        .await;
+    ok(&c, &short.id, "echo soon > /workspace/f").await;
+    let stopped = wait_event(
+        &mut events,
+        60,
+        "the timeout",
+        status_of(&short.id, SandboxStatus::Stopped),
+    )
+    .await;
+    assert_eq!(stopped.status_reason.as_deref(), Some("timeout"));
+    let snaps = created_snapshots(&c, &short.id).await;
+    assert_eq!(snaps.len(), 1, "{snaps:?}");
+    c.start_sandbox(&short.id).await.unwrap();
+    c.extend_sandbox(&short.id, 60_000).await.unwrap();
+    assert_eq!(ok(&c, &short.id, "cat /workspace/f").await, "soon\n");
+
+    // Not persistent: stopping loses its files, and it cannot be started again.
+    let plain = d.create(&c, CreateSandbox::default()).await;
+    c.stop_sandbox(&plain.id).await.unwrap();
+    assert!(created_snapshots(&c, &plain.id).await.is_empty());
+    let err = c.start_sandbox(&plain.id).await.unwrap_err();
+    assert_eq!(err.code(), "conflict", "{err}");
+    assert!(err.to_string().contains("not persistent"), "{err}");
+    let err = c.start_sandbox("sbx_nosuchsandbox").await.unwrap_err();
+    assert_eq!(err.code(), "not_found", "{err}");
+}
