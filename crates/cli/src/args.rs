@@ -372,6 +372,14 @@ pub enum SnapshotsCmd {
         #[arg(required = true)]
         ids: Vec<String>,
     },
+    /// What changed from snapshot A to B (a later snapshot, or a sandbox id or name for its
+    /// current files); without B, what A changed on top of its parent.
+    Diff {
+        /// Snapshot id.
+        a: String,
+        /// Snapshot id, or sandbox id or name.
+        b: Option<String>,
+    },
 }
 
 #[derive(Debug, Subcommand)]

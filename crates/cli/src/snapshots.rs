@@ -1,5 +1,5 @@
-//! `belljar snapshot`, `belljar snapshots ls|rm` and `create --from`: what the CLI sends for
-//! snapshots and how it prints them for people.
+//! `belljar snapshot`, `belljar snapshots ls|rm|diff` and `create --from`: what the CLI sends
+//! for snapshots and how it prints them for people.
 
 use belljar_api::{CreateSnapshot, ListSnapshotsQuery, Snapshot, SnapshotStatus};
 use belljar_client::{Client, ClientError};
@@ -99,6 +99,48 @@ pub fn taken(s: &Snapshot) -> String {
         Some(ms) => format!("{} (the sandbox was frozen for {ms} ms)", s.id),
         None => s.id.clone(),
     }
+}
+
+/// A diff for people: one line per path (`A`dded, `M`odified, `D`eleted, with kind, mode and
+/// size), then the unified diffs of the text files that have one.
+pub fn diff(d: &belljar_api::SnapshotDiff) -> String {
+    use belljar_api::{ChangeKind, DiffEntry, EntryKind};
+    use std::fmt::Write;
+    let side = |e: &DiffEntry| {
+        let kind = match e.kind {
+            EntryKind::File => "file",
+            EntryKind::Dir => "dir",
+            EntryKind::Symlink => "symlink",
+            EntryKind::Other => "other",
+        };
+        let mut s = format!("{kind} {:o} {}:{}", e.mode, e.uid, e.gid);
+        if e.kind == EntryKind::File {
+            let _ = write!(s, " {} B", e.size_bytes);
+        }
+        if let Some(t) = &e.target {
+            let _ = write!(s, " -> {t}");
+        }
+        s
+    };
+    let mut out = format!("{} -> {}\n", d.from, d.to);
+    for c in &d.changes {
+        let (mark, what) = match (c.change, &c.old, &c.new) {
+            (ChangeKind::Added, _, Some(n)) => ("A", side(n)),
+            (ChangeKind::Deleted, Some(o), _) => ("D", side(o)),
+            (_, Some(o), Some(n)) if side(o) == side(n) => ("M", side(n)),
+            (_, Some(o), Some(n)) => ("M", format!("{} => {}", side(o), side(n))),
+            _ => ("?", String::new()),
+        };
+        let _ = writeln!(out, "{mark} {}  ({what})", c.path);
+    }
+    if d.truncated {
+        out.push_str("(more changes not listed)\n");
+    }
+    for c in d.changes.iter().filter(|c| c.unified_diff.is_some()) {
+        out.push('\n');
+        out.push_str(c.unified_diff.as_deref().unwrap_or_default());
+    }
+    out
 }
 
 #[cfg(test)]

@@ -76,6 +76,19 @@ pub(crate) async fn snapshots(
             }
             Ok(0)
         }
+        SnapshotsCmd::Diff { a, b } => {
+            let to = match b {
+                Some(b) if !b.starts_with("snap_") => Some(resolve(client, &b).await?),
+                b => b,
+            };
+            let d = client.snapshot_diff(&a, to.as_deref()).await?;
+            if json {
+                print_json(&d)?;
+            } else {
+                out!("{}", belljar_cli::snapshots::diff(&d))?;
+            }
+            Ok(0)
+        }
         SnapshotsCmd::Rm { ids } => {
             for id in ids {
                 let snap = client.delete_snapshot(&id).await?;

@@ -44,6 +44,20 @@ impl Client {
         self.get(&format!("{SNAPSHOTS}/{}", segment(id))).await
     }
 
+    /// `GET /v1/snapshots/{id}/diff[?to=]`: what changed from the snapshot to `to` (a snapshot
+    /// or a sandbox), or what the snapshot changed on top of its parent.
+    pub async fn snapshot_diff(
+        &self,
+        id: &str,
+        to: Option<&str>,
+    ) -> Result<belljar_api::SnapshotDiff, ClientError> {
+        self.get(&with_query(
+            &format!("{SNAPSHOTS}/{}/diff", segment(id)),
+            &[("to", to.map(str::to_owned))],
+        ))
+        .await
+    }
+
     /// `DELETE /v1/snapshots/{id}`: the snapshot, now `deleted`.
     pub async fn delete_snapshot(&self, id: &str) -> Result<Snapshot, ClientError> {
         self.call_empty(Method::DELETE, &format!("{SNAPSHOTS}/{}", segment(id)))

@@ -1,10 +1,12 @@
-//! `/v1/snapshots` and `POST /v1/sandboxes/{id}/snapshots`: take, list, get and delete
-//! snapshots. A sandbox is made from one with `source: {type: "snapshot"}` at create.
+//! `/v1/snapshots` and `POST /v1/sandboxes/{id}/snapshots`: take, list, get, delete and
+//! compare snapshots. A sandbox is made from one with `source: {type: "snapshot"}` at create.
 
 use axum::Json;
 use axum::extract::State;
 use axum::http::StatusCode;
-use belljar_api::{CreateSnapshot, ListSnapshotsQuery, Snapshot, SnapshotList};
+use belljar_api::{
+    CreateSnapshot, DiffQuery, ListSnapshotsQuery, Snapshot, SnapshotDiff, SnapshotList,
+};
 use utoipa_axum::router::OpenApiRouter;
 use utoipa_axum::routes;
 
@@ -19,6 +21,23 @@ pub fn router() -> OpenApiRouter<AppState> {
         .routes(routes!(create))
         .routes(routes!(list))
         .routes(routes!(get_one, delete))
+        .routes(routes!(diff))
+}
+
+/// What changed: from this snapshot to `to` (a later snapshot, or a sandbox's current files),
+/// or without `to`, what this snapshot changed on top of its parent (or its image). Added,
+/// modified and deleted paths with kinds, modes, owners and sizes; text files carry their
+/// unified diff.
+#[utoipa::path(get, path = "/v1/snapshots/{id}/diff", operation_id = "snapshot_diff", tag = "snapshots",
+    params(SnapshotPath, DiffQuery),
+    responses((status = 200, description = "The changes, in path order", body = SnapshotDiff), Errors))]
+async fn diff(
+    State(st): State<AppState>,
+    ApiPath(SnapshotPath { id }): ApiPath<SnapshotPath>,
+    ApiQuery(q): ApiQuery<DiffQuery>,
+) -> Result<Json<SnapshotDiff>, ApiError> {
+    let d = detached(async move { st.sandboxes.diff_snapshot(&id, q.to.as_deref()).await }).await?;
+    Ok(Json(d))
 }
 
 /// Snapshot a running sandbox. By default the sandbox stops and its writable layer becomes

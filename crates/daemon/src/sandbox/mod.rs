@@ -10,6 +10,7 @@ pub mod admission;
 mod adopt;
 pub mod backend;
 mod commands;
+mod diff;
 mod files;
 mod fork;
 mod lifecycle;

@@ -20,10 +20,10 @@
 //! stopped, so that nothing changes under it.
 
 use std::collections::HashMap;
-use std::ffi::{CString, OsStr, OsString};
+use std::ffi::{OsStr, OsString};
 use std::fs;
 use std::io::{self, Read, Write};
-use std::os::unix::ffi::{OsStrExt, OsStringExt};
+use std::os::unix::ffi::OsStrExt;
 use std::os::unix::fs::{DirBuilderExt, MetadataExt, OpenOptionsExt, PermissionsExt};
 use std::path::{Path, PathBuf};
 
@@ -31,6 +31,11 @@ use sha2::{Digest, Sha256};
 
 use crate::state::State;
 use crate::{disk, mounts};
+
+pub mod diff;
+mod xattr;
+
+use xattr::{get_xattr, list_xattrs, set_times, set_xattr};
 
 /// How many ids a sandbox's block spans (sandbox uid 0..65535).
 const ID_BLOCK: u32 = 65536;
@@ -412,97 +417,6 @@ impl Copier {
         }
         Ok(())
     }
-}
-
-fn set_times(path: &Path, meta: &fs::Metadata) -> io::Result<()> {
-    let p = mounts::c_path(path);
-    let times = [
-        libc::timespec {
-            tv_sec: meta.atime(),
-            tv_nsec: meta.atime_nsec(),
-        },
-        libc::timespec {
-            tv_sec: meta.mtime(),
-            tv_nsec: meta.mtime_nsec(),
-        },
-    ];
-    // SAFETY: a valid C path and two initialised timespecs; no symlink is followed.
-    let ret = unsafe {
-        libc::utimensat(
-            libc::AT_FDCWD,
-            p.as_ptr(),
-            times.as_ptr(),
-            libc::AT_SYMLINK_NOFOLLOW,
-        )
-    };
-    if ret != 0 {
-        return Err(io::Error::last_os_error());
-    }
-    Ok(())
-}
-
-fn list_xattrs(path: &Path) -> io::Result<Vec<OsString>> {
-    let p = mounts::c_path(path);
-    let mut buf = vec![0u8; 4096];
-    loop {
-        // SAFETY: a valid C path and a buffer of `buf.len()` writable bytes.
-        let n = unsafe { libc::llistxattr(p.as_ptr(), buf.as_mut_ptr().cast(), buf.len()) };
-        if n >= 0 {
-            buf.truncate(n as usize);
-            break;
-        }
-        let e = io::Error::last_os_error();
-        match e.raw_os_error() {
-            Some(libc::ERANGE) if buf.len() < 1 << 20 => buf.resize(buf.len() * 4, 0),
-            Some(libc::ENOTSUP) => return Ok(Vec::new()),
-            _ => return Err(e),
-        }
-    }
-    Ok(buf
-        .split(|b| *b == 0)
-        .filter(|n| !n.is_empty())
-        .map(|n| OsString::from_vec(n.to_vec()))
-        .collect())
-}
-
-fn get_xattr(path: &Path, name: &OsStr) -> io::Result<Option<Vec<u8>>> {
-    let p = mounts::c_path(path);
-    let n = CString::new(name.as_bytes()).map_err(io::Error::other)?;
-    let mut buf = vec![0u8; 256];
-    loop {
-        // SAFETY: valid C strings and a buffer of `buf.len()` writable bytes.
-        let len =
-            unsafe { libc::lgetxattr(p.as_ptr(), n.as_ptr(), buf.as_mut_ptr().cast(), buf.len()) };
-        if len >= 0 {
-            buf.truncate(len as usize);
-            return Ok(Some(buf));
-        }
-        let e = io::Error::last_os_error();
-        match e.raw_os_error() {
-            Some(libc::ERANGE) if buf.len() < 1 << 16 => buf.resize(buf.len() * 16, 0),
-            Some(libc::ENODATA) => return Ok(None),
-            _ => return Err(e),
-        }
-    }
-}
-
-fn set_xattr(path: &Path, name: &OsStr, value: &[u8]) -> io::Result<()> {
-    let p = mounts::c_path(path);
-    let n = CString::new(name.as_bytes()).map_err(io::Error::other)?;
-    // SAFETY: valid C strings and a value buffer of `value.len()` readable bytes.
-    let ret = unsafe {
-        libc::lsetxattr(
-            p.as_ptr(),
-            n.as_ptr(),
-            value.as_ptr().cast(),
-            value.len(),
-            0,
-        )
-    };
-    if ret != 0 {
-        return Err(io::Error::last_os_error());
-    }
-    Ok(())
 }
 
 #[cfg(test)]
