@@ -1,7 +1,8 @@
 //! Snapshot diffs on the namespace backend, through a real daemon and the CLI, with exact
 //! results: what a snapshot changed on its image, between two snapshots of one sandbox
 //! (content, mode, a symlink, a binary file, a directory deleted with what it held), and from
-//! a snapshot to a running sandbox's current files; bad requests get clear errors.
+//! a snapshot to a running sandbox's current files; a snapshot's expiration is set; bad
+//! requests get clear errors.
 //!
 //! Needs root and the `base` image (as every e2e test).
 
@@ -87,8 +88,13 @@ async fn diffs_list_exactly_what_changed() {
     assert_eq!(
         paths(&on_image),
         [
+            // What every sandbox's start writes: its hostname, its DNS server, and the
+            // network broker's CA it trusts.
             "M /etc/hosts",
             "D /etc/issue",
+            "M /etc/resolv.conf",
+            "M /etc/ssl/certs/ca-certificates.crt",
+            "A /usr/local/share/ca-certificates/belljar-sandbox-ca.crt",
             "A /workspace/a.txt",
             "A /workspace/d",
             "A /workspace/d/inner",
@@ -180,7 +186,14 @@ async fn diffs_list_exactly_what_changed() {
     assert_eq!(live.to, b.id);
     assert_eq!(
         paths(&live),
-        ["M /etc/hosts", "M /workspace/a.txt", "D /workspace/l"],
+        [
+            // Its own hostname and its own broker CA.
+            "M /etc/hosts",
+            "M /etc/ssl/certs/ca-certificates.crt",
+            "M /usr/local/share/ca-certificates/belljar-sandbox-ca.crt",
+            "M /workspace/a.txt",
+            "D /workspace/l",
+        ],
         "{live:#?}"
     );
     assert!(
@@ -217,5 +230,20 @@ async fn diffs_list_exactly_what_changed() {
     assert_eq!(err.code(), "sandbox_not_running", "{err}");
     c.delete_snapshot(&s1.id).await.unwrap();
     let err = c.snapshot_diff(&s2.id, Some(&s1.id)).await.unwrap_err();
+    assert_eq!(err.code(), "snapshot_not_usable", "{err}");
+
+    // Setting a snapshot's expiration (the timeline's action): never, then an hour from now.
+    assert_eq!(
+        c.set_snapshot_expiration(&s2.id, 0)
+            .await
+            .unwrap()
+            .expires_at,
+        None
+    );
+    let later = c.set_snapshot_expiration(&s2.id, 3_600_000).await.unwrap();
+    assert!(later.expires_at.is_some_and(|at| at > s2.created_at));
+    let err = c.set_snapshot_expiration(&s2.id, -1).await.unwrap_err();
+    assert_eq!(err.code(), "bad_request", "{err}");
+    let err = c.set_snapshot_expiration(&s1.id, 0).await.unwrap_err();
     assert_eq!(err.code(), "snapshot_not_usable", "{err}");
 }

@@ -89,6 +89,27 @@ impl Validate for CreateSnapshot {
     }
 }
 
+/// The body of `PATCH /v1/snapshots/{id}`.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, ToSchema, TS)]
+#[serde(deny_unknown_fields)]
+pub struct UpdateSnapshot {
+    /// Milliseconds the snapshot lives from now (and after each later use); `0` never
+    /// expires.
+    #[schema(minimum = 0, maximum = 315360000000_i64)]
+    pub expiration_ms: i64,
+}
+
+impl Validate for UpdateSnapshot {
+    fn validate(&self) -> Result<(), Invalid> {
+        limits::range(
+            "expiration_ms",
+            Some(self.expiration_ms),
+            0,
+            MAX_EXPIRATION_MS,
+        )
+    }
+}
+
 /// The body of `POST /v1/sandboxes/{id}/fork`: what the new sandbox changes of the source's
 /// configuration. Every field is optional.
 #[derive(Debug, Clone, PartialEq, Eq, Default, Serialize, Deserialize, ToSchema, TS)]

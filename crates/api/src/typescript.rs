@@ -36,6 +36,7 @@ pub fn render() -> String {
         SnapshotStatus::decl(&cfg),
         Snapshot::decl(&cfg),
         CreateSnapshot::decl(&cfg),
+        UpdateSnapshot::decl(&cfg),
         KeepLastSnapshots::decl(&cfg),
         ForkSandbox::decl(&cfg),
         ListSnapshotsQuery::decl(&cfg),

@@ -58,6 +58,20 @@ impl Client {
         .await
     }
 
+    /// `PATCH /v1/snapshots/{id}`: sets how long it lives from now (`0`: never expires).
+    pub async fn set_snapshot_expiration(
+        &self,
+        id: &str,
+        expiration_ms: i64,
+    ) -> Result<Snapshot, ClientError> {
+        self.call(
+            Method::PATCH,
+            &format!("{SNAPSHOTS}/{}", segment(id)),
+            &belljar_api::UpdateSnapshot { expiration_ms },
+        )
+        .await
+    }
+
     /// `DELETE /v1/snapshots/{id}`: the snapshot, now `deleted`.
     pub async fn delete_snapshot(&self, id: &str) -> Result<Snapshot, ClientError> {
         self.call_empty(Method::DELETE, &format!("{SNAPSHOTS}/{}", segment(id)))

@@ -257,6 +257,13 @@ keep_running?: boolean,
  */
 expiration_ms?: number, };
 
+export type UpdateSnapshot = { 
+/**
+ * Milliseconds the snapshot lives from now (and after each later use); `0` never
+ * expires.
+ */
+expiration_ms: number, };
+
 export type KeepLastSnapshots = { 
 /**
  * Keep the newest `count` (1 to 10) snapshots of the sandbox.

@@ -10,6 +10,9 @@ import type {
   LogLine,
   Sandbox,
   SandboxList,
+  Snapshot,
+  SnapshotDiff,
+  SnapshotList,
 } from "../generated/api";
 import { ApiError, check, client } from "./client";
 
@@ -53,6 +56,32 @@ export const api = {
   async deleteSandbox(id: string): Promise<void> {
     await check(await client.fetch(sbx(id), { method: "DELETE" }));
   },
+
+  pauseSandbox: (id: string) => json<Sandbox>(sbx(id) + "/pause", { method: "POST" }),
+  resumeSandbox: (id: string) => json<Sandbox>(sbx(id) + "/resume", { method: "POST" }),
+  startSandbox: (id: string) => json<Sandbox>(sbx(id) + "/start", { method: "POST" }),
+  forkSandbox: (id: string) => json<Sandbox>(sbx(id) + "/fork", body("POST", {})),
+  takeSnapshot: (id: string, keep_running: boolean) =>
+    json<Snapshot>(sbx(id) + "/snapshots", body("POST", { keep_running })),
+  /** Every snapshot taken of a sandbox, newest first. */
+  async listSnapshots(sandbox_id: string): Promise<Snapshot[]> {
+    const all: Snapshot[] = [];
+    let cursor: string | undefined;
+    do {
+      const params: Record<string, string | number> = { sandbox_id, limit: 200 };
+      if (cursor) params.cursor = cursor;
+      const page = await json<SnapshotList>("/v1/snapshots?" + q(params));
+      all.push(...page.snapshots);
+      cursor = page.next_cursor;
+    } while (cursor);
+    return all;
+  },
+  deleteSnapshot: (id: string) =>
+    json<Snapshot>(`/v1/snapshots/${encodeURIComponent(id)}`, { method: "DELETE" }),
+  setSnapshotExpiration: (id: string, expiration_ms: number) =>
+    json<Snapshot>(`/v1/snapshots/${encodeURIComponent(id)}`, body("PATCH", { expiration_ms })),
+  diffSnapshot: (id: string, to?: string) =>
+    json<SnapshotDiff>(`/v1/snapshots/${encodeURIComponent(id)}/diff` + (to ? "?" + q({ to }) : "")),
 
   listCommands: (id: string) => json<CommandList>(sbx(id) + "/commands"),
   killCommand: (id: string, cid: string) =>

@@ -3,7 +3,7 @@
 // list, every change arrives as an event; after a disconnect the socket reconnects with
 // `since=<last seq>` and the list is fetched once more.
 
-import type { Command, Event, Info, Sandbox } from "../generated/api";
+import type { Command, Event, Info, Sandbox, Snapshot } from "../generated/api";
 import { api } from "./api";
 import { ApiError, client } from "./client";
 
@@ -11,6 +11,8 @@ export type Connection = "connecting" | "connected" | "offline" | "unauthorized"
 
 class Live {
   sandboxes = $state<Record<string, Sandbox>>({});
+  /** Snapshots seen on the event stream (or fetched by a timeline), by id. */
+  snapshots = $state<Record<string, Snapshot>>({});
   /** Commands seen on the event stream, by sandbox id then command id. */
   commands = $state<Record<string, Record<string, Command>>>({});
   connection = $state<Connection>("connecting");
@@ -102,6 +104,9 @@ class Live {
       case "sandbox_deleted":
         delete this.sandboxes[e.sandbox_id];
         delete this.commands[e.sandbox_id];
+        break;
+      case "snapshot":
+        this.snapshots[e.snapshot.id] = e.snapshot;
         break;
       case "command": {
         const c = e.command;

@@ -6,6 +6,7 @@ use axum::extract::State;
 use axum::http::StatusCode;
 use belljar_api::{
     CreateSnapshot, DiffQuery, ListSnapshotsQuery, Snapshot, SnapshotDiff, SnapshotList,
+    UpdateSnapshot,
 };
 use utoipa_axum::router::OpenApiRouter;
 use utoipa_axum::routes;
@@ -20,7 +21,7 @@ pub fn router() -> OpenApiRouter<AppState> {
     OpenApiRouter::new()
         .routes(routes!(create))
         .routes(routes!(list))
-        .routes(routes!(get_one, delete))
+        .routes(routes!(get_one, delete, update))
         .routes(routes!(diff))
 }
 
@@ -72,6 +73,21 @@ async fn get_one(
     ApiPath(SnapshotPath { id }): ApiPath<SnapshotPath>,
 ) -> Result<Json<Snapshot>, ApiError> {
     Ok(Json(st.sandboxes.get_snapshot(&id)?))
+}
+
+/// Set how long a snapshot lives from now (and after each later use); `0` never expires.
+#[utoipa::path(patch, path = "/v1/snapshots/{id}", operation_id = "snapshot_update", tag = "snapshots", params(SnapshotPath),
+    request_body = UpdateSnapshot,
+    responses((status = 200, description = "The snapshot with its new `expires_at`", body = Snapshot), Errors))]
+async fn update(
+    State(st): State<AppState>,
+    ApiPath(SnapshotPath { id }): ApiPath<SnapshotPath>,
+    ApiJson(req): ApiJson<UpdateSnapshot>,
+) -> Result<Json<Snapshot>, ApiError> {
+    Ok(Json(
+        st.sandboxes
+            .set_snapshot_expiration(&id, req.expiration_ms)?,
+    ))
 }
 
 /// Delete a snapshot. Its files stay while sandboxes made from it still run on them.

@@ -240,6 +240,33 @@ impl Sandboxes {
             .ok_or_else(|| SandboxError::SnapshotNotFound(id.to_owned()))
     }
 
+    /// Sets how long a created snapshot lives from now (`0`: never expires).
+    pub fn set_snapshot_expiration(
+        &self,
+        id: &str,
+        expiration_ms: i64,
+    ) -> Result<Snapshot, SandboxError> {
+        if expiration_ms < 0 {
+            return Err(SandboxError::BadRequest(
+                "expiration_ms: must be 0 (never) or positive".into(),
+            ));
+        }
+        let snap = self.get_snapshot(id)?;
+        if snap.status != SnapshotStatus::Created {
+            return Err(SandboxError::SnapshotNotUsable {
+                id: id.to_owned(),
+                status: snap.status.into(),
+            });
+        }
+        let at = (expiration_ms > 0).then(|| now_ms().saturating_add(expiration_ms));
+        self.inner
+            .store
+            .set_snapshot_expiration(id, expiration_ms, at)?;
+        let snap = self.get_snapshot(id)?;
+        self.emit_snapshot(snap.clone());
+        Ok(snap)
+    }
+
     pub fn list_snapshots(&self, query: &ListSnapshotsQuery) -> Result<SnapshotList, SandboxError> {
         if query.limit == Some(0) {
             return Err(SandboxError::BadRequest("limit: must be 1..=200".into()));
