@@ -57,6 +57,14 @@ test_exe() {
     jq -r 'select(.reason == "compiler-artifact" and .profile.test and .executable != null) | .executable'
 }
 tests="$(test_exe belljar-vmm linux_boot):$(test_exe belljar-e2e e2e_microvm)"
+# The rootless job (tests/microvm/rootless.sh, run in its own L1 boot by scripts/test.sh): its
+# test executables, belljar-ns and the namespace crate's busybox fixtures (L1 has no compiler).
+rootless_tests=""
+for t in escape e2e_cli e2e_pause doctor; do
+  rootless_tests="$rootless_tests${rootless_tests:+:}$(test_exe belljar-e2e "$t")"
+done
+cargo build --quiet -p belljar-namespace --bin belljar-ns
+fixtures=$("$CARGO_TARGET_DIR/debug/belljar-ns" fixtures)
 guest_kernel=$(guest-images/kernel/build.sh | tail -1)
 [ -f "$BELLJAR_CACHE/images/base/current/rootfs.ext4" ] || {
   echo "the base image is not built: run guest-images/build-all.sh" >&2
@@ -68,17 +76,24 @@ timing "build (cargo, cached kernel)" "$(elapsed "$t")"
 run_dir="${BELLJAR_MICROVM_RUN:-$mv_cache/run}"
 rm -rf "$run_dir" && mkdir -p "$run_dir/results" "$run_dir/bin/deps"
 bin_dir=$(dirname "$(dirname "${tests%%:*}")")
-for b in belljard belljar belljar-vmm belljar-agent; do
+for b in belljard belljar belljar-vmm belljar-agent belljar-ns; do
   objcopy --strip-debug "$bin_dir/$b" "$run_dir/bin/$b"
 done
-staged=""
-IFS=: read -r -a test_list <<< "$tests"
-for t in "${test_list[@]}"; do
-  objcopy --strip-debug "$t" "$run_dir/bin/deps/${t##*/}"
-  staged="$staged${staged:+:}$run_dir/bin/deps/${t##*/}"
-done
+stage() {
+  local list=$1 out="" t
+  IFS=: read -r -a test_list <<< "$list"
+  for t in "${test_list[@]}"; do
+    objcopy --strip-debug "$t" "$run_dir/bin/deps/${t##*/}"
+    out="$out${out:+:}$run_dir/bin/deps/${t##*/}"
+  done
+  echo "$out"
+}
+staged=$(stage "$tests")
+staged_rootless=$(stage "$rootless_tests")
+cp -a "$fixtures" "$run_dir/fixtures"
 job_env=(BELLJAR_JOB_BIN="$run_dir/bin" BELLJAR_JOB_TESTS="$staged" BELLJAR_CACHE="$BELLJAR_CACHE"
-  BELLJAR_KERNEL="$guest_kernel")
+  BELLJAR_KERNEL="$guest_kernel" BELLJAR_ROOTLESS_TESTS="$staged_rootless"
+  BELLJAR_FIXTURES="$run_dir/fixtures")
 
 finish() {
   local status=$1 summary
@@ -132,7 +147,10 @@ echo "L1: $qemu_note; kernel $l1_kernel_version" >&2
 # dependency order from modules.dep.
 kver=$(ls "$l1_kernel_root/lib/modules" | head -1)
 busybox_version=$(dpkg-query -W -f='${Version}' busybox-static 2> /dev/null || /bin/busybox | head -1)
-key=$( { echo "$l1_kernel_version"; echo "$busybox_version"; cat tests/microvm/l1-init.sh; } | sha256sum | cut -c1-16)
+# Modules: KVM with nested SVM and 9p for the job, overlay and tun for the rootless job's
+# namespace sandboxes and `belljar doctor`.
+l1_modules="kvm-amd 9p 9pnet_virtio virtio_pci overlay tun"
+key=$( { echo "$l1_kernel_version"; echo "$busybox_version"; echo "$l1_modules"; cat tests/microvm/l1-init.sh; } | sha256sum | cut -c1-16)
 initrd="$mv_cache/initramfs-$key.cpio.gz"
 if [ ! -f "$initrd" ]; then
   moddir="$l1_kernel_root/lib/modules/$kver"
@@ -145,7 +163,7 @@ if [ ! -f "$initrd" ]; then
     for d in $(awk -v m="$m" -F': *' '$1 == m { print $2 }' "$moddir/modules.dep"); do visit "$d"; done
     order+=("$m")
   }
-  for name in kvm-amd 9p 9pnet_virtio virtio_pci; do
+  for name in $l1_modules; do
     m=$(awk -F: -v n="$name" '{ f = $1; sub(/.*\//, "", f); sub(/\.ko(\.[a-z]+)?$/, "", f); if (f == n) { print $1; exit } }' "$moddir/modules.dep")
     if [ -z "$m" ]; then
       grep -q "/$name.ko" "$moddir/modules.builtin" || { echo "module $name not found" >&2; exit 1; }

@@ -60,9 +60,14 @@ mkdir -p /host/run/belljar-results
 mount --move /results /host/run/belljar-results
 say "chroot ready after $(cut -d' ' -f1 /proc/uptime)s; running the job"
 
-chroot /host /usr/bin/env -i PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin \
-  HOME=/tmp TMPDIR=/tmp LANG=C.UTF-8 BELLJAR_RESULTS=/run/belljar-results $JOB_ENV \
-  /bin/bash "$JOB_SCRIPT" > /dev/console 2>&1
+# The host's root is moved over the initramfs's root, as switch_root does, rather than only
+# chrooted into: the kernel refuses user namespaces to a chrooted process (its root is not its
+# mount namespace's), and the rootless job (tests/microvm/rootless.sh) needs them. This shell
+# keeps the initramfs as its own root, so busybox's poweroff below is still found.
+(cd /host && mount --move . / && exec chroot . /usr/bin/env -i \
+  PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin \
+  HOME=/tmp TMPDIR=/tmp LANG=C.UTF-8 BELLJAR_RESULTS=/run/belljar-results BELLJAR_IN_L1=1 \
+  $JOB_ENV /bin/bash "$JOB_SCRIPT") > /dev/console 2>&1
 status=$?
 sync
 echo "BELLJAR-L1-STATUS=$status" > /dev/console

@@ -455,6 +455,7 @@ mod tests;
 pub fn network(f: &super::net::NetFacts) -> Finding {
     let data = json!({
         "tun_present": f.tun_present,
+        "tun_openable": f.tun_openable,
         "tap_in_netns": f.tap_in_netns.is_ok(),
         "reason": f.tap_in_netns.as_ref().err(),
     });
@@ -473,6 +474,14 @@ pub fn network(f: &super::net::NetFacts) -> Finding {
             Status::Ok,
             "/dev/net/tun works: a tap device can be made in a sandbox's network namespace",
             None,
+            data,
+        ),
+        // udev's rule makes it 0666; without udev (a bare devtmpfs) only root may open it.
+        Err(why) if !f.tun_openable => finding(
+            "network",
+            Status::Warning,
+            format!("{why}: namespace sandboxes have no network"),
+            Some("sudo chmod 0666 /dev/net/tun"),
             data,
         ),
         Err(why) => finding(

@@ -260,6 +260,7 @@ fn network_needs_tun_and_a_tap_in_a_netns() {
     use crate::doctor::net::NetFacts;
     let missing = NetFacts {
         tun_present: false,
+        tun_openable: false,
         tap_in_netns: Err("/dev/net/tun is missing".into()),
     };
     let f = network(&missing);
@@ -267,6 +268,7 @@ fn network_needs_tun_and_a_tap_in_a_netns() {
     assert_eq!(f.fix.as_deref(), Some("sudo modprobe tun"));
     let refused = NetFacts {
         tun_present: true,
+        tun_openable: true,
         tap_in_netns: Err("Cannot create a tap device in a network namespace: EPERM".into()),
     };
     let f = network(&refused);
@@ -275,7 +277,18 @@ fn network_needs_tun_and_a_tap_in_a_netns() {
     assert_eq!(f.facts["tap_in_netns"], false);
     let fine = NetFacts {
         tun_present: true,
+        tun_openable: true,
         tap_in_netns: Ok(()),
     };
     assert_eq!(network(&fine).status, Status::Ok);
+    // A bare devtmpfs (no udev) leaves /dev/net/tun to root.
+    let root_only = NetFacts {
+        tun_present: true,
+        tun_openable: false,
+        tap_in_netns: Err("Cannot open /dev/net/tun: Permission denied".into()),
+    };
+    assert_eq!(
+        network(&root_only).fix.as_deref(),
+        Some("sudo chmod 0666 /dev/net/tun")
+    );
 }

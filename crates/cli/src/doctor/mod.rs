@@ -101,6 +101,7 @@ pub async fn gather(paths: &Paths, exe: &Path) -> Report {
     .await
     .unwrap_or_else(|e| net::NetFacts {
         tun_present: false,
+        tun_openable: false,
         tap_in_netns: Err(e.to_string()),
     });
     let network = checks::network(&network);

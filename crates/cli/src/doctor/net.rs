@@ -37,6 +37,8 @@ pub enum NetError {
 pub struct NetFacts {
     /// `/dev/net/tun` exists and is a character device.
     pub tun_present: bool,
+    /// This user may open it (udev makes it 0666; a bare devtmpfs leaves it 0600).
+    pub tun_openable: bool,
     /// The child's answer: a tap was made in a fresh network namespace, or why not.
     pub tap_in_netns: Result<(), String>,
 }
@@ -45,6 +47,11 @@ impl NetFacts {
     /// Looks at `/dev/net/tun` and runs the child probe through `exe`.
     pub fn gather(exe: &Path) -> Self {
         let tun_present = fs::metadata(TUN).is_ok_and(|m| m.file_type().is_char_device());
+        let tun_openable = fs::OpenOptions::new()
+            .read(true)
+            .write(true)
+            .open(TUN)
+            .is_ok();
         let tap_in_netns = if tun_present {
             probe(exe)
         } else {
@@ -52,6 +59,7 @@ impl NetFacts {
         };
         Self {
             tun_present,
+            tun_openable,
             tap_in_netns,
         }
     }

@@ -1,0 +1,155 @@
+#!/usr/bin/env bash
+# The rootless job of scripts/test-microvm.sh: Belljar as an ordinary user on a cgroup v2 host
+# with delegation, inside the L1 guest (whose Debian kernel gives cgroup2 every controller).
+# scripts/test.sh runs it in an L1 boot of its own (`BELLJAR_MICROVM_JOB=tests/microvm/rootless.sh
+# scripts/test-microvm.sh --nested`), never on a real host: it remounts cgroups and binds files
+# over /etc. It runs as root in L1 and makes the host a desktop user would have:
+#
+# - cgroup2 at /sys/fs/cgroup with every controller enabled down to the user's slice;
+# - an ordinary user (uid 4242) with a /etc/subuid + /etc/subgid range: passwd, group, subuid
+#   and subgid are bind-mounted over the read-only host files, in L1's mount namespace only;
+# - a subtree delegated the way systemd delegates `user@UID.service`: the group, its
+#   `cgroup.procs`, `cgroup.subtree_control` and `cgroup.threads` owned by the user, the
+#   user's processes in a child `session.scope` (as a login session's are);
+# - then, as that user: the namespace escape tests (host files and processes unreachable, a
+#   fork bomb stopped at pids.max, a memory hog killed in its own group), the daemon end to
+#   end on the `base` image (create, exec, files, pause/resume on the v2 freezer), and
+#   `belljar doctor` (its findings here differ from the v1 root host's).
+#
+# Input (environment): BELLJAR_JOB_BIN (belljard, belljar, belljar-agent), BELLJAR_ROOTLESS_TESTS
+# (colon-separated test executables: escape, e2e_cli, e2e_pause, doctor), BELLJAR_FIXTURES (the
+# namespace crate's test fixtures, built on the host), BELLJAR_CACHE, BELLJAR_RESULTS. Output:
+# the tests' output; `summary` and `status` in BELLJAR_RESULTS. Exit status 0 only when every
+# test passed.
+set -uo pipefail
+[ "${BELLJAR_IN_L1:-}" = 1 ] || { echo "rootless.sh runs only inside the harness's L1 guest" >&2; exit 2; }
+: "${BELLJAR_JOB_BIN:?}" "${BELLJAR_ROOTLESS_TESTS:?}" "${BELLJAR_RESULTS:?}" "${BELLJAR_CACHE:?}"
+: "${BELLJAR_FIXTURES:?}"
+now() { date +%s.%N; }
+since() { awk -v a="$1" -v b="$(now)" 'BEGIN { printf "%.1f", b - a }'; }
+start=$(now)
+say() { echo "rootless: $*"; }
+uid=4242 user=bjuser subid=3000000
+cg=/sys/fs/cgroup
+
+setup_failed() {
+  say "set-up failed: $*"
+  echo "rootless job: set-up failed: $*" > "$BELLJAR_RESULTS/summary"
+  echo 1 > "$BELLJAR_RESULTS/status"
+  exit 1
+}
+
+# --- cgroup v2 with every controller.
+[ "$(stat -fc %T "$cg")" = cgroup2fs ] || mount -t cgroup2 cgroup2 "$cg" ||
+  setup_failed "cannot mount cgroup2"
+say "cgroup2 controllers: $(cat "$cg/cgroup.controllers")"
+slice="$cg/user.slice/user-$uid.slice"
+service="$slice/user@$uid.service"
+mkdir -p "$service/session.scope" || setup_failed "cannot make $service"
+for dir in "$cg" "$cg/user.slice" "$slice"; do
+  for c in $(cat "$dir/cgroup.controllers"); do
+    echo "+$c" > "$dir/cgroup.subtree_control" 2> /dev/null || say "cannot enable $c in $dir"
+  done
+done
+# Delegation as systemd does it for user@UID.service: the directory and the three files. The
+# session's scope is the user manager's own creation, so the user's too.
+for dir in "$service" "$service/session.scope"; do
+  chown "$uid:$uid" "$dir" "$dir/cgroup.procs" "$dir/cgroup.subtree_control" "$dir/cgroup.threads" ||
+    setup_failed "cannot delegate $dir"
+done
+say "delegated $service ($(cat "$service/cgroup.controllers"))"
+
+# --- The user, with subordinate ids, in this mount namespace only.
+work=$(mktemp -d /tmp/belljar-rootless.XXXXXX)
+chmod 755 "$work"
+etc="$work/etc"
+mkdir -p "$etc" "$work/home" "$work/bin/deps" "$work/cache"
+cp /etc/passwd /etc/group "$etc/"
+echo "$user:x:$uid:$uid:Belljar test user:$work/home:/bin/sh" >> "$etc/passwd"
+echo "$user:x:$uid:" >> "$etc/group"
+echo "$user:$subid:65536" > "$etc/subuid"
+echo "$user:$subid:65536" > "$etc/subgid"
+for f in passwd group subuid subgid; do
+  mount --bind "$etc/$f" "/etc/$f" || setup_failed "cannot bind $etc/$f over /etc/$f"
+done
+chown "$uid:$uid" "$work/home"
+# The image cache lives under /root (0700): the user reaches it through a read-only bind.
+mount --bind -o ro "$BELLJAR_CACHE" "$work/cache" 2> /dev/null ||
+  mount --bind "$BELLJAR_CACHE" "$work/cache" || setup_failed "cannot bind the image cache"
+for b in belljard belljar belljar-agent; do
+  cp "$BELLJAR_JOB_BIN/$b" "$work/bin/$b"
+done
+IFS=: read -r -a tests <<< "$BELLJAR_ROOTLESS_TESTS"
+for t in "${tests[@]}"; do cp "$t" "$work/bin/deps/"; done
+chmod -R a+rX "$work/bin"
+# The escape tests' busybox image and stand-in agent, built on the host (no compiler here),
+# where the tests look for this uid's fixtures; the image is the user's, as a rootless
+# build would make it.
+fixtures="/tmp/belljar-ns-fixtures-$uid"
+cp -a "$BELLJAR_FIXTURES" "$fixtures" && chown -R "$uid:$uid" "$fixtures" ||
+  setup_failed "cannot stage the fixtures"
+echo "$$" > "$service/session.scope/cgroup.procs" || setup_failed "cannot enter the session scope"
+say "set up in $(since "$start")s"
+
+as_user() {
+  setpriv --reuid="$uid" --regid="$uid" --init-groups \
+    env -i PATH=/usr/local/bin:/usr/bin:/bin:/usr/sbin:/sbin HOME="$work/home" USER="$user" \
+    LOGNAME="$user" TMPDIR=/tmp LANG=C.UTF-8 BELLJAR_CACHE="$work/cache" RUST_BACKTRACE=1 \
+    BELLJAR_AGENT_BIN=standin BELLJAR_DOCTOR_HOST=v2-rootless "$@"
+}
+
+# Which tests of each executable run here (the rest need root or a microVM).
+selection() {
+  case "$1" in
+    escape) echo "host_files_are_not_reachable host_processes_are_not_visible fork_bomb_hits_the_pids_limit memory_hog_is_killed_inside_its_cgroup" ;;
+    e2e_cli) echo "create_ls_info_exec_and_exit_codes" ;;
+    e2e_pause) echo "a_paused_sandbox_keeps_its_processes_and_their_state" ;;
+    doctor) echo "doctor_as_an_ordinary_user_on_delegated_v2" ;;
+  esac
+}
+
+# The user's copy of the root-built `base` image (belljar_namespace::usertree), made here once
+# so that its time is measured on its own and the first create does not pay it.
+if [ -x "$BELLJAR_JOB_BIN/belljar-ns" ]; then
+  cp "$BELLJAR_JOB_BIN/belljar-ns" "$work/bin/"
+  t0=$(now)
+  if (cd "$work/home" && as_user "$work/bin/belljar-ns" user-tree "$work/cache/images/base/current" \
+    "$work/home/.cache/belljar-rootless"); then
+    say "base unpacked for $user in $(since "$t0")s ($(du -sm "$work/home/.cache/belljar-rootless" | cut -f1) MiB)"
+  else
+    say "unpacking base for $user failed"
+  fi
+fi
+
+passed=0 failed=0 status=0
+for t in "${tests[@]}"; do
+  exe="$work/bin/deps/$(basename "$t")"
+  name=$(basename "$t" | sed 's/-[0-9a-f]*$//')
+  t0=$(now)
+  out="$work/$name.out"
+  # shellcheck disable=SC2046 # one argument per test name
+  (cd "$work/home" && as_user "$exe" --include-ignored --test-threads=1 --nocapture --exact $(selection "$name")) > "$out" 2>&1
+  rc=$?
+  cat "$out"
+  line=$(grep -E '^test result:' "$out" | tail -1)
+  p=$(sed -nE 's/.* ([0-9]+) passed.*/\1/p' <<< "$line")
+  f=$(sed -nE 's/.* ([0-9]+) failed.*/\1/p' <<< "$line")
+  [ -n "$line" ] || f=1
+  passed=$((passed + ${p:-0})) failed=$((failed + ${f:-0}))
+  [ "$rc" = 0 ] || status=1
+  say "$name: ${p:-0} passed, ${f:-0} failed in $(since "$t0")s (exit $rc)"
+done
+[ "$passed" -gt 0 ] || status=1
+# Never write outside Belljar's own groups: the delegated subtree holds only the session and
+# belljar/ (the sandboxes' parent), and belljar/ is empty once every sandbox is gone.
+others=$(cd "$service" && find . -mindepth 1 -maxdepth 1 -type d ! -name session.scope ! -name belljar)
+leftover=$(cd "$service" && find belljar -mindepth 1 -maxdepth 1 -type d 2> /dev/null)
+if [ -n "$others$leftover" ]; then
+  say "unexpected groups under $service: $others $leftover"
+  status=1 failed=$((failed + 1))
+fi
+summary="rootless job: $passed passed, $failed failed in $(since "$start")s"
+echo "$summary"
+echo "$summary" > "$BELLJAR_RESULTS/summary"
+echo "$status" > "$BELLJAR_RESULTS/status"
+exit "$status"
