@@ -1,7 +1,8 @@
 // The web UI in Debian's Chromium (playwright-core, no downloaded browser) against a real
 // belljard on the namespace backend: create a sandbox from the dialog, `echo hi` in a terminal,
 // drop a file onto the tree and read it back through the API, open a file, see the command
-// history, stop and delete the sandbox. Saves screenshots to docs/screenshots/.
+// history, pause and resume, walk the snapshot timeline (snapshot, create from it, diff), stop
+// and delete the sandbox. Saves screenshots to docs/screenshots/.
 
 import { mkdtempSync, rmSync, createWriteStream } from "node:fs";
 import { tmpdir } from "node:os";
@@ -258,6 +259,46 @@ try {
     await page.waitForTimeout(500);
     await shot("sandbox-dark.png");
     await page.emulateMedia({ colorScheme: "light" });
+  });
+
+  await steps.step("pause and resume from the buttons", async () => {
+    await page.getByRole("button", { name: `Pause ${NAME}` }).click();
+    await page.getByLabel("State paused").waitFor({ timeout: 30_000 });
+    await page.getByRole("button", { name: `Resume ${NAME}` }).click();
+    await page.getByLabel("State running").waitFor({ timeout: 30_000 });
+  });
+
+  await steps.step("timeline: take a snapshot, see it, create a sandbox from it, open a diff", async () => {
+    await page.getByRole("button", { name: "Timeline" }).click();
+    const timeline = page.getByRole("region", { name: "Snapshot timeline" });
+    await timeline.getByRole("button", { name: "Snapshot now" }).click();
+    const point = timeline.locator('li[aria-label^="Snapshot snap_"]');
+    await point.first().waitFor({ timeout: 60_000 });
+    const snapId = (await point.first().getAttribute("aria-label")).replace("Snapshot ", "");
+    const listed = await api.json("GET", `/v1/snapshots?sandbox_id=${sandboxId}`);
+    if (!listed.snapshots.some((s) => s.id === snapId && s.status === "created")) {
+      throw new Error(`snapshot ${snapId} not listed: ${JSON.stringify(listed)}`);
+    }
+    // A change after the snapshot, made in the shell, for the diff to show.
+    await page.getByRole("tab", { name: /Terminal 1/ }).click();
+    await page.getByRole("region", { name: "Terminal 1" }).locator(".xterm").click();
+    await page.keyboard.type("echo later > /workspace/later.txt && echo written\n");
+    await until("the shell's answer", async () => (await terminalText()).some((l) => l.trim() === "written"));
+    await page.getByRole("tab", { name: /Timeline/ }).click();
+    await timeline.getByRole("button", { name: `New sandbox from ${snapId}` }).click();
+    const branch = point.first().locator(".branch a");
+    await branch.waitFor({ timeout: 120_000 });
+    const branchId = (await branch.getAttribute("href")).split("/").pop();
+    const made = await api.json("GET", `/v1/sandboxes/${branchId}`);
+    if (made.source?.snapshot_id !== snapId) throw new Error(`branch ${JSON.stringify(made)}`);
+    await timeline.getByLabel(`Select ${snapId}`).check();
+    await timeline.getByLabel("Select now").check();
+    await timeline.getByRole("button", { name: "Compare selected" }).click();
+    const diff = timeline.getByLabel("Diff", { exact: true });
+    await diff.getByText("/workspace/later.txt", { exact: true }).waitFor({ timeout: 30_000 });
+    await timeline.getByLabel("Diff of /workspace/later.txt").getByText("+later").waitFor();
+    await shot("timeline.png");
+    await api.call("DELETE", `/v1/sandboxes/${branchId}`);
   });
 
   await steps.step("stop the sandbox", async () => {
