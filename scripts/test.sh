@@ -69,3 +69,9 @@ fi
 step "microVM tests (scripts/test-microvm.sh: nested KVM in a QEMU-TCG guest here)"
 BELLJAR_MICROVM_TIMEOUT="${BELLJAR_MICROVM_TIMEOUT:-720}" scripts/test-microvm.sh
 
+# Always in L1 (--nested), even on a KVM host: the job remounts cgroups and binds over /etc.
+step "rootless tests (tests/microvm/rootless.sh: an ordinary user on delegated cgroup v2, in L1)"
+BELLJAR_MICROVM_JOB="$here/tests/microvm/rootless.sh" \
+  BELLJAR_MICROVM_RUN="${BELLJAR_MICROVM_CACHE:-$BELLJAR_CACHE/microvm-harness}/run-rootless" \
+  BELLJAR_MICROVM_TIMEOUT="${BELLJAR_ROOTLESS_TIMEOUT:-900}" scripts/test-microvm.sh --nested
+
