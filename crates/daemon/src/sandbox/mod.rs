@@ -20,6 +20,7 @@ pub mod microvm;
 mod monitor;
 pub mod namespace;
 pub mod network;
+mod network_flows;
 mod network_policy;
 mod pause;
 mod persist;
