@@ -28,6 +28,7 @@ macro_rules! outln {
 
 mod args;
 mod commands;
+mod host;
 mod netcmd;
 mod timeline;
 
