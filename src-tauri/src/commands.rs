@@ -13,7 +13,7 @@ use crate::tray::{TrayError, TrayState};
 use crate::{AppState, TRAY_ID};
 
 /// How long the UI waits for a daemon the app has just started.
-const DAEMON_START_TIMEOUT: Duration = Duration::from_secs(30);
+pub(crate) const DAEMON_START_TIMEOUT: Duration = Duration::from_secs(30);
 
 #[derive(Debug, thiserror::Error)]
 pub enum CommandError {
@@ -32,7 +32,10 @@ impl CommandError {
     fn code(&self) -> &'static str {
         match self {
             Self::Daemon(
-                DaemonError::Timeout { .. } | DaemonError::Spawn(_) | DaemonError::Socket(_),
+                DaemonError::Timeout { .. }
+                | DaemonError::NotRunning { .. }
+                | DaemonError::Spawn(_)
+                | DaemonError::Socket(_),
             ) => "daemon_unavailable",
             Self::Daemon(_) => "daemon_config",
             Self::Drop(DropError::NotDropped(_)) => "forbidden",
@@ -62,8 +65,9 @@ impl Serialize for CommandError {
 #[tauri::command]
 pub async fn daemon_connection(state: State<'_, AppState>) -> Result<Connection, CommandError> {
     let paths = state.paths.clone();
+    let startup = state.startup.clone();
     tauri::async_runtime::spawn_blocking(move || {
-        paths.wait_running(DAEMON_START_TIMEOUT)?;
+        startup.wait_running(&paths, DAEMON_START_TIMEOUT)?;
         paths.connection()
     })
     .await
@@ -76,8 +80,9 @@ pub async fn daemon_connection(state: State<'_, AppState>) -> Result<Connection,
 #[tauri::command]
 pub async fn daemon_ui_url(state: State<'_, AppState>) -> Result<String, CommandError> {
     let paths = state.paths.clone();
+    let startup = state.startup.clone();
     tauri::async_runtime::spawn_blocking(move || {
-        paths.wait_running(DAEMON_START_TIMEOUT)?;
+        startup.wait_running(&paths, DAEMON_START_TIMEOUT)?;
         paths.ui_login_url()
     })
     .await

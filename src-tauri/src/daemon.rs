@@ -11,7 +11,6 @@
 //! request runs on a small runtime of its own.
 
 use std::path::{Path, PathBuf};
-use std::time::{Duration, Instant};
 
 use belljar_client::{Client, ClientError, Paths, PathsError};
 use serde::Serialize;
@@ -24,6 +23,9 @@ pub enum DaemonError {
     /// The bundled daemon could not be started.
     #[error("Cannot start belljard: {0}")]
     Spawn(String),
+    /// No daemon answers, and the app is not starting one.
+    #[error("belljard is not running (nothing answers on {socket})")]
+    NotRunning { socket: PathBuf },
     /// The daemon did not come up in time.
     #[error("belljard did not answer on {socket} within {seconds} s")]
     Timeout { socket: PathBuf, seconds: u64 },
@@ -73,24 +75,14 @@ impl DaemonPaths {
         self.paths.socket()
     }
 
+    /// The directory of the daemon's socket (where a notify socket for it may go).
+    pub fn runtime_dir(&self) -> PathBuf {
+        self.paths.runtime.clone()
+    }
+
     /// Whether a daemon answers on the Unix socket and has written its port.
     pub fn is_running(&self) -> bool {
         self.paths.port().is_some() && block_on(Client::local(&self.paths).answers())
-    }
-
-    /// Waits until the daemon answers, for at most `timeout`.
-    pub fn wait_running(&self, timeout: Duration) -> Result<(), DaemonError> {
-        let start = Instant::now();
-        while !self.is_running() {
-            if start.elapsed() > timeout {
-                return Err(DaemonError::Timeout {
-                    socket: self.socket(),
-                    seconds: timeout.as_secs(),
-                });
-            }
-            std::thread::sleep(Duration::from_millis(100));
-        }
-        Ok(())
     }
 
     /// The address and token a client of the TCP API needs.
@@ -254,8 +246,6 @@ mod tests {
     fn nothing_listening_is_not_running() {
         let (_home, daemon, _paths) = home_with_port("7423");
         assert!(!daemon.is_running());
-        let err = daemon.wait_running(Duration::from_millis(200)).unwrap_err();
-        assert!(matches!(err, DaemonError::Timeout { .. }));
         assert!(matches!(
             daemon.ui_login_url(),
             Err(DaemonError::Socket(ClientError::Connect { .. }))

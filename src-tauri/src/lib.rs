@@ -7,10 +7,13 @@
 pub mod commands;
 pub mod daemon;
 pub mod drop;
+pub mod startup;
 pub mod tray;
 
+use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
 
+use belljar_client::ready::ReadySocket;
 use tauri::tray::TrayIconBuilder;
 use tauri::{AppHandle, DragDropEvent, Emitter, Manager, WindowEvent};
 use tauri_plugin_shell::ShellExt;
@@ -19,6 +22,7 @@ use tauri_plugin_shell::process::CommandEvent;
 use crate::commands::CommandError;
 use crate::daemon::DaemonPaths;
 use crate::drop::DropRegistry;
+use crate::startup::Startup;
 use crate::tray::{TrayAction, TrayState};
 
 /// The id of the app's one tray icon.
@@ -41,6 +45,8 @@ pub mod events {
 /// State shared by the commands.
 pub struct AppState {
     pub paths: DaemonPaths,
+    /// How the daemon this app started is coming along (see `startup`).
+    pub startup: Arc<Startup>,
     pub drops: DropRegistry,
     windows: AtomicU64,
 }
@@ -58,6 +64,7 @@ pub fn run() {
         .plugin(tauri_plugin_shell::init())
         .manage(AppState {
             paths,
+            startup: Arc::default(),
             drops: DropRegistry::default(),
             windows: AtomicU64::new(0),
         })
@@ -100,15 +107,41 @@ pub fn run() {
 }
 
 /// Starts the bundled `belljard` when no daemon answers; it inherits this process's environment
-/// (`BELLJAR_HOME`, `BELLJAR_PORT`, ...). Its output goes to the app's standard error.
+/// (`BELLJAR_HOME`, `BELLJAR_PORT`, ...). Its output goes to the app's standard error. It says
+/// `READY=1` on a notify socket of the app's own, which settles `AppState::startup`: the
+/// commands that need the daemon wait on that, not on a poll of its socket.
 fn start_daemon_if_needed(app: &AppHandle) {
     let state = app.state::<AppState>();
     if state.paths.is_running() {
         return;
     }
-    let spawned = app.shell().sidecar("belljard").and_then(|cmd| cmd.spawn());
+    let startup = state.startup.clone();
+    startup.starting();
+    let runtime = state.paths.runtime_dir();
+    let ready = std::fs::create_dir_all(&runtime).and_then(|()| ReadySocket::bind(&runtime));
+    let ready = match ready {
+        Ok(r) => r,
+        Err(e) => {
+            let why = format!("cannot make a notify socket in {}: {e}", runtime.display());
+            eprintln!("belljar-app: {why}");
+            startup.finish(Err(why));
+            return;
+        }
+    };
+    let spawned = app
+        .shell()
+        .sidecar("belljard")
+        .and_then(|cmd| cmd.env(belljar_client::ready::ENV, ready.path()).spawn());
     match spawned {
         Ok((mut rx, _child)) => {
+            let waiter = startup.clone();
+            std::thread::spawn(move || {
+                let told = ready.wait_blocking(commands::DAEMON_START_TIMEOUT);
+                waiter.finish(
+                    told.map(|_| ())
+                        .map_err(|e| format!("belljard never said it was ready: {e}")),
+                );
+            });
             tauri::async_runtime::spawn(async move {
                 while let Some(event) = rx.recv().await {
                     match event {
@@ -117,13 +150,17 @@ fn start_daemon_if_needed(app: &AppHandle) {
                         }
                         CommandEvent::Terminated(status) => {
                             eprintln!("belljard exited: {status:?}");
+                            startup.finish(Err(format!("belljard exited: {status:?}")));
                         }
                         _ => {}
                     }
                 }
             });
         }
-        Err(e) => eprintln!("belljar-app: cannot start the bundled belljard: {e}"),
+        Err(e) => {
+            eprintln!("belljar-app: cannot start the bundled belljard: {e}");
+            startup.finish(Err(format!("cannot start the bundled belljard: {e}")));
+        }
     }
 }
 
