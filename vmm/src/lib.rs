@@ -16,6 +16,7 @@ pub mod layout;
 pub mod memory;
 pub mod metrics;
 pub mod seccomp;
+pub mod snapshot;
 pub mod vcpu;
 
 /// The VM configuration lives in the daemon <-> VMM contract crate.

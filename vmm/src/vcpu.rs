@@ -14,7 +14,7 @@ use vmm_sys_util::signal::{Killable, SIGRTMIN, register_signal_handler};
 
 use crate::bus::IoBus;
 use crate::exit::{ExitLatch, ExitReason};
-use crate::hypervisor::{Vcpu, VcpuExit};
+use crate::hypervisor::{Vcpu, VcpuExit, VcpuSnapshot};
 use crate::metrics::VcpuMetrics;
 
 /// Errors managing vCPU threads.
@@ -26,6 +26,10 @@ pub enum Error {
     Spawn(#[source] std::io::Error),
     /// vCPUs did not acknowledge the request within {0:?}
     Timeout(Duration),
+    /// vCPUs must be paused before they are saved
+    NotPaused,
+    /// Cannot save a vCPU
+    Save(#[source] crate::hypervisor::Error),
 }
 
 /// What a vCPU thread is asked to do / is doing.
@@ -34,12 +38,15 @@ pub enum RunState {
     Running,
     PauseRequested,
     Paused,
+    /// Paused, and asked to save its state into `Shared::saved` (the thread owns the vCPU).
+    SaveRequested,
     Stop,
 }
 
 struct Shared {
     state: Mutex<RunState>,
     cond: Condvar,
+    saved: Mutex<Option<crate::hypervisor::Result<VcpuSnapshot>>>,
 }
 
 /// The signal used to kick vCPUs out of the hypervisor.
@@ -83,6 +90,7 @@ impl VcpuHandle {
         let shared = Arc::new(Shared {
             state: Mutex::new(RunState::Running),
             cond: Condvar::new(),
+            saved: Mutex::new(None),
         });
         let s = shared.clone();
         let join = std::thread::Builder::new()
@@ -145,6 +153,11 @@ fn run_loop(
                 match *s {
                     RunState::Stop => return,
                     RunState::Running => break,
+                    RunState::SaveRequested => {
+                        *lock(&shared.saved) = Some(vcpu.save_state());
+                        *s = RunState::Paused;
+                        shared.cond.notify_all();
+                    }
                     RunState::PauseRequested | RunState::Paused => {
                         *s = RunState::Paused;
                         shared.cond.notify_all();
@@ -219,6 +232,40 @@ impl Vcpus {
             h.set(RunState::PauseRequested);
         }
         self.wait_for(timeout, |h| h.state() == RunState::Paused || h.finished())
+    }
+
+    /// Saves every paused vCPU (each on its own thread, which owns it).
+    pub fn save(&self, timeout: Duration) -> Result<Vec<VcpuSnapshot>, Error> {
+        if self.handles.iter().any(|h| h.state() != RunState::Paused) {
+            return Err(Error::NotPaused);
+        }
+        for h in &self.handles {
+            *lock(&h.shared.saved) = None;
+            h.set(RunState::SaveRequested);
+        }
+        let deadline = Instant::now() + timeout;
+        let mut out = Vec::with_capacity(self.handles.len());
+        for h in &self.handles {
+            let mut s = lock(&h.shared.state);
+            while *s == RunState::SaveRequested {
+                let left = deadline.saturating_duration_since(Instant::now());
+                if left.is_zero() {
+                    return Err(Error::Timeout(timeout));
+                }
+                s = h
+                    .shared
+                    .cond
+                    .wait_timeout(s, left)
+                    .unwrap_or_else(|e| e.into_inner())
+                    .0;
+            }
+            drop(s);
+            match lock(&h.shared.saved).take() {
+                Some(r) => out.push(r.map_err(Error::Save)?),
+                None => return Err(Error::NotPaused),
+            }
+        }
+        Ok(out)
     }
 
     /// Lets paused vCPUs run again.

@@ -11,6 +11,8 @@
 pub mod kvm;
 pub mod x86_64;
 
+use serde::{Deserialize, Serialize};
+
 use crate::memory::GuestMemory;
 
 pub use x86_64::{CpuRegs, DescriptorTable, Segment, SpecialRegs};
@@ -36,6 +38,28 @@ pub enum Error {
     ConfigureVcpu(u8, #[source] std::io::Error),
     /// Cannot run vCPU {0}
     Run(u8, #[source] std::io::Error),
+    /// Cannot save the {0}
+    SaveState(&'static str, #[source] std::io::Error),
+    /// Cannot restore the {0}
+    RestoreState(&'static str, #[source] std::io::Error),
+}
+
+/// A vCPU's saved state. Only the backend that wrote it reads it; above the hypervisor
+/// boundary it is opaque serde data.
+#[derive(Debug, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum VcpuSnapshot {
+    #[cfg(target_os = "linux")]
+    Kvm(Box<kvm::state::KvmVcpuState>),
+}
+
+/// A VM's saved hypervisor state (interrupt controllers, timers, clock), opaque like
+/// `VcpuSnapshot`.
+#[derive(Debug, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum VmSnapshot {
+    #[cfg(target_os = "linux")]
+    Kvm(Box<kvm::state::KvmVmState>),
 }
 
 /// Whether a `/proc/cpuinfo` text advertises hardware virtualization (`vmx` or `svm`).
@@ -82,6 +106,10 @@ pub trait Vm: Send + Sync {
     fn set_irq_line(&self, irq: u32, active: bool) -> Result<()>;
     /// Creates vCPU number `id`; vCPU 0 is the boot processor.
     fn create_vcpu(&self, id: u8, vcpu_count: u8) -> Result<Box<dyn Vcpu>>;
+    /// Saves the interrupt controllers, timers and clock (every vCPU paused).
+    fn save_state(&self) -> Result<VmSnapshot>;
+    /// Restores what `save_state` saved, before any vCPU runs.
+    fn restore_state(&self, state: &VmSnapshot) -> Result<()>;
 }
 
 /// Why a vCPU came back to the VMM.
@@ -127,6 +155,11 @@ pub trait Vcpu: Send {
     fn special_regs(&self) -> Result<SpecialRegs>;
     /// Runs the vCPU until the next exit, dispatching I/O to `io`.
     fn run(&mut self, io: &dyn IoHandler) -> Result<VcpuExit>;
+    /// Saves everything needed to resume this vCPU elsewhere (it must be paused, i.e. not
+    /// inside `run`).
+    fn save_state(&mut self) -> Result<VcpuSnapshot>;
+    /// Restores what `save_state` saved into a vCPU that has not run yet.
+    fn restore_state(&mut self, state: &VcpuSnapshot) -> Result<()>;
 }
 
 #[cfg(test)]

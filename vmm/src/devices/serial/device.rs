@@ -51,7 +51,8 @@ impl Write for SerialOutput {
 
 /// COM1 on the port bus (8 registers).
 pub struct Serial {
-    inner: vm_superio::Serial<SuperioTrigger, vm_superio::serial::NoEvents, SerialOutput>,
+    pub(super) inner:
+        vm_superio::Serial<SuperioTrigger, vm_superio::serial::NoEvents, SerialOutput>,
 }
 
 impl Serial {

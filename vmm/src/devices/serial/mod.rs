@@ -2,5 +2,7 @@
 //! echoed to the VMM's stdout.
 
 mod device;
+mod persist;
 
 pub use device::{Serial, SerialOutput};
+pub use persist::{Error as PersistError, SerialSaved};

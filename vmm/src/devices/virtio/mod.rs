@@ -88,6 +88,11 @@ impl VirtioInterrupt {
         self.status.load(Ordering::SeqCst)
     }
 
+    /// Puts back a saved InterruptStatus (a snapshot restore).
+    pub fn set_status(&self, bits: u32) {
+        self.status.store(bits, Ordering::SeqCst);
+    }
+
     /// InterruptACK.
     pub fn ack(&self, bits: u32) {
         self.status.fetch_and(!bits, Ordering::SeqCst);
@@ -123,6 +128,11 @@ pub trait VirtioDevice: Send {
     fn is_activated(&self) -> bool;
     /// The device's counters.
     fn metrics(&self) -> Arc<DeviceMetrics>;
+    /// The queues the device runs (after `activate`), for a snapshot; empty when inactive.
+    fn queue_states(&self) -> Vec<virtio_queue::QueueState>;
+    /// Called once the device was re-activated from a snapshot in a new VMM: host-side
+    /// state the snapshot could not carry (connections, sockets) is gone.
+    fn after_restore(&mut self) {}
 }
 
 /// Takes the next available descriptor chain; a broken avail ring ends the batch.

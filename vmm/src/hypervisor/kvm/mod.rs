@@ -2,6 +2,8 @@
 //!
 //! This is the only place in Belljar that names `kvm-ioctls` and `kvm-bindings` types.
 
+pub mod state;
+
 use std::sync::Arc;
 
 use kvm_bindings::{
@@ -14,7 +16,7 @@ use vm_memory::{GuestMemoryBackend, GuestMemoryRegion};
 
 use super::{
     CpuRegs, DescriptorTable, Error, Hypervisor, IoHandler, Result, Segment, SpecialRegs, Vcpu,
-    VcpuExit, Vm,
+    VcpuExit, VcpuSnapshot, Vm, VmSnapshot,
 };
 use crate::memory::GuestMemory;
 
@@ -94,10 +96,19 @@ impl Hypervisor for KvmHypervisor {
             .kvm
             .get_supported_cpuid(KVM_MAX_CPUID_ENTRIES)
             .map_err(|e| Error::CreateVm(io_err(e)))?;
+        // The MSRs a snapshot saves: every one KVM lists as saveable.
+        let msr_index = self
+            .kvm
+            .get_msr_index_list()
+            .map_err(|e| Error::CreateVm(io_err(e)))?
+            .as_slice()
+            .to_vec();
         Ok(Box::new(KvmVm {
             fd,
             cpuid,
             emulation_safe_cpuid: self.emulation_safe_cpuid,
+            msr_index: Arc::new(msr_index),
+            has_irqchip: std::sync::atomic::AtomicBool::new(false),
         }))
     }
 }
@@ -107,6 +118,8 @@ pub struct KvmVm {
     fd: VmFd,
     cpuid: CpuId,
     emulation_safe_cpuid: bool,
+    msr_index: Arc<Vec<u32>>,
+    has_irqchip: std::sync::atomic::AtomicBool,
 }
 
 impl Vm for KvmVm {
@@ -138,7 +151,22 @@ impl Vm for KvmVm {
         };
         self.fd
             .create_pit2(pit)
-            .map_err(|e| Error::IrqController(io_err(e)))
+            .map_err(|e| Error::IrqController(io_err(e)))?;
+        self.has_irqchip
+            .store(true, std::sync::atomic::Ordering::SeqCst);
+        Ok(())
+    }
+
+    fn save_state(&self) -> Result<VmSnapshot> {
+        let irqchip = self.has_irqchip.load(std::sync::atomic::Ordering::SeqCst);
+        Ok(VmSnapshot::Kvm(Box::new(state::save_vm(
+            &self.fd, irqchip,
+        )?)))
+    }
+
+    fn restore_state(&self, saved: &VmSnapshot) -> Result<()> {
+        let VmSnapshot::Kvm(s) = saved;
+        state::restore_vm(&self.fd, s)
     }
 
     fn set_irq_line(&self, irq: u32, active: bool) -> Result<()> {
@@ -163,7 +191,11 @@ impl Vm for KvmVm {
         };
         fd.set_fpu(&fpu)
             .map_err(|e| Error::ConfigureVcpu(id, io_err(e)))?;
-        Ok(Box::new(KvmVcpu { id, fd }))
+        Ok(Box::new(KvmVcpu {
+            id,
+            fd,
+            msr_index: self.msr_index.clone(),
+        }))
     }
 }
 
@@ -198,6 +230,7 @@ fn patch_cpuid(cpuid: &mut CpuId, id: u8, vcpu_count: u8, emulation_safe: bool) 
 pub struct KvmVcpu {
     id: u8,
     fd: VcpuFd,
+    msr_index: Arc<Vec<u32>>,
 }
 
 fn to_kvm_segment(s: &Segment) -> kvm_segment {
@@ -362,6 +395,19 @@ impl Vcpu for KvmVcpu {
             efer: s.efer,
             apic_base: s.apic_base,
         })
+    }
+
+    fn save_state(&mut self) -> Result<VcpuSnapshot> {
+        let msr_index = self.msr_index.clone();
+        Ok(VcpuSnapshot::Kvm(Box::new(state::save_vcpu(
+            &mut self.fd,
+            &msr_index,
+        )?)))
+    }
+
+    fn restore_state(&mut self, saved: &VcpuSnapshot) -> Result<()> {
+        let VcpuSnapshot::Kvm(s) = saved;
+        state::restore_vcpu(&self.fd, s)
     }
 
     fn run(&mut self, io: &dyn IoHandler) -> Result<VcpuExit> {

@@ -15,15 +15,15 @@ use crate::memory::GuestMemory;
 /// One virtio-mmio device window.
 pub struct MmioTransport {
     device: Arc<Mutex<dyn VirtioDevice>>,
-    mem: GuestMemory,
-    interrupt: Arc<VirtioInterrupt>,
-    queues: Vec<Queue>,
-    queue_sel: u32,
-    device_features_sel: u32,
-    driver_features_sel: u32,
-    driver_features: u64,
-    status: u32,
-    config_generation: u32,
+    pub(super) mem: GuestMemory,
+    pub(super) interrupt: Arc<VirtioInterrupt>,
+    pub(super) queues: Vec<Queue>,
+    pub(super) queue_sel: u32,
+    pub(super) device_features_sel: u32,
+    pub(super) driver_features_sel: u32,
+    pub(super) driver_features: u64,
+    pub(super) status: u32,
+    pub(super) config_generation: u32,
 }
 
 impl MmioTransport {
@@ -58,6 +58,11 @@ impl MmioTransport {
     /// The device behind this transport.
     pub fn device(&self) -> &Arc<Mutex<dyn VirtioDevice>> {
         &self.device
+    }
+
+    /// The device, locked (a poisoned lock still gives the device: its state is plain data).
+    pub(super) fn device_locked(&self) -> MutexGuard<'_, dyn VirtioDevice + 'static> {
+        lock(&self.device)
     }
 
     /// Current device status register.

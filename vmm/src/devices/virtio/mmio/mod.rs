@@ -2,8 +2,10 @@
 //! the guest driver programs, in front of any `VirtioDevice`.
 
 mod device;
+mod persist;
 
 pub use device::MmioTransport;
+pub use persist::{Error as PersistError, QueueSaved, TransportSaved};
 
 /// "virt" in little endian.
 pub const MMIO_MAGIC: u32 = 0x7472_6976;

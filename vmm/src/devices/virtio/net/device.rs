@@ -299,6 +299,13 @@ impl VirtioDevice for Net {
     fn metrics(&self) -> Arc<DeviceMetrics> {
         self.metrics.clone()
     }
+
+    fn queue_states(&self) -> Vec<virtio_queue::QueueState> {
+        self.active
+            .as_ref()
+            .map(|a| a.queues.iter().map(|q| q.state()).collect())
+            .unwrap_or_default()
+    }
 }
 
 #[cfg(test)]

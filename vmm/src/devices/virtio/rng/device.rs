@@ -125,6 +125,13 @@ impl VirtioDevice for Rng {
     fn metrics(&self) -> Arc<DeviceMetrics> {
         self.metrics.clone()
     }
+
+    fn queue_states(&self) -> Vec<virtio_queue::QueueState> {
+        self.active
+            .as_ref()
+            .map(|a| vec![a.queue.state()])
+            .unwrap_or_default()
+    }
 }
 
 #[cfg(test)]

@@ -315,6 +315,36 @@ impl VirtioDevice for Vsock {
     fn metrics(&self) -> Arc<DeviceMetrics> {
         self.metrics.clone()
     }
+
+    /// Tells the guest that every connection it had is gone (VIRTIO_VSOCK_EVENT_TRANSPORT_RESET,
+    /// as Firecracker does after a restore): the host ends of its streams were in the VMM
+    /// that made the snapshot. The guest drops them; new connections work at once.
+    fn after_restore(&mut self) {
+        let Some(active) = self.active.as_mut() else {
+            return;
+        };
+        let queue = &mut active.queues[usize::from(EVENT_QUEUE)];
+        let Some(chain) = pop_chain(queue, &active.mem, &self.metrics) else {
+            tracing::warn!("vsock: no event buffer for the transport reset");
+            return;
+        };
+        let head = chain.head_index();
+        let written = chain.writer(&active.mem).ok().and_then(|mut w| {
+            w.write_obj(Le32::from(VIRTIO_VSOCK_EVENT_TRANSPORT_RESET))
+                .ok()
+        });
+        let len = if written.is_some() { 4 } else { 0 };
+        if add_used(queue, &active.mem, head, len, &self.metrics) {
+            active.interrupt.signal_used_queue();
+        }
+    }
+
+    fn queue_states(&self) -> Vec<virtio_queue::QueueState> {
+        self.active
+            .as_ref()
+            .map(|a| a.queues.iter().map(|q| q.state()).collect())
+            .unwrap_or_default()
+    }
 }
 
 #[cfg(test)]

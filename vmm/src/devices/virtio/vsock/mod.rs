@@ -25,6 +25,8 @@ pub const HOST_CID: u64 = 2;
 pub const RX_QUEUE: u16 = 0;
 pub const TX_QUEUE: u16 = 1;
 pub const EVENT_QUEUE: u16 = 2;
+/// The one vsock event (virtio spec 5.10.6.7): every connection is gone.
+pub const VIRTIO_VSOCK_EVENT_TRANSPORT_RESET: u32 = 0;
 pub const QUEUE_SIZE: u16 = 256;
 /// Largest payload in one packet.
 pub const MAX_PKT_DATA: u32 = 64 * 1024;
