@@ -1,7 +1,7 @@
 //! Wire types of the daemon's public API, shared by the daemon, the CLI, the SDKs and the UI.
 //!
 //! Everything that crosses the daemon's HTTP boundary is defined here once, so the OpenAPI
-//! document (utoipa) and the TypeScript types in `ui/src/generated/api.ts` (ts-rs) are both
+//! document (utoipa) and the TypeScript types in `sdk/typescript/src/generated/api.ts` (ts-rs) are both
 //! generated from the same Rust types. The route table lives in [`routes`].
 //!
 //! Conventions: JSON field names are `snake_case`; times are Unix milliseconds (`i64`);
