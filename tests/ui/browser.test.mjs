@@ -1,8 +1,8 @@
 // The web UI in Debian's Chromium (playwright-core, no downloaded browser) against a real
 // belljard on the namespace backend: create a sandbox from the dialog, `echo hi` in a terminal,
 // drop a file onto the tree and read it back through the API, open a file, see the command
-// history, pause and resume, walk the snapshot timeline (snapshot, create from it, diff), stop
-// and delete the sandbox. Saves screenshots to docs/screenshots/.
+// history, pause and resume, walk the snapshot timeline (snapshot, create from it, diff), edit
+// the network policy, see a denied flow and open a forwarded port, stop and delete the sandbox. Saves screenshots to docs/screenshots/.
 
 import { mkdtempSync, rmSync, createWriteStream } from "node:fs";
 import { tmpdir } from "node:os";
@@ -299,6 +299,80 @@ try {
     await timeline.getByLabel("Diff of /workspace/later.txt").getByText("+later").waitFor();
     await shot("timeline.png");
     await api.call("DELETE", `/v1/sandboxes/${branchId}`);
+  });
+
+  await steps.step("network: a refused policy keeps the form, edit the policy, see a denied flow appear, open a forwarded port", async () => {
+    await page.getByRole("button", { name: "Network", exact: true }).click();
+    const net = page.getByRole("region", { name: "Network" });
+    const policy = net.getByRole("form", { name: "Network policy" });
+    await policy.getByLabel("Allow all").waitFor();
+    if (!(await policy.getByLabel("Allow all").isChecked())) throw new Error("a new sandbox's policy is not allow-all");
+    await policy.getByLabel("Rules").check();
+    const domains = policy.getByLabel("Allowed domains");
+    // As you type: a malformed pattern is named and the policy cannot be saved.
+    await domains.fill("*.*.test");
+    await policy.getByLabel("Domain mistakes").getByText("more than one wildcard").waitFor();
+    if (!(await policy.getByRole("button", { name: "Save policy" }).isDisabled())) throw new Error("saveable with a bad domain");
+    // What only the daemon refuses (too many domains): its message, and nothing typed is lost.
+    const many = Array.from({ length: 300 }, (_, i) => `d${i}.example.test`).join("\n");
+    await domains.fill(many);
+    await policy.getByRole("button", { name: "Save policy" }).click();
+    await policy.getByRole("alert").filter({ hasText: "network_policy.allow" }).waitFor();
+    if ((await domains.inputValue()) !== many) throw new Error("the refused domains were lost");
+    // The real edit: a domain allow-list, the gateway (where the daemon is) denied by subnet,
+    // and a brokered credential whose value must never come back.
+    await domains.fill("*.example.test\napi.example.test");
+    await policy.getByLabel("Denied subnets").fill("10.0.2.2/32");
+    await policy.getByRole("button", { name: "Add a brokered header" }).click();
+    await policy.getByLabel("Brokered domain 1").fill("api.example.test");
+    await policy.getByLabel("Header value 1").fill("Bearer ui-secret");
+    await policy.getByRole("button", { name: "Save policy" }).click();
+    await policy.getByText("Unsaved changes").waitFor({ state: "detached" });
+    const s = await api.json("GET", `/v1/sandboxes/${sandboxId}`);
+    const shown = JSON.stringify(s.network_policy);
+    if (!shown.includes("10.0.2.2/32") || !shown.includes("*.example.test") || shown.includes("ui-secret") || !shown.includes("[redacted]")) {
+      throw new Error(`policy after save: ${shown}`);
+    }
+    if ((await policy.getByLabel("Header value 1").getAttribute("placeholder")) !== "[redacted] (unchanged)") throw new Error("the brokered value is not shown as kept");
+
+    // A denied flow: the sandbox tries the daemon's own port through the gateway (the daemon
+    // listens on 127.0.0.1; the stack refuses it before any host socket is opened).
+    const tried = await api.json("POST", `/v1/sandboxes/${sandboxId}/commands`, {
+      argv: ["sh", "-c", `curl -sS -m 5 http://10.0.2.2:${daemon.port}/`],
+    });
+    if (tried.exit_code === 0) throw new Error("curl reached the daemon through the gateway");
+    const row = net.locator("tr.denied", { hasText: `10.0.2.2:${daemon.port}` });
+    await row.first().waitFor({ timeout: 20_000 });
+    await row.first().getByText("subnets.deny 10.0.2.2/32").waitFor();
+    await net.getByLabel("Denied only").check();
+    await row.first().waitFor();
+
+    // A forwarded port: a server in the sandbox, exposed from the tab, opened from its link.
+    await api.json("POST", `/v1/sandboxes/${sandboxId}/commands`, {
+      argv: ["perl", "-MIO::Socket::INET", "-e",
+        '$s=IO::Socket::INET->new(LocalPort=>8000,Listen=>5,ReuseAddr=>1) or die; while($c=$s->accept){while(<$c>){last if /^\\r?$/} print $c "HTTP/1.0 200 OK\\r\\nContent-Type: text/plain\\r\\n\\r\\nhello from the sandbox\\n"; close $c}'],
+      detached: true,
+    });
+    const ports = net.getByRole("form", { name: "Expose a port" });
+    await ports.getByLabel("Sandbox port").fill("70000");
+    await ports.getByRole("button", { name: "Expose" }).click();
+    await net.getByRole("alert").filter({ hasText: "port" }).waitFor();
+    if ((await ports.getByLabel("Sandbox port").inputValue()) !== "70000") throw new Error("the refused port was lost");
+    await ports.getByLabel("Sandbox port").fill("8000");
+    await ports.getByRole("button", { name: "Expose" }).click();
+    const link = net.getByRole("link", { name: "Open port 8000" });
+    await link.waitFor({ timeout: 20_000 });
+    const url = await link.getAttribute("href");
+    await until("the sandbox's server behind the forwarded port", async () => (await fetch(url).then((r) => r.text())).includes("hello from the sandbox"), 20_000);
+    const [tab] = await Promise.all([context.waitForEvent("page"), link.click()]);
+    await tab.getByText("hello from the sandbox").waitFor({ timeout: 20_000 });
+    await tab.close();
+    await net.getByLabel("Denied only").uncheck();
+    await shot("network.png");
+    await net.getByRole("button", { name: "Remove port 8000" }).click();
+    await link.waitFor({ state: "detached" });
+    const left = await api.json("GET", `/v1/sandboxes/${sandboxId}/ports`);
+    if (left.ports.length !== 0) throw new Error(`ports left: ${JSON.stringify(left)}`);
   });
 
   await steps.step("stop the sandbox", async () => {

@@ -8,6 +8,11 @@ import type {
   FileList,
   Info,
   LogLine,
+  NetworkFlow,
+  NetworkInfo,
+  NetworkPolicy,
+  Port,
+  PortList,
   Sandbox,
   SandboxList,
   Snapshot,
@@ -55,6 +60,23 @@ export const api = {
     json<Sandbox>(sbx(id) + "/extend", body("POST", { duration_ms })),
   async deleteSandbox(id: string): Promise<void> {
     await check(await client.fetch(sbx(id), { method: "DELETE" }));
+  },
+
+  /** Replaces the sandbox's firewall whole; flows it now denies are cut. */
+  setNetworkPolicy: (id: string, network_policy: NetworkPolicy) =>
+    json<Sandbox>(sbx(id), body("PATCH", { network_policy })),
+  network: (id: string) => json<NetworkInfo>(sbx(id) + "/network"),
+  /** The flow log, oldest first; with `follow`, new flows (and again when they end) until
+   *  `signal` aborts. */
+  async flows(id: string, follow: boolean, onFlow: (f: NetworkFlow) => void, signal?: AbortSignal) {
+    const res = await check(await client.fetch(sbx(id) + "/network/flows?" + q({ follow }), { signal }));
+    await readNdjson<NetworkFlow>(res, onFlow);
+  },
+  ports: (id: string) => json<PortList>(sbx(id) + "/ports"),
+  addPort: (id: string, port: number, host_port?: number) =>
+    json<Port>(sbx(id) + "/ports", body("POST", host_port ? { port, host_port } : { port })),
+  async removePort(id: string, port: number): Promise<void> {
+    await check(await client.fetch(`${sbx(id)}/ports/${port}`, { method: "DELETE" }));
   },
 
   pauseSandbox: (id: string) => json<Sandbox>(sbx(id) + "/pause", { method: "POST" }),
