@@ -266,6 +266,8 @@ pub(crate) fn assemble(
     mem: GuestMemory,
     started: Instant,
 ) -> Result<Parts, Error> {
+    // Cached now, while the VMM may still read /proc (snapshots need it under seccomp).
+    let _ = crate::snapshot::host_cpu_model();
     let vm: Arc<dyn Vm> = Arc::from(hv.create_vm()?);
     vm.map_memory(&mem)?;
     if opts.irqchip {

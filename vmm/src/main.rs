@@ -14,7 +14,7 @@ use belljar_vmm::config::{
 };
 use belljar_vmm::exit::ExitReason;
 use belljar_vmm::hypervisor::kvm::KvmHypervisor;
-use belljar_vmm_api::exit::CONFIG_ERROR_STATUS;
+use belljar_vmm_api::exit::{CONFIG_ERROR_STATUS, RESTORE_ERROR_STATUS};
 use clap::Parser;
 
 const AFTER_HELP: &str = r#"CONFIG FILE (--config, JSON; flags override its fields):
@@ -59,12 +59,25 @@ CONTROL SOCKET (JSON lines, one response line per request; the types are crates/
                         "interrupted_exits"}],"unknown_pio","unknown_mmio","devices":[{"name",
                         "bytes_in","bytes_out","requests","errors"}],"rss_bytes",
                         "guest_memory_bytes"}}
-  errors             -> {"error":{"code":"bad_request|unknown_command|pause_failed","message":"..."}}
+  {"cmd":"snapshot"} with two fds (SCM_RIGHTS: the state file, then the memory file)
+                     -> {"snapshot":{"state_bytes":N,"memory_bytes":N,"elapsed_ms":N}}
+                        the VM pauses while they are written, then runs on as before
+  errors             -> {"error":{"code":"bad_request|unknown_command|pause_failed|
+                        snapshot_failed","message":"..."}}
+
+SNAPSHOTS:
+  --restore DIR starts from DIR/vmstate and DIR/memory instead of a kernel. The config gives
+  the host side (sockets, logs, disks: the same disk contents as at the snapshot) and must
+  have the snapshot's memory, vCPUs and devices. Memory is mapped copy-on-write, so many VMMs
+  may restore one snapshot (fork); none of them changes its files. Open vsock connections
+  are reset (new ones work). A refused snapshot exits 3 with its code on stderr (another VMM
+  version, another CPU model, a bad checksum, a truncated file, ...).
 
 EXIT STATUS:
   0   stopped (control "stop", SIGTERM or SIGINT)
   1   VMM or vCPU failure (e.g. KVM emulation error)
   2   bad configuration or arguments (one-line message on stderr)
+  3   --restore refused the snapshot (the stderr line ends with its code)
   10  guest reset / reboot (i8042 reset, triple fault)
   11  guest power-off: a byte written to I/O port 0x501 (Belljar's power-off port, which
       the guest agent uses after syncing), or hlt without an interrupt controller. x86
@@ -121,6 +134,9 @@ struct Args {
     /// Do not install the seccomp filter.
     #[arg(long)]
     no_seccomp: bool,
+    /// Start from the snapshot in DIR instead of booting a kernel.
+    #[arg(long, value_name = "DIR")]
+    restore: Option<PathBuf>,
 }
 
 fn parse_disk(spec: &str) -> anyhow::Result<DiskConfig> {
@@ -199,8 +215,24 @@ fn build_config(args: &Args) -> anyhow::Result<VmConfig> {
     if args.no_seccomp {
         c.seccomp = false;
     }
-    c.validate()?;
+    if args.restore.is_some() {
+        c.validate_for_restore()?;
+    } else {
+        c.validate()?;
+    }
     Ok(c)
+}
+
+/// How the VM comes to be: booted, or restored (a refused snapshot has its own status).
+enum StartError {
+    Restore(belljar_vmm::snapshot::Error),
+    Other(anyhow::Error),
+}
+
+impl<E: Into<anyhow::Error>> From<E> for StartError {
+    fn from(e: E) -> Self {
+        StartError::Other(e.into())
+    }
 }
 
 static TERMINATE: AtomicBool = AtomicBool::new(false);
@@ -209,7 +241,7 @@ extern "C" fn on_terminate(_: libc::c_int, _: *mut libc::siginfo_t, _: *mut libc
     TERMINATE.store(true, Ordering::SeqCst);
 }
 
-fn run(config: &VmConfig) -> anyhow::Result<ExitReason> {
+fn run(config: &VmConfig, restore: Option<&std::path::Path>) -> Result<ExitReason, StartError> {
     // Before anything the outside world can observe (guest output, the control socket), so
     // that a SIGTERM sent once the VM is seen running always means a clean stop (status 0).
     for sig in [libc::SIGTERM, libc::SIGINT] {
@@ -217,7 +249,10 @@ fn run(config: &VmConfig) -> anyhow::Result<ExitReason> {
             .context("Cannot install signal handlers")?;
     }
     let hv = KvmHypervisor::new()?;
-    let vmm = Vmm::start(config, &hv)?;
+    let vmm = match restore {
+        Some(dir) => Vmm::restore(config, &hv, dir).map_err(StartError::Restore)?,
+        None => Vmm::start(config, &hv)?,
+    };
     let mut accept_fds = vmm.listener_fds.clone();
     if let Some(path) = &config.control_socket {
         accept_fds.push(belljar_vmm::control::serve(path, Arc::clone(&vmm))?);
@@ -260,9 +295,17 @@ fn main() -> ExitCode {
             "belljar-vmm: this host's /dev/kvm is software-based (no vmx/svm CPU flag): guest kernel code is emulated, slowly, and an unmodified Linux kernel will not finish booting"
         );
     }
-    match run(&config) {
+    match run(&config, args.restore.as_deref()) {
         Ok(reason) => ExitCode::from(reason.exit_code()),
-        Err(e) => {
+        Err(StartError::Restore(e)) => {
+            let code = e.code();
+            eprintln!(
+                "belljar-vmm: cannot restore the snapshot: {:#} ({code})",
+                anyhow::Error::from(e)
+            );
+            ExitCode::from(RESTORE_ERROR_STATUS)
+        }
+        Err(StartError::Other(e)) => {
             eprintln!("belljar-vmm: {e:#}");
             ExitCode::from(1)
         }

@@ -9,7 +9,8 @@ use std::path::Path;
 use std::time::Duration;
 
 use crate::control::{
-    self, ControlError, LineError, MAX_RESPONSE_LINE, Request, Response, Status, VmState,
+    self, ControlError, LineError, MAX_RESPONSE_LINE, Request, Response, SNAPSHOT_MEMORY_FILE,
+    SNAPSHOT_STATE_FILE, SnapshotTaken, Status, VmState,
 };
 use crate::metrics::Metrics;
 
@@ -108,6 +109,53 @@ impl ControlClient {
         match self.expect(Request::Metrics)? {
             Response::Metrics(m) => Ok(m),
             _ => Err(ClientError::Unexpected { request: "metrics" }),
+        }
+    }
+
+    /// Snapshots the VM into `dir` (created if missing; its snapshot files must not exist
+    /// yet). The VMM writes into files this process opens and passes along with the request,
+    /// so it needs no right to open files itself. Give the call a timeout that covers
+    /// writing guest memory.
+    pub fn snapshot(&mut self, dir: &Path) -> Result<SnapshotTaken, ClientError> {
+        use std::fs::{File, OpenOptions};
+        use std::mem::MaybeUninit;
+        use std::os::fd::AsFd;
+
+        std::fs::create_dir_all(dir)?;
+        let create = |name: &str| -> std::io::Result<File> {
+            OpenOptions::new()
+                .read(true)
+                .write(true)
+                .create_new(true)
+                .open(dir.join(name))
+        };
+        let state = create(SNAPSHOT_STATE_FILE)?;
+        let memory = create(SNAPSHOT_MEMORY_FILE)?;
+        let line = Request::Snapshot.to_line();
+        let fds = [state.as_fd(), memory.as_fd()];
+        let mut space = [MaybeUninit::uninit(); rustix::cmsg_space!(ScmRights(2))];
+        let mut control = rustix::net::SendAncillaryBuffer::new(&mut space);
+        control.push(rustix::net::SendAncillaryMessage::ScmRights(&fds));
+        let sent = rustix::net::sendmsg(
+            &self.writer,
+            &[std::io::IoSlice::new(line.as_bytes())],
+            &mut control,
+            rustix::net::SendFlags::NOSIGNAL,
+        )
+        .map_err(std::io::Error::from)?;
+        // The fds went with the first byte; the rest of a short send is plain bytes.
+        self.writer.write_all(&line.as_bytes()[sent..])?;
+        let line =
+            control::read_line(&mut self.reader, MAX_RESPONSE_LINE)?.ok_or(ClientError::Closed)?;
+        match serde_json::from_str(&line).map_err(ClientError::Parse)? {
+            Response::Snapshot(taken) => Ok(taken),
+            Response::Error(error) => Err(ClientError::Refused {
+                request: "snapshot",
+                error,
+            }),
+            _ => Err(ClientError::Unexpected {
+                request: "snapshot",
+            }),
         }
     }
 }

@@ -199,6 +199,11 @@ impl VmConfig {
         if self.kernel.is_none() {
             return Err(Error::NoKernel);
         }
+        self.validate_values_without_kernel()
+    }
+
+    /// `validate_values` for a VM restored from a snapshot, which boots no kernel.
+    pub fn validate_values_without_kernel(&self) -> Result<(), Error> {
         if self.memory_mib == 0 || self.memory_mib > MAX_MEMORY_MIB {
             return Err(Error::Memory(self.memory_mib));
         }
@@ -239,6 +244,16 @@ impl VmConfig {
             })
             .map_err(|e| Error::Kernel(kernel.display().to_string(), e))?;
         self.validate_values()?;
+        self.validate_disks()
+    }
+
+    /// `validate` for a VM restored from a snapshot: no kernel, the disks must open.
+    pub fn validate_for_restore(&self) -> Result<(), Error> {
+        self.validate_values_without_kernel()?;
+        self.validate_disks()
+    }
+
+    fn validate_disks(&self) -> Result<(), Error> {
         for disk in &self.disks {
             std::fs::OpenOptions::new()
                 .read(true)

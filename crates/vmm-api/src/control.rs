@@ -9,7 +9,15 @@
 //! | `{"cmd":"resume"}` | `{"state":"running"}` |
 //! | `{"cmd":"stop"}` | `{"state":"stopping"}` (the process then exits 0) |
 //! | `{"cmd":"metrics"}` | `{"metrics":{...}}` ([`Metrics`]) |
+//! | `{"cmd":"snapshot"}` + two fds | `{"snapshot":{"state_bytes":N,"memory_bytes":N,"elapsed_ms":N}}` |
 //! | anything wrong | `{"error":{"code":"bad_request","message":"..."}}` ([`ErrorCode`]) |
+//!
+//! `snapshot` carries two open files with its line (`SCM_RIGHTS`): the state file, then the
+//! memory file, both empty and writable (the client creates them, the VMM under its
+//! seccomp filter cannot open files). The VM pauses while they are written and then runs on
+//! as before. Restore with `belljar-vmm --restore DIR`, where DIR holds them as
+//! [`SNAPSHOT_STATE_FILE`] and [`SNAPSHOT_MEMORY_FILE`] ([`crate::client::ControlClient::snapshot`]
+//! lays them out so).
 //!
 //! A request line is at most [`MAX_REQUEST_LINE`] bytes; the VMM answers a longer one with
 //! `bad_request` and closes the connection. A response line is at most
@@ -28,6 +36,11 @@ pub const MAX_REQUEST_LINE: usize = 4096;
 /// devices need under 8 KiB).
 pub const MAX_RESPONSE_LINE: usize = 64 * 1024;
 
+/// A snapshot directory's state file (vCPUs, devices; checked: magic, version, checksum).
+pub const SNAPSHOT_STATE_FILE: &str = "vmstate";
+/// A snapshot directory's guest memory file (raw RAM, sparse).
+pub const SNAPSHOT_MEMORY_FILE: &str = "memory";
+
 /// A request: `{"cmd":"<name>"}` and nothing else.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(tag = "cmd", rename_all = "snake_case", try_from = "RequestLine")]
@@ -37,6 +50,8 @@ pub enum Request {
     Resume,
     Stop,
     Metrics,
+    /// Save the VM into the two files sent with the request.
+    Snapshot,
 }
 
 impl Request {
@@ -48,16 +63,18 @@ impl Request {
             Request::Resume => "resume",
             Request::Stop => "stop",
             Request::Metrics => "metrics",
+            Request::Snapshot => "snapshot",
         }
     }
 
     /// Every request.
-    pub const ALL: [Request; 5] = [
+    pub const ALL: [Request; 6] = [
         Request::Status,
         Request::Pause,
         Request::Resume,
         Request::Stop,
         Request::Metrics,
+        Request::Snapshot,
     ];
 
     /// Parses one request line. An unknown `cmd` is `unknown_command`, anything else that
@@ -133,6 +150,20 @@ pub enum ErrorCode {
     UnknownCommand,
     /// The vCPUs did not pause in time.
     PauseFailed,
+    /// The snapshot could not be taken (no files sent, a write failed, the VM ended).
+    SnapshotFailed,
+}
+
+/// The answer to `snapshot`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct SnapshotTaken {
+    /// Size of the state file.
+    pub state_bytes: u64,
+    /// Guest memory bytes written (pages that are not all zero; the file is sparse).
+    pub memory_bytes: u64,
+    /// From the pause to both files being written and synced.
+    pub elapsed_ms: u64,
 }
 
 /// An error answer: `{"code": "...", "message": "..."}`.
@@ -163,6 +194,8 @@ pub enum Response {
     State(VmState),
     /// To `metrics`.
     Metrics(Metrics),
+    /// To `snapshot`.
+    Snapshot(SnapshotTaken),
     /// To anything that failed.
     Error(ControlError),
 }
@@ -273,6 +306,12 @@ mod tests {
             }),
             Response::State(VmState::Paused),
             Response::Metrics(metrics),
+            Response::Snapshot(SnapshotTaken {
+                state_bytes: 20_000,
+                memory_bytes: 1 << 20,
+                elapsed_ms: 12,
+            }),
+            Response::Error(ControlError::new(ErrorCode::SnapshotFailed, "No files")),
             Response::Error(ControlError::new(ErrorCode::PauseFailed, "Timed out")),
         ] {
             let line = r.to_line();

@@ -6,6 +6,7 @@
 //! | 0 | [`ExitReason::Stopped`]: `stop` on the control socket, SIGTERM or SIGINT |
 //! | 1 | [`ExitReason::Failed`]: a VMM or vCPU failure (e.g. a KVM emulation error) |
 //! | 2 | [`CONFIG_ERROR_STATUS`]: bad configuration or arguments (one line on stderr) |
+//! | 3 | [`RESTORE_ERROR_STATUS`]: `--restore` refused the snapshot (stderr ends with its code) |
 //! | 10 | [`ExitReason::Reset`]: the guest reset (i8042 reset, triple fault, `reboot`) |
 //! | 11 | [`ExitReason::PowerOff`]: the guest powered off (Belljar's power-off port) |
 
@@ -13,6 +14,12 @@ use serde::{Deserialize, Serialize};
 
 /// The exit status of a config or argument error, before any VM exists.
 pub const CONFIG_ERROR_STATUS: u8 = 2;
+
+/// The exit status when `--restore` refuses or cannot load a snapshot. The one stderr line
+/// ends with the stable code in parentheses: `vmm_version`, `cpu_model`, `checksum`,
+/// `truncated`, `too_large`, `format_version`, `bad_magic`, `corrupt`, `memory`,
+/// `config_mismatch`, `io` or `restore_failed`.
+pub const RESTORE_ERROR_STATUS: u8 = 3;
 
 /// Why the VM stopped.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]

@@ -91,6 +91,19 @@ pub fn write<T: Serialize>(path: &Path, state: &T) -> Result<(), Error> {
     std::fs::rename(&tmp, path).map_err(|e| Error::Write(name, e))
 }
 
+/// Writes `state` into `file` (emptied first), for a file opened by someone else.
+pub fn write_file<T: Serialize>(file: &std::fs::File, state: &T) -> Result<(), Error> {
+    use std::io::{Seek, Write};
+    let bytes = encode(state)?;
+    let name = "state".to_string();
+    let mut f = file;
+    f.set_len(0)
+        .and_then(|()| f.rewind())
+        .and_then(|()| f.write_all(&bytes))
+        .and_then(|()| f.sync_data())
+        .map_err(|e| Error::Write(name, e))
+}
+
 /// Reads exactly `buf.len()` bytes; a short read is `Truncated`.
 fn take(r: &mut impl Read, buf: &mut [u8]) -> Result<(), Error> {
     r.read_exact(buf).map_err(|e| match e.kind() {

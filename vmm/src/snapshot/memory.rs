@@ -37,11 +37,12 @@ pub enum Error {
     Map(String),
 }
 
-/// Writes every region of `mem` to `path`; returns the bytes actually written (non-zero
-/// pages).
-pub fn save(mem: &GuestMemory, path: &Path) -> Result<u64, Error> {
-    let name = path.display().to_string();
-    let file = File::create(path).map_err(|e| Error::Write(name.clone(), e))?;
+/// Writes every region of `mem` to `file` (emptied first); returns the bytes actually
+/// written (non-zero pages). Only calls on the open file: it works under the seccomp filter.
+pub fn save(mem: &GuestMemory, file: &File) -> Result<u64, Error> {
+    let name = "memory".to_string();
+    // Emptied, so pages skipped as zero read as zero even if the file held something.
+    file.set_len(0).map_err(|e| Error::Write(name.clone(), e))?;
     let total = crate::memory::total_size(mem);
     file.set_len(total)
         .map_err(|e| Error::Write(name.clone(), e))?;
@@ -116,8 +117,11 @@ mod tests {
         mem.write_obj(0xdead_beef_u32, GuestAddress(0x2000))
             .unwrap();
         mem.write_obj(7u8, GuestAddress((4 << 20) - 1)).unwrap();
+        // A file that held something is emptied first, not overwritten in place.
+        std::fs::write(&path, vec![0xff_u8; 3 * PAGE]).unwrap();
+        let file = std::fs::OpenOptions::new().write(true).open(&path).unwrap();
         // Two non-zero pages, the rest skipped.
-        assert_eq!(save(&mem, &path).unwrap(), 2 * PAGE as u64);
+        assert_eq!(save(&mem, &file).unwrap(), 2 * PAGE as u64);
         let ranges = crate::memory::ram_ranges(4 << 20);
         let a = restore(&path, &ranges).unwrap();
         let b = restore(&path, &ranges).unwrap();
@@ -126,6 +130,8 @@ mod tests {
             0xdead_beef
         );
         assert_eq!(a.read_obj::<u8>(GuestAddress((4 << 20) - 1)).unwrap(), 7);
+        // The file's old 0xff bytes did not survive where the guest had zeros.
+        assert_eq!(a.read_obj::<u32>(GuestAddress(0x1000)).unwrap(), 0);
         a.write_obj(1u32, GuestAddress(0x2000)).unwrap();
         // Neither the other mapping nor the file saw the write.
         assert_eq!(

@@ -13,6 +13,7 @@
 pub mod format;
 pub mod memory;
 
+use std::fs::File;
 use std::path::Path;
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::{Duration, Instant};
@@ -26,9 +27,9 @@ use crate::devices::virtio::mmio::{self, TransportSaved};
 use crate::hypervisor::{self, Hypervisor, VcpuSnapshot, VmSnapshot};
 
 /// The state file's name inside a snapshot directory.
-pub const STATE_FILE: &str = "vmstate";
+pub const STATE_FILE: &str = belljar_vmm_api::control::SNAPSHOT_STATE_FILE;
 /// The memory file's name inside a snapshot directory.
-pub const MEMORY_FILE: &str = "memory";
+pub const MEMORY_FILE: &str = belljar_vmm_api::control::SNAPSHOT_MEMORY_FILE;
 
 /// Errors taking or restoring a snapshot. `code()` is the stable name the VMM reports.
 #[derive(Debug, thiserror::Error, displaydoc::Display)]
@@ -41,7 +42,7 @@ pub enum Error {
     CpuModel { saved: String, host: String },
     /// Snapshot is of a different VM: {0}
     Shape(String),
-    /// Cannot create snapshot directory {0}
+    /// Cannot create snapshot file in {0}
     Dir(String, #[source] std::io::Error),
     /// Cannot pause the VM
     Pause(#[source] builder::Error),
@@ -100,8 +101,14 @@ pub struct SnapshotInfo {
 }
 
 /// The host CPU's vendor and model, as `/proc/cpuinfo` names them. A snapshot's vCPUs carry
-/// this CPU's features (CPUID, MSRs, XSAVE layout), so another model is refused.
+/// this CPU's features (CPUID, MSRs, XSAVE layout), so another model is refused. Read once
+/// (every VM build asks, before the seccomp filter forbids opening files).
 pub fn host_cpu_model() -> String {
+    static MODEL: std::sync::OnceLock<String> = std::sync::OnceLock::new();
+    MODEL.get_or_init(read_cpu_model).clone()
+}
+
+fn read_cpu_model() -> String {
     let info = std::fs::read_to_string("/proc/cpuinfo").unwrap_or_default();
     let field = |key: &str| {
         info.lines()
@@ -128,22 +135,35 @@ impl Vmm {
     /// Saves the VM into `dir` (created if missing). A running VM is paused for the time it
     /// takes and then runs on; a paused one stays paused.
     pub fn snapshot(&self, dir: &Path) -> Result<SnapshotInfo, Error> {
+        let name = dir.display().to_string();
+        std::fs::create_dir_all(dir).map_err(|e| Error::Dir(name.clone(), e))?;
+        let create =
+            |file: &str| File::create(dir.join(file)).map_err(|e| Error::Dir(name.clone(), e));
+        self.snapshot_to(&create(STATE_FILE)?, &create(MEMORY_FILE)?)
+    }
+
+    /// `snapshot` into files already open for writing (the control socket's way: the VMM
+    /// under its seccomp filter cannot open files).
+    pub fn snapshot_to(&self, state: &File, memory: &File) -> Result<SnapshotInfo, Error> {
         if self.exit_reason().is_some() {
             return Err(Error::Ended);
         }
         let started = Instant::now();
         let was_paused = self.pause_requested();
         self.pause().map_err(Error::Pause)?;
-        let result = self.snapshot_paused(dir, started);
+        let result = self.snapshot_paused(state, memory, started);
         if !was_paused {
             self.resume();
         }
         result
     }
 
-    fn snapshot_paused(&self, dir: &Path, started: Instant) -> Result<SnapshotInfo, Error> {
-        let name = dir.display().to_string();
-        std::fs::create_dir_all(dir).map_err(|e| Error::Dir(name, e))?;
+    fn snapshot_paused(
+        &self,
+        state: &File,
+        memory: &File,
+        started: Instant,
+    ) -> Result<SnapshotInfo, Error> {
         // Hold every device while saving: the device thread must not move a queue or write
         // guest memory between the device state and the memory being saved.
         let transports: Vec<_> = self.devices.transports.iter().map(|t| lock(t)).collect();
@@ -162,10 +182,10 @@ impl Vmm {
             serial: lock(&self.devices.serial).state(),
             virtio,
         };
-        let memory_bytes = memory::save(self.memory(), &dir.join(MEMORY_FILE))?;
-        let state_path = dir.join(STATE_FILE);
-        format::write(&state_path, &saved)?;
-        let state_bytes = std::fs::metadata(&state_path).map_or(0, |m| m.len());
+        // Memory first: a state file that is whole means the snapshot is.
+        let memory_bytes = memory::save(self.memory(), memory)?;
+        format::write_file(state, &saved)?;
+        let state_bytes = state.metadata().map_or(0, |m| m.len());
         Ok(SnapshotInfo {
             state_bytes,
             memory_bytes,
