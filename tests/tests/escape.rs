@@ -369,38 +369,9 @@ fn host_sockets_and_loopback_are_not_reachable() {
 /// The `pids.events` file of the group that holds `pid`: in the v1 `pids` hierarchy when
 /// there is one, else in the unified (v2) hierarchy.
 fn pids_events(pid: u32) -> PathBuf {
-    let mountinfo = std::fs::read_to_string("/proc/self/mountinfo").unwrap();
-    let mut v1 = None;
-    let mut v2 = None;
-    for line in mountinfo.lines() {
-        let Some((left, right)) = line.split_once(" - ") else {
-            continue;
-        };
-        let point = left.split(' ').nth(4).unwrap_or_default();
-        let mut right = right.split(' ');
-        let (fstype, options) = (right.next(), right.nth(1).unwrap_or_default());
-        match fstype {
-            Some("cgroup") if options.split(',').any(|o| o == "pids") => {
-                v1 = Some(point.to_owned())
-            }
-            Some("cgroup2") => v2 = Some(point.to_owned()),
-            _ => {}
-        }
-    }
-    let groups = std::fs::read_to_string(format!("/proc/{pid}/cgroup")).unwrap();
-    let group = |controllers: &dyn Fn(&str) -> bool| {
-        groups.lines().find_map(|l| {
-            let mut parts = l.splitn(3, ':');
-            let (_, c, path) = (parts.next()?, parts.next()?, parts.next()?);
-            controllers(c).then(|| path.trim_start_matches('/').to_owned())
-        })
-    };
-    let dir = match (v1, group(&|c| c.split(',').any(|c| c == "pids"))) {
-        (Some(root), Some(path)) => Path::new(&root).join(path),
-        _ => Path::new(&v2.expect("no cgroup hierarchy with pids"))
-            .join(group(&|c| c.is_empty()).expect("no v2 group")),
-    };
-    dir.join("pids.events")
+    belljar_namespace::cgroup::group_of(pid, "pids")
+        .expect("no cgroup hierarchy with pids")
+        .join("pids.events")
 }
 
 #[test]

@@ -63,19 +63,8 @@ pub fn daemon_binary() -> Result<PathBuf, LauncherError> {
     if let Some(p) = std::env::var_os("BELLJARD").filter(|p| !p.is_empty()) {
         return Ok(PathBuf::from(p));
     }
-    let exe = std::env::current_exe().unwrap_or_default();
-    if let Some(dir) = exe.parent() {
-        let beside = dir.join("belljard");
-        if beside.is_file() {
-            return Ok(beside);
-        }
-        // `cargo test` runs from target/<profile>/deps, one level below the binaries.
-        if let Some(up) = dir.parent().map(|d| d.join("belljard"))
-            && dir.ends_with("deps")
-            && up.is_file()
-        {
-            return Ok(up);
-        }
+    if let Some(beside) = belljar_client::paths::beside_exe("belljard") {
+        return Ok(beside);
     }
     if let Some(path) = std::env::var_os("PATH") {
         for dir in std::env::split_paths(&path) {
@@ -85,6 +74,7 @@ pub fn daemon_binary() -> Result<PathBuf, LauncherError> {
             }
         }
     }
+    let exe = std::env::current_exe().unwrap_or_default();
     Err(LauncherError::NotFound {
         exe: exe.display().to_string(),
     })

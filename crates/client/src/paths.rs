@@ -121,6 +121,20 @@ pub fn image_cache(over: Option<&Path>) -> Result<PathBuf, PathsError> {
     Ok(base.home_dir().join(".cache").join("belljar"))
 }
 
+/// Another of Belljar's binaries installed beside the running one (`belljard` beside
+/// `belljar`, `belljar-vmm` beside `belljard`). A test or benchmark run by `cargo` lives one
+/// level below the binaries, in `target/<profile>/deps`, so that directory's parent counts too.
+pub fn beside_exe(name: &str) -> Option<PathBuf> {
+    let exe = std::env::current_exe().ok()?;
+    let dir = exe.parent()?;
+    let beside = dir.join(name);
+    if beside.is_file() {
+        return Some(beside);
+    }
+    let up = dir.parent()?.join(name);
+    (dir.ends_with("deps") && up.is_file()).then_some(up)
+}
+
 fn read_trimmed(path: &Path) -> Option<String> {
     Some(std::fs::read_to_string(path).ok()?.trim().to_owned())
 }

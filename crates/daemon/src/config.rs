@@ -94,15 +94,6 @@ impl Config {
             .clone()
             .unwrap_or_else(|| Self::repo().join("guest-images"))
     }
-
-    /// `name` next to the running executable, if it is there.
-    pub fn sibling(name: &str) -> Option<PathBuf> {
-        std::env::current_exe()
-            .ok()?
-            .parent()
-            .map(|d| d.join(name))
-            .filter(|p| p.is_file())
-    }
 }
 
 #[cfg(test)]

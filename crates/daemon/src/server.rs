@@ -98,7 +98,7 @@ async fn serve(config: Config, paths: &Paths) -> Result<(), ServerError> {
     let vmm = config
         .vmm
         .clone()
-        .or_else(|| Config::sibling("belljar-vmm"));
+        .or_else(|| belljar_client::paths::beside_exe("belljar-vmm"));
     let kernel = config
         .kernel
         .clone()

@@ -13,7 +13,7 @@
 mod load;
 mod peers;
 
-use std::path::{Path, PathBuf};
+use std::path::Path;
 use std::time::{Duration, Instant};
 
 use anyhow::{Context, Result, bail};
@@ -175,15 +175,6 @@ fn cli_round(cli: &Path, home: &Path, image: &str) -> Result<Duration> {
     Ok(took)
 }
 
-fn sibling(name: &str) -> Result<PathBuf> {
-    let exe = std::env::current_exe()?;
-    let path = exe.with_file_name(name);
-    if !path.is_file() {
-        bail!("{} not found: build it in the same profile", path.display());
-    }
-    Ok(path)
-}
-
 /// A sandbox's whole life — create, run `true`, delete — through the API and through
 /// `belljar run`, interleaved round by round with the peers on the image's own tree.
 async fn lifecycle_rounds(args: &Args, client: &Client, home: &Path) -> Result<()> {
@@ -199,7 +190,8 @@ async fn lifecycle_rounds(args: &Args, client: &Client, home: &Path) -> Result<(
     for why in missing {
         println!("peer not measured: {why}");
     }
-    let cli = sibling("belljar")?;
+    let cli = belljar_client::paths::beside_exe("belljar")
+        .context("belljar not found beside sandbox_bench: build it in the same profile")?;
     let mut api = Vec::with_capacity(args.rounds);
     let mut first = Vec::with_capacity(args.rounds);
     let mut run = Vec::with_capacity(args.rounds);

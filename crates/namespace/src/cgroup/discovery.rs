@@ -121,6 +121,18 @@ impl Hierarchies {
     }
 }
 
+/// The directory of `pid`'s group in the hierarchy that enforces `controller`: its v1
+/// hierarchy when one is mounted, else the unified (v2) one. For watching a sandbox's group
+/// from outside (e.g. its `pids.events`), with the same parsing the daemon uses for its own.
+pub fn group_of(pid: u32, controller: &str) -> Option<PathBuf> {
+    let mountinfo = fs::read_to_string("/proc/self/mountinfo").ok()?;
+    let groups = fs::read_to_string(format!("/proc/{pid}/cgroup")).ok()?;
+    let h = Hierarchies::parse(&mountinfo, &groups, |_| None);
+    h.v1.get(controller)
+        .map(|(dir, _)| dir.clone())
+        .or_else(|| h.v2.map(|(dir, _)| dir))
+}
+
 /// Whether `uid` owns the files that make `dir` a delegated group.
 fn delegated_to(dir: &Path, uid: u32) -> bool {
     ["cgroup.procs", "cgroup.subtree_control"]

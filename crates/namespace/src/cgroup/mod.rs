@@ -21,7 +21,7 @@ use std::time::{Duration, Instant};
 
 use serde::{Deserialize, Serialize};
 
-pub use discovery::Hierarchies;
+pub use discovery::{Hierarchies, group_of};
 
 /// Errors from managing a sandbox's cgroups after it started.
 #[derive(Debug, thiserror::Error)]
