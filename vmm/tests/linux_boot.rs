@@ -19,6 +19,11 @@ use std::time::{Duration, Instant};
 
 const BIN: &str = env!("CARGO_BIN_EXE_belljar-vmm");
 
+/// Processes surviving a memory snapshot, a killed VMM and two restores. (A test crate's
+/// root resolves `mod` next to itself, where `tests/snapshot.rs` is another test crate.)
+#[path = "linux_boot/snapshot.rs"]
+mod snapshot;
+
 fn repo() -> PathBuf {
     Path::new(env!("CARGO_MANIFEST_DIR")).join("..")
 }
