@@ -1,8 +1,10 @@
 //! The idle timeout, the hard TTL and auto-resume on the namespace backend, through a real
 //! daemon: an unused sandbox pauses by itself, a use of its processes resumes it (unless
 //! `auto_resume` is off), a running command keeps it awake, and the hard TTL deletes a sandbox
-//! whatever its state, also when the deadline passed while the daemon was down. Short
-//! durations stand in for long ones; the test waits on the event stream, never on a sleep.
+//! whatever its state, also when the deadline passed while the daemon was down, and the idle
+//! clock counts on from the last use across a `kill -9`. Short durations stand in for long
+//! ones; the tests wait on the event stream, never on a sleep (one keeps the daemon down for a
+//! while: the time passing is the scenario, not a wait).
 //!
 //! Needs root and the `base` image (as every e2e test).
 
@@ -186,4 +188,47 @@ async fn the_hard_ttl_deletes_a_sandbox_in_any_state_across_a_restart() {
     .await;
     let err = c.sandbox(&b).await.unwrap_err();
     assert_eq!(err.code(), "not_found", "{err}");
+}
+
+/// The idle clock counts from the last use across a daemon `kill -9`: a sandbox used just
+/// before the daemon died pauses one idle timeout after that use, not one after the restart.
+#[tokio::test(flavor = "multi_thread")]
+async fn the_idle_clock_survives_a_restart() {
+    let d = Daemon::start();
+    let c = d.unix();
+    let idle_ms = 6_000;
+    let a = d
+        .create(
+            &c,
+            CreateSandbox {
+                idle_timeout_ms: Some(idle_ms),
+                ..Default::default()
+            },
+        )
+        .await;
+    assert_eq!(run(&c, &a.id, &["true"]).await.unwrap(), 0);
+    let used = Instant::now();
+    d.kill9();
+    // The daemon stays away for most of the idle timeout: the time that passes while it is
+    // down is what this test is about, not a wait for something to happen.
+    std::thread::sleep(Duration::from_millis(idle_ms as u64 - 1_000));
+    d.restart();
+    let c = d.unix();
+    let mut events = c.events(None).await.unwrap();
+    if c.sandbox(&a.id).await.unwrap().status != SandboxStatus::Paused {
+        wait_event(
+            &mut events,
+            30,
+            "the idle pause",
+            status_of(&a.id, SandboxStatus::Paused),
+        )
+        .await;
+    }
+    // A clock started again by the restart would pause it 6 s after the restart (11 s and
+    // more after the use).
+    let after = used.elapsed();
+    assert!(
+        after < Duration::from_millis(idle_ms as u64 + 3_000),
+        "paused {after:?} after its last use"
+    );
 }

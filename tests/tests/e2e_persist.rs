@@ -215,3 +215,139 @@ async fn a_timeout_snapshots_a_persistent_sandbox_and_others_cannot_start_again(
     let err = c.start_sandbox("sbx_nosuchsandbox").await.unwrap_err();
     assert_eq!(err.code(), "not_found", "{err}");
 }
+
+/// A stop whose snapshot failed leaves the last session only in the sandbox's state: the next
+/// start takes the snapshot again (the session's files are back) instead of starting from the
+/// older snapshot.
+#[tokio::test(flavor = "multi_thread")]
+async fn a_failed_persistent_snapshot_is_taken_again_at_the_next_start() {
+    let d = Daemon::start();
+    let c = d.unix();
+    let a = d
+        .create(
+            &c,
+            CreateSandbox {
+                persistent: Some(true),
+                ..Default::default()
+            },
+        )
+        .await;
+    ok(&c, &a.id, "echo one > /workspace/n").await;
+    c.stop_sandbox(&a.id).await.unwrap();
+    c.start_sandbox(&a.id).await.unwrap();
+    ok(&c, &a.id, "echo two > /workspace/n; rm /etc/issue").await;
+    // The capture fails while a file stands where the layers directory belongs.
+    let layers = d.paths.data.join("layers");
+    let away = d.paths.data.join("layers.away");
+    std::fs::rename(&layers, &away).unwrap();
+    std::fs::write(&layers, b"").unwrap();
+    assert_eq!(
+        c.stop_sandbox(&a.id).await.unwrap().status,
+        SandboxStatus::Stopped
+    );
+    let newest = c
+        .list_snapshots(&ListSnapshotsQuery {
+            sandbox_id: Some(a.id.clone()),
+            ..Default::default()
+        })
+        .await
+        .unwrap()
+        .snapshots;
+    assert_eq!(newest[0].status, SnapshotStatus::Failed, "{newest:?}");
+    std::fs::remove_file(&layers).unwrap();
+    std::fs::rename(&away, &layers).unwrap();
+
+    let b = c.start_sandbox(&a.id).await.unwrap();
+    assert_eq!(b.status, SandboxStatus::Running);
+    assert_eq!(
+        ok(
+            &c,
+            &a.id,
+            "cat /workspace/n; test ! -e /etc/issue && echo gone"
+        )
+        .await,
+        "two\ngone\n"
+    );
+    assert_eq!(created_snapshots(&c, &a.id).await.len(), 2);
+}
+
+/// `kill -9` of the daemon while a persistent stop copies the sandbox's layer: the next start
+/// of the daemon finishes the stop, the snapshot is complete (or was never recorded and is
+/// taken then), and the sandbox starts again with its files.
+#[tokio::test(flavor = "multi_thread")]
+async fn kill_9_during_a_persistent_stop_loses_nothing() {
+    let d = Daemon::start();
+    let c = d.unix();
+    let mut events = c.events(None).await.unwrap();
+    let a = d
+        .create(
+            &c,
+            CreateSandbox {
+                persistent: Some(true),
+                ..Default::default()
+            },
+        )
+        .await;
+    // Enough data that the copy is still under way when the daemon dies.
+    let sum = ok(
+        &c,
+        &a.id,
+        "head -c 128M /dev/urandom > /workspace/big && sha256sum /workspace/big | cut -c1-64",
+    )
+    .await;
+    let stopping = {
+        let c = c.clone();
+        let id = a.id.clone();
+        tokio::spawn(async move { c.stop_sandbox(&id).await })
+    };
+    wait_event(
+        &mut events,
+        30,
+        "the stop",
+        status_of(&a.id, SandboxStatus::Stopping),
+    )
+    .await;
+    let layers = d.paths.data.join("layers");
+    belljar_e2e::eventually(Duration::from_secs(30), "a layer being copied", || {
+        let copying = std::fs::read_dir(&layers)
+            .map(|rd| {
+                rd.flatten()
+                    .any(|e| e.file_name().to_string_lossy().starts_with(".tmp-"))
+            })
+            .unwrap_or(false);
+        async move { copying.then_some(()) }
+    })
+    .await;
+    d.kill9();
+    assert!(stopping.await.unwrap().is_err(), "the daemon died mid-copy");
+    d.restart();
+    let c = d.unix();
+    let mut events = c.events(None).await.unwrap();
+    if c.sandbox(&a.id).await.unwrap().status != SandboxStatus::Stopped {
+        wait_event(
+            &mut events,
+            60,
+            "the stop finished",
+            status_of(&a.id, SandboxStatus::Stopped),
+        )
+        .await;
+    }
+    let all = c
+        .list_snapshots(&ListSnapshotsQuery {
+            sandbox_id: Some(a.id.clone()),
+            ..Default::default()
+        })
+        .await
+        .unwrap()
+        .snapshots;
+    assert!(
+        all.iter().all(|s| s.status == SnapshotStatus::Created),
+        "{all:?}"
+    );
+    assert!(!all.is_empty(), "the stop was finished with a snapshot");
+    c.start_sandbox(&a.id).await.unwrap();
+    assert_eq!(
+        ok(&c, &a.id, "sha256sum /workspace/big | cut -c1-64").await,
+        sum
+    );
+}

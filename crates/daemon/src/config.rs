@@ -63,6 +63,11 @@ pub struct Config {
     /// `output_truncated_bytes`.
     #[arg(long, env = "BELLJAR_COMMAND_OUTPUT_LIMIT", value_parser = clap::value_parser!(u64).range(1..))]
     pub command_output_limit: Option<u64>,
+    /// Snapshot chains deeper than this many layers are squashed into one in the background
+    /// (snapshot ids and files stay); 2..=128.
+    #[arg(long, env = "BELLJAR_SQUASH_DEPTH", default_value_t = 16,
+          value_parser = clap::value_parser!(u16).range(2..=128))]
+    pub squash_depth: u16,
     /// Extra browser origins allowed to call the daemon (e.g. a UI dev server), comma-separated.
     #[arg(long, env = "BELLJAR_ALLOWED_ORIGINS", value_delimiter = ',')]
     pub allowed_origins: Vec<String>,

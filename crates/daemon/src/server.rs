@@ -116,6 +116,7 @@ async fn serve(config: Config, paths: &Paths) -> Result<(), ServerError> {
         memory_reserve_mib: config.memory_reserve_mib,
         agent: config.agent.clone(),
         command_output_limit: config.command_output_limit,
+        squash_depth: usize::from(config.squash_depth),
         ready_timeout: std::time::Duration::from_millis(config.ready_timeout.unsigned_abs()),
         ..Settings::default()
     };
@@ -132,6 +133,7 @@ async fn serve(config: Config, paths: &Paths) -> Result<(), ServerError> {
     sandboxes.watch_lifetimes()?;
     let monitor = sandboxes.spawn_monitor();
     let reaper = sandboxes.spawn_snapshot_reaper();
+    let squasher = sandboxes.spawn_squasher();
 
     let state = AppState {
         sandboxes,
@@ -166,6 +168,7 @@ async fn serve(config: Config, paths: &Paths) -> Result<(), ServerError> {
     };
     monitor.abort();
     reaper.abort();
+    squasher.abort();
     tracing::info!("belljard stopped; sandboxes keep running");
     result
 }

@@ -5,8 +5,9 @@
 //!
 //! One task per sandbox that has either setting sleeps until its next deadline (never polls)
 //! and is poked when the sandbox changes. The hard deadline (`deletes_at`) is in the store, so
-//! it holds across daemon restarts; the idle clock is in memory and starts again with the
-//! daemon. Reading a sandbox's record (`GET /v1/sandboxes/{id}`, the app's list) is not a use:
+//! it holds across daemon restarts. The idle clock is kept in memory and written to
+//! `<sandbox>/last-used` at most once a second, so a restarted daemon (`kill -9` included)
+//! goes on counting from the last use instead of starting the clock again. Reading a sandbox's record (`GET /v1/sandboxes/{id}`, the app's list) is not a use:
 //! it neither resumes it nor keeps it awake.
 
 use std::collections::HashMap;
@@ -21,6 +22,10 @@ use crate::util::now_ms;
 
 /// The longest a lifetime task sleeps at once, so that a jump of the wall clock is noticed.
 const MAX_SLEEP: Duration = Duration::from_secs(30);
+/// Where a sandbox's last use is kept across daemon restarts, in its directory.
+const LAST_USED_FILE: &str = "last-used";
+/// How stale the kept last use may be: it is written at most this often.
+const LAST_USED_WRITE_MS: i64 = 1_000;
 
 #[derive(Default)]
 pub(super) struct LifetimeState {
@@ -28,17 +33,45 @@ pub(super) struct LifetimeState {
     tasks: Mutex<HashMap<String, Arc<Notify>>>,
     /// When each sandbox was last used, Unix ms.
     last_used: Mutex<HashMap<String, i64>>,
+    /// The last use written to each sandbox's `last-used` file.
+    written: Mutex<HashMap<String, i64>>,
 }
 
 impl Sandboxes {
     /// Records a use of the sandbox now (its idle clock starts again).
     pub(super) fn touch(&self, id: &str) {
+        let now = now_ms();
         self.inner
             .lifetime
             .last_used
             .lock()
             .unwrap_or_else(|e| e.into_inner())
-            .insert(id.to_owned(), now_ms());
+            .insert(id.to_owned(), now);
+        let mut written = self
+            .inner
+            .lifetime
+            .written
+            .lock()
+            .unwrap_or_else(|e| e.into_inner());
+        if written
+            .get(id)
+            .is_none_or(|w| now.saturating_sub(*w) >= LAST_USED_WRITE_MS)
+        {
+            let file = self.inner.paths.sandbox_dir(id).join(LAST_USED_FILE);
+            match std::fs::write(&file, now.to_string()) {
+                Ok(()) => {
+                    written.insert(id.to_owned(), now);
+                }
+                Err(e) => tracing::debug!(sandbox = %id, error = %e, "cannot keep the last use"),
+            }
+        }
+    }
+
+    /// The last use a previous daemon kept for the sandbox (never later than now).
+    fn kept_last_use(&self, id: &str) -> Option<i64> {
+        let file = self.inner.paths.sandbox_dir(id).join(LAST_USED_FILE);
+        let kept: i64 = std::fs::read_to_string(file).ok()?.trim().parse().ok()?;
+        Some(kept.min(now_ms()))
     }
 
     /// A sandbox whose processes are about to be used: a paused one is resumed first when it
@@ -72,8 +105,18 @@ impl Sandboxes {
         }
         let wake = Arc::new(Notify::new());
         tasks.insert(s.id.clone(), wake.clone());
-        if s.status == SandboxStatus::Running {
-            self.touch(&s.id);
+        if s.status == SandboxStatus::Running && self.last_used(&s.id).is_none() {
+            match self.kept_last_use(&s.id) {
+                Some(at) => {
+                    self.inner
+                        .lifetime
+                        .last_used
+                        .lock()
+                        .unwrap_or_else(|e| e.into_inner())
+                        .insert(s.id.clone(), at);
+                }
+                None => self.touch(&s.id),
+            }
         }
         let this = self.clone();
         let id = s.id.clone();

@@ -26,6 +26,7 @@ mod pause;
 mod persist;
 mod snapshots;
 mod source;
+mod squash;
 mod terminal;
 pub mod vmm;
 
@@ -118,6 +119,8 @@ pub struct Settings {
     pub ready_timeout: Duration,
     /// Output bytes the agent keeps per command; `None` leaves the agent's default (64 MiB).
     pub command_output_limit: Option<u64>,
+    /// Snapshot chains deeper than this are squashed in the background.
+    pub squash_depth: usize,
 }
 
 impl Default for Settings {
@@ -134,6 +137,7 @@ impl Default for Settings {
             stop_grace: Duration::from_secs(2),
             ready_timeout: Duration::from_secs(20),
             command_output_limit: None,
+            squash_depth: squash::DEFAULT_SQUASH_DEPTH,
         }
     }
 }

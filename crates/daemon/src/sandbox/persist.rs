@@ -6,7 +6,9 @@
 //! Crash safety: the snapshot is taken while the sandbox is `stopping`, and the daemon settles
 //! a sandbox it finds `stopping` at start by stopping it again, which snapshots it then; a
 //! start moves the sandbox onto its new chain of layers in one store transaction before its
-//! old state directory is of any use again.
+//! old state directory is of any use again. A stop whose snapshot failed leaves the sandbox's
+//! last session only in that state directory, so `start` takes the snapshot again first, and
+//! refuses to start from an older one while that keeps failing.
 
 use belljar_api::{Sandbox, SandboxStatus};
 
@@ -81,6 +83,16 @@ impl Sandboxes {
             s.stopped_at = None;
             self.save(&s)?;
         }
+        if self.last_capture_failed(id)? {
+            self.persist_stopped(&s).await;
+            if self.last_capture_failed(id)? {
+                let e = SandboxError::Conflict(format!(
+                    "Sandbox {id}'s last session could not be snapshotted (see its failed \
+                     snapshot); it does not start from an older one"
+                ));
+                return self.fail_start(s, e).await;
+            }
+        }
         let layers = match self.restack(&s).await {
             Ok(layers) => layers,
             Err(e) => return self.fail_start(s, e).await,
@@ -94,12 +106,31 @@ impl Sandboxes {
             return self.fail_start(s, e).await;
         }
         let now = now_ms();
+        // A new session: its idle clock starts now, not at the last session's last use.
+        self.touch(id);
         s.status = SandboxStatus::Running;
         s.status_reason = None;
         s.started_at = Some(now);
         s.expires_at = Some(now.saturating_add(s.timeout_ms));
         self.save(&s)?;
         Ok(s)
+    }
+
+    /// Whether the sandbox's newest snapshot failed: its stop did not capture its last
+    /// session, which is then only in its state directory.
+    fn last_capture_failed(&self, id: &str) -> Result<bool, SandboxError> {
+        let newest = self
+            .inner
+            .store
+            .list_snapshots(&belljar_api::ListSnapshotsQuery {
+                sandbox_id: Some(id.to_owned()),
+                limit: Some(1),
+                ..Default::default()
+            })?;
+        Ok(newest
+            .snapshots
+            .first()
+            .is_some_and(|r| r.snapshot.status == belljar_api::SnapshotStatus::Failed))
     }
 
     /// Moves the sandbox onto its newest `created` snapshot's chain; returns the layer

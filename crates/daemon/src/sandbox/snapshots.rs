@@ -28,8 +28,9 @@ use crate::util::{is_id, new_id, now_ms};
 
 /// How often the reaper looks for expired snapshots.
 const REAP_INTERVAL: Duration = Duration::from_secs(60);
-/// The most layers a chain may have: overlayfs stacks at most 500 lower directories, and
-/// squashing deep chains is not built yet.
+/// The most layers a running sandbox's snapshot may stack: overlayfs stacks at most 500
+/// lower directories. Snapshots deeper than `Settings::squash_depth` are squashed in the
+/// background (`squash.rs`), so only a sandbox made from a chain before its squash gets near.
 const MAX_DEPTH: usize = 128;
 /// Left in a sandbox's directory while a live snapshot holds it frozen.
 const FROZEN_MARKER: &str = "snapshot-frozen";
@@ -40,6 +41,7 @@ const FROZEN_MARKER: &str = "snapshot-frozen";
 #[derive(Default)]
 pub(super) struct SnapshotState {
     pub(super) layers: tokio::sync::Mutex<()>,
+    pub(super) squash: super::squash::SquashState,
 }
 
 /// What a new sandbox made from a snapshot stacks.
@@ -194,6 +196,9 @@ impl Sandboxes {
             .snapshot(&row.snapshot.id)?
             .map_or(row.snapshot, |r| r.snapshot);
         self.emit_snapshot(snapshot.clone());
+        if row.layers.len() > self.inner.settings.squash_depth {
+            self.squash_soon();
+        }
         if let Some(keep) = &held.keep_last {
             self.apply_keep_last(id, keep, now).await?;
         }
@@ -201,7 +206,7 @@ impl Sandboxes {
     }
 
     /// Tells event subscribers (the app's timeline) about a snapshot's new state.
-    fn emit_snapshot(&self, snapshot: Snapshot) {
+    pub(super) fn emit_snapshot(&self, snapshot: Snapshot) {
         self.inner
             .events
             .emit(crate::store::EventBody::Snapshot(Box::new(snapshot)));

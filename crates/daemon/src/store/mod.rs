@@ -8,6 +8,7 @@
 mod commands;
 mod events;
 mod images;
+mod layers;
 mod migrations;
 mod sandboxes;
 mod snapshots;

@@ -8,14 +8,13 @@
 //! deleted after their last one is: what a crash can leave is a directory no row holds, which
 //! the daemon deletes at its next start.
 
-use std::collections::HashSet;
-
 use belljar_api::{KeepLastSnapshots, ListSnapshotsQuery, Snapshot, SnapshotStatus};
-use rusqlite::{OptionalExtension, Row, Transaction, params};
+use rusqlite::{OptionalExtension, Row, params};
 
+use super::layers::{release, retain};
 use super::{Store, StoreError, enum_col, enum_to_sql, json_col};
 
-const COLUMNS: &str = "id, status, status_reason, source_sandbox_id, parent_id, image, layers, \
+pub(super) const COLUMNS: &str = "id, status, status_reason, source_sandbox_id, parent_id, image, layers, \
     size_bytes, created_at, expiration_ms, expires_at, frozen_ms";
 
 /// A snapshot with what the API does not show.
@@ -251,50 +250,6 @@ impl Store {
         Ok(Some((row.layers, freed)))
     }
 
-    /// Drops a deleted sandbox's references; returns the layers no one holds any more.
-    pub fn release_sandbox_layers(&self, sandbox_id: &str) -> Result<Vec<String>, StoreError> {
-        let mut conn = self.conn();
-        let tx = conn.transaction()?;
-        let chain: Option<String> = tx
-            .query_row(
-                "SELECT layers FROM sandbox_layers WHERE sandbox_id = ?1",
-                [sandbox_id],
-                |r| r.get(0),
-            )
-            .optional()?;
-        let Some(chain) = chain else {
-            return Ok(Vec::new());
-        };
-        let chain: Vec<String> = serde_json::from_str(&chain)?;
-        tx.execute(
-            "DELETE FROM sandbox_layers WHERE sandbox_id = ?1",
-            [sandbox_id],
-        )?;
-        let freed = release(&tx, &chain)?;
-        tx.commit()?;
-        Ok(freed)
-    }
-
-    /// Sandboxes that hold layers but no longer exist (a crash between deleting a sandbox and
-    /// releasing its layers).
-    pub fn orphan_sandbox_layers(&self) -> Result<Vec<String>, StoreError> {
-        let conn = self.conn();
-        let mut stmt = conn.prepare(
-            "SELECT sandbox_id FROM sandbox_layers \
-             WHERE sandbox_id NOT IN (SELECT id FROM sandboxes)",
-        )?;
-        let rows = stmt.query_map([], |r| r.get(0))?;
-        Ok(rows.collect::<Result<_, _>>()?)
-    }
-
-    /// Every layer someone holds.
-    pub fn live_layers(&self) -> Result<HashSet<String>, StoreError> {
-        let conn = self.conn();
-        let mut stmt = conn.prepare("SELECT digest FROM layers WHERE refs > 0")?;
-        let rows = stmt.query_map([], |r| r.get(0))?;
-        Ok(rows.collect::<Result<_, _>>()?)
-    }
-
     /// Created snapshots whose expiration is at or before `now`.
     pub fn expired_snapshots(&self, now: i64) -> Result<Vec<String>, StoreError> {
         let conn = self.conn();
@@ -386,36 +341,6 @@ impl Store {
     }
 }
 
-fn retain(tx: &Transaction<'_>, digest: &str, size: u64) -> Result<(), StoreError> {
-    tx.execute(
-        "INSERT INTO layers (digest, size_bytes, refs) VALUES (?1, ?2, 1) \
-         ON CONFLICT (digest) DO UPDATE SET refs = refs + 1",
-        params![digest, size as i64],
-    )?;
-    Ok(())
-}
-
-/// Drops one reference on each layer; returns (and forgets) those that reach zero.
-fn release(tx: &Transaction<'_>, chain: &[String]) -> Result<Vec<String>, StoreError> {
-    let mut freed = Vec::new();
-    for digest in chain {
-        tx.execute(
-            "UPDATE layers SET refs = refs - 1 WHERE digest = ?1",
-            [digest],
-        )?;
-        let refs: Option<i64> = tx
-            .query_row("SELECT refs FROM layers WHERE digest = ?1", [digest], |r| {
-                r.get(0)
-            })
-            .optional()?;
-        if refs.is_some_and(|r| r <= 0) {
-            tx.execute("DELETE FROM layers WHERE digest = ?1", [digest])?;
-            freed.push(digest.clone());
-        }
-    }
-    Ok(freed)
-}
-
 fn empty_snapshot() -> Snapshot {
     Snapshot {
         id: String::new(),
@@ -432,7 +357,7 @@ fn empty_snapshot() -> Snapshot {
     }
 }
 
-fn row_to_snapshot(r: &Row<'_>) -> rusqlite::Result<SnapshotRow> {
+pub(super) fn row_to_snapshot(r: &Row<'_>) -> rusqlite::Result<SnapshotRow> {
     let layers: Vec<String> = json_col(6, &r.get::<_, String>(6)?)?;
     Ok(SnapshotRow {
         snapshot: Snapshot {

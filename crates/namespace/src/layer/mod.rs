@@ -33,7 +33,10 @@ use crate::state::State;
 use crate::{disk, mounts};
 
 pub mod diff;
+mod squash;
 mod xattr;
+
+pub use squash::squash;
 
 use xattr::{get_xattr, list_xattrs, set_times, set_xattr};
 
@@ -103,9 +106,8 @@ pub(crate) enum Shift {
     Block(u32),
     /// Rootless: only the invoking user (sandbox root) is known; it becomes 0.
     Rootless(u32),
-    /// Keep owners as they are (tests of a tree that is already canonical).
-    #[cfg(test)]
-    None,
+    /// Keep owners as they are: the tree is already canonical (squashed layers).
+    Keep,
 }
 
 impl Shift {
@@ -117,8 +119,7 @@ impl Shift {
             },
             Shift::Rootless(me) if id == me => 0,
             Shift::Rootless(_) => id,
-            #[cfg(test)]
-            Shift::None => id,
+            Shift::Keep => id,
         }
     }
 }
@@ -523,7 +524,7 @@ mod tests {
         }
         // Past PATH_MAX paths cannot be made with plain calls; 1500 levels are 3000 bytes.
         fs::create_dir_all(&p).unwrap();
-        let c = capture_tree(&upper, &tmp.path().join("layers"), Shift::None).unwrap();
+        let c = capture_tree(&upper, &tmp.path().join("layers"), Shift::Keep).unwrap();
         assert!(c.path.join("d/d/d").is_dir());
     }
 }
