@@ -66,10 +66,10 @@ fn change(i: u32) -> String {
         m = i % 8,
         g = 100 + i,
     );
-    if i % 3 == 0 {
+    if i.is_multiple_of(3) {
         s += &format!("rm -rf /workspace/d{}\n", i - 2);
     }
-    if i % 4 == 0 {
+    if i.is_multiple_of(4) {
         s +=
             &format!("rm -rf /workspace/op && mkdir /workspace/op && echo {i} > /workspace/op/x\n");
     }

@@ -195,7 +195,11 @@ async fn one_size(args: &Args, c: &Client, home: &Path, mib: u64) -> Result<()> 
             let dst = home.join("cp-baseline");
             cp.push(host(
                 "cp",
-                &["-a", &upper.display().to_string(), &dst.display().to_string()],
+                &[
+                    "-a",
+                    &upper.display().to_string(),
+                    &dst.display().to_string(),
+                ],
             )?);
             std::fs::remove_dir_all(&dst)?;
         }
@@ -228,7 +232,10 @@ fn podman_commit(args: &Args, mib: u64) -> Result<()> {
         let cache = belljar_client::paths::image_cache(
             std::env::var_os("BELLJAR_CACHE").as_deref().map(Path::new),
         )?;
-        let rootfs = cache.join("images").join(&args.image).join("current/rootfs");
+        let rootfs = cache
+            .join("images")
+            .join(&args.image)
+            .join("current/rootfs");
         let tar = Command::new("tar")
             .args(["-C", &rootfs.display().to_string(), "-c", "."])
             .stdout(Stdio::piped())
@@ -282,7 +289,10 @@ fn machine() -> String {
     let load = std::fs::read_to_string("/proc/loadavg").unwrap_or_default();
     format!(
         "{model}, {cores} cores, load {}",
-        load.split_whitespace().take(3).collect::<Vec<_>>().join(" ")
+        load.split_whitespace()
+            .take(3)
+            .collect::<Vec<_>>()
+            .join(" ")
     )
 }
 
