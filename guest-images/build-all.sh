@@ -4,8 +4,9 @@
 # seconds. Used by scripts/setup.sh (and so by CI).
 #
 # Usage: guest-images/build-all.sh [--node] [--images "NAME ..."]
-#   --node           also build the node24 and node22 images
-#   --images LIST    build exactly these images (default: base python3.13)
+#   --node           also build the node22 image
+#   --images LIST    build exactly these images (default: base python3.13 node24; node24 is
+#                    Vercel's default runtime, which the compat examples use as written)
 #
 # Output: progress on stderr; on stdout one line per artifact:
 #   agent PATH
@@ -22,11 +23,11 @@ here="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
 repo="$(cd "$here/.." && pwd)"
 export BELLJAR_CACHE="${BELLJAR_CACHE:-${XDG_CACHE_HOME:-$HOME/.cache}/belljar}"
 
-images=(base python3.13)
+images=(base python3.13 node24)
 while (($#)); do
     case "$1" in
     --node)
-        images+=(node24 node22)
+        images+=(node22)
         shift
         ;;
     --images)

@@ -6,7 +6,7 @@ import { tmpdir } from 'node:os';
 import { join } from 'node:path';
 import { Sandbox } from '@vercel/sandbox';
 
-const sandbox = await Sandbox.create({ runtime: 'python3.13' });
+const sandbox = await Sandbox.create({ runtime: 'node24' });
 const local = await mkdtemp(join(tmpdir(), 'belljar-compat-'));
 try {
   await sandbox.mkDir('assets');

@@ -8,8 +8,8 @@ import { join } from 'node:path';
 import { Sandbox } from '@vercel/sandbox';
 
 const before = Date.now() - 1;
-const a = await Sandbox.create({ runtime: 'python3.13', timeout: 120_000 });
-const b = await Sandbox.create({ runtime: 'python3.13' });
+const a = await Sandbox.create({ runtime: 'node24', timeout: 120_000 });
+const b = await Sandbox.create({ runtime: 'node24' });
 
 const got = await Sandbox.get({ sandboxId: a.sandboxId });
 assert.equal(got.sandboxId, a.sandboxId);
@@ -42,7 +42,7 @@ assert.deepEqual(brokered.subnets, { deny: ['10.0.0.0/8'] });
 assert.ok(JSON.stringify(brokered).includes('x-api-key'));
 assert.ok(!JSON.stringify(brokered).includes('secret-key'));
 await a.updateNetworkPolicy('allow-all'); // Allow all egress from the sandbox
-const denied = await Sandbox.create({ runtime: 'python3.13', networkPolicy: 'deny-all' });
+const denied = await Sandbox.create({ runtime: 'node24', networkPolicy: 'deny-all' });
 assert.equal(denied.networkPolicy, 'deny-all');
 await denied.stop();
 

@@ -3,7 +3,7 @@
 import assert from 'node:assert/strict';
 import { Sandbox, Snapshot } from '@vercel/sandbox';
 
-const sandbox = await Sandbox.create({ runtime: 'python3.13' });
+const sandbox = await Sandbox.create({ runtime: 'node24' });
 await sandbox.writeFiles([{ path: 'state.txt', content: Buffer.from('kept') }]);
 const snapshot = await sandbox.snapshot({ expiration: 14 * 24 * 3600 * 1000 });
 console.log(snapshot.snapshotId);

@@ -4,7 +4,7 @@ import assert from 'node:assert/strict';
 import { Writable } from 'node:stream';
 import { Sandbox } from '@vercel/sandbox';
 
-const sandbox = await Sandbox.create({ runtime: 'python3.13', env: { GREETING: 'hello' } });
+const sandbox = await Sandbox.create({ runtime: 'node24', env: { GREETING: 'hello' } });
 try {
   let streamed = '';
   const sink = new Writable({ write(chunk, _enc, cb) { streamed += chunk; cb(); } });

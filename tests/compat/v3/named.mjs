@@ -7,14 +7,14 @@ import { Sandbox, Snapshot } from '@vercel/sandbox';
 const name = `compat-${process.pid}-${Date.now()}`;
 const sandbox = await Sandbox.create({
   name,
-  runtime: 'python3.13',
+  runtime: 'node24',
   persistent: false,
   tags: { suite: 'compat' },
   keepLastSnapshots: { count: 2 },
   timeout: 120_000,
 });
 assert.equal(sandbox.name, name);
-await assert.rejects(Sandbox.create({ name, runtime: 'python3.13' }), (e) => e.response?.status === 409);
+await assert.rejects(Sandbox.create({ name, runtime: 'node24' }), (e) => e.response?.status === 409);
 
 const got = await Sandbox.get({ name });
 assert.equal(got.name, name);
@@ -67,8 +67,8 @@ await assert.rejects(Sandbox.get({ name }), (e) => e.response?.status === 404);
 
 // getOrCreate: creates when the name is free, gets it afterwards.
 let created = 0;
-const first = await Sandbox.getOrCreate({ name, runtime: 'python3.13', onCreate: () => { created += 1; } });
-const second = await Sandbox.getOrCreate({ name, runtime: 'python3.13', onCreate: () => { created += 1; } });
+const first = await Sandbox.getOrCreate({ name, runtime: 'node24', onCreate: () => { created += 1; } });
+const second = await Sandbox.getOrCreate({ name, runtime: 'node24', onCreate: () => { created += 1; } });
 assert.equal(created, 1);
 assert.equal(second.name, first.name);
 await second.stop();
