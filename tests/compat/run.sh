@@ -80,6 +80,8 @@ done
 
 export BELLJAR_HOME="$home"
 belljar="$target/debug/belljar"
+# Examples that drive the daemon beside the SDK (pausing a sandbox) run this CLI.
+export BELLJAR_CLI="$belljar"
 failed=()
 ran=0
 

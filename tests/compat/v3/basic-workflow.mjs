@@ -16,7 +16,7 @@ console.log(await result.stdout()); // v22.x.x
 assert.equal(result.exitCode, 0);
 assert.match(await result.stdout(), /^v24\./);
 assert.equal(sandbox.status, 'running');
-assert.equal(sandbox.persistent, false);
+assert.equal(sandbox.persistent, true); // Vercel's default
 assert.equal(sandbox.cwd, '/vercel/sandbox');
 assert.ok(sandbox.name);
 const session = await sandbox.stop();

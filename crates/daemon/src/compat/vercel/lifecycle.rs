@@ -3,8 +3,9 @@
 //! over the daemon's sandbox and snapshot services.
 //!
 //! Network policies and exposed ports map onto the daemon's network ([`super::policy`]);
-//! what Vercel offers and the daemon does not yet (persistent sandboxes, drives, tarball
-//! sources) is refused as `not_implemented` rather than ignored.
+//! `persistent` onto the daemon's persistent sandboxes, whose stop snapshots them and whose
+//! start resumes them ([`resume`]). What Vercel offers and the daemon does not yet (drives,
+//! tarball sources, private networks) is refused as `not_implemented` rather than ignored.
 
 use belljar_api::{
     AddPort, CreateSandbox, CreateSnapshot, ExtendSandbox, ForkSandbox, ListSandboxesQuery,
@@ -29,9 +30,6 @@ async fn detached<T: Send + 'static>(
 
 /// Refuses the parts of a request the daemon has no counterpart for yet.
 fn refuse_unsupported(req: &CreateRequest) -> Result<()> {
-    if req.persistent == Some(true) {
-        return Err(VercelError::NotImplemented("persistent: true".into()));
-    }
     if req.network_id.is_some() {
         return Err(VercelError::NotImplemented("networkId".into()));
     }
@@ -103,6 +101,7 @@ pub async fn create(st: &AppState, req: CreateRequest) -> Result<Sandbox> {
         source,
         snapshot_expiration_ms: req.snapshot_expiration,
         keep_last_snapshots: req.keep_last_snapshots.map(Into::into),
+        persistent: req.persistent,
         ..CreateSandbox::default()
     };
     create
@@ -203,6 +202,14 @@ pub async fn stop(st: &AppState, id: &str) -> Result<Sandbox> {
     detached(async move { Ok(sandboxes.stop(&id).await?) }).await
 }
 
+/// Resumes a paused sandbox, or starts a stopped persistent one again from its latest
+/// snapshot (same id, name, tags, env and network policy), as Vercel resumes a persistent
+/// sandbox into a new session.
+pub async fn resume(st: &AppState, id: &str) -> Result<Sandbox> {
+    let (sandboxes, id) = (st.sandboxes.clone(), id.to_owned());
+    detached(async move { Ok(sandboxes.start(&id).await?) }).await
+}
+
 /// Adds `duration` ms to the sandbox's timeout.
 pub async fn extend(st: &AppState, id: &str, duration: i64) -> Result<Sandbox> {
     let (sandboxes, id) = (st.sandboxes.clone(), id.to_owned());
@@ -298,6 +305,15 @@ pub async fn fork(st: &AppState, source: &str, req: CreateRequest) -> Result<San
         return Err(VercelError::BadRequest(
             "image: a fork keeps its source's image".into(),
         ));
+    }
+    // A fork inherits its source's persistence; the daemon cannot give it another.
+    if let Some(p) = req.persistent
+        && p != st.sandboxes.get(source)?.lifecycle.persistent
+    {
+        return Err(VercelError::NotImplemented(format!(
+            "persistent: {p} on a fork of a sandbox that is {}persistent",
+            if p { "not " } else { "" }
+        )));
     }
     let fork = ForkSandbox {
         name: req.name,

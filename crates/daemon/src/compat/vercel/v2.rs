@@ -2,9 +2,10 @@
 //! sandbox without a runtime). A named sandbox is the newest daemon sandbox of that name and
 //! its current session is that sandbox, addressed by id under `/v2/sandboxes/sessions/`.
 //!
-//! Sandboxes here are not persistent (no automatic snapshot at stop); resuming a stopped
-//! one starts a new session with the same configuration, as Vercel resumes a non-persistent
-//! sandbox.
+//! Sandboxes are persistent unless created with `persistent: false`, as Vercel's are: a stop
+//! snapshots them (the daemon's persistent sandboxes) and resuming starts the same sandbox
+//! again from that snapshot. Resuming a non-persistent one starts a new session with the same
+//! configuration and clean files; resuming a paused one resumes it.
 
 use std::collections::BTreeMap;
 
@@ -15,7 +16,7 @@ use axum::extract::State;
 use axum::http::HeaderMap;
 use axum::response::{IntoResponse, Response};
 use axum::routing::{get, post};
-use belljar_api::{ListSandboxesQuery, ListSnapshotsQuery, Sandbox, UpdateSandbox};
+use belljar_api::{ListSandboxesQuery, ListSnapshotsQuery, Sandbox, SandboxStatus, UpdateSandbox};
 use serde::Deserialize;
 use serde_json::json;
 
@@ -83,18 +84,30 @@ fn session_body(s: &Sandbox) -> Response {
     Json(json!({ "session": Session::from(s) })).into_response()
 }
 
-async fn create(State(st): State<AppState>, VJson(req): VJson<CreateRequest>) -> Result<Response> {
+/// Vercel's sandboxes are persistent unless asked otherwise.
+async fn create(
+    State(st): State<AppState>,
+    VJson(mut req): VJson<CreateRequest>,
+) -> Result<Response> {
+    req.persistent.get_or_insert(true);
     Ok(full(&st, &lifecycle::create(&st, req).await?, false))
 }
 
-/// With `resume=true`, a stopped sandbox starts a new session first.
+/// With `resume=true`, a paused sandbox is resumed, a stopped persistent one starts again from
+/// its latest snapshot, and a stopped non-persistent one starts a new session.
 async fn get_one(
     State(st): State<AppState>,
     VPath(name): VPath<String>,
     VQuery(q): VQuery<ListQuery>,
 ) -> Result<Response> {
     let s = lifecycle::named(&st, &name)?;
-    if q.resume.as_deref() == Some("true") && s.status.is_final() {
+    let resume = q.resume.as_deref() == Some("true");
+    if resume
+        && (s.status == SandboxStatus::Paused || (s.status.is_final() && s.lifecycle.persistent))
+    {
+        return Ok(full(&st, &lifecycle::resume(&st, &s.id).await?, true));
+    }
+    if resume && s.status.is_final() {
         let again = CreateRequest {
             timeout: Some(s.timeout_ms),
             resources: Some(Resources {
@@ -105,6 +118,7 @@ async fn get_one(
             name: s.name.clone(),
             env: Some(s.env.clone()),
             tags: Some(s.tags.clone()),
+            persistent: Some(false),
             ..CreateRequest::default()
         };
         return Ok(full(&st, &lifecycle::create(&st, again).await?, true));
@@ -112,8 +126,9 @@ async fn get_one(
     Ok(full(&st, &s, false))
 }
 
-/// Tags pass through; a longer `timeout` extends a running session; `networkPolicy`
-/// `allow-all` is what sandboxes have. Everything else has no counterpart yet.
+/// Tags pass through; a longer `timeout` extends a running session; `networkPolicy` replaces
+/// the policy; `ports` exposes more; `persistent` may repeat what the sandbox is. Everything
+/// else (changing persistence, retention or resources) has no counterpart yet.
 #[derive(Debug, Default, Deserialize)]
 #[serde(rename_all = "camelCase")]
 struct UpdateRequest {
@@ -148,7 +163,10 @@ async fn update(
 ) -> Result<Response> {
     let s = lifecycle::named(&st, &name)?;
     let unsupported = [
-        (req.persistent == Some(true), "persistent: true"),
+        (
+            req.persistent.is_some_and(|p| p != s.lifecycle.persistent),
+            "changing persistent",
+        ),
         (
             req.snapshot_expiration.is_some(),
             "changing snapshotExpiration",

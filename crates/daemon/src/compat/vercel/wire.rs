@@ -208,11 +208,15 @@ pub struct Session {
     pub network_policy: Option<serde_json::Value>,
 }
 
-/// Vercel's status of a sandbox: a paused one cannot run commands until resumed, like one
-/// that is still starting.
-pub fn status(s: SandboxStatus) -> &'static str {
-    match s {
-        SandboxStatus::Pending | SandboxStatus::Paused => "pending",
+/// Vercel's status of a sandbox. Vercel has no paused state: a paused sandbox with
+/// `auto_resume` runs any command, file or terminal call (the daemon resumes it first), so it
+/// is `running`; without it a command is refused as for a stopped session, and the 3.x SDK
+/// then resumes it (`?resume=true`), so it is `stopped`.
+pub fn status(s: &Sandbox) -> &'static str {
+    match s.status {
+        SandboxStatus::Paused if s.lifecycle.auto_resume => "running",
+        SandboxStatus::Paused => "stopped",
+        SandboxStatus::Pending => "pending",
         SandboxStatus::Running => "running",
         SandboxStatus::Stopping => "stopping",
         SandboxStatus::Stopped => "stopped",
@@ -234,7 +238,7 @@ impl From<&Sandbox> for Session {
             region: REGION,
             runtime: runtime::of_image(&s.image).to_owned(),
             timeout: s.timeout_ms,
-            status: status(s.status),
+            status: status(s),
             requested_at: s.created_at,
             started_at: s.started_at,
             stopped_at: s.stopped_at,
@@ -279,7 +283,7 @@ impl From<&Sandbox> for NamedSandbox {
         let session = Session::from(s);
         Self {
             name: s.name.clone().unwrap_or_else(|| s.id.clone()),
-            persistent: false,
+            persistent: s.lifecycle.persistent,
             region: REGION,
             vcpus: s.vcpus,
             memory: s.memory_mib,
