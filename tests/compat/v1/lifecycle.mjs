@@ -46,14 +46,14 @@ const denied = await Sandbox.create({ runtime: 'node24', networkPolicy: 'deny-al
 assert.equal(denied.networkPolicy, 'deny-all');
 await denied.stop();
 
-// Ports: routes carry the forwarded local URL; the SDK's domain() builds Vercel's own host
-// name from the route, which `belljar vercel`'s preload sends to the same local port.
+// Ports: routes carry the forwarded local URL, and domain() returns it (the preload makes the
+// SDK's domain() use it), so the program and curl both reach the sandbox's port.
 const web = await Sandbox.create({ runtime: 'python3.13', ports: [3000] });
 try {
   assert.equal(web.routes.length, 1);
   assert.equal(web.routes[0].port, 3000);
   assert.match(web.routes[0].url, /^http:\/\/127\.0\.0\.1:\d+$/);
-  assert.match(web.domain(3000), /^https:\/\//);
+  assert.equal(web.domain(3000), web.routes[0].url);
   assert.throws(() => web.domain(4000), /No route for port 4000/);
   await web.writeFiles([{ path: 'index.html', content: Buffer.from('served from the sandbox') }]);
   await web.runCommand({ cmd: 'python3', args: ['-m', 'http.server', '3000'], detached: true });
@@ -66,8 +66,9 @@ try {
     }
   }
   assert.equal(body, 'served from the sandbox');
-  // The preload sends requests for domain(port) to the forwarded port.
   assert.equal(await (await fetch(`${web.domain(3000)}/index.html`)).text(), 'served from the sandbox');
+  const curl = execFileSync('curl', ['-sS', '--fail', '--max-time', '30', `${web.domain(3000)}/index.html`]);
+  assert.equal(curl.toString(), 'served from the sandbox');
 } finally {
   await web.stop();
 }

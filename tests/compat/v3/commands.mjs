@@ -4,8 +4,11 @@ import assert from 'node:assert/strict';
 import { Writable } from 'node:stream';
 import { Sandbox } from '@vercel/sandbox';
 
-const sandbox = await Sandbox.create({ runtime: 'node24', env: { GREETING: 'hello' } });
+const sandbox = await Sandbox.create({ runtime: 'node24', env: { GREETING: 'hello' }, ports: [3000] });
 try {
+  // domain() is the forwarded local URL under `belljar vercel` (the 3.x session's own code).
+  assert.match(sandbox.domain(3000), /^http:\/\/127\.0\.0\.1:\d+$/);
+
   let streamed = '';
   const sink = new Writable({ write(chunk, _enc, cb) { streamed += chunk; cb(); } });
   const who = await sandbox.runCommand({

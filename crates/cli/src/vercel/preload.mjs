@@ -7,11 +7,41 @@
 // The SDK's own options (its undici dispatcher without a body timeout, its abort signal)
 // pass through, so long-running output streams behave as they do against Vercel.
 //
-// `sandbox.domain(port)` is `https://<subdomain>.vercel.run` in the SDK; the daemon's routes
-// end their subdomain in `-belljar-<host port>`, and requests for such a URL go to that
-// forwarded port on 127.0.0.1 (plain HTTP), so `fetch(sandbox.domain(3000))` reaches the
-// sandbox's port 3000.
+// `sandbox.domain(port)` is `https://<subdomain>.vercel.run` in the SDK, a name only Vercel
+// serves. The daemon's routes carry the forwarded local URL (`http://127.0.0.1:<host port>`) in
+// their `url`, and the SDK's `domain()` returns that instead: the SDK's source is changed as it
+// loads (ESM through a loader hook, CommonJS through the compiler), so the URL works from the
+// program, from curl and from a browser on this machine. Should an SDK version word `domain()`
+// differently, it returns Vercel's text again, whose subdomain ends in `-belljar-<host port>`:
+// requests for such a URL still go to that forwarded port from this process.
+import Module, { register } from "node:module";
+
 const target = process.env.BELLJAR_VERCEL_URL;
+
+// The SDK's files that build `domain()`'s answer, and the text they build it with.
+const sdkFile = /[\\/]@vercel[\\/]sandbox[\\/]dist[\\/](?:sandbox|session)\.c?js$/;
+const vercelRun = "`https://${route.subdomain}.vercel.run`";
+const localUrl = `(/^http:\\/\\/127\\.0\\.0\\.1:\\d+$/.test(route.url ?? "") ? route.url : ${vercelRun})`;
+
+if (target && !globalThis.__belljarDomain) {
+  Object.defineProperty(globalThis, "__belljarDomain", { value: true });
+  const compile = Module.prototype._compile;
+  Module.prototype._compile = function (content, filename) {
+    if (sdkFile.test(filename)) content = content.replaceAll(vercelRun, localUrl);
+    return compile.call(this, content, filename);
+  };
+  const hook = `
+    const sdkFile = ${sdkFile};
+    export async function load(url, context, nextLoad) {
+      const loaded = await nextLoad(url, context);
+      if (loaded.format !== "module" || loaded.source == null || !sdkFile.test(new URL(url).pathname)) {
+        return loaded;
+      }
+      const source = String(loaded.source).replaceAll(${JSON.stringify(vercelRun)}, ${JSON.stringify(localUrl)});
+      return { ...loaded, source };
+    }`;
+  register(`data:text/javascript,${encodeURIComponent(hook)}`);
+}
 const bases = ["https://vercel.com/api", "https://api.vercel.com"];
 
 if (target && typeof globalThis.fetch === "function" && !globalThis.fetch.__belljar) {
