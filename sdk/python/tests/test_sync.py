@@ -1,10 +1,11 @@
 """The synchronous client against a real daemon (sdk/run-tests.sh starts one and sets
 BELLJAR_HOME): create with Modal's arguments, exec with lines streamed as they arrive, wait and
-poll, stdin, kill, the filesystem, tags, list, snapshot and restore, terminate, and the API's
-error codes; unsupported options raise instead of being ignored."""
+poll, stdin, kill, a pty, the idle timeout, the filesystem, tags, list, snapshot and restore,
+terminate, and the API's error codes; unsupported options raise instead of being ignored."""
 
 import os
 
+import httpx
 import pytest
 
 from pathlib import Path
@@ -87,9 +88,42 @@ def test_errors_and_unsupported_options():
     with pytest.raises(BelljarError) as e:
         Sandbox.create(memory=1)
     assert e.value.code == "bad_request"
-    with pytest.raises(NotSupportedError):
-        Sandbox.create(idle_timeout=60)
+    with pytest.raises(BelljarError) as e:
+        Sandbox.create(idle_timeout=0)
+    assert e.value.code == "bad_request"
     assert list(Sandbox.list(tags={"never": "created"})) == []
+
+
+def test_bad_path_is_an_error_code(sb):
+    with pytest.raises(BelljarError) as e:
+        sb.filesystem.read_text("/no/such/file")
+    assert (e.value.code, e.value.status) == ("not_found", 404)
+
+
+def test_pty_is_a_terminal_with_stdin(sb):
+    p = sb.exec("sh", "-c", "stty size; read line; echo got:$line", pty=True)
+    p.stdin.write("hi\n")
+    out = p.stdout.read()
+    # A terminal: its size, the typed line echoed back, and CR LF line ends.
+    assert "24 80\r\n" in out and "got:hi\r\n" in out
+    assert p.wait() == 0
+
+
+def test_idle_timeout_pauses_and_use_resumes():
+    s = Sandbox.create(idle_timeout=1, tags=TAG)
+    assert s._data["idle_timeout_ms"] == 1000
+    # Every change of a sandbox is on the daemon's event stream (replayed from its start with
+    # since=0), so the test waits for the pause itself, at most 30 s with no event.
+    events = Client()
+    events.http.timeout = httpx.Timeout(30.0)
+    for event in events.ndjson("/v1/events?since=0"):
+        if event["type"] == "sandbox" and event["sandbox"]["id"] == s.object_id:
+            if event["sandbox"]["status"] == "paused":
+                break
+    assert Sandbox.from_id(s.object_id).status == "paused"
+    # auto_resume: the next command resumes it.
+    assert s.exec("echo", "awake").stdout.read() == "awake\n"
+    s.terminate()
 
 
 def test_snapshot_restore_terminate(sb):

@@ -1,7 +1,7 @@
 """Belljar's Python SDK: local, disposable Linux sandboxes through the daemon's API, with
 Modal-like ergonomics. ``belljar.Sandbox`` is synchronous; ``belljar.aio.AsyncSandbox`` is the
 same for asyncio. Errors are ``BelljarError`` with the API's stable ``code``; options the daemon
-does not support yet raise ``NotSupportedError``."""
+does not support yet (``encrypted_ports``) raise ``NotSupportedError``."""
 
 from ._common import BelljarError, Endpoint, FileEntry, NotSupportedError, SnapshotImage, find_daemon
 from .sandbox import Client, ContainerProcess, Sandbox, SandboxFilesystem

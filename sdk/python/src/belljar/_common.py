@@ -101,9 +101,11 @@ def create_body(
     memory: Optional[int],
 ) -> Dict[str, Any]:
     """The body of ``POST /v1/sandboxes`` for ``Sandbox.create``'s arguments."""
-    if idle_timeout is not None:
-        raise NotSupportedError("idle_timeout: Belljar has no idle timeout yet")
     body: Dict[str, Any] = {}
+    if idle_timeout is not None:
+        # Modal's idle_timeout is in seconds; the daemon pauses the idle sandbox, and the next
+        # exec or file call resumes it.
+        body["idle_timeout_ms"] = int(idle_timeout * 1000)
     if block_network and outbound_cidr_allowlist:
         raise BelljarError("bad_request", "block_network and outbound_cidr_allowlist exclude each other")
     if block_network:
