@@ -1,8 +1,10 @@
 // Bad input through the Vercel layer: every answer is an error code in Vercel's shape
 // ({ "error": { "code", "message" } }) with its status, and the daemon keeps serving.
-// Raw requests, with the credential and URL that `belljar vercel` provides.
+// Raw requests, with the credential and URL that `belljar vercel` provides; then the same
+// kinds of bad input through the SDK itself, whose errors carry the layer's codes.
 import assert from 'node:assert/strict';
 import { gzipSync } from 'node:zlib';
+import { Sandbox } from '@vercel/sandbox';
 
 const base = process.env.BELLJAR_VERCEL_URL;
 const token = process.env.VERCEL_OIDC_TOKEN;
@@ -89,6 +91,22 @@ try {
   assert.equal(stopped.status, 200, stopped.text);
 }
 await expectError(410, 'sandbox_stopped', 'POST', `/v1/sandboxes/${id}/cmd`, JSON.stringify({ command: 'true' }));
+
+// Through the SDK: an unknown sandbox, limits out of range, bad paths.
+const code = (status, want) => (e) => e.response?.status === status && e.json?.error?.code === want;
+await assert.rejects(Sandbox.get({ sandboxId: 'sbx_doesnotexist' }), code(404, 'not_found'));
+await assert.rejects(Sandbox.create({ runtime: 'node24', resources: { vcpus: 1000 } }), code(400, 'bad_request'));
+await assert.rejects(Sandbox.create({ runtime: 'node24', timeout: 0 }), code(400, 'bad_request'));
+const sdkSandbox = await Sandbox.create({ runtime: 'node24' });
+try {
+  await assert.rejects(sdkSandbox.mkDir('a\0b'), code(400, 'bad_request'));
+  await assert.rejects(sdkSandbox.runCommand({ cmd: 'true', cwd: 'relative' }), code(400, 'bad_request'));
+  // (The 1.x SDK's readFile checks only for 404 and reads any other error body as the file, so
+  // a directory's is_a_directory is checked with raw requests above.)
+  await assert.rejects(sdkSandbox.extendTimeout(-1), code(400, 'bad_request'));
+} finally {
+  await sdkSandbox.stop();
+}
 
 // Still serving.
 const list = await call('GET', '/v1/sandboxes?limit=1');

@@ -397,6 +397,10 @@ fn extend_stop_rm_and_errors() {
     assert!(stderr(&out).contains("(bad_request)"), "{}", stderr(&out));
     let out = d.cli(["create", "--timeout", "-5m"]);
     assert_ne!(out.status.code(), Some(0));
+    // Limits out of range: the API's code, not a crash.
+    let out = d.cli(["create", "--memory", "1"]);
+    assert_eq!(out.status.code(), Some(1));
+    assert!(stderr(&out).contains("(bad_request)"), "{}", stderr(&out));
 }
 
 #[test]

@@ -217,6 +217,19 @@ async fn an_agent_drives_sandboxes_through_mcp() {
         error_code(&session, "list_sandboxes", json!({ "status": "asleep" })).await,
         "bad_request"
     );
+    // Limits out of range: a timeout of 0 s, and one past the daemon's 30 days.
+    for timeout in [0_u64, 31 * 24 * 3600] {
+        assert_eq!(
+            error_code(
+                &session,
+                "create_sandbox",
+                json!({ "timeout_seconds": timeout })
+            )
+            .await,
+            "bad_request",
+            "timeout_seconds {timeout}"
+        );
+    }
     // Arguments that do not fit a tool's schema: the same code, as a tool error.
     for (tool, args) in [
         ("create_sandbox", json!({ "image": 5 })),
