@@ -39,6 +39,32 @@ fn doctor() -> (Value, impl Fn(&str) -> Value) {
     (report, by_name)
 }
 
+/// The same checks through the daemon, `GET /v1/doctor` (what the app's settings show): the
+/// daemon runs the overlayfs and network probes in children of `belljard`. Its findings must
+/// match the CLI's, check by check, except that the daemon answers.
+fn doctor_via_daemon_matches(cli: &Value) {
+    let daemon = belljar_e2e::Daemon::start();
+    let report = belljar_e2e::block_on(daemon.unix().doctor()).expect("GET /v1/doctor");
+    let report = serde_json::to_value(report).unwrap();
+    let status = |r: &Value| -> Vec<(String, String)> {
+        r["findings"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .filter(|f| f["check"] != "daemon" && f["check"] != "disk")
+            .map(|f| (f["check"].to_string(), f["status"].to_string()))
+            .collect()
+    };
+    assert_eq!(status(&report), status(cli), "{report:#}");
+    let daemon_finding = report["findings"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|f| f["check"] == "daemon")
+        .unwrap();
+    assert_eq!(daemon_finding["status"], "ok", "{daemon_finding}");
+}
+
 fn expect_host(kind: &str) {
     assert_eq!(
         std::env::var("BELLJAR_DOCTOR_HOST").as_deref(),
@@ -69,6 +95,7 @@ fn doctor_as_root_on_cgroup_v1() {
     assert_eq!(network["status"], "ok", "{network}");
     assert_eq!(network["facts"]["tap_in_netns"], true);
     assert_eq!(report["ok"], true);
+    doctor_via_daemon_matches(&report);
 }
 
 #[test]
@@ -113,4 +140,5 @@ fn doctor_as_an_ordinary_user_on_delegated_v2() {
         .map(|f| f["check"].as_str().unwrap())
         .collect();
     assert!(problems.iter().all(|c| *c == "disk"), "{problems:?}");
+    doctor_via_daemon_matches(&report);
 }

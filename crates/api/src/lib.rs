@@ -12,6 +12,7 @@
 
 pub mod command;
 pub mod diff;
+pub mod doctor;
 pub mod duration;
 pub mod error;
 pub mod event;
@@ -26,6 +27,7 @@ pub mod typescript;
 
 pub use command::*;
 pub use diff::*;
+pub use doctor::*;
 pub use error::*;
 pub use event::*;
 pub use file::*;

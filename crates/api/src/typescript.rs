@@ -86,6 +86,9 @@ pub fn render() -> String {
         ImageStatus::decl(&cfg),
         Image::decl(&cfg),
         ImageBuildEvent::decl(&cfg),
+        DoctorStatus::decl(&cfg),
+        DoctorFinding::decl(&cfg),
+        DoctorReport::decl(&cfg),
     ];
     let mut out = String::from(HEADER);
     for decl in decls {

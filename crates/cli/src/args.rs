@@ -125,16 +125,9 @@ pub enum Cmd {
         #[command(subcommand)]
         action: Option<ImagesCmd>,
     },
-    /// Start, stop or inspect the daemon.
     /// Check what this host offers Belljar and print what is missing, with the fix.
-    Doctor {
-        /// Internal: run the overlayfs probe in this scratch directory (a child of doctor).
-        #[arg(long, hide = true)]
-        overlay_probe: Option<std::path::PathBuf>,
-        /// Internal: make a tap in a new network namespace (a child of doctor).
-        #[arg(long, hide = true)]
-        net_probe: bool,
-    },
+    Doctor,
+    /// Start, stop or inspect the daemon.
     Daemon {
         #[command(subcommand)]
         action: DaemonCmd,

@@ -58,7 +58,7 @@ pub async fn run(cli: Cli) -> Result<i32> {
             Ok(0)
         }
         Cmd::Daemon { action } => host::daemon(&paths, action, json).await,
-        Cmd::Doctor { .. } => host::doctor(&paths, json).await,
+        Cmd::Doctor => host::doctor(&paths, json).await,
         Cmd::Mcp => {
             let client = launcher::ensure_running(&paths).await?;
             belljar_cli::mcp::serve(client).await?;
@@ -186,7 +186,7 @@ async fn dispatch(client: &Client, paths: &Paths, command: Cmd, json: bool) -> R
         Cmd::Network { action } => crate::netcmd::network(client, action, json).await,
         Cmd::Port { action } => crate::netcmd::port(client, action, json).await,
         Cmd::Start { ids } => timeline::start(client, ids, json).await,
-        Cmd::Daemon { .. } | Cmd::Completions { .. } | Cmd::Doctor { .. } | Cmd::Mcp => {
+        Cmd::Daemon { .. } | Cmd::Completions { .. } | Cmd::Doctor | Cmd::Mcp => {
             unreachable!("handled before")
         }
     }

@@ -127,11 +127,11 @@ pub(crate) async fn daemon(paths: &Paths, action: DaemonCmd, json: bool) -> Resu
 /// `belljar doctor`: exit status 1 when a finding is a problem.
 pub(crate) async fn doctor(paths: &Paths, json: bool) -> Result<i32> {
     let exe = std::env::current_exe().context("cannot find the belljar binary")?;
-    let report = belljar_cli::doctor::gather(paths, &exe).await;
+    let report = belljar_doctor::gather(paths, &exe).await;
     if json {
         print_json(&report)?;
     } else {
-        out!("{}", report.render())?;
+        out!("{}", belljar_doctor::render(&report))?;
     }
     Ok(if report.ok { 0 } else { 1 })
 }

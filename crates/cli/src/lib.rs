@@ -9,7 +9,6 @@
 #![deny(unsafe_code)]
 
 pub mod cp;
-pub mod doctor;
 pub mod duration;
 pub mod exec;
 pub mod launcher;

@@ -44,33 +44,11 @@ use belljar_client::{ClientError, NdjsonError, PathsError};
 use clap::Parser;
 
 fn main() -> ExitCode {
+    // Before the runtime starts: a doctor probe child needs a single-threaded process.
+    if let Some(status) = belljar_doctor::run_probe_if_asked() {
+        return ExitCode::from(u8::try_from(status).unwrap_or(1));
+    }
     let cli = args::Cli::parse();
-    // Before the runtime starts: a user namespace needs a single-threaded process.
-    if let args::Cmd::Doctor {
-        net_probe: true, ..
-    } = &cli.command
-    {
-        return match belljar_cli::doctor::net::child() {
-            Ok(()) => ExitCode::SUCCESS,
-            Err(e) => {
-                eprintln!("error: {e}");
-                ExitCode::from(1)
-            }
-        };
-    }
-    if let args::Cmd::Doctor {
-        overlay_probe: Some(scratch),
-        ..
-    } = &cli.command
-    {
-        return match belljar_cli::doctor::overlay::child(scratch) {
-            Ok(()) => ExitCode::SUCCESS,
-            Err(e) => {
-                eprintln!("error: {e}");
-                ExitCode::from(1)
-            }
-        };
-    }
     let runtime = match tokio::runtime::Runtime::new() {
         Ok(rt) => rt,
         Err(e) => {

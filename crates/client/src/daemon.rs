@@ -1,14 +1,14 @@
-//! The daemon-wide routes: info, the OpenAPI document, images and their builds, the event
+//! The daemon-wide routes: info, doctor, the OpenAPI document, images and their builds, the event
 //! stream, the browser's sign-in token and the terminal WebSocket.
 
-use belljar_api::{Event, Image, ImageBuildEvent, Info, SessionToken};
+use belljar_api::{DoctorReport, Event, Image, ImageBuildEvent, Info, SessionToken};
 use http::Method;
 
 use crate::body::empty;
 use crate::client::{Client, WebSocket};
 use crate::error::ClientError;
 use crate::ndjson::NdjsonStream;
-use crate::routes::{self, EVENTS, IMAGES, INFO, OPENAPI, SESSION_TOKEN, with_query};
+use crate::routes::{self, DOCTOR, EVENTS, IMAGES, INFO, OPENAPI, SESSION_TOKEN, with_query};
 
 /// How to open a terminal: its size, directory and user.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
@@ -24,6 +24,11 @@ impl Client {
     /// `GET /v1/info`: version, backends, images, free memory.
     pub async fn info(&self) -> Result<Info, ClientError> {
         self.get(INFO).await
+    }
+
+    /// `GET /v1/doctor`: the host's findings, checked by the daemon as its own user.
+    pub async fn doctor(&self) -> Result<DoctorReport, ClientError> {
+        self.get(DOCTOR).await
     }
 
     /// `GET /v1/openapi.json`: the API's description, generated from the daemon's handlers.

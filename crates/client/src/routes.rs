@@ -21,6 +21,7 @@ const SEGMENT: &AsciiSet = &NON_ALPHANUMERIC
 const QUERY_VALUE: &AsciiSet = &SEGMENT.remove(b'/');
 
 pub const INFO: &str = "/v1/info";
+pub const DOCTOR: &str = "/v1/doctor";
 pub const OPENAPI: &str = "/v1/openapi.json";
 pub const IMAGES: &str = "/v1/images";
 pub const EVENTS: &str = "/v1/events";

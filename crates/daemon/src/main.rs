@@ -2,8 +2,23 @@
 
 use clap::Parser;
 
-#[tokio::main]
-async fn main() -> std::process::ExitCode {
+fn main() -> std::process::ExitCode {
+    // Before any runtime thread starts: `GET /v1/doctor` re-runs this binary as a probe child,
+    // which needs a single-threaded process for its user namespace.
+    if let Some(status) = belljar_doctor::run_probe_if_asked() {
+        return std::process::ExitCode::from(u8::try_from(status).unwrap_or(1));
+    }
+    let runtime = match tokio::runtime::Runtime::new() {
+        Ok(rt) => rt,
+        Err(e) => {
+            eprintln!("belljard: error: cannot start the async runtime: {e}");
+            return std::process::ExitCode::FAILURE;
+        }
+    };
+    runtime.block_on(run())
+}
+
+async fn run() -> std::process::ExitCode {
     tracing_subscriber::fmt()
         .with_env_filter(
             tracing_subscriber::EnvFilter::try_from_env("BELLJAR_LOG")

@@ -141,6 +141,8 @@ async fn serve(config: Config, paths: &Paths) -> Result<(), ServerError> {
         events,
         auth: auth.clone(),
         ui_dir: config.ui_dir(),
+        dirs: paths.dirs.clone(),
+        probe_exe: std::env::current_exe().map_err(io_err("Cannot find belljard's own binary"))?,
     };
     let tcp = listen_tcp(config.port).await?;
     let port = tcp.local_addr().map_err(io_err("No local address"))?.port();

@@ -1,9 +1,9 @@
-//! `/v1/info`, `/v1/images`, image builds and the OpenAPI document.
+//! `/v1/info`, `/v1/doctor`, `/v1/images`, image builds and the OpenAPI document.
 
 use axum::Json;
 use axum::extract::State;
 use axum::response::Response;
-use belljar_api::{Image, ImageBuildEvent, Info};
+use belljar_api::{DoctorReport, Image, ImageBuildEvent, Info};
 use utoipa_axum::router::OpenApiRouter;
 use utoipa_axum::routes;
 
@@ -16,6 +16,7 @@ use super::stream::ndjson;
 pub fn router() -> OpenApiRouter<AppState> {
     OpenApiRouter::new()
         .routes(routes!(info))
+        .routes(routes!(doctor))
         .routes(routes!(openapi_json))
         .routes(routes!(images))
         .routes(routes!(build))
@@ -34,6 +35,15 @@ async fn info(State(st): State<AppState>) -> Json<Info> {
         images: st.images.list(),
         free_memory_mib: st.sandboxes.free_memory_mib(),
     })
+}
+
+/// What this host offers Belljar and what is missing, each finding with the command that
+/// fixes it: the checks of `belljar doctor`, run by the daemon (as its user), for the app's
+/// settings. The overlayfs and network probes run in short-lived children of `belljard`.
+#[utoipa::path(get, path = "/v1/doctor", operation_id = "doctor", tag = "daemon",
+    responses((status = 200, description = "The host's findings", body = DoctorReport), Errors))]
+async fn doctor(State(st): State<AppState>) -> Json<DoctorReport> {
+    Json(belljar_doctor::gather(&st.dirs, &st.probe_exe).await)
 }
 
 /// This document.

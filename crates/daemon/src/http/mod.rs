@@ -40,6 +40,11 @@ pub struct AppState {
     pub auth: Arc<auth::Auth>,
     /// The built web UI (`index.html` and assets).
     pub ui_dir: PathBuf,
+    /// The daemon's directories as clients see them (for `GET /v1/doctor`).
+    pub dirs: belljar_client::Paths,
+    /// The binary `GET /v1/doctor` re-runs for its probe children: `belljard` itself, whose
+    /// `main` answers `belljar_doctor::PROBE_ENV`.
+    pub probe_exe: PathBuf,
 }
 
 /// Every `/v1` route with its OpenAPI operation. Only routes added here (through

@@ -584,3 +584,30 @@ export type Image = {
 name: string, status: ImageStatus, digest?: string, size_bytes?: number, built_at?: number, };
 
 export type ImageBuildEvent = { "type": "progress", message: string, } | { "type": "done", image: Image, } | { "type": "error", code: ErrorCode, message: string, };
+
+export type DoctorStatus = "ok" | "warning" | "problem";
+
+export type DoctorFinding = { 
+/**
+ * Stable name of the check: `kvm`, `cgroup`, `subids`, `overlayfs`, `network`, `disk`,
+ * `daemon`.
+ */
+check: string, status: DoctorStatus, 
+/**
+ * What was found, one sentence for people.
+ */
+found: string, 
+/**
+ * The one command that fixes it, when there is one.
+ */
+fix: string | null, 
+/**
+ * The same findings as data, for scripts (each check's own fields).
+ */
+facts: Record<string, unknown>, };
+
+export type DoctorReport = { 
+/**
+ * No finding is a [`DoctorStatus::Problem`].
+ */
+ok: boolean, findings: Array<DoctorFinding>, };

@@ -252,12 +252,12 @@ fn daemon_not_running_is_a_warning_and_problems_fail_the_report() {
     let problem = overlayfs(&Err("x".into()), &Sysctls::default());
     let report = super::super::Report::new(vec![f, problem]);
     assert!(!report.ok);
-    assert!(report.render().contains("PROBLEM"));
+    assert!(crate::render(&report).contains("PROBLEM"));
 }
 
 #[test]
 fn network_needs_tun_and_a_tap_in_a_netns() {
-    use crate::doctor::net::NetFacts;
+    use crate::net::NetFacts;
     let missing = NetFacts {
         tun_present: false,
         tun_openable: false,

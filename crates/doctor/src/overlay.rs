@@ -4,8 +4,9 @@
 //! the answer.
 //!
 //! `unshare(CLONE_NEWUSER)` refuses multithreaded processes and the CLI runs tokio, so the
-//! parent ([`probe`]) re-runs the `belljar` binary with a hidden flag and the child
-//! ([`child`]) runs before any runtime starts. The namespaces die with the child.
+//! parent ([`probe`]) re-runs the current binary (`belljar` or `belljard`) with
+//! [`crate::PROBE_ENV`] set, and the child ([`child`], through [`crate::run_probe_if_asked`])
+//! runs before any runtime starts. The namespaces die with the child.
 
 use std::fs;
 use std::path::Path;
@@ -36,7 +37,8 @@ pub enum OverlayError {
     Broken(String),
 }
 
-/// Runs the probe in a child `exe doctor --overlay-probe <scratch>`; `Err` carries its reason.
+/// Runs the probe in a child (`exe` with `BELLJAR_DOCTOR_PROBE=overlay:<scratch>`); `Err`
+/// carries its reason.
 pub fn probe(exe: &Path) -> Result<(), String> {
     let scratch = std::env::temp_dir().join(format!("belljar-doctor-{}", std::process::id()));
     let result = (|| {
@@ -44,10 +46,10 @@ pub fn probe(exe: &Path) -> Result<(), String> {
             fs::create_dir_all(scratch.join(d)).map_err(|e| e.to_string())?;
         }
         fs::write(scratch.join("lower/from-lower"), "lower").map_err(|e| e.to_string())?;
+        let mut arg = std::ffi::OsString::from(crate::PROBE_OVERLAY);
+        arg.push(&scratch);
         let out = Command::new(exe)
-            .arg("doctor")
-            .arg("--overlay-probe")
-            .arg(&scratch)
+            .env(crate::PROBE_ENV, arg)
             .output()
             .map_err(|e| format!("cannot run {}: {e}", exe.display()))?;
         if out.status.success() {

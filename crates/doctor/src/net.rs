@@ -6,7 +6,8 @@
 //! `TUNSETIFF`, the same calls a sandbox's set-up makes. The tap dies with the namespace.
 //!
 //! As with the overlayfs probe, `unshare(CLONE_NEWUSER)` refuses a multithreaded process, so
-//! [`probe`] re-runs the `belljar` binary (`doctor --net-probe`) and [`child`] does the work.
+//! [`probe`] re-runs the current binary with `BELLJAR_DOCTOR_PROBE=net` and [`child`] does the
+//! work.
 
 use std::fs;
 use std::os::unix::fs::FileTypeExt;
@@ -65,10 +66,11 @@ impl NetFacts {
     }
 }
 
-/// Runs `exe doctor --net-probe`; `Err` carries the child's reason.
+/// Runs the probe in a child (`exe` with `BELLJAR_DOCTOR_PROBE=net`); `Err` carries the
+/// child's reason.
 pub fn probe(exe: &Path) -> Result<(), String> {
     let out = Command::new(exe)
-        .args(["doctor", "--net-probe"])
+        .env(crate::PROBE_ENV, crate::PROBE_NET)
         .output()
         .map_err(|e| format!("cannot run {}: {e}", exe.display()))?;
     if out.status.success() {

@@ -30,7 +30,7 @@ fn finding(
     facts: serde_json::Value,
 ) -> Finding {
     Finding {
-        check,
+        check: check.to_owned(),
         status,
         found: found.into(),
         fix: fix.map(str::to_owned),
