@@ -23,6 +23,7 @@ fn app(home: &std::path::Path) -> axum::Router {
     let store = Store::open_in_memory().unwrap();
     let events = Arc::new(Events::new(store.clone()));
     let images = Images::new(paths.clone(), home.join("no-recipes"), store.clone());
+    let dirs = paths.dirs.clone();
     let sandboxes = Sandboxes::new(
         store,
         events.clone(),
@@ -37,6 +38,9 @@ fn app(home: &std::path::Path) -> axum::Router {
         events,
         auth: Arc::new(Auth::new("t".into(), Vec::new())),
         ui_dir: home.join("no-ui"),
+        dirs,
+        // These tests send no doctor request; a binary that fails stands for belljard.
+        probe_exe: "/bin/false".into(),
     };
     router(state).layer(middleware::from_fn(auth::unix_caller))
 }
