@@ -14,8 +14,8 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::{Duration, Instant};
 
 use belljar_api::{
-    AddPort, CreateSandbox, ErrorCode, FlowVerdict, NetworkFlow, NetworkPolicy, RunCommand,
-    SandboxStatus,
+    AddPort, CreateSandbox, ErrorCode, FlowVerdict, ForkSandbox, NetworkFlow, NetworkPolicy,
+    RunCommand, SandboxStatus,
 };
 use belljar_client::Client;
 use belljar_client::commands::log_bytes;
@@ -557,6 +557,18 @@ fn namespace_sandboxes_reach_the_test_internet_through_the_firewall() {
         assert!(d.cli(["port", "rm", &made.id, "8080"]).status.success());
         let left = c.ports(&made.id).await.unwrap().ports;
         assert_eq!(left.iter().map(|p| p.port).collect::<Vec<_>>(), [9090]);
+        // A fork exposes the source's ports again, each on a host port of its own (the source
+        // keeps its mapping), and carries its policy.
+        let fork = c
+            .fork_sandbox(&made.id, &ForkSandbox::default())
+            .await
+            .unwrap();
+        let forked = c.ports(&fork.id).await.unwrap().ports;
+        assert_eq!(forked.iter().map(|p| p.port).collect::<Vec<_>>(), [9090]);
+        assert_ne!(forked[0].host_port, left[0].host_port);
+        assert_eq!(c.ports(&made.id).await.unwrap().ports, left);
+        assert!(!reaches(&c, &fork.id, "https://a.test/").await, "deny-all");
+        c.delete_sandbox(&fork.id).await.unwrap();
         let out = d.cli(["network", "set", &made.id, "--allow-domain", "*.*.test"]);
         assert!(!out.status.success());
         assert!(

@@ -1,7 +1,8 @@
 //! Fork: a new running sandbox from another's current files, without stopping it. Underneath
 //! it is a live snapshot of the source (which stays on the source's snapshot timeline, with
 //! the source's snapshot expiration) and a sandbox made from that snapshot with the source's
-//! configuration and the request's overrides.
+//! configuration (its policy and exposed ports included, the ports on new host ports) and the
+//! request's overrides.
 
 use belljar_api::{CreateSandbox, CreateSnapshot, ForkSandbox, Sandbox, Source};
 
@@ -11,6 +12,14 @@ impl Sandboxes {
     /// Forks a running sandbox.
     pub async fn fork(&self, id: &str, req: ForkSandbox) -> Result<Sandbox, SandboxError> {
         let source = self.get(id)?;
+        // The fork exposes the same sandbox ports, each on a free host port: the source keeps
+        // its own mapping, and a running copy of a server is expected to be reachable too.
+        let ports: Vec<u32> = self
+            .ports(id)?
+            .ports
+            .iter()
+            .map(|p| u32::from(p.port))
+            .collect();
         let snapshot = self
             .snapshot(
                 id,
@@ -37,7 +46,7 @@ impl Sandboxes {
             snapshot_expiration_ms: held.snapshot_expiration_ms,
             keep_last_snapshots: held.keep_last,
             network_policy: self.network_policy_of(id),
-            ports: None,
+            ports: (!ports.is_empty()).then_some(ports),
             persistent: Some(source.lifecycle.persistent),
             idle_timeout_ms: source.lifecycle.idle_timeout_ms,
             hard_ttl_ms: source.lifecycle.hard_ttl_ms,

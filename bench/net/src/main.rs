@@ -1,0 +1,524 @@
+//! Network figures for a sandbox's userspace stack against the peers a user would otherwise
+//! use for rootless networking, in one run on the same set-up (printed, never pass/fail):
+//!
+//! - TCP throughput sandbox → server and server → sandbox;
+//! - connection set-up time (`connect()` returning in the sandbox) and a 1-byte round trip on
+//!   an open connection;
+//! - the memory one idle sandbox's stack costs (the process's RSS growth over many stacks).
+//!
+//! Every peer gets a fresh "sandbox" network namespace whose only way out is its own
+//! userspace stack, run from the same "host" namespace: Belljar's (`crates/network` on a tap
+//! `eth0`, as the namespace backend sets it up), `pasta` (passt) and `slirp4netns`. The host
+//! namespace reaches the server through a veth into a third namespace (203.0.113.0/24); the
+//! bench makes all three and deletes them, so no traffic leaves them. Needs root, `ip`, and
+//! the Debian packages `passt` and `slirp4netns` (a missing peer is reported and skipped).
+//!
+//! Usage: `cargo build --release -p belljar-net-bench &&
+//!         sudo target/release/net_bench [--rounds 3] [--mib 256] [--connects 200] [--idle 50]`
+
+use std::io::{Read, Write};
+use std::net::{Ipv4Addr, Shutdown, SocketAddr, TcpListener, TcpStream};
+use std::os::fd::OwnedFd;
+use std::process::{Child, Command, Stdio};
+use std::sync::atomic::{AtomicU32, Ordering};
+use std::time::{Duration, Instant};
+
+use anyhow::{Context, Result, bail, ensure};
+use belljar_network::config::{GATEWAY_V4, GUEST_V4, PREFIX_V4};
+use belljar_network::{DnsUpstream, Network, NetworkPolicy, Options, TapDevice, tap};
+use clap::Parser;
+use nix::sched::{CloneFlags, setns};
+
+/// The host namespace's address on the bench's private link.
+const HOST_IP: Ipv4Addr = Ipv4Addr::new(203, 0, 113, 1);
+/// The server's address.
+const SERVER_IP: Ipv4Addr = Ipv4Addr::new(203, 0, 113, 2);
+/// Reads everything, then answers one byte (so the sender knows it all arrived).
+const SINK_PORT: u16 = 9;
+/// Writes `--mib` MiB, then closes.
+const SOURCE_PORT: u16 = 10;
+/// Echoes.
+const ECHO_PORT: u16 = 7;
+/// How long a peer may take to bring its interface up.
+const READY_DEADLINE: Duration = Duration::from_secs(10);
+
+#[derive(Parser)]
+#[command(about = "Sandbox network figures: Belljar's stack vs pasta and slirp4netns")]
+struct Args {
+    /// Rounds; each runs every peer once, interleaved, and the median is printed.
+    #[arg(long, default_value_t = 3)]
+    rounds: usize,
+    /// MiB moved per throughput run.
+    #[arg(long, default_value_t = 256)]
+    mib: usize,
+    /// Connections per latency run.
+    #[arg(long, default_value_t = 200)]
+    connects: usize,
+    /// Idle stacks started for the memory figure.
+    #[arg(long, default_value_t = 50)]
+    idle: usize,
+}
+
+fn ip(args: &[&str]) -> Result<()> {
+    let out = Command::new("ip").args(args).output().context("run ip")?;
+    ensure!(
+        out.status.success(),
+        "ip {args:?}: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    Ok(())
+}
+
+/// A network namespace the bench made; deleted on drop.
+struct Netns {
+    name: String,
+}
+
+impl Netns {
+    fn new(role: &str) -> Result<Self> {
+        static N: AtomicU32 = AtomicU32::new(0);
+        let name = format!(
+            "bjb-{role}-{}-{}",
+            std::process::id(),
+            N.fetch_add(1, Ordering::Relaxed)
+        );
+        ip(&["netns", "add", &name])?;
+        let ns = Self { name };
+        ns.ip(&["link", "set", "lo", "up"])?;
+        Ok(ns)
+    }
+
+    fn path(&self) -> String {
+        format!("/run/netns/{}", self.name)
+    }
+
+    fn ip(&self, args: &[&str]) -> Result<()> {
+        let mut all = vec!["-n", &self.name];
+        all.extend_from_slice(args);
+        ip(&all)
+    }
+
+    /// Runs `f` on a thread inside this namespace and waits for it.
+    fn run<T: Send + 'static>(&self, f: impl FnOnce() -> T + Send + 'static) -> Result<T> {
+        let path = self.path();
+        std::thread::spawn(move || {
+            let ns = std::fs::File::open(path)?;
+            setns(ns, CloneFlags::CLONE_NEWNET)?;
+            Ok::<_, anyhow::Error>(f())
+        })
+        .join()
+        .map_err(|_| anyhow::anyhow!("a thread in {} panicked", self.name))?
+    }
+
+    /// A command inside this namespace.
+    fn command(&self, program: &str) -> Command {
+        let mut c = Command::new("ip");
+        c.args(["netns", "exec", &self.name, program]);
+        c
+    }
+
+    /// Whether `dev` has an IPv4 address yet.
+    fn has_v4(&self, dev: &str) -> bool {
+        Command::new("ip")
+            .args(["-n", &self.name, "-4", "-o", "addr", "show", "dev", dev])
+            .output()
+            .is_ok_and(|o| o.status.success() && !o.stdout.is_empty())
+    }
+}
+
+impl Drop for Netns {
+    fn drop(&mut self) {
+        let _ = Command::new("ip")
+            .args(["netns", "del", &self.name])
+            .status();
+    }
+}
+
+/// The host namespace, the server's namespace behind a veth, and the servers.
+struct World {
+    host: Netns,
+    _server: Netns,
+}
+
+impl World {
+    fn new(mib: usize) -> Result<Self> {
+        let host = Netns::new("h")?;
+        let server = Netns::new("s")?;
+        ip(&[
+            "link",
+            "add",
+            "h0",
+            "netns",
+            &host.name,
+            "type",
+            "veth",
+            "peer",
+            "name",
+            "s0",
+            "netns",
+            &server.name,
+        ])?;
+        host.ip(&["addr", "add", &format!("{HOST_IP}/24"), "dev", "h0"])?;
+        host.ip(&["link", "set", "h0", "up"])?;
+        // pasta and slirp4netns leave by the default route; it stays inside the bench's link.
+        host.ip(&["route", "add", "default", "via", &SERVER_IP.to_string()])?;
+        server.ip(&["addr", "add", &format!("{SERVER_IP}/24"), "dev", "s0"])?;
+        server.ip(&["link", "set", "s0", "up"])?;
+        let bind = |port| server.run(move || TcpListener::bind((SERVER_IP, port)));
+        let sink = bind(SINK_PORT)??;
+        let source = bind(SOURCE_PORT)??;
+        let echo = bind(ECHO_PORT)??;
+        serve(sink, |mut c| {
+            std::io::copy(&mut c, &mut std::io::sink())?;
+            c.write_all(b"k")
+        });
+        serve(source, move |mut c| {
+            let buf = vec![0x5a; 1 << 20];
+            for _ in 0..mib {
+                c.write_all(&buf)?;
+            }
+            Ok(())
+        });
+        serve(echo, |mut c| {
+            c.set_nodelay(true)?;
+            let mut buf = [0; 4096];
+            loop {
+                match c.read(&mut buf)? {
+                    0 => return Ok(()),
+                    n => c.write_all(&buf[..n])?,
+                }
+            }
+        });
+        Ok(Self {
+            host,
+            _server: server,
+        })
+    }
+}
+
+/// Serves each connection on its own thread.
+fn serve(
+    listener: TcpListener,
+    f: impl Fn(TcpStream) -> std::io::Result<()> + Send + Sync + Copy + 'static,
+) {
+    std::thread::spawn(move || {
+        for conn in listener.incoming().flatten() {
+            std::thread::spawn(move || f(conn));
+        }
+    });
+}
+
+/// One peer's sandbox namespace, with its stack running.
+struct Sandbox {
+    ns: Netns,
+    /// What keeps the stack alive: Belljar's in-process network, or the peer's process.
+    _stack: Stack,
+    mtu: u32,
+}
+
+enum Stack {
+    Belljar(#[allow(dead_code)] Network),
+    Process(Child),
+}
+
+impl Drop for Stack {
+    fn drop(&mut self) {
+        if let Stack::Process(child) = self {
+            let _ = child.kill();
+            let _ = child.wait();
+        }
+    }
+}
+
+/// A tap `eth0` configured as the agent configures it, with Belljar's stack on it, run from
+/// the host namespace on `rt`.
+fn belljar(world: &World, rt: &tokio::runtime::Runtime) -> Result<Sandbox> {
+    let ns = Netns::new("b")?;
+    let fd: OwnedFd = ns.run(|| tap::create("eth0"))??;
+    ns.ip(&[
+        "addr",
+        "add",
+        &format!("{GUEST_V4}/{PREFIX_V4}"),
+        "dev",
+        "eth0",
+    ])?;
+    ns.ip(&["link", "set", "eth0", "up"])?;
+    ns.ip(&["route", "add", "default", "via", &GATEWAY_V4.to_string()])?;
+    let handle = rt.handle().clone();
+    let net = world.host.run(move || {
+        let _in = handle.enter();
+        Network::spawn(
+            TapDevice::new(fd)?,
+            Options {
+                policy: NetworkPolicy::AllowAll,
+                dns: DnsUpstream::Servers(vec![SocketAddr::from((SERVER_IP, 53))]),
+                ..Options::default()
+            },
+        )
+        .map_err(anyhow::Error::from)
+    })??;
+    Ok(Sandbox {
+        ns,
+        _stack: Stack::Belljar(net),
+        mtu: 1500,
+    })
+}
+
+/// `pasta` joined to a fresh namespace from the host namespace, copying its addresses.
+fn pasta(world: &World) -> Result<Sandbox> {
+    let ns = Netns::new("p")?;
+    let child = world
+        .host
+        .command("pasta")
+        .args([
+            "-q",
+            "-f",
+            "--config-net",
+            "--netns-only",
+            "-4",
+            "-I",
+            "eth0",
+            // Root stays root: as nobody, pasta cannot join a namespace that root owns.
+            "--runas",
+            "0:0",
+            // The server is the host's default gateway: not pasta's alias for the host.
+            "--no-map-gw",
+        ])
+        .args([
+            "-t",
+            "none",
+            "-u",
+            "none",
+            "-T",
+            "none",
+            "-U",
+            "none",
+            "--netns",
+            &ns.path(),
+        ])
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .spawn()
+        .context("start pasta (Debian package passt)")?;
+    let mut sandbox = Sandbox {
+        mtu: 0,
+        ns,
+        _stack: Stack::Process(child),
+    };
+    ready(&sandbox, "eth0")?;
+    sandbox.mtu = mtu_of(&sandbox.ns, "eth0");
+    Ok(sandbox)
+}
+
+/// `slirp4netns` on a fresh namespace from the host namespace, with the MTU its users set.
+fn slirp4netns(world: &World) -> Result<Sandbox> {
+    let ns = Netns::new("l")?;
+    let child = world
+        .host
+        .command("slirp4netns")
+        .args([
+            "--configure",
+            "--mtu=65520",
+            "--disable-host-loopback",
+            "--netns-type=path",
+            &ns.path(),
+            "tap0",
+        ])
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .spawn()
+        .context("start slirp4netns")?;
+    let sandbox = Sandbox {
+        mtu: 65520,
+        ns,
+        _stack: Stack::Process(child),
+    };
+    ready(&sandbox, "tap0")?;
+    Ok(sandbox)
+}
+
+/// Waits until the peer has configured `dev` (neither tells us otherwise when joined by path).
+fn ready(s: &Sandbox, dev: &str) -> Result<()> {
+    let end = Instant::now() + READY_DEADLINE;
+    while !s.ns.has_v4(dev) {
+        if Instant::now() > end {
+            bail!(
+                "{dev} in {} got no address in {READY_DEADLINE:?}",
+                s.ns.name
+            );
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    Ok(())
+}
+
+fn mtu_of(ns: &Netns, dev: &str) -> u32 {
+    ns.run({
+        let dev = dev.to_owned();
+        move || std::fs::read_to_string(format!("/sys/class/net/{dev}/mtu"))
+    })
+    .ok()
+    .and_then(Result::ok)
+    .and_then(|s| s.trim().parse().ok())
+    .unwrap_or(0)
+}
+
+/// Figures of one run.
+struct Figures {
+    up_mbit: f64,
+    down_mbit: f64,
+    connect: Vec<Duration>,
+    rtt: Vec<Duration>,
+}
+
+fn measure(s: &Sandbox, mib: usize, connects: usize) -> Result<Figures> {
+    let (up, down, connect, rtt) = s.ns.run(move || -> std::io::Result<_> {
+        let server = |port| SocketAddr::from((SERVER_IP, port));
+        // Sandbox → server.
+        let mut c = TcpStream::connect(server(SINK_PORT))?;
+        let buf = vec![0x5a; 1 << 20];
+        let t = Instant::now();
+        for _ in 0..mib {
+            c.write_all(&buf)?;
+        }
+        c.shutdown(Shutdown::Write)?;
+        c.read_exact(&mut [0; 1])?;
+        let up = t.elapsed();
+        // Server → sandbox.
+        let t = Instant::now();
+        let mut c = TcpStream::connect(server(SOURCE_PORT))?;
+        let got = std::io::copy(&mut c, &mut std::io::sink())?;
+        let down = t.elapsed();
+        if got != (mib as u64) << 20 {
+            return Err(std::io::Error::other(format!(
+                "got {got} bytes from the server"
+            )));
+        }
+        // Connection set-up, then a 1-byte round trip on it.
+        let mut connect = Vec::with_capacity(connects);
+        let mut rtt = Vec::with_capacity(connects);
+        for _ in 0..connects {
+            let t = Instant::now();
+            let mut c = TcpStream::connect(server(ECHO_PORT))?;
+            connect.push(t.elapsed());
+            c.set_nodelay(true)?;
+            let t = Instant::now();
+            c.write_all(b"x")?;
+            c.read_exact(&mut [0; 1])?;
+            rtt.push(t.elapsed());
+        }
+        Ok((up, down, connect, rtt))
+    })??;
+    let mbit = |d: Duration| (mib as f64 * 8.0 * 1.048_576) / d.as_secs_f64();
+    Ok(Figures {
+        up_mbit: mbit(up),
+        down_mbit: mbit(down),
+        connect,
+        rtt,
+    })
+}
+
+fn pct(v: &mut [Duration], p: f64) -> Duration {
+    v.sort();
+    v[((v.len() - 1) as f64 * p).round() as usize]
+}
+
+fn median(v: &mut [f64]) -> f64 {
+    v.sort_by(f64::total_cmp);
+    v[v.len() / 2]
+}
+
+/// The process's resident memory, from /proc/self/status.
+fn rss_kib() -> Result<u64> {
+    let status = std::fs::read_to_string("/proc/self/status")?;
+    status
+        .lines()
+        .find_map(|l| l.strip_prefix("VmRSS:"))
+        .and_then(|v| v.trim().trim_end_matches("kB").trim().parse().ok())
+        .context("no VmRSS in /proc/self/status")
+}
+
+/// RSS growth per idle stack over `n` stacks (each with its tap, nothing flowing), after one
+/// warm-up stack so the runtime's own first allocations are not counted.
+fn idle_memory(world: &World, rt: &tokio::runtime::Runtime, n: usize) -> Result<f64> {
+    let _warm = belljar(world, rt)?;
+    let before = rss_kib()?;
+    let mut all = Vec::with_capacity(n);
+    for _ in 0..n {
+        all.push(belljar(world, rt)?);
+    }
+    // Let every stack reach its idle wait (router solicitations, the first poll).
+    std::thread::sleep(Duration::from_millis(500));
+    let after = rss_kib()?;
+    Ok((after.saturating_sub(before)) as f64 / n as f64)
+}
+
+fn main() -> Result<()> {
+    let args = Args::parse();
+    ensure!(
+        nix::unistd::geteuid().is_root(),
+        "net_bench makes network namespaces: run it as root"
+    );
+    let world = World::new(args.mib)?;
+    let rt = world.host.run(|| {
+        tokio::runtime::Builder::new_multi_thread()
+            .worker_threads(2)
+            .enable_all()
+            .build()
+    })??;
+    type Make<'a> = Box<dyn Fn() -> Result<Sandbox> + 'a>;
+    let peers: Vec<(&str, Make)> = vec![
+        ("belljar", Box::new(|| belljar(&world, &rt))),
+        ("pasta", Box::new(|| pasta(&world))),
+        ("slirp4netns", Box::new(|| slirp4netns(&world))),
+    ];
+    let mut runs: Vec<(String, u32, Vec<Figures>)> = Vec::new();
+    for round in 0..args.rounds {
+        for (name, make) in &peers {
+            let s = match make() {
+                Ok(s) => s,
+                Err(e) => {
+                    if round == 0 {
+                        println!("{name}: skipped: {e:#}");
+                    }
+                    continue;
+                }
+            };
+            let f = measure(&s, args.mib, args.connects).with_context(|| name.to_string())?;
+            match runs.iter_mut().find(|r| r.0 == *name) {
+                Some(r) => r.2.push(f),
+                None => runs.push((name.to_string(), s.mtu, vec![f])),
+            }
+        }
+    }
+    println!(
+        "{} rounds, {} MiB each way, {} connections; server 203.0.113.2 behind a veth from the host namespace",
+        args.rounds, args.mib, args.connects
+    );
+    println!(
+        "{:<12} {:>5} {:>14} {:>14} {:>14} {:>14} {:>12}",
+        "stack", "MTU", "up Mbit/s", "down Mbit/s", "connect p50", "connect p95", "RTT p50"
+    );
+    for (name, mtu, figs) in &mut runs {
+        let mut up: Vec<f64> = figs.iter().map(|f| f.up_mbit).collect();
+        let mut down: Vec<f64> = figs.iter().map(|f| f.down_mbit).collect();
+        let mut connect: Vec<Duration> = figs.iter().flat_map(|f| f.connect.clone()).collect();
+        let mut rtt: Vec<Duration> = figs.iter().flat_map(|f| f.rtt.clone()).collect();
+        println!(
+            "{:<12} {:>5} {:>14.0} {:>14.0} {:>14?} {:>14?} {:>12?}",
+            name,
+            mtu,
+            median(&mut up),
+            median(&mut down),
+            pct(&mut connect, 0.5),
+            pct(&mut connect, 0.95),
+            pct(&mut rtt, 0.5),
+        );
+    }
+    let per = idle_memory(&world, &rt, args.idle)?;
+    println!(
+        "belljar stack memory per idle sandbox: {per:.0} KiB (RSS growth over {} idle stacks)",
+        args.idle
+    );
+    Ok(())
+}
