@@ -2,7 +2,8 @@
 // belljard on the namespace backend: create a sandbox from the dialog, `echo hi` in a terminal,
 // drop a file onto the tree and read it back through the API, open a file, see the command
 // history, pause and resume, walk the snapshot timeline (snapshot, create from it, diff), edit
-// the network policy, see a denied flow and open a forwarded port, stop and delete the sandbox. Saves screenshots to docs/screenshots/.
+// the network policy, see a denied flow and open a forwarded port, stop and delete the sandbox;
+// the host check shows the daemon's doctor findings. Saves screenshots to docs/screenshots/.
 
 import { mkdtempSync, rmSync, createWriteStream } from "node:fs";
 import { tmpdir } from "node:os";
@@ -76,6 +77,28 @@ try {
     await page.getByRole("status", { name: "Daemon connection" }).filter({ hasText: "belljard" }).waitFor();
     await page.getByText("No sandboxes yet").waitFor();
     await shot("sandboxes-empty.png");
+  });
+
+  await steps.step("open the host check and see the daemon's findings, the same as GET /v1/doctor", async () => {
+    await page.getByRole("link", { name: "Host check" }).click();
+    await until("the host check's address", async () => /#\/doctor$/.test(page.url()));
+    const table = page.getByRole("table", { name: "Host findings" });
+    await table.waitFor({ timeout: 60_000 });
+    const report = await api.json("GET", "/v1/doctor");
+    for (const f of report.findings) {
+      const row = table.locator(`tr[data-check="${f.check}"]`);
+      await row.locator(`.badge.${f.status}`).waitFor();
+      if (f.fix) await row.getByLabel(`Fix for ${f.check}`).filter({ hasText: f.fix }).waitFor();
+    }
+    const rows = await table.locator("tbody tr").count();
+    if (rows !== report.findings.length) throw new Error(`${rows} rows for ${report.findings.length} findings`);
+    // This daemon answers, so its own finding is ok; the summary counts what the rows show.
+    await table.locator('tr[data-check="daemon"] .badge.ok').waitFor();
+    const problems = report.findings.filter((f) => f.status === "problem").length;
+    await page.getByRole("status", { name: "Host check summary" }).filter({ hasText: problems === 0 && report.findings.every((f) => f.status === "ok") ? "Everything" : `${problems} problem` }).waitFor();
+    await shot("host-check.png");
+    await page.getByRole("link", { name: "Sandboxes" }).click();
+    await page.getByText("No sandboxes yet").waitFor();
   });
 
   await steps.step("create a sandbox from the dialog", async () => {

@@ -4,6 +4,7 @@ import type {
   Command,
   CommandList,
   CreateSandbox,
+  DoctorReport,
   FileEntry,
   FileList,
   Info,
@@ -40,6 +41,7 @@ const q = (params: Record<string, string | number | boolean>) =>
 
 export const api = {
   info: () => json<Info>("/v1/info"),
+  doctor: () => json<DoctorReport>("/v1/doctor"),
 
   async listSandboxes(): Promise<Sandbox[]> {
     const all: Sandbox[] = [];

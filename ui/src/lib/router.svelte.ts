@@ -1,11 +1,17 @@
-// Hash routes: `#/` (sandboxes), `#/sandbox/<id>`, `#/terminal/<id>` (a terminal window).
+// Hash routes: `#/` (sandboxes), `#/sandbox/<id>`, `#/terminal/<id>` (a terminal window),
+// `#/doctor` (the host check).
 // A hash keeps the daemon's SPA fallback and the app's embedded assets out of routing.
 
-export type Route = { name: "list" } | { name: "sandbox"; id: string } | { name: "terminal"; id: string };
+export type Route =
+  | { name: "list" }
+  | { name: "doctor" }
+  | { name: "sandbox"; id: string }
+  | { name: "terminal"; id: string };
 
 function parse(hash: string): Route {
   const m = /^#\/(sandbox|terminal)\/([^/?]+)/.exec(hash);
   if (m) return { name: m[1] as "sandbox" | "terminal", id: decodeURIComponent(m[2]) };
+  if (/^#\/doctor\/?$/.test(hash)) return { name: "doctor" };
   return { name: "list" };
 }
 
