@@ -220,6 +220,11 @@ async fn one_size(args: &Args, c: &Client, home: &Path, mib: u64) -> Result<()> 
     Ok(())
 }
 
+/// The podman image made from the sandbox image's tree for the baseline.
+fn podman_image(args: &Args) -> String {
+    format!("localhost/belljar-bench-{}", args.image.replace('.', "-"))
+}
+
 /// Baseline: `podman commit` of an exited container holding the same changes, on the image's
 /// tree imported once as a podman image (runc: crun refuses this machine's hybrid cgroups).
 fn podman_commit(args: &Args, mib: u64) -> Result<()> {
@@ -227,7 +232,7 @@ fn podman_commit(args: &Args, mib: u64) -> Result<()> {
         println!("  (podman commit baseline skipped: podman not installed)");
         return Ok(());
     }
-    let image = format!("localhost/belljar-bench-{}", args.image.replace('.', "-"));
+    let image = podman_image(args);
     if host("podman", &["image", "exists", &image]).is_err() {
         let cache = belljar_client::paths::image_cache(
             std::env::var_os("BELLJAR_CACHE").as_deref().map(Path::new),
@@ -241,7 +246,7 @@ fn podman_commit(args: &Args, mib: u64) -> Result<()> {
             .stdout(Stdio::piped())
             .spawn()?;
         let status = Command::new("podman")
-            .args(["import", "-", &image])
+            .args(["import", "-q", "-", &image])
             .stdin(tar.stdout.context("tar's output")?)
             .stdout(Stdio::null())
             .status()?;
@@ -332,5 +337,9 @@ async fn main() -> Result<()> {
         }
     }
     let _ = launcher::stop(&paths).await;
+    // The imported tree is as big as the image: it is not kept between runs.
+    if on_path("podman").is_some() {
+        let _ = host("podman", &["rmi", "--ignore", &podman_image(&args)]);
+    }
     result
 }
