@@ -68,6 +68,13 @@ pub struct Config {
     #[arg(long, env = "BELLJAR_SQUASH_DEPTH", default_value_t = 16,
           value_parser = clap::value_parser!(u16).range(2..=128))]
     pub squash_depth: u16,
+    /// The warm pool: sandboxes started ahead of demand per image, e.g. `base=2`
+    /// (comma-separated `IMAGE=N`, N ≤ 64), on the default backend with the default limits.
+    /// Off by default: each pooled sandbox holds its processes (a booted VM on the microVM
+    /// backend) while it waits. A create with files, a source, ports or other limits
+    /// is launched as usual.
+    #[arg(long, env = "BELLJAR_POOL", default_value = "")]
+    pub pool: crate::sandbox::PoolSizes,
     /// Extra browser origins allowed to call the daemon (e.g. a UI dev server), comma-separated.
     #[arg(long, env = "BELLJAR_ALLOWED_ORIGINS", value_delimiter = ',')]
     pub allowed_origins: Vec<String>,

@@ -118,6 +118,7 @@ async fn serve(config: Config, paths: &Paths) -> Result<(), ServerError> {
         command_output_limit: config.command_output_limit,
         squash_depth: usize::from(config.squash_depth),
         ready_timeout: std::time::Duration::from_millis(config.ready_timeout.unsigned_abs()),
+        pool: config.pool.clone(),
         ..Settings::default()
     };
     let sandboxes = Sandboxes::new(
@@ -130,11 +131,14 @@ async fn serve(config: Config, paths: &Paths) -> Result<(), ServerError> {
     );
     sandboxes.recover_snapshots().await?;
     sandboxes.adopt_all().await?;
+    sandboxes.discard_stale_pool().await?;
+    sandboxes.start_pool();
     sandboxes.watch_lifetimes()?;
     let monitor = sandboxes.spawn_monitor();
     let reaper = sandboxes.spawn_snapshot_reaper();
     let squasher = sandboxes.spawn_squasher();
 
+    let pool = sandboxes.clone();
     let state = AppState {
         sandboxes,
         images,
@@ -168,6 +172,7 @@ async fn serve(config: Config, paths: &Paths) -> Result<(), ServerError> {
         _ = term.recv() => Ok(()),
         _ = int.recv() => Ok(()),
     };
+    pool.drain_pool().await;
     monitor.abort();
     reaper.abort();
     squasher.abort();

@@ -45,6 +45,9 @@ struct Args {
     /// Image of the sandboxes.
     #[arg(long, default_value = "base")]
     image: String,
+    /// Warm pool of the daemon: sandboxes of the image started ahead of demand (0: none).
+    #[arg(long, default_value_t = 0)]
+    pool: usize,
 }
 
 /// The `p`-th percentile (nearest rank) of sorted samples.
@@ -61,9 +64,10 @@ fn report(name: &str, mut samples: Vec<Duration>) -> Duration {
     samples.sort();
     let ms = |d: Duration| d.as_secs_f64() * 1000.0;
     println!(
-        "{name:<48} p50 {:>8.2} ms   p95 {:>8.2} ms   (n={}, min {:.2} ms, max {:.2} ms)",
+        "{name:<48} p50 {:>8.2} ms   p95 {:>8.2} ms   p99 {:>8.2} ms   (n={}, min {:.2} ms, max {:.2} ms)",
         ms(percentile(&samples, 50.0)),
         ms(percentile(&samples, 95.0)),
+        ms(percentile(&samples, 99.0)),
         samples.len(),
         ms(samples[0]),
         ms(samples[samples.len() - 1]),
@@ -103,7 +107,7 @@ struct BenchDaemon {
 }
 
 impl BenchDaemon {
-    async fn start() -> Result<(Self, Client)> {
+    async fn start(args: &Args) -> Result<(Self, Client)> {
         let home = tempfile::Builder::new()
             .prefix("belljar-bench-")
             .tempdir()?;
@@ -113,6 +117,8 @@ impl BenchDaemon {
             home.path().display().to_string(),
             "--port".to_string(),
             "0".to_string(),
+            "--pool".to_string(),
+            format!("{}={}", args.image, args.pool),
         ];
         launcher::start(&paths, &args)
             .await
@@ -197,18 +203,27 @@ async fn lifecycle_rounds(args: &Args, client: &Client, home: &Path) -> Result<(
     let mut run = Vec::with_capacity(args.rounds);
     let mut theirs: Vec<Vec<Duration>> = peers.iter().map(|_| Vec::new()).collect();
     cli_round(&cli, home, &args.image)?;
+    let (mut creates, mut execs, mut deletes) = (Vec::new(), Vec::new(), Vec::new());
     for _ in 0..args.rounds {
         let t = Instant::now();
         let s = create(client, &args.image).await?;
+        let created = t.elapsed();
         exec_true(client, &s.id).await?;
-        first.push(t.elapsed());
+        let ran = t.elapsed();
         delete(client, &s.id).await?;
         api.push(t.elapsed());
+        first.push(ran);
+        creates.push(created);
+        execs.push(ran - created);
+        deletes.push(t.elapsed() - ran);
         run.push(cli_round(&cli, home, &args.image)?);
         for (peer, samples) in peers.iter().zip(&mut theirs) {
             samples.push(peer.round()?);
         }
     }
+    report("  of which create", creates);
+    report("  of which the first `true`", execs);
+    report("  of which delete", deletes);
     report("create → first command done (API)", first);
     let api = report("create → true → delete (API)", api);
     let run = report("`belljar run IMAGE -- true` (CLI process)", run);
@@ -283,7 +298,10 @@ async fn run(args: &Args, client: &Client, home: &Path) -> Result<()> {
         "daemon:  belljard {} (default backend {:?}: {})",
         info.version, info.default_backend, info.default_backend_reason
     );
-    println!("backend: namespace, image {}\n", args.image);
+    println!(
+        "backend: namespace, image {}, warm pool {}\n",
+        args.image, args.pool
+    );
 
     // Warm-up: the first sandbox pays for cold caches (image pages, binaries).
     let warm = create(client, &args.image).await?;
@@ -339,7 +357,7 @@ async fn main() -> Result<()> {
         std::env::args().collect::<Vec<_>>().join(" ")
     );
     println!("machine: {}", machine());
-    let (daemon, client) = BenchDaemon::start().await?;
+    let (daemon, client) = BenchDaemon::start(&args).await?;
     let result = run(&args, &client, daemon.home.path()).await;
     daemon.stop(&client).await;
     result

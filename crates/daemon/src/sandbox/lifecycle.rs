@@ -91,12 +91,27 @@ impl Sandboxes {
             .choose(req.backend.unwrap_or(BackendChoice::Auto))?;
         let agent = self.agent_binary(&image.rootfs)?;
 
-        let id = new_id("sbx");
-        self.prepare_network(
-            &id,
-            req.network_policy.as_ref(),
-            req.ports.as_deref().unwrap_or_default(),
-        )?;
+        // The warm pool's hook: a pooled sandbox (see `pool`) replaces the launch below.
+        let claimed = self
+            .claim_pooled(
+                &req,
+                &image_name,
+                backend.kind(),
+                (vcpus, memory_mib, disk_mib),
+            )
+            .await;
+        let id = claimed
+            .as_ref()
+            .map_or_else(|| new_id("sbx"), |c| c.id.clone());
+        match (&claimed, &req.network_policy) {
+            (None, policy) => self.prepare_network(
+                &id,
+                policy.as_ref(),
+                req.ports.as_deref().unwrap_or_default(),
+            )?,
+            (Some(_), Some(policy)) => self.replace_network_policy(&id, policy)?,
+            (Some(_), None) => {}
+        }
         let now = now_ms();
         let mut sandbox = Sandbox {
             id: id.clone(),
@@ -170,6 +185,10 @@ impl Sandboxes {
         let state_dir = self.new_state_dir(&id, sandbox.backend);
         let layers = from.map(|f| f.layers).unwrap_or_default();
         let started = async {
+            if let Some(c) = &claimed {
+                sandbox.limits = c.limits.clone();
+                return Ok(());
+            }
             let agent = self
                 .boot(&mut sandbox, image.dir.clone(), agent, layers)
                 .await?;
@@ -205,6 +224,9 @@ impl Sandboxes {
         sandbox.started_at = Some(now);
         sandbox.expires_at = Some(now + timeout_ms);
         self.save(&sandbox)?;
+        if let Some(c) = claimed {
+            c.keep();
+        }
         Ok(self.with_network(sandbox))
     }
 
@@ -237,12 +259,18 @@ impl Sandboxes {
             layers,
         };
         std::fs::create_dir_all(&state_dir)?;
+        let t = Instant::now();
         let launched = self
             .blocking_backend(sandbox, move |b| b.launch(&spec))
             .await?;
         sandbox.limits = launched.limits.clone();
+        let launch = t.elapsed();
         self.attach_network(sandbox, &state_dir).await;
-        self.wait_ready(sandbox, &state_dir, &launched.agent).await
+        let network = t.elapsed() - launch;
+        let ready = self.wait_ready(sandbox, &state_dir, &launched.agent).await;
+        // Where a start's time goes (`BELLJAR_LOG=belljard=debug`), for profiling.
+        tracing::debug!(sandbox = %sandbox.id, ?launch, ?network, ready = ?(t.elapsed() - launch - network), "booted");
+        ready
     }
 
     /// The agent binary the namespace backend bind-mounts: `BELLJAR_AGENT`, else
@@ -468,10 +496,13 @@ impl Sandboxes {
         let lock = self.lock_for(id);
         let _guard = lock.lock().await;
         let s = self.get(id)?;
+        let t = Instant::now();
         self.stop_locked(id, SandboxStatus::Stopped, "deleted", false)
             .await?;
+        let stop = t.elapsed();
         let dir = self.state_dir(id);
         self.blocking_backend(&s, move |b| b.destroy(&dir)).await?;
+        tracing::debug!(sandbox = %id, ?stop, destroy = ?(t.elapsed() - stop), "deleting");
         let all = self.inner.paths.sandbox_dir(id);
         match tokio::fs::remove_dir_all(&all).await {
             Err(e) if e.kind() != std::io::ErrorKind::NotFound => return Err(e.into()),

@@ -24,6 +24,7 @@ mod network_flows;
 mod network_policy;
 mod pause;
 mod persist;
+mod pool;
 mod snapshots;
 mod source;
 mod squash;
@@ -49,6 +50,7 @@ use admission::AdmissionError;
 use backend::{AgentAddress, BackendError, Backends};
 pub use files::Thumbnail;
 use logs::LogRegistry;
+pub use pool::PoolSizes;
 pub use terminal::{Terminal, TerminalFrame};
 
 #[derive(Debug, thiserror::Error)]
@@ -121,6 +123,8 @@ pub struct Settings {
     pub command_output_limit: Option<u64>,
     /// Snapshot chains deeper than this are squashed in the background.
     pub squash_depth: usize,
+    /// Sandboxes kept started ahead of demand, per image (see `pool`); empty: no pool.
+    pub pool: PoolSizes,
 }
 
 impl Default for Settings {
@@ -138,6 +142,7 @@ impl Default for Settings {
             ready_timeout: Duration::from_secs(20),
             command_output_limit: None,
             squash_depth: squash::DEFAULT_SQUASH_DEPTH,
+            pool: PoolSizes::default(),
         }
     }
 }
@@ -168,6 +173,7 @@ struct Inner {
     snapshots: snapshots::SnapshotState,
     network: network::NetState,
     lifetime: lifetime::LifetimeState,
+    pool: pool::PoolState,
 }
 
 impl Sandboxes {
@@ -196,6 +202,7 @@ impl Sandboxes {
                 snapshots: Default::default(),
                 network: Default::default(),
                 lifetime: Default::default(),
+                pool: Default::default(),
             }),
         }
     }

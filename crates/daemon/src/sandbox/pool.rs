@@ -1,0 +1,440 @@
+//! The warm pool: sandboxes started ahead of demand, per image, so that a create that one can
+//! serve costs a handover instead of a launch (mounts, cgroup, agent start, health check; a
+//! whole boot on the microVM backend).
+//!
+//! The mechanism is backend-agnostic: a pooled sandbox is launched through the same
+//! [`Sandboxes::boot`] as any other, so a pool of the microVM backend is a pool of booted VMs.
+//!
+//! Rules that keep users apart and the host clean:
+//! - A pooled sandbox never ran a user command, is not in the store (so it is absent from
+//!   list, get and events) until a create claims it, and a claimed sandbox never returns.
+//! - Only what can be applied at claim differs between requests: name, tags, env (given to
+//!   every command), timeout and lifecycle, and the network policy (swapped on the running
+//!   stack). A request with files, a source, a snapshot, ports or other limits than the pool's
+//!   is launched as usual.
+//! - Each pooled sandbox's directory holds a [`MARKER`]. At start the daemon destroys every
+//!   marked directory the store does not know (pooled sandboxes of a daemon that ended), so a
+//!   `kill -9` leaks nothing; a claim writes the store before it removes the marker, and the
+//!   store wins.
+
+use std::collections::{HashMap, VecDeque};
+use std::path::PathBuf;
+use std::sync::Mutex;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::time::Duration;
+
+use belljar_agent_proto::client::AgentClient;
+use belljar_api::{
+    Backend as BackendKind, CreateSandbox, LimitsReport, Sandbox, SandboxLifecycle, SandboxStatus,
+};
+
+use super::{SandboxError, Sandboxes, admission};
+use crate::util::{new_id, now_ms};
+
+/// The file that marks a sandbox directory as the pool's (not yet claimed): empty while the
+/// sandbox starts, `ready` once it waits for a claim.
+pub const MARKER: &str = "pooled";
+
+/// How long a claim waits for a pooled agent's health answer before it launches instead.
+const CLAIM_HEALTH_TIMEOUT: Duration = Duration::from_secs(1);
+
+/// The pool's wanted sizes, from the daemon's `--pool` (`image=N,...`).
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct PoolSizes(pub Vec<(String, usize)>);
+
+impl std::str::FromStr for PoolSizes {
+    type Err = String;
+
+    /// `base=2,python3.13=1`; an empty string is no pool.
+    fn from_str(s: &str) -> Result<Self, Self::Err> {
+        let mut sizes = Vec::new();
+        for item in s.split(',').map(str::trim).filter(|i| !i.is_empty()) {
+            let (image, n) = item
+                .split_once('=')
+                .ok_or_else(|| format!("{item:?}: expected IMAGE=N"))?;
+            let n: usize = n
+                .trim()
+                .parse()
+                .map_err(|_| format!("{item:?}: N must be a number"))?;
+            if n > 64 {
+                return Err(format!("{item:?}: at most 64 sandboxes per image"));
+            }
+            sizes.push((image.trim().to_owned(), n));
+        }
+        Ok(Self(sizes))
+    }
+}
+
+/// What a pooled sandbox was launched with; a create must ask for exactly this.
+#[derive(Debug, Clone, PartialEq, Eq, Hash)]
+struct Class {
+    image: String,
+    backend: BackendKind,
+    vcpus: u32,
+    memory_mib: u64,
+    disk_mib: u64,
+}
+
+/// A started sandbox waiting for its user.
+struct Ready {
+    id: String,
+    limits: LimitsReport,
+    agent: AgentClient,
+}
+
+/// The pool's in-memory state: ready sandboxes and launches under way, per class.
+#[derive(Default)]
+pub(super) struct PoolState {
+    ready: Mutex<HashMap<Class, VecDeque<Ready>>>,
+    filling: Mutex<HashMap<Class, usize>>,
+    /// Set when the daemon stops: launches that finish later are destroyed, not pooled.
+    closed: AtomicBool,
+    /// Told each time a launch ends, so that a stop can wait for those under way.
+    landed: tokio::sync::Notify,
+}
+
+/// A sandbox taken from the pool for one create. Dropped unused (the create failed before
+/// the sandbox was recorded), it is destroyed, never put back.
+pub(super) struct Claimed {
+    pub id: String,
+    pub limits: LimitsReport,
+    owner: Option<Sandboxes>,
+}
+
+impl Claimed {
+    /// The sandbox is recorded in the store: it is the user's now.
+    pub fn keep(mut self) {
+        if let Some(owner) = self.owner.take() {
+            let _ = std::fs::remove_file(owner.inner.paths.sandbox_dir(&self.id).join(MARKER));
+            owner.refill();
+        }
+    }
+}
+
+impl Drop for Claimed {
+    fn drop(&mut self) {
+        if let Some(owner) = self.owner.take() {
+            let id = self.id.clone();
+            tokio::spawn(async move { owner.discard(&id).await });
+            // A failed create still used up a pooled sandbox.
+        }
+    }
+}
+
+fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
+    m.lock().unwrap_or_else(|e| e.into_inner())
+}
+
+impl Sandboxes {
+    /// The wanted size of the pool of `image` on the default backend (0: no pool).
+    fn pool_size(&self, image: &str) -> usize {
+        self.inner
+            .settings
+            .pool
+            .0
+            .iter()
+            .find(|(i, _)| i == image)
+            .map_or(0, |(_, n)| *n)
+    }
+
+    fn pool_class(&self, image: &str) -> Class {
+        let s = &self.inner.settings;
+        Class {
+            image: image.to_owned(),
+            backend: self.inner.backends.default,
+            vcpus: s.default_vcpus,
+            memory_mib: s.default_memory_mib,
+            disk_mib: s.default_disk_mib,
+        }
+    }
+
+    /// Pooled sandboxes ready to be claimed, over all images.
+    pub fn pool_ready(&self) -> usize {
+        lock(&self.inner.pool.ready)
+            .values()
+            .map(VecDeque::len)
+            .sum()
+    }
+
+    /// Takes a pooled sandbox that can serve `req`, if there is one and it still answers.
+    pub(super) async fn claim_pooled(
+        &self,
+        req: &CreateSandbox,
+        image: &str,
+        backend: BackendKind,
+        (vcpus, memory_mib, disk_mib): (u32, u64, u64),
+    ) -> Option<Claimed> {
+        let servable = req.source.is_none()
+            && req.ports.as_deref().is_none_or(<[u32]>::is_empty)
+            && self.pool_size(image) > 0;
+        if !servable {
+            return None;
+        }
+        let class = Class {
+            image: image.to_owned(),
+            backend,
+            vcpus,
+            memory_mib,
+            disk_mib,
+        };
+        loop {
+            let ready = lock(&self.inner.pool.ready)
+                .get_mut(&class)
+                .and_then(VecDeque::pop_front)?;
+            let claimed = Claimed {
+                id: ready.id.clone(),
+                limits: ready.limits,
+                owner: Some(self.clone()),
+            };
+            // A pooled sandbox may have ended while it waited (OOM, a host kill).
+            let healthy = tokio::time::timeout(CLAIM_HEALTH_TIMEOUT, ready.agent.health()).await;
+            if matches!(healthy, Ok(Ok(_))) {
+                return Some(claimed);
+            }
+            tracing::warn!(sandbox = %ready.id, "a pooled sandbox stopped answering; discarded");
+            drop(claimed);
+        }
+    }
+
+    /// Starts the pool's sandboxes (at daemon start).
+    pub fn start_pool(&self) {
+        for (image, _) in self.inner.settings.pool.0.clone() {
+            self.fill(&image);
+        }
+    }
+
+    /// At a clean stop: destroys the pooled sandboxes, which have no user to outlive the
+    /// daemon for (a `kill -9` leaves them to [`Sandboxes::discard_stale_pool`]).
+    pub async fn drain_pool(&self) {
+        self.inner.pool.closed.store(true, Ordering::SeqCst);
+        // Launches under way end by themselves (and, closed, destroy what they made).
+        let deadline = tokio::time::Instant::now() + self.inner.settings.ready_timeout * 2;
+        loop {
+            let landed = self.inner.pool.landed.notified();
+            if lock(&self.inner.pool.filling).values().all(|n| *n == 0) {
+                break;
+            }
+            if tokio::time::timeout_at(deadline, landed).await.is_err() {
+                break;
+            }
+        }
+        let all: Vec<Ready> = lock(&self.inner.pool.ready)
+            .drain()
+            .flat_map(|(_, q)| q)
+            .collect();
+        for ready in all {
+            self.discard(&ready.id).await;
+        }
+    }
+
+    /// Launches, in the background, as many sandboxes as `image`'s pool lacks.
+    fn fill(&self, image: &str) {
+        if self.inner.pool.closed.load(Ordering::SeqCst) {
+            return;
+        }
+        let want = self.pool_size(image);
+        let class = self.pool_class(image);
+        let missing = {
+            let mut filling = lock(&self.inner.pool.filling);
+            let ready = lock(&self.inner.pool.ready)
+                .get(&class)
+                .map_or(0, VecDeque::len);
+            let under_way = filling.entry(class.clone()).or_default();
+            let missing = want.saturating_sub(ready + *under_way);
+            *under_way += missing;
+            missing
+        };
+        for _ in 0..missing {
+            let this = self.clone();
+            let class = class.clone();
+            tokio::spawn(async move {
+                let launched = this.launch_pooled(&class).await;
+                match launched {
+                    Ok(ready) if this.inner.pool.closed.load(Ordering::SeqCst) => {
+                        this.discard(&ready.id).await;
+                    }
+                    Ok(ready) => {
+                        tracing::info!(sandbox = %ready.id, image = %class.image, "pooled");
+                        // Filling, then ready, as in `fill`: a sandbox is always counted once.
+                        let mut filling = lock(&this.inner.pool.filling);
+                        lock(&this.inner.pool.ready)
+                            .entry(class.clone())
+                            .or_default()
+                            .push_back(ready);
+                        *filling.entry(class).or_default() -= 1;
+                        drop(filling);
+                        this.inner.pool.landed.notify_waiters();
+                        return;
+                    }
+                    // No retry here: a failing launch would spin. The next claim tries again.
+                    Err(e) => {
+                        tracing::warn!(image = %class.image, error = %e, "cannot fill the pool")
+                    }
+                }
+                *lock(&this.inner.pool.filling).entry(class).or_default() -= 1;
+                this.inner.pool.landed.notify_waiters();
+            });
+        }
+    }
+
+    /// Refills every pool after a claim.
+    fn refill(&self) {
+        for (image, _) in self.inner.settings.pool.0.clone() {
+            self.fill(&image);
+        }
+    }
+
+    async fn launch_pooled(&self, class: &Class) -> Result<Ready, SandboxError> {
+        let image = self.inner.images.resolve(&class.image)?;
+        let agent = self.agent_binary(&image.rootfs)?;
+        {
+            // Pooled sandboxes are not in the store, so admission counts them here.
+            let _admission = self.inner.admission.lock().await;
+            let pooled = (self.pool_ready() + 1) as u64 * class.memory_mib;
+            admission::admit(
+                class.memory_mib,
+                self.committed_memory_mib()? + pooled,
+                admission::mem_available_mib()?,
+                self.inner.settings.memory_reserve_mib,
+            )?;
+        }
+        let id = new_id("sbx");
+        self.prepare_network(&id, None, &[])?;
+        std::fs::write(self.inner.paths.sandbox_dir(&id).join(MARKER), b"")?;
+        let mut sandbox = Sandbox {
+            id: id.clone(),
+            name: None,
+            status: SandboxStatus::Pending,
+            status_reason: None,
+            image: class.image.clone(),
+            backend: class.backend,
+            backend_reason: String::new(),
+            vcpus: class.vcpus,
+            memory_mib: class.memory_mib,
+            disk_mib: class.disk_mib,
+            env: Default::default(),
+            tags: Default::default(),
+            source: None,
+            created_at: now_ms(),
+            started_at: None,
+            stopped_at: None,
+            timeout_ms: 0,
+            expires_at: None,
+            limits: LimitsReport::default(),
+            network_policy: None,
+            lifecycle: SandboxLifecycle {
+                persistent: false,
+                idle_timeout_ms: None,
+                hard_ttl_ms: None,
+                deletes_at: None,
+                auto_resume: true,
+            },
+        };
+        let booted = async {
+            let agent = self
+                .boot(&mut sandbox, image.dir.clone(), agent, Vec::new())
+                .await?;
+            if let Err(e) = self.install_ca(&id, &agent).await {
+                tracing::warn!(sandbox = %id, error = %e, "cannot install the broker's CA");
+            }
+            // "ready" tells a reader of the data directory (tests, a curious user) that this
+            // one waits for a claim; empty, it is still starting.
+            std::fs::write(self.inner.paths.sandbox_dir(&id).join(MARKER), b"ready\n")?;
+            Ok::<_, SandboxError>(agent)
+        }
+        .await;
+        match booted {
+            Ok(agent) => Ok(Ready {
+                id,
+                limits: sandbox.limits,
+                agent,
+            }),
+            Err(e) => {
+                self.discard(&id).await;
+                Err(e)
+            }
+        }
+    }
+
+    /// Destroys a pooled sandbox that no user will get, and everything it held.
+    async fn discard(&self, id: &str) {
+        let dir = self.state_dir(id);
+        let kind = backend_of_dir(&dir).unwrap_or(self.inner.backends.default);
+        self.forget_agent(id);
+        self.forget_network(id);
+        let this = self.clone();
+        let destroyed = tokio::task::spawn_blocking(move || {
+            let b = this.inner.backends.get(kind).filter(|_| dir.is_dir());
+            b.map(|b| b.destroy(&dir))
+        })
+        .await;
+        if let Ok(Some(Err(e))) = destroyed {
+            tracing::warn!(sandbox = %id, error = %e, "cannot destroy a pooled sandbox");
+            return; // keep the marked directory: the next start tries again
+        }
+        let _ = tokio::fs::remove_dir_all(self.inner.paths.sandbox_dir(id)).await;
+    }
+
+    /// At start: destroys the pooled sandboxes of an earlier daemon (never claimed, so not in
+    /// the store). Runs before the pool fills.
+    pub async fn discard_stale_pool(&self) -> Result<(), SandboxError> {
+        let root = self.inner.paths.sandbox_dir("x");
+        let root = root.parent().map(PathBuf::from).unwrap_or_default();
+        let Ok(entries) = std::fs::read_dir(&root) else {
+            return Ok(());
+        };
+        for entry in entries.flatten() {
+            let Some(id) = entry.file_name().to_str().map(str::to_owned) else {
+                continue;
+            };
+            if !entry.path().join(MARKER).exists() {
+                continue;
+            }
+            if self.inner.store.sandbox(&id)?.is_some() {
+                // Claimed just before the end: the store wins, only the marker was left.
+                let _ = std::fs::remove_file(entry.path().join(MARKER));
+                continue;
+            }
+            tracing::info!(sandbox = %id, "destroying a pooled sandbox of an earlier daemon");
+            self.discard(&id).await;
+        }
+        Ok(())
+    }
+}
+
+/// The backend whose state directory `dir` is (`<sandbox>/namespace`, `<sandbox>/microvm`).
+fn backend_of_dir(dir: &std::path::Path) -> Option<BackendKind> {
+    match dir.file_name()?.to_str()? {
+        "namespace" => Some(BackendKind::Namespace),
+        "microvm" => Some(BackendKind::Microvm),
+        _ => None,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn sizes_parse() {
+        let s: PoolSizes = "base=2, python3.13=1".parse().unwrap();
+        assert_eq!(s.0, vec![("base".into(), 2), ("python3.13".into(), 1)]);
+        assert_eq!("".parse::<PoolSizes>().unwrap().0, vec![]);
+        assert!("base".parse::<PoolSizes>().is_err());
+        assert!("base=x".parse::<PoolSizes>().is_err());
+        assert!("base=65".parse::<PoolSizes>().is_err());
+    }
+
+    #[test]
+    fn the_backend_is_read_from_the_state_dir() {
+        assert_eq!(
+            backend_of_dir(std::path::Path::new("/d/sbx_1/namespace")),
+            Some(BackendKind::Namespace)
+        );
+        assert_eq!(
+            backend_of_dir(std::path::Path::new("/d/sbx_1/microvm")),
+            Some(BackendKind::Microvm)
+        );
+        assert_eq!(backend_of_dir(std::path::Path::new("/d/sbx_1/ns")), None);
+    }
+}
