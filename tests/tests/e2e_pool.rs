@@ -17,7 +17,7 @@ const MARKER: &str = "pooled";
 
 /// Ids of the pooled sandboxes that are ready (their marker says so).
 fn ready_pooled(d: &Daemon) -> Vec<String> {
-    let root = d.paths.dirs.data.join("sandboxes");
+    let root = d.paths.data.join("sandboxes");
     let Ok(entries) = std::fs::read_dir(&root) else {
         return Vec::new();
     };
@@ -125,7 +125,6 @@ async fn a_claim_is_a_fresh_sandbox_with_the_request_applied() {
     assert_eq!(listed.len(), 1);
     assert!(
         !d.paths
-            .dirs
             .data
             .join("sandboxes")
             .join(&first.id)
@@ -185,7 +184,7 @@ struct Held {
 }
 
 fn held(d: &Daemon, id: &str) -> Held {
-    let dir = d.paths.dirs.data.join("sandboxes").join(id);
+    let dir = d.paths.data.join("sandboxes").join(id);
     let state: serde_json::Value = serde_json::from_slice(
         &std::fs::read(dir.join("namespace/sandbox.json")).expect("namespace state file"),
     )
