@@ -8,6 +8,10 @@ fn main() -> std::process::ExitCode {
     if let Some(status) = belljar_doctor::run_probe_if_asked() {
         return std::process::ExitCode::from(u8::try_from(status).unwrap_or(1));
     }
+    // A rootless daemon opens a sandbox's tap through a child of itself, for the same reason.
+    if let Some(status) = belljar_network::tap_attach::run_if_asked() {
+        return std::process::ExitCode::from(u8::try_from(status).unwrap_or(1));
+    }
     let runtime = match tokio::runtime::Runtime::new() {
         Ok(rt) => rt,
         Err(e) => {

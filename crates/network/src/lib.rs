@@ -37,6 +37,7 @@ pub mod policy;
 pub mod sniff;
 mod stack;
 pub mod tap;
+pub mod tap_attach;
 
 pub use broker::{Broker, BrokerError, Transform};
 pub use config::NetConfig;

@@ -118,11 +118,23 @@ fn broker_roots() -> Option<rustls::RootCertStore> {
 }
 
 /// Opens the sandbox's tap from inside its network namespace (a thread that joins it; the
-/// descriptor stays bound to that namespace).
+/// descriptor stays bound to that namespace). A rootless daemon cannot join it from a thread
+/// (the namespace belongs to the sandbox's user namespace), so a child of `belljard` does it
+/// (`belljar_network::tap_attach`).
 fn open_tap(state_dir: &Path) -> std::io::Result<std::os::fd::OwnedFd> {
     let running = belljar_namespace::adopt(state_dir)
         .map_err(std::io::Error::other)?
         .ok_or_else(|| std::io::Error::other("the sandbox is not running"))?;
+    // BELLJAR_TAP_VIA_CHILD=1: the child's path as root too, so that root hosts test it.
+    let via_child = std::env::var_os("BELLJAR_TAP_VIA_CHILD").is_some_and(|v| v == "1");
+    if via_child || !nix::unistd::geteuid().is_root() {
+        let exe = std::env::current_exe()?;
+        return belljar_network::tap_attach::open_via_child(
+            &exe,
+            running.pid,
+            belljar_agent_proto::net::INTERFACE,
+        );
+    }
     let netns = std::fs::File::open(format!("/proc/{}/ns/net", running.pid))?;
     std::thread::scope(|s| {
         s.spawn(|| {
