@@ -16,7 +16,7 @@ suites=("$@")
 [ ${#suites[@]} -gt 0 ] || suites=(typescript python)
 say() { printf -- '--> %s\n' "$*" >&2; }
 
-(cd "$repo" && cargo build --quiet -p belljard -p belljar-agent --bins)
+(cd "$repo" && cargo build --quiet -p belljard -p belljar-cli -p belljar-agent --bins)
 
 for suite in "${suites[@]}"; do
   case "$suite" in
@@ -45,36 +45,10 @@ for suite in "${suites[@]}"; do
   esac
 done
 
-home=$(mktemp -d /tmp/belljar-sdk.XXXXXX)
-daemon=""
-cleanup() {
-  set +e
-  if [ -n "$daemon" ]; then
-    # Sandboxes outlive their daemon: delete what the suites left, then stop it.
-    ids=$(curl -sS --max-time 60 --unix-socket "$home/run/belljard.sock" \
-      "http://belljard/v1/sandboxes?limit=200" |
-      python3 -c 'import json,sys; [print(s["id"]) for s in json.load(sys.stdin)["sandboxes"]]')
-    for id in $ids; do
-      curl -sS --max-time 60 --unix-socket "$home/run/belljard.sock" -X DELETE \
-        "http://belljard/v1/sandboxes/$id" >/dev/null
-    done
-    kill "$daemon" 2>/dev/null
-    wait "$daemon" 2>/dev/null
-  fi
-  rm -rf "$home"
-}
-trap cleanup EXIT
-
-say "starting belljard in $home"
-"$target/debug/belljard" --home "$home" --port 0 >"$home/belljard.log" 2>&1 &
-daemon=$!
-for _ in $(seq 600); do
-  [ -S "$home/run/belljard.sock" ] && [ -s "$home/run/port" ] && break
-  kill -0 "$daemon" 2>/dev/null || { cat "$home/belljard.log" >&2; exit 1; }
-  sleep 0.1
-done
-[ -S "$home/run/belljard.sock" ] || { cat "$home/belljard.log" >&2; exit 1; }
-export BELLJAR_HOME="$home"
+say "starting belljard"
+# shellcheck source=../scripts/lib/daemon.sh
+. "$repo/scripts/lib/daemon.sh"
+daemon_start "$target/debug/belljar" belljar-sdk
 
 status=0
 for suite in "${suites[@]}"; do
@@ -92,6 +66,6 @@ for suite in "${suites[@]}"; do
 done
 if [ "$status" -ne 0 ]; then
   say "an SDK suite failed; the daemon's log ends:"
-  tail -30 "$home/belljard.log" >&2
+  tail -30 "$daemon_log" >&2
 fi
 exit "$status"

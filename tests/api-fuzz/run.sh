@@ -21,43 +21,12 @@ schemathesis="${BELLJAR_VENV:-$BELLJAR_CACHE/venv}/bin/schemathesis"
 say() { printf -- '--> %s\n' "$*" >&2; }
 
 [ -x "$schemathesis" ] || { echo "no $schemathesis: run scripts/setup.sh" >&2; exit 1; }
-(cd "$repo" && cargo build --quiet -p belljard -p belljar-agent --bins)
+(cd "$repo" && cargo build --quiet -p belljard -p belljar-cli -p belljar-agent --bins)
 
-home=$(mktemp -d /tmp/belljar-api-fuzz.XXXXXX)
-socket="$home/run/belljard.sock"
-api() { curl -sS --max-time 60 --unix-socket "$socket" "$@"; }
-daemon=""
-cleanup() {
-  set +e
-  if [ -n "$daemon" ]; then
-    # Sandboxes outlive their daemon: delete every one it made (a page of 200 at a time),
-    # then stop it.
-    for _ in $(seq 20); do
-      ids=$(api "http://belljard/v1/sandboxes?limit=200" \
-        | python3 -c 'import json,sys; [print(s["id"]) for s in json.load(sys.stdin)["sandboxes"]]')
-      [ -n "$ids" ] || break
-      for id in $ids; do
-        api -X DELETE "http://belljard/v1/sandboxes/$id" >/dev/null
-      done
-    done
-    kill "$daemon" 2>/dev/null
-    wait "$daemon" 2>/dev/null
-  fi
-  rm -rf "$home"
-}
-trap cleanup EXIT
-
-say "starting belljard in $home"
-"$target/debug/belljard" --home "$home" --port 0 >"$home/belljard.log" 2>&1 &
-daemon=$!
-for _ in $(seq 600); do
-  [ -S "$socket" ] && [ -s "$home/run/port" ] && break
-  kill -0 "$daemon" 2>/dev/null || { cat "$home/belljard.log" >&2; exit 1; }
-  sleep 0.1
-done
-[ -S "$socket" ] || { echo "belljard did not start" >&2; cat "$home/belljard.log" >&2; exit 1; }
-port=$(cat "$home/run/port")
-token=$(cat "$home/config/token")
+say "starting belljard"
+# shellcheck source=../../scripts/lib/daemon.sh
+. "$repo/scripts/lib/daemon.sh"
+daemon_start "$target/debug/belljar" belljar-api-fuzz
 
 create() {
   api -X POST http://belljard/v1/sandboxes -d '{"backend":"namespace","timeout_ms":900000}' \
@@ -96,6 +65,6 @@ cd "$home"
   --no-color || status=$?
 if [ "$status" -ne 0 ]; then
   say "schemathesis failed ($status); the daemon's log ends:"
-  tail -40 "$home/belljard.log" >&2
+  tail -40 "$daemon_log" >&2
 fi
 exit "$status"

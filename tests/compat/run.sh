@@ -46,37 +46,10 @@ for line in v1 v3; do
   fi
 done
 
-home=$(mktemp -d /tmp/belljar-compat.XXXXXX)
-socket="$home/run/belljard.sock"
-api() { curl -sS --max-time 60 --unix-socket "$socket" "$@"; }
-daemon=""
-cleanup() {
-  set +e
-  if [ -n "$daemon" ]; then
-    for _ in $(seq 20); do
-      ids=$(api "http://belljard/v1/sandboxes?limit=200" \
-        | python3 -c 'import json,sys; [print(s["id"]) for s in json.load(sys.stdin)["sandboxes"]]')
-      [ -n "$ids" ] || break
-      for id in $ids; do
-        api -X DELETE "http://belljard/v1/sandboxes/$id" >/dev/null
-      done
-    done
-    kill "$daemon" 2>/dev/null
-    wait "$daemon" 2>/dev/null
-  fi
-  rm -rf "$home"
-}
-trap cleanup EXIT
-
-say "starting belljard in $home"
-"$target/debug/belljard" --home "$home" --port 0 >"$home/belljard.log" 2>&1 &
-daemon=$!
-for _ in $(seq 600); do
-  [ -S "$socket" ] && [ -s "$home/run/port" ] && break
-  kill -0 "$daemon" 2>/dev/null || { cat "$home/belljard.log" >&2; exit 1; }
-  sleep 0.1
-done
-[ -S "$socket" ] || { echo "belljard did not start" >&2; cat "$home/belljard.log" >&2; exit 1; }
+say "starting belljard"
+# shellcheck source=../../scripts/lib/daemon.sh
+. "$repo/scripts/lib/daemon.sh"
+daemon_start "$target/debug/belljar" belljar-compat
 
 export BELLJAR_HOME="$home"
 belljar="$target/debug/belljar"
@@ -125,7 +98,7 @@ run v3 "$here/v3/basic-workflow.mjs" env
 
 if [ "${#failed[@]}" != 0 ]; then
   printf 'FAILED: %s\n' "${failed[@]}" >&2
-  tail -n 40 "$home/belljard.log" >&2
+  tail -n 40 "$daemon_log" >&2
   exit 1
 fi
 say "$ran examples passed"

@@ -11,7 +11,7 @@ use std::net::TcpStream;
 use std::time::Duration;
 
 use belljar_api::{AddPort, CreateSandbox, RunCommand};
-use belljar_e2e::{Daemon, block_on, eventually, require_image};
+use belljar_e2e::{Daemon, block_on, require_image};
 
 const SERVER: &str = r#"$s=IO::Socket::INET->new(LocalPort=>8000,Listen=>5,ReuseAddr=>1) or die "listen: $!"; while($c=$s->accept){while(<$c>){last if /^\r?$/} print $c "HTTP/1.0 200 OK\r\nContent-Type: text/plain\r\n\r\nhello from the sandbox\n"; close $c}"#;
 
@@ -66,18 +66,36 @@ fn a_server_in_the_sandbox_answers_on_its_forwarded_port() {
             .expect("forward port 8000");
         assert_eq!(port.url, format!("http://127.0.0.1:{}/", port.host_port));
         let host_port = port.host_port;
-        let body = eventually(
-            Duration::from_secs(30),
-            "the server behind the forwarded port",
-            || async move {
-                tokio::task::spawn_blocking(move || get(host_port))
-                    .await
-                    .ok()
-                    .flatten()
-                    .filter(|b| b.contains("hello from the sandbox"))
-            },
-        )
-        .await;
+        let deadline = std::time::Instant::now() + Duration::from_secs(30);
+        let body = loop {
+            let got = tokio::task::spawn_blocking(move || get(host_port))
+                .await
+                .ok()
+                .flatten()
+                .filter(|b| b.contains("hello from the sandbox"));
+            if let Some(body) = got {
+                break body;
+            }
+            if std::time::Instant::now() > deadline {
+                // What the sandbox's network looked like, for the failure message.
+                let look = RunCommand {
+                    argv: vec![
+                        "sh".into(),
+                        "-c".into(),
+                        "cat /proc/net/dev; ip -o addr 2>&1; ip route 2>&1; cat /etc/resolv.conf"
+                            .into(),
+                    ],
+                    ..Default::default()
+                };
+                let seen = client.run_command(&s.id, &look).await;
+                let server_cmd = client.commands(&s.id).await;
+                panic!(
+                    "no answer behind 127.0.0.1:{host_port} in 30 s\nsandbox: {seen:#?}\ncommands: {server_cmd:#?}\ndaemon log:\n{}",
+                    daemon.log()
+                );
+            }
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        };
         assert!(body.starts_with("HTTP/1.0 200 OK"), "{body}");
         client.delete_sandbox(&s.id).await.expect("delete");
     });

@@ -383,11 +383,14 @@ impl DiskFacts {
 
 /// The tightest of the directories decides.
 pub fn disk(dirs: &[DiskFacts]) -> Finding {
-    let data = json!(
-        dirs.iter()
+    // Facts are an object for every check (the API's schema says so): the directories go
+    // under `dirs`.
+    let data = json!({
+        "dirs": dirs
+            .iter()
             .map(|d| json!({"what": d.what, "dir": d.dir, "free_bytes": d.free}))
             .collect::<Vec<_>>()
-    );
+    });
     let gib = |b: u64| b as f64 / (1u64 << 30) as f64;
     let Some(low) = dirs
         .iter()

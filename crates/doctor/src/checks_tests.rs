@@ -239,6 +239,13 @@ fn disk_space_thresholds() {
     );
     let f = disk(&[at(DISK_WARN), at(DISK_PROBLEM - 1)]);
     assert_eq!(f.status, Status::Problem);
+    // The API's schema gives every finding's facts as an object (schemathesis checks it).
+    assert_eq!(
+        f.facts["dirs"].as_array().map(Vec::len),
+        Some(2),
+        "{}",
+        f.facts
+    );
     assert!(f.fix.unwrap().contains("BELLJAR_CACHE"));
 }
 
