@@ -373,6 +373,39 @@ pub fn same_file(a: &Path, b: &Path) -> bool {
     std::fs::read(a).expect("read a") == std::fs::read(b).expect("read b")
 }
 
+/// Runs `script` with `sh -c` as root in the sandbox, follows its output to the end and
+/// returns its exit code (-1 when it has none) and output.
+pub async fn sh(c: &Client, id: &str, script: &str) -> (i32, String) {
+    let cmd = c
+        .run_command(
+            id,
+            &belljar_api::RunCommand {
+                argv: vec!["sh".into(), "-c".into(), script.into()],
+                sudo: true,
+                ..Default::default()
+            },
+        )
+        .await
+        .unwrap_or_else(|e| panic!("run {script:?}: {e}"));
+    let mut lines = c.command_logs(id, &cmd.id, true).await.unwrap();
+    let mut out = Vec::new();
+    while let Some(l) = lines.next().await.unwrap() {
+        out.extend(belljar_client::log_bytes(&l));
+    }
+    let done = c.wait_command(id, &cmd.id).await.unwrap();
+    (
+        done.exit_code.unwrap_or(-1),
+        String::from_utf8_lossy(&out).into_owned(),
+    )
+}
+
+/// Like [`sh`], and the script must succeed; returns its output.
+pub async fn sh_ok(c: &Client, id: &str, script: &str) -> String {
+    let (code, out) = sh(c, id, script).await;
+    assert_eq!(code, 0, "{script}: {out}");
+    out
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

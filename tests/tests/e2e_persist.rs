@@ -10,42 +10,11 @@ use std::collections::BTreeMap;
 use std::time::Duration;
 
 use belljar_api::{
-    CreateSandbox, Event, KeepLastSnapshots, ListSnapshotsQuery, RunCommand, Sandbox,
-    SandboxStatus, SnapshotStatus,
+    CreateSandbox, Event, KeepLastSnapshots, ListSnapshotsQuery, Sandbox, SandboxStatus,
+    SnapshotStatus,
 };
-use belljar_client::{Client, NdjsonStream, log_bytes};
-use belljar_e2e::{Daemon, stderr, stdout};
-
-/// Runs `script` with `sh -c` as root in the sandbox; returns its exit code and output.
-async fn sh(c: &Client, id: &str, script: &str) -> (i32, String) {
-    let cmd = c
-        .run_command(
-            id,
-            &RunCommand {
-                argv: vec!["sh".into(), "-c".into(), script.into()],
-                sudo: true,
-                ..Default::default()
-            },
-        )
-        .await
-        .unwrap_or_else(|e| panic!("run {script:?}: {e}"));
-    let mut lines = c.command_logs(id, &cmd.id, true).await.unwrap();
-    let mut out = Vec::new();
-    while let Some(l) = lines.next().await.unwrap() {
-        out.extend(log_bytes(&l));
-    }
-    let done = c.wait_command(id, &cmd.id).await.unwrap();
-    (
-        done.exit_code.unwrap_or(-1),
-        String::from_utf8_lossy(&out).into_owned(),
-    )
-}
-
-async fn ok(c: &Client, id: &str, script: &str) -> String {
-    let (code, out) = sh(c, id, script).await;
-    assert_eq!(code, 0, "{script}: {out}");
-    out
-}
+use belljar_client::{Client, NdjsonStream};
+use belljar_e2e::{Daemon, sh_ok, stderr, stdout};
 
 /// Waits (up to `secs`) for an event on `events` that `pick` accepts.
 async fn wait_event<T>(
@@ -110,7 +79,7 @@ async fn a_persistent_sandbox_stops_and_starts_again_with_its_files_and_identity
         )
         .await;
     assert!(a.lifecycle.persistent);
-    ok(
+    sh_ok(
         &c,
         &a.id,
         "set -e; echo one > /workspace/one; chmod 600 /workspace/one; rm /etc/issue",
@@ -141,7 +110,7 @@ async fn a_persistent_sandbox_stops_and_starts_again_with_its_files_and_identity
         (&a.name, &a.tags, &a.env, true)
     );
     assert_eq!(
-        ok(
+        sh_ok(
             &c,
             &a.id,
             "cat /workspace/one; stat -c %a /workspace/one; test ! -e /etc/issue && echo gone"
@@ -152,7 +121,7 @@ async fn a_persistent_sandbox_stops_and_starts_again_with_its_files_and_identity
 
     // A second session: `keep_last` 1 keeps only the newest snapshot, which builds on the
     // first.
-    ok(&c, &a.id, "echo two > /workspace/two").await;
+    sh_ok(&c, &a.id, "echo two > /workspace/two").await;
     let stopped = c.stop_sandbox(&a.id).await.unwrap();
     assert_eq!(stopped.status, SandboxStatus::Stopped);
     let kept = created_snapshots(&c, &a.id).await;
@@ -165,7 +134,7 @@ async fn a_persistent_sandbox_stops_and_starts_again_with_its_files_and_identity
     let again = c.start_sandbox(&a.id).await.unwrap();
     assert_eq!(again.status, SandboxStatus::Running);
     assert_eq!(
-        ok(&c, &a.id, "cat /workspace/one /workspace/two").await,
+        sh_ok(&c, &a.id, "cat /workspace/one /workspace/two").await,
         "one\ntwo\n"
     );
     // Starting a running sandbox is a no-op.
@@ -190,7 +159,7 @@ async fn a_timeout_snapshots_a_persistent_sandbox_and_others_cannot_start_again(
             },
         )
         .await;
-    ok(&c, &short.id, "echo soon > /workspace/f").await;
+    sh_ok(&c, &short.id, "echo soon > /workspace/f").await;
     let stopped = wait_event(
         &mut events,
         60,
@@ -203,7 +172,7 @@ async fn a_timeout_snapshots_a_persistent_sandbox_and_others_cannot_start_again(
     assert_eq!(snaps.len(), 1, "{snaps:?}");
     c.start_sandbox(&short.id).await.unwrap();
     c.extend_sandbox(&short.id, 60_000).await.unwrap();
-    assert_eq!(ok(&c, &short.id, "cat /workspace/f").await, "soon\n");
+    assert_eq!(sh_ok(&c, &short.id, "cat /workspace/f").await, "soon\n");
 
     // Not persistent: stopping loses its files, and it cannot be started again.
     let plain = d.create(&c, CreateSandbox::default()).await;
@@ -232,10 +201,10 @@ async fn a_failed_persistent_snapshot_is_taken_again_at_the_next_start() {
             },
         )
         .await;
-    ok(&c, &a.id, "echo one > /workspace/n").await;
+    sh_ok(&c, &a.id, "echo one > /workspace/n").await;
     c.stop_sandbox(&a.id).await.unwrap();
     c.start_sandbox(&a.id).await.unwrap();
-    ok(&c, &a.id, "echo two > /workspace/n; rm /etc/issue").await;
+    sh_ok(&c, &a.id, "echo two > /workspace/n; rm /etc/issue").await;
     // The capture fails while a file stands where the layers directory belongs.
     let layers = d.paths.data.join("layers");
     let away = d.paths.data.join("layers.away");
@@ -260,7 +229,7 @@ async fn a_failed_persistent_snapshot_is_taken_again_at_the_next_start() {
     let b = c.start_sandbox(&a.id).await.unwrap();
     assert_eq!(b.status, SandboxStatus::Running);
     assert_eq!(
-        ok(
+        sh_ok(
             &c,
             &a.id,
             "cat /workspace/n; test ! -e /etc/issue && echo gone"
@@ -289,7 +258,7 @@ async fn kill_9_during_a_persistent_stop_loses_nothing() {
         )
         .await;
     // Enough data that the copy is still under way when the daemon dies.
-    let sum = ok(
+    let sum = sh_ok(
         &c,
         &a.id,
         "head -c 128M /dev/urandom > /workspace/big && sha256sum /workspace/big | cut -c1-64",
@@ -347,7 +316,7 @@ async fn kill_9_during_a_persistent_stop_loses_nothing() {
     assert!(!all.is_empty(), "the stop was finished with a snapshot");
     c.start_sandbox(&a.id).await.unwrap();
     assert_eq!(
-        ok(&c, &a.id, "sha256sum /workspace/big | cut -c1-64").await,
+        sh_ok(&c, &a.id, "sha256sum /workspace/big | cut -c1-64").await,
         sum
     );
 }

@@ -28,7 +28,10 @@ fn get(host_port: u16) -> Option<String> {
 #[test]
 fn a_server_in_the_sandbox_answers_on_its_forwarded_port() {
     require_image("base");
-    let daemon = Daemon::start_with_env(&[("BELLJAR_TAP_VIA_CHILD", "1")]);
+    let daemon = Daemon::start_with_env(&[
+        ("BELLJAR_TAP_VIA_CHILD", "1"),
+        ("BELLJAR_LOG", "belljard=debug,belljar_network=debug"),
+    ]);
     let client = daemon.unix();
     block_on(async {
         let s = daemon
@@ -78,19 +81,16 @@ fn a_server_in_the_sandbox_answers_on_its_forwarded_port() {
             }
             if std::time::Instant::now() > deadline {
                 // What the sandbox's network looked like, for the failure message.
-                let look = RunCommand {
-                    argv: vec![
-                        "sh".into(),
-                        "-c".into(),
-                        "cat /proc/net/dev; ip -o addr 2>&1; ip route 2>&1; cat /etc/resolv.conf"
-                            .into(),
-                    ],
-                    ..Default::default()
-                };
-                let seen = client.run_command(&s.id, &look).await;
-                let server_cmd = client.commands(&s.id).await;
+                let seen = belljar_e2e::sh(
+                    &client,
+                    &s.id,
+                    "cat /proc/net/dev; for f in operstate flags address mtu; do echo $f=$(cat /sys/class/net/eth0/$f); done; \
+                     ip -o addr 2>&1; ip route 2>&1; cat /etc/resolv.conf; cat /proc/net/tcp",
+                )
+                .await;
+                let flows = client.network(&s.id).await;
                 panic!(
-                    "no answer behind 127.0.0.1:{host_port} in 30 s\nsandbox: {seen:#?}\ncommands: {server_cmd:#?}\ndaemon log:\n{}",
+                    "no answer behind 127.0.0.1:{host_port} in 30 s\nsandbox: {seen:?}\nflows: {flows:?}\ndaemon log:\n{}",
                     daemon.log()
                 );
             }

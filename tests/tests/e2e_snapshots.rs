@@ -10,43 +10,10 @@ use std::path::PathBuf;
 use std::time::Duration;
 
 use belljar_api::{
-    CreateSandbox, CreateSnapshot, KeepLastSnapshots, ListSnapshotsQuery, RunCommand,
-    SandboxStatus, SnapshotStatus, Source,
+    CreateSandbox, CreateSnapshot, KeepLastSnapshots, ListSnapshotsQuery, SandboxStatus,
+    SnapshotStatus, Source,
 };
-use belljar_client::{Client, log_bytes};
-use belljar_e2e::{Daemon, eventually};
-
-/// Runs `script` with `sh -c` as root in the sandbox; returns its exit code and output.
-async fn sh(c: &Client, id: &str, script: &str) -> (i32, String) {
-    let cmd = c
-        .run_command(
-            id,
-            &RunCommand {
-                argv: vec!["sh".into(), "-c".into(), script.into()],
-                sudo: true,
-                ..Default::default()
-            },
-        )
-        .await
-        .unwrap_or_else(|e| panic!("run {script:?}: {e}"));
-    let mut lines = c.command_logs(id, &cmd.id, true).await.unwrap();
-    let mut out = Vec::new();
-    while let Some(l) = lines.next().await.unwrap() {
-        out.extend(log_bytes(&l));
-    }
-    let done = c.wait_command(id, &cmd.id).await.unwrap();
-    (
-        done.exit_code.unwrap_or(-1),
-        String::from_utf8_lossy(&out).into_owned(),
-    )
-}
-
-/// Like [`sh`], and the script must succeed.
-async fn ok(c: &Client, id: &str, script: &str) -> String {
-    let (code, out) = sh(c, id, script).await;
-    assert_eq!(code, 0, "{script}: {out}");
-    out
-}
+use belljar_e2e::{Daemon, eventually, sh_ok};
 
 fn from(snapshot_id: &str) -> CreateSandbox {
     CreateSandbox {
@@ -102,7 +69,7 @@ async fn snapshots_keep_files_deletions_and_modes_and_outlive_their_users() {
     let d = Daemon::start();
     let c = d.unix();
     let a = d.create(&c, CreateSandbox::default()).await;
-    ok(&c, &a.id, CHANGES).await;
+    sh_ok(&c, &a.id, CHANGES).await;
 
     // Vercel's semantics: the sandbox stops and its writable layer is the snapshot.
     let first = c
@@ -122,10 +89,10 @@ async fn snapshots_keep_files_deletions_and_modes_and_outlive_their_users() {
     assert_eq!(c.snapshot(&first.id).await.unwrap(), first);
 
     let b = d.create(&c, from(&first.id)).await;
-    assert_eq!(ok(&c, &b.id, CHECKS).await.trim(), "checked");
+    assert_eq!(sh_ok(&c, &b.id, CHECKS).await.trim(), "checked");
 
     // A live snapshot: the sandbox keeps running and its processes were frozen a while.
-    ok(
+    sh_ok(
         &c,
         &b.id,
         "rm /workspace/new.txt && echo second > /workspace/second.txt",
@@ -148,10 +115,10 @@ async fn snapshots_keep_files_deletions_and_modes_and_outlive_their_users() {
         c.sandbox(&b.id).await.unwrap().status,
         SandboxStatus::Running
     );
-    ok(&c, &b.id, "echo still-running > /workspace/after.txt").await;
+    sh_ok(&c, &b.id, "echo still-running > /workspace/after.txt").await;
 
     let c2 = d.create(&c, from(&second.id)).await;
-    ok(
+    sh_ok(
         &c,
         &c2.id,
         "test ! -e /workspace/new.txt && test \"$(cat /workspace/second.txt)\" = second \
@@ -237,7 +204,7 @@ async fn snapshots_keep_files_deletions_and_modes_and_outlive_their_users() {
     // Deleting a snapshot that sandboxes and another snapshot build on keeps their files.
     let deleted = c.delete_snapshot(&first.id).await.unwrap();
     assert_eq!(deleted.status, SnapshotStatus::Deleted);
-    ok(
+    sh_ok(
         &c,
         &b.id,
         "test -p /workspace/fifo && test ! -e /etc/debian_version && test ! -e /usr/share/doc \
@@ -247,7 +214,7 @@ async fn snapshots_keep_files_deletions_and_modes_and_outlive_their_users() {
     let err = c.create_sandbox(&from(&first.id)).await.unwrap_err();
     assert_eq!(err.code(), "snapshot_not_usable", "{err}");
     let c3 = d.create(&c, from(&second.id)).await;
-    ok(&c, &c3.id, "test \"$(ls /etc/apt)\" = only").await;
+    sh_ok(&c, &c3.id, "test \"$(ls /etc/apt)\" = only").await;
     assert_eq!(layer_names(&d).len(), 2, "both layers are still held");
 
     // Once nothing holds them, the layers go.
@@ -282,9 +249,9 @@ async fn retention_and_expiry_apply_across_a_restart() {
         keep_running: Some(true),
         ..Default::default()
     };
-    ok(&c, &a.id, "echo 1 > /workspace/n").await;
+    sh_ok(&c, &a.id, "echo 1 > /workspace/n").await;
     let one = c.snapshot_sandbox(&a.id, &live).await.unwrap();
-    ok(&c, &a.id, "echo 2 > /workspace/n").await;
+    sh_ok(&c, &a.id, "echo 2 > /workspace/n").await;
     let two = c.snapshot_sandbox(&a.id, &live).await.unwrap();
     // Keep the last one, and it never expires; the first was evicted.
     assert_eq!(
@@ -299,7 +266,7 @@ async fn retention_and_expiry_apply_across_a_restart() {
 
     // An expiry that passes while the daemon is down is applied when it starts again.
     let b = d.create(&c, CreateSandbox::default()).await;
-    ok(&c, &b.id, "echo short > /workspace/n").await;
+    sh_ok(&c, &b.id, "echo short > /workspace/n").await;
     let short = c
         .snapshot_sandbox(
             &b.id,
@@ -333,7 +300,7 @@ async fn kill_9_during_a_live_snapshot_loses_nothing() {
     let c = d.unix();
     let a = d.create(&c, CreateSandbox::default()).await;
     // Enough data that the copy is still under way when the daemon dies.
-    let sum = ok(
+    let sum = sh_ok(
         &c,
         &a.id,
         "head -c 128M /dev/urandom > /workspace/big && sha256sum /workspace/big | cut -c1-64",
@@ -387,7 +354,7 @@ async fn kill_9_during_a_live_snapshot_loses_nothing() {
         c.sandbox(&a.id).await.unwrap().status,
         SandboxStatus::Running
     );
-    let again = ok(&c, &a.id, "sha256sum /workspace/big | cut -c1-64").await;
+    let again = sh_ok(&c, &a.id, "sha256sum /workspace/big | cut -c1-64").await;
     assert_eq!(again, sum);
     // A snapshot now is whole.
     let snap = c
@@ -396,7 +363,7 @@ async fn kill_9_during_a_live_snapshot_loses_nothing() {
         .unwrap();
     let b = d.create(&c, from(&snap.id)).await;
     assert_eq!(
-        ok(&c, &b.id, "sha256sum /workspace/big | cut -c1-64").await,
+        sh_ok(&c, &b.id, "sha256sum /workspace/big | cut -c1-64").await,
         sum
     );
 }
@@ -408,7 +375,7 @@ async fn the_cli_takes_lists_uses_and_deletes_snapshots() {
     let d = Daemon::start();
     let c = d.unix();
     let a = d.create(&c, CreateSandbox::default()).await;
-    ok(&c, &a.id, "echo from-cli > /workspace/cli.txt").await;
+    sh_ok(&c, &a.id, "echo from-cli > /workspace/cli.txt").await;
 
     let out = d.cli(["snapshot", &a.id, "--keep-running", "--expiration", "none"]);
     assert!(out.status.success(), "{}", stderr(&out));
@@ -432,7 +399,7 @@ async fn the_cli_takes_lists_uses_and_deletes_snapshots() {
     let out = d.cli(["create", "--backend", "namespace", "--from", &snap_id]);
     assert!(out.status.success(), "{}\n{}", stderr(&out), d.log());
     let b = stdout(&out).trim().to_string();
-    assert_eq!(ok(&c, &b, "cat /workspace/cli.txt").await, "from-cli\n");
+    assert_eq!(sh_ok(&c, &b, "cat /workspace/cli.txt").await, "from-cli\n");
 
     let out = d.cli(["snapshots", "rm", &snap_id]);
     assert!(out.status.success(), "{}", stderr(&out));

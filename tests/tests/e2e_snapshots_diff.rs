@@ -6,34 +6,8 @@
 //!
 //! Needs root and the `base` image (as every e2e test).
 
-use belljar_api::{
-    ChangeKind, CreateSandbox, CreateSnapshot, EntryKind, RunCommand, SnapshotDiff, Source,
-};
-use belljar_client::{Client, log_bytes};
-use belljar_e2e::{Daemon, stderr, stdout};
-
-async fn ok(c: &Client, id: &str, script: &str) -> String {
-    let cmd = c
-        .run_command(
-            id,
-            &RunCommand {
-                argv: vec!["sh".into(), "-c".into(), script.into()],
-                sudo: true,
-                ..Default::default()
-            },
-        )
-        .await
-        .unwrap_or_else(|e| panic!("run {script:?}: {e}"));
-    let mut lines = c.command_logs(id, &cmd.id, true).await.unwrap();
-    let mut out = Vec::new();
-    while let Some(l) = lines.next().await.unwrap() {
-        out.extend(log_bytes(&l));
-    }
-    let done = c.wait_command(id, &cmd.id).await.unwrap();
-    let out = String::from_utf8_lossy(&out).into_owned();
-    assert_eq!(done.exit_code, Some(0), "{script}: {out}");
-    out
-}
+use belljar_api::{ChangeKind, CreateSandbox, CreateSnapshot, EntryKind, SnapshotDiff, Source};
+use belljar_e2e::{Daemon, sh_ok, stderr, stdout};
 
 /// `change path` for each change, e.g. `M /etc/hosts`.
 fn paths(d: &SnapshotDiff) -> Vec<String> {
@@ -62,7 +36,7 @@ async fn diffs_list_exactly_what_changed() {
     let d = Daemon::start();
     let c = d.unix();
     let a = d.create(&c, CreateSandbox::default()).await;
-    ok(
+    sh_ok(
         &c,
         &a.id,
         "set -e; printf 'one\\ntwo\\n' > /workspace/a.txt
@@ -113,7 +87,7 @@ async fn diffs_list_exactly_what_changed() {
     let dir = find(&on_image, "/workspace/d").new.clone().unwrap();
     assert_eq!((dir.kind, dir.mode), (EntryKind::Dir, 0o700));
 
-    ok(
+    sh_ok(
         &c,
         &a.id,
         "set -e; printf 'one\\nTWO\\n' > /workspace/a.txt; chmod 600 /workspace/a.txt
@@ -176,7 +150,7 @@ async fn diffs_list_exactly_what_changed() {
             },
         )
         .await;
-    ok(
+    sh_ok(
         &c,
         &b.id,
         "set -e; echo three >> /workspace/a.txt; rm /workspace/l",

@@ -11,38 +11,13 @@ use std::path::PathBuf;
 use std::time::Duration;
 
 use belljar_api::{
-    CreateSandbox, CreateSnapshot, Event, ListSnapshotsQuery, RunCommand, Snapshot, SnapshotStatus,
-    Source,
+    CreateSandbox, CreateSnapshot, Event, ListSnapshotsQuery, Snapshot, SnapshotStatus, Source,
 };
-use belljar_client::{Client, NdjsonStream, log_bytes};
-use belljar_e2e::{Daemon, eventually};
+use belljar_client::{Client, NdjsonStream};
+use belljar_e2e::{Daemon, eventually, sh_ok};
 
 /// The squash depth the daemons of these tests run with.
 const DEPTH: u32 = 4;
-
-/// Runs `script` with `sh -c` as root in the sandbox; returns its output, and it must succeed.
-async fn ok(c: &Client, id: &str, script: &str) -> String {
-    let cmd = c
-        .run_command(
-            id,
-            &RunCommand {
-                argv: vec!["sh".into(), "-c".into(), script.into()],
-                sudo: true,
-                ..Default::default()
-            },
-        )
-        .await
-        .unwrap_or_else(|e| panic!("run {script:?}: {e}"));
-    let mut lines = c.command_logs(id, &cmd.id, true).await.unwrap();
-    let mut out = Vec::new();
-    while let Some(l) = lines.next().await.unwrap() {
-        out.extend(log_bytes(&l));
-    }
-    let done = c.wait_command(id, &cmd.id).await.unwrap();
-    let out = String::from_utf8_lossy(&out).into_owned();
-    assert_eq!(done.exit_code, Some(0), "{script}: {out}");
-    out
-}
 
 fn from(snapshot_id: &str) -> CreateSandbox {
     CreateSandbox {
@@ -142,10 +117,10 @@ async fn chain(d: &Daemon, c: &Client, n: u32, first: &str) -> Vec<(Snapshot, St
         };
         let sbx = d.create(c, req).await;
         if i == 1 {
-            ok(c, &sbx.id, first).await;
+            sh_ok(c, &sbx.id, first).await;
         }
-        ok(c, &sbx.id, &change(i)).await;
-        let listing = ok(c, &sbx.id, LISTING).await;
+        sh_ok(c, &sbx.id, &change(i)).await;
+        let listing = sh_ok(c, &sbx.id, LISTING).await;
         let snap = c
             .snapshot_sandbox(&sbx.id, &CreateSnapshot::default())
             .await
@@ -179,7 +154,7 @@ async fn a_chain_of_20_snapshots_is_squashed_and_keeps_every_snapshot_exact() {
         );
         let sbx = d.create(&c, from(&snap.id)).await;
         assert_eq!(
-            &ok(&c, &sbx.id, LISTING).await,
+            &sh_ok(&c, &sbx.id, LISTING).await,
             listing,
             "snapshot {} ({})",
             i + 1,
@@ -191,7 +166,7 @@ async fn a_chain_of_20_snapshots_is_squashed_and_keeps_every_snapshot_exact() {
         snaps.iter().any(|(s, _)| s.depth > DEPTH),
         "snapshots were recorded deeper than the limit, then squashed"
     );
-    assert_eq!(&ok(&c, &early.id, LISTING).await, &snaps[19].1);
+    assert_eq!(&sh_ok(&c, &early.id, LISTING).await, &snaps[19].1);
     // Deleting everything frees every layer, squashed ones included.
     c.delete_sandbox(&early.id).await.unwrap();
     for (snap, _) in &snaps {
@@ -226,9 +201,12 @@ async fn a_squash_cut_by_kill_9_is_finished_at_the_next_start() {
     assert_eq!(created.len(), snaps.len());
     for (snap, listing) in &snaps {
         let sbx = d.create(&c, from(&snap.id)).await;
-        assert_eq!(&ok(&c, &sbx.id, LISTING).await, listing, "{}", snap.id);
+        assert_eq!(&sh_ok(&c, &sbx.id, LISTING).await, listing, "{}", snap.id);
         c.delete_sandbox(&sbx.id).await.unwrap();
     }
     // The sandbox made before the cut runs on with its files.
-    assert_eq!(&ok(&c, &before.id, LISTING).await, &snaps.last().unwrap().1);
+    assert_eq!(
+        &sh_ok(&c, &before.id, LISTING).await,
+        &snaps.last().unwrap().1
+    );
 }
