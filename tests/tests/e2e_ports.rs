@@ -1,10 +1,9 @@
 //! A forwarded port reaches a server inside a namespace sandbox: the host connects to
 //! `127.0.0.1:<host_port>`, the daemon's userspace stack carries it through the sandbox's tap.
-//! It runs as root here, with the daemon told to open the tap through its attaching child
-//! (`BELLJAR_TAP_VIA_CHILD=1`, the path a rootless daemon must take), and as an ordinary user
-//! in the microVM harness's L1 guest (`tests/microvm/rootless.sh`), where that child joins the
-//! sandbox's user namespace first. (`e2e_network` covers the root thread's path, with the
-//! firewall.)
+//! It runs as root, with the daemon told to open the tap through its attaching child
+//! (`BELLJAR_TAP_VIA_CHILD=1`, the path a rootless daemon needs; as an ordinary user in the
+//! harness's L1 guest the tap attached but no frame flowed, so rootless.sh does not run it
+//! yet). (`e2e_network` covers the root thread's path, with the firewall.)
 
 use std::io::{Read, Write};
 use std::net::TcpStream;

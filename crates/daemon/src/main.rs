@@ -8,7 +8,8 @@ fn main() -> std::process::ExitCode {
     if let Some(status) = belljar_doctor::run_probe_if_asked() {
         return std::process::ExitCode::from(u8::try_from(status).unwrap_or(1));
     }
-    // A rootless daemon opens a sandbox's tap through a child of itself, for the same reason.
+    // A sandbox's tap opened through a child of belljard (the rootless path; see
+    // `sandbox::network::open_tap`), for the same reason.
     if let Some(status) = belljar_network::tap_attach::run_if_asked() {
         return std::process::ExitCode::from(u8::try_from(status).unwrap_or(1));
     }
