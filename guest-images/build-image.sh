@@ -217,7 +217,7 @@ ensure_tree() {
         return
     fi
 
-    local PARENT="" PACKAGES=() NODE_SPEC="" NPM_SPEC="npm" VERIFY=""
+    local PARENT="" PACKAGES=() NODE_SPEC="" NPM_SPEC="npm" SETUP="" VERIFY=""
     # shellcheck source=/dev/null
     source "$here/recipes/$name/recipe.sh"
     local parent_tree=""
@@ -264,6 +264,9 @@ ensure_tree() {
     step "$name" "$log" "system and user belljar" tree_configure_system "$tree"
     if [[ -n "$NODE_SPEC" ]]; then
         step "$name" "$log" "install $NODE_SPEC and $NPM_SPEC" tree_install_node "$tree" "$NODE_SPEC" "$NPM_SPEC" "$cache/downloads"
+    fi
+    if [[ -n "$SETUP" ]]; then
+        step "$name" "$log" "setup" in_tree "$tree" /bin/sh -ec "$SETUP"
     fi
     if [[ -n "$VERIFY" ]]; then
         step "$name" "$log" "verify" in_tree "$tree" /bin/sh -ec "$VERIFY"
