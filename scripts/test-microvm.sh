@@ -133,8 +133,12 @@ if [ -n "${qemu_bin:-}" ] && [ -x "$qemu_bin" ]; then
   qemu_note="QEMU $(cut -d' ' -f1 "$mv_cache/qemu.version") (backports, unpacked)"
   # QEMU 10 crashes L1 far less often than 7.2, but it does: L1's kernel once hit a vCPU
   # thread's stack guard page mid-job ("BUG: TASK stack guard page was hit", Comm: vcpu1).
-  # A run that ends without a job status is the emulator's failure, not a test's: retry once.
-  tries=2
+  # A run that ends without a job status is the emulator's failure, not a test's. On
+  # 2026-11-24 one clean-clone run saw both kinds in a row: L1 panicked on a stack guard page
+  # right after KVM_RUN, and the retry hung in the first L2 boot with khugepaged blocked (no
+  # console output until the timeout). So up to three runs (each bounded by its timeout), and
+  # L1 runs without transparent huge pages.
+  tries=3
 else
   # Debian 12's QEMU 7.2 crashes L1 in about one nested boot of six: allow one retry.
   qemu=(qemu-system-x86_64)
@@ -223,7 +227,7 @@ run_l1() {
   timeout -k 10 "$limit" "${qemu[@]}" 2> "$run_dir/qemu.log" \
     -accel tcg,thread=multi -M q35 -cpu EPYC,+svm,+npt -smp 2 -m 3072 \
     -kernel "$l1_kernel" -initrd "$initrd" \
-    -append "console=ttyS0 panic=-1 mitigations=off loglevel=4" \
+    -append "console=ttyS0 panic=-1 mitigations=off loglevel=4 transparent_hugepage=never" \
     -display none -vga none -nic none -audio none -no-reboot -monitor none -serial "file:$console" \
     -virtfs local,path=/,mount_tag=hostroot,security_model=none,readonly=on,multidevs=remap \
     -virtfs "local,path=$run_dir/results,mount_tag=results,security_model=none" || rc=$?
