@@ -373,20 +373,20 @@ pub fn same_file(a: &Path, b: &Path) -> bool {
     std::fs::read(a).expect("read a") == std::fs::read(b).expect("read b")
 }
 
-/// Runs `script` with `sh -c` as root in the sandbox, follows its output to the end and
-/// returns its exit code (-1 when it has none) and output.
-pub async fn sh(c: &Client, id: &str, script: &str) -> (i32, String) {
+/// Runs `argv` in the sandbox (as root with `sudo`, else as its user), follows its output to
+/// the end and returns its exit code (-1 when it has none) and output.
+pub async fn run(c: &Client, id: &str, argv: &[&str], sudo: bool) -> (i32, String) {
     let cmd = c
         .run_command(
             id,
             &belljar_api::RunCommand {
-                argv: vec!["sh".into(), "-c".into(), script.into()],
-                sudo: true,
+                argv: argv.iter().map(|a| (*a).to_owned()).collect(),
+                sudo,
                 ..Default::default()
             },
         )
         .await
-        .unwrap_or_else(|e| panic!("run {script:?}: {e}"));
+        .unwrap_or_else(|e| panic!("run {argv:?}: {e}"));
     let mut lines = c.command_logs(id, &cmd.id, true).await.unwrap();
     let mut out = Vec::new();
     while let Some(l) = lines.next().await.unwrap() {
@@ -397,6 +397,11 @@ pub async fn sh(c: &Client, id: &str, script: &str) -> (i32, String) {
         done.exit_code.unwrap_or(-1),
         String::from_utf8_lossy(&out).into_owned(),
     )
+}
+
+/// Runs `script` with `sh -c` as root in the sandbox; see [`run`].
+pub async fn sh(c: &Client, id: &str, script: &str) -> (i32, String) {
+    run(c, id, &["sh", "-c", script], true).await
 }
 
 /// Like [`sh`], and the script must succeed; returns its output.

@@ -4,9 +4,8 @@
 //! sandbox's ordinary user and for root. The package is a wheel made inside the sandbox, so
 //! nothing is downloaded.
 
-use belljar_api::{CreateSandbox, RunCommand};
-use belljar_client::Client;
-use belljar_e2e::{Daemon, block_on, require_image, sh_ok};
+use belljar_api::CreateSandbox;
+use belljar_e2e::{Daemon, block_on, require_image, run, sh_ok};
 
 /// Makes `/workspace/hello_bj-0.1-py3-none-any.whl`: one module, `hello_bj`.
 const MAKE_WHEEL: &str = r#"
@@ -26,31 +25,6 @@ with zipfile.ZipFile("/workspace/hello_bj-0.1-py3-none-any.whl", "w") as z:
         z.writestr(p, t)
     z.writestr("hello_bj-0.1.dist-info/RECORD", record)
 "#;
-
-/// Runs `argv` as the sandbox's user (`sudo` false) or root; returns its exit code and output.
-async fn run(c: &Client, id: &str, argv: &[&str], sudo: bool) -> (i32, String) {
-    let cmd = c
-        .run_command(
-            id,
-            &RunCommand {
-                argv: argv.iter().map(|a| (*a).to_owned()).collect(),
-                sudo,
-                ..Default::default()
-            },
-        )
-        .await
-        .unwrap_or_else(|e| panic!("run {argv:?}: {e}"));
-    let mut lines = c.command_logs(id, &cmd.id, true).await.unwrap();
-    let mut out = Vec::new();
-    while let Some(l) = lines.next().await.unwrap() {
-        out.extend(belljar_client::log_bytes(&l));
-    }
-    let done = c.wait_command(id, &cmd.id).await.unwrap();
-    (
-        done.exit_code.unwrap_or(-1),
-        String::from_utf8_lossy(&out).into_owned(),
-    )
-}
 
 #[test]
 fn pip_install_works_on_python313_for_the_user_and_root() {
