@@ -240,6 +240,70 @@ async fn a_failed_persistent_snapshot_is_taken_again_at_the_next_start() {
     assert_eq!(created_snapshots(&c, &a.id).await.len(), 2);
 }
 
+/// A persistent sandbox whose capture keeps failing does not start (the retry at start fails
+/// too), and the error names the failed snapshot; deleting that snapshot discards the unsaved
+/// session, and the next start resumes from the last good snapshot. A failed snapshot, which
+/// once could not be deleted, goes to `deleted`.
+#[tokio::test(flavor = "multi_thread")]
+async fn deleting_a_failed_snapshot_discards_the_session_and_starts_from_the_last_good_one() {
+    let d = Daemon::start();
+    let c = d.unix();
+    let a = d
+        .create(
+            &c,
+            CreateSandbox {
+                persistent: Some(true),
+                ..Default::default()
+            },
+        )
+        .await;
+    sh_ok(&c, &a.id, "echo one > /workspace/n").await;
+    c.stop_sandbox(&a.id).await.unwrap();
+    c.start_sandbox(&a.id).await.unwrap();
+    sh_ok(&c, &a.id, "echo two > /workspace/n; rm /etc/issue").await;
+    // Every capture fails while a file stands where the layers directory belongs.
+    let layers = d.paths.data.join("layers");
+    let away = d.paths.data.join("layers.away");
+    std::fs::rename(&layers, &away).unwrap();
+    std::fs::write(&layers, b"").unwrap();
+    c.stop_sandbox(&a.id).await.unwrap();
+    let err = c.start_sandbox(&a.id).await.unwrap_err();
+    assert_eq!(err.code(), "conflict", "{err}");
+    let newest = c
+        .list_snapshots(&ListSnapshotsQuery {
+            sandbox_id: Some(a.id.clone()),
+            ..Default::default()
+        })
+        .await
+        .unwrap()
+        .snapshots;
+    let failed = &newest[0];
+    assert_eq!(failed.status, SnapshotStatus::Failed, "{newest:?}");
+    assert!(err.to_string().contains(&failed.id), "{err}");
+    std::fs::remove_file(&layers).unwrap();
+    std::fs::rename(&away, &layers).unwrap();
+
+    let deleted = c.delete_snapshot(&failed.id).await.unwrap();
+    assert_eq!(deleted.status, SnapshotStatus::Deleted);
+    assert_eq!(
+        c.snapshot(&failed.id).await.unwrap().status,
+        SnapshotStatus::Deleted
+    );
+    let b = c.start_sandbox(&a.id).await.unwrap();
+    assert_eq!(b.status, SandboxStatus::Running);
+    assert_eq!(
+        sh_ok(
+            &c,
+            &a.id,
+            "cat /workspace/n; test -e /etc/issue && echo kept"
+        )
+        .await,
+        "one\nkept\n",
+        "the last good snapshot's files, the discarded session's are gone"
+    );
+    assert_eq!(created_snapshots(&c, &a.id).await.len(), 1);
+}
+
 /// `kill -9` of the daemon while a persistent stop copies the sandbox's layer: the next start
 /// of the daemon finishes the stop, the snapshot is complete (or was never recorded and is
 /// taken then), and the sandbox starts again with its files.

@@ -90,7 +90,9 @@ async fn update(
     ))
 }
 
-/// Delete a snapshot. Its files stay while sandboxes made from it still run on them.
+/// Delete a snapshot. Its files stay while sandboxes made from it still run on them. A failed
+/// snapshot can be deleted too: for a persistent sandbox whose newest snapshot failed, that
+/// discards the unsaved session, and its next start resumes from its last created snapshot.
 #[utoipa::path(delete, path = "/v1/snapshots/{id}", operation_id = "snapshot_delete", tag = "snapshots", params(SnapshotPath),
     responses((status = 200, description = "The snapshot, status `deleted`", body = Snapshot), Errors))]
 async fn delete(

@@ -8,7 +8,9 @@
 //! start moves the sandbox onto its new chain of layers in one store transaction before its
 //! old state directory is of any use again. A stop whose snapshot failed leaves the sandbox's
 //! last session only in that state directory, so `start` takes the snapshot again first, and
-//! refuses to start from an older one while that keeps failing.
+//! refuses to start from an older one while that keeps failing. Deleting the newest failed
+//! snapshot (`DELETE /v1/snapshots/{id}`) is the explicit way to discard that session: the
+//! next start resumes from the last created snapshot.
 
 use belljar_api::{Sandbox, SandboxStatus};
 
@@ -83,12 +85,13 @@ impl Sandboxes {
             s.stopped_at = None;
             self.save(&s)?;
         }
-        if self.last_capture_failed(id)? {
+        if self.last_capture_failed(id)?.is_some() {
             self.persist_stopped(&s).await;
-            if self.last_capture_failed(id)? {
+            if let Some(failed) = self.last_capture_failed(id)? {
                 let e = SandboxError::Conflict(format!(
-                    "Sandbox {id}'s last session could not be snapshotted (see its failed \
-                     snapshot); it does not start from an older one"
+                    "Sandbox {id}'s last session could not be snapshotted (snapshot {failed} \
+                     failed); it does not start from an older one unless you delete {failed}, \
+                     which discards that session"
                 ));
                 return self.fail_start(s, e).await;
             }
@@ -116,9 +119,10 @@ impl Sandboxes {
         Ok(s)
     }
 
-    /// Whether the sandbox's newest snapshot failed: its stop did not capture its last
-    /// session, which is then only in its state directory.
-    fn last_capture_failed(&self, id: &str) -> Result<bool, SandboxError> {
+    /// The sandbox's newest snapshot if it failed: its stop did not capture its last
+    /// session, which is then only in its state directory. Once the user deletes that
+    /// snapshot, the newest one is `deleted` and the start goes on from the last created one.
+    fn last_capture_failed(&self, id: &str) -> Result<Option<String>, SandboxError> {
         let newest = self
             .inner
             .store
@@ -129,8 +133,10 @@ impl Sandboxes {
             })?;
         Ok(newest
             .snapshots
-            .first()
-            .is_some_and(|r| r.snapshot.status == belljar_api::SnapshotStatus::Failed))
+            .into_iter()
+            .next()
+            .filter(|r| r.snapshot.status == belljar_api::SnapshotStatus::Failed)
+            .map(|r| r.snapshot.id))
     }
 
     /// Moves the sandbox onto its newest `created` snapshot's chain; returns the layer

@@ -180,6 +180,12 @@ impl Sandboxes {
             row.layers.push(captured.digest.clone());
         }
         row.layers.extend(held.layers.iter().cloned());
+        // A sandbox made from a chain before its squash: its snapshot takes the merged layer
+        // (held: `layer_lock` keeps it from going) instead of being squashed into a new copy.
+        if let Some((i, merged)) = self.inner.store.squashed_suffix(&row.layers)? {
+            row.layers.truncate(i);
+            row.layers.push(merged);
+        }
         row.snapshot.depth = row.layers.len() as u32;
         self.inner
             .store
@@ -292,8 +298,10 @@ impl Sandboxes {
         })
     }
 
-    /// Deletes a snapshot (a no-op on one already deleted or failed); its layers stay while a
-    /// sandbox or another snapshot still builds on them.
+    /// Deletes a snapshot (a no-op on one already deleted); its layers stay while a sandbox
+    /// or another snapshot still builds on them. Deleting a failed one frees its row's hold
+    /// on the sandbox: a persistent sandbox whose newest snapshot failed starts again from
+    /// its last good one once that failed snapshot is deleted.
     pub async fn delete_snapshot(&self, id: &str) -> Result<Snapshot, SandboxError> {
         if !is_id("snap", id) {
             return Err(SandboxError::SnapshotNotFound(id.to_owned()));

@@ -2,6 +2,10 @@
 //! they exist), a squash in progress (the chain it reads), and the rewrite of snapshot chains
 //! when a squash has merged their deepest layers into one.
 //!
+//! A squash is remembered (`squashes`: the chain and the layer it became) while the merged
+//! layer lives: a snapshot of a sandbox made from the chain before its squash stacks the same
+//! chain under its own layer, and takes the merged layer instead of a second copy.
+//!
 //! The rules of `snapshots.rs` hold here too: each count changes in the same transaction as
 //! what causes it, so a `kill -9` leaves counts that match the rows.
 
@@ -129,8 +133,36 @@ impl Store {
             freed.extend(release(&tx, chain)?);
             moved.push(id);
         }
+        if chain.len() > 1 {
+            tx.execute(
+                "INSERT OR REPLACE INTO squashes (chain, merged) VALUES (?1, ?2)",
+                params![serde_json::to_string(chain)?, merged],
+            )?;
+        }
         tx.commit()?;
         Ok((moved, freed))
+    }
+
+    /// The longest lower part `layers[i..]` (`i >= 1`, at least two layers) that an earlier
+    /// squash merged into a layer someone still holds: `(i, merged)`. The top layer is never
+    /// part of it, so a new snapshot's own layer stays its own.
+    pub fn squashed_suffix(
+        &self,
+        layers: &[String],
+    ) -> Result<Option<(usize, String)>, StoreError> {
+        let conn = self.conn();
+        let mut stmt = conn.prepare(
+            "SELECT s.merged FROM squashes s JOIN layers l ON l.digest = s.merged \
+             WHERE s.chain = ?1 AND l.refs > 0",
+        )?;
+        for i in 1..layers.len().saturating_sub(1) {
+            let chain = serde_json::to_string(&layers[i..])?;
+            let merged: Option<String> = stmt.query_row([chain], |r| r.get(0)).optional()?;
+            if let Some(merged) = merged.filter(|m| !layers[..i].contains(m)) {
+                return Ok(Some((i, merged)));
+            }
+        }
+        Ok(None)
     }
 
     /// Created snapshots whose chain is deeper than `depth`, oldest first.
@@ -177,6 +209,7 @@ pub(super) fn release(tx: &Transaction<'_>, chain: &[String]) -> Result<Vec<Stri
             .optional()?;
         if refs.is_some_and(|r| r <= 0) {
             tx.execute("DELETE FROM layers WHERE digest = ?1", [digest])?;
+            tx.execute("DELETE FROM squashes WHERE merged = ?1", [digest])?;
             freed.push(digest.clone());
         }
     }
@@ -249,5 +282,30 @@ mod tests {
         );
         assert!(store.live_layers().unwrap().contains("M"));
         assert_eq!(store.hold_snapshot_chain("h", "snap_zz").unwrap(), None);
+
+        // A snapshot of a sandbox made from snap_2 before the squash stacks [E, B, A]: the
+        // squash is remembered, so [B, A] is M again, not a second merge.
+        let own = |v: &[&str]| v.iter().map(|s| s.to_string()).collect::<Vec<_>>();
+        assert_eq!(
+            store.squashed_suffix(&own(&["E", "B", "A"])).unwrap(),
+            Some((1, "M".into()))
+        );
+        assert_eq!(
+            store.squashed_suffix(&own(&["F", "E", "B", "A"])).unwrap(),
+            Some((2, "M".into()))
+        );
+        assert_eq!(store.squashed_suffix(&own(&["B", "A"])).unwrap(), None);
+        assert_eq!(store.squashed_suffix(&own(&["X", "A"])).unwrap(), None);
+        // Once M is gone, so is the memory of it.
+        for id in ["snap_2", "snap_3"] {
+            store.delete_snapshot(id).unwrap();
+        }
+        assert!(!store.live_layers().unwrap().contains("M"));
+        assert_eq!(store.squashed_suffix(&own(&["E", "B", "A"])).unwrap(), None);
+        let rows: i64 = store
+            .conn()
+            .query_row("SELECT count(*) FROM squashes", [], |r| r.get(0))
+            .unwrap();
+        assert_eq!(rows, 0);
     }
 }

@@ -117,6 +117,15 @@ const MIGRATIONS: &[&str] = &[
     r#"
     ALTER TABLE sandboxes ADD COLUMN lifecycle TEXT;
     "#,
+    // 5: what each squash merged (a chain of layers, as JSON) into which layer, so that a
+    // chain squashed once is never copied again (see `layers.rs`).
+    r#"
+    CREATE TABLE squashes (
+        chain           TEXT PRIMARY KEY,
+        merged          TEXT NOT NULL
+    );
+    CREATE INDEX squashes_merged ON squashes (merged);
+    "#,
 ];
 
 /// The schema version this daemon writes.

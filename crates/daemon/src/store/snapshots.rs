@@ -99,8 +99,9 @@ impl Store {
             .optional()?)
     }
 
-    /// Marks a created snapshot deleted and drops its references; returns the layers that
-    /// no one holds any more (their directories may go), or `None` when it was not created.
+    /// Marks a created or failed snapshot deleted and drops its references; returns the
+    /// layers that no one holds any more (their directories may go), or `None` when it was
+    /// already deleted.
     pub fn delete_snapshot(&self, id: &str) -> Result<Option<Vec<String>>, StoreError> {
         let mut conn = self.conn();
         let tx = conn.transaction()?;
@@ -108,14 +109,18 @@ impl Store {
         let Some(row) = tx.query_row(&sql, [id], row_to_snapshot).optional()? else {
             return Ok(None);
         };
-        if row.snapshot.status != SnapshotStatus::Created {
-            return Ok(None);
-        }
+        let held = match row.snapshot.status {
+            SnapshotStatus::Created => row.layers.as_slice(),
+            // A failed capture took no reference: deleting it only marks it, which is how a
+            // persistent sandbox's unsaved session is discarded (see `persist.rs`).
+            SnapshotStatus::Failed => &[],
+            SnapshotStatus::Deleted => return Ok(None),
+        };
         tx.execute(
             "UPDATE snapshots SET status = 'deleted', expires_at = NULL WHERE id = ?1",
             [id],
         )?;
-        let freed = release(&tx, &row.layers)?;
+        let freed = release(&tx, held)?;
         tx.commit()?;
         Ok(Some(freed))
     }

@@ -20,7 +20,7 @@ use std::io;
 use std::os::unix::fs::{DirBuilderExt, MetadataExt, PermissionsExt};
 use std::path::{Path, PathBuf};
 
-use super::xattr::{get_xattr, list_xattrs, set_times, set_xattr};
+use super::xattr::{get_xattr, list_xattrs, remove_xattr, set_times, set_xattr};
 use super::{Captured, Error, Shift, capture_tree};
 
 /// The overlay mark of a directory that hides everything below it.
@@ -133,14 +133,24 @@ fn is_opaque(dir: &Path) -> Result<bool, Error> {
         })
 }
 
-/// Copies a layer directory's attributes onto the merged one (they were copied up whole, so
-/// they are the directory's current set); an opaque mark the merge set stays.
+/// Makes a layer directory's attributes the merged one's (overlayfs copies a directory's
+/// attributes up whole, so the upper layer holds its current set: one missing there was
+/// removed in that session and goes); overlay marks the merge set or the layers below had
+/// (an opaque directory stays opaque under a plain one) stay.
 fn copy_xattrs(src: &Path, dst: &Path) -> Result<(), Error> {
     let fail = |path: &Path| {
         let path = path.to_owned();
         move |source: io::Error| Error::Copy { path, source }
     };
-    for name in list_xattrs(src).map_err(fail(src))? {
+    let kept = list_xattrs(src).map_err(fail(src))?;
+    for name in list_xattrs(dst).map_err(fail(dst))? {
+        let overlay = name.as_encoded_bytes().starts_with(b"user.overlay.")
+            || name.as_encoded_bytes().starts_with(b"trusted.overlay.");
+        if !overlay && !kept.contains(&name) {
+            remove_xattr(dst, &name).map_err(fail(dst))?;
+        }
+    }
+    for name in kept {
         if let Some(value) = get_xattr(src, &name).map_err(fail(src))? {
             set_xattr(dst, &name, &value).map_err(fail(dst))?;
         }
@@ -208,6 +218,16 @@ mod tests {
         fs::write(l3.join("dir/f"), b"f").unwrap();
         fs::create_dir_all(l3.join("a/b")).unwrap();
         fs::set_permissions(l3.join("a/b"), fs::Permissions::from_mode(0o711)).unwrap();
+        // Attributes of a directory: l1 sets two, l2 changes one, l3 (copied up without
+        // them) removed both; `op` keeps the one l2 set.
+        set_xattr(&l1.join("a"), OsStr::new("user.x"), b"1").unwrap();
+        set_xattr(&l1.join("a"), OsStr::new("user.y"), b"1").unwrap();
+        set_xattr(&l2.join("a"), OsStr::new("user.x"), b"2").unwrap();
+        set_xattr(&l2.join("a"), OsStr::new("user.y"), b"1").unwrap();
+        set_xattr(&l2.join("op"), OsStr::new("user.z"), b"z").unwrap();
+        set_xattr(&l1.join("a/b"), OsStr::new("user.w"), b"w").unwrap();
+        set_xattr(&l2.join("a/b"), OsStr::new("user.w"), b"w").unwrap();
+        set_xattr(&l3.join("a/b"), OsStr::new("user.w"), b"w2").unwrap();
 
         let work = tmp.path().join(".tmp-squash");
         let got = squash(&[l3.clone(), l2.clone(), l1.clone()], &work).unwrap();
@@ -226,6 +246,12 @@ mod tests {
         assert!(is_opaque(&m.join("op")).unwrap());
         assert!(!m.join("op/hidden").exists());
         assert!(!is_opaque(&m.join("a")).unwrap());
+        let names = |p: &Path| list_xattrs(p).unwrap();
+        assert!(names(&m.join("a")).is_empty(), "removed in l3");
+        let w = get_xattr(&m.join("a/b"), OsStr::new("user.w")).unwrap();
+        assert_eq!(w.as_deref(), Some(&b"w2"[..]));
+        let z = get_xattr(&m.join("op"), OsStr::new("user.z")).unwrap();
+        assert_eq!(z.as_deref(), Some(&b"z"[..]));
         assert!(!work.join("staging").exists());
         // The same chain is the same layer.
         let again = squash(&[l3, l2, l1], &tmp.path().join(".tmp-again")).unwrap();

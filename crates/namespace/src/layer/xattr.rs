@@ -101,3 +101,17 @@ pub(super) fn set_xattr(path: &Path, name: &OsStr, value: &[u8]) -> io::Result<(
     }
     Ok(())
 }
+
+pub(super) fn remove_xattr(path: &Path, name: &OsStr) -> io::Result<()> {
+    let p = mounts::c_path(path);
+    let n = CString::new(name.as_bytes()).map_err(io::Error::other)?;
+    // SAFETY: valid C strings; no symlink is followed.
+    let ret = unsafe { libc::lremovexattr(p.as_ptr(), n.as_ptr()) };
+    if ret != 0 {
+        let e = io::Error::last_os_error();
+        if e.raw_os_error() != Some(libc::ENODATA) {
+            return Err(e);
+        }
+    }
+    Ok(())
+}
