@@ -11,13 +11,13 @@
 //! - Namespace backend: in the sandbox's network namespace, [`tap::create`]`("eth0")` and
 //!   [`tap::set_persistent`] (so a daemon restart, even `kill -9`, leaves the device and its
 //!   configuration in place); configure it from [`config`] (`GUEST_V4/PREFIX_V4`,
-//!   `GUEST_V6/PREFIX_V6`, default routes via `GATEWAY_V4`/`GATEWAY_V6`, `MTU`,
-//!   `GUEST_MAC`) and write `nameserver 10.0.2.2` to `/etc/resolv.conf`; then
-//!   [`Network::spawn`] on a [`TapDevice`]. After a restart, [`tap::attach`] the same name.
+//!   `GUEST_V6/PREFIX_V6`, default routes via `GATEWAY_V4`/`GATEWAY_V6`,
+//!   `TAP_MTU`, `GUEST_MAC`) and write `nameserver 10.0.2.2` to `/etc/resolv.conf`; then
+//!   [`Network::spawn`] on a [`TapDevice`] with `NetConfig::mtu` = `TAP_MTU`. After a restart, [`tap::attach`] the same name.
 //! - microVM backend: give the VMM a frame socket (`belljar_vmm_api::net::NetConfig` with
 //!   `mac: GUEST_MAC`, `mtu: MTU`) and [`Network::spawn`] on a [`SeqpacketDevice`] for that
 //!   path; it connects, and reconnects whenever the VMM side hangs up. The agent configures
-//!   `eth0` as above.
+//!   `eth0` as above, with `MTU`.
 //! - Brokering: one [`Broker`] per sandbox; keep [`Broker::ca_key_pem`] with the sandbox
 //!   (and rebuild with [`Broker::from_key_pem`] after a restart); the sandbox trusts
 //!   [`Broker::ca_pem`].

@@ -90,17 +90,82 @@ pub(super) fn new_socket(
     Some(sockets.add(s))
 }
 
-pub(super) fn connect(dst: SocketAddr, wake: Arc<Notify>) -> (Connecting, AbortHandle) {
+/// Starts the host connection of a flow; its outcome arrives on the receiver.
+///
+/// The connection is started here, not in a task: to a server on a veth or loopback the
+/// kernel completes the handshake inside `connect(2)`, and then the flow can open in this
+/// same pass of the stack, the guest's SYN answered with no task to schedule and no wake-up
+/// in between. Those two hand-offs between threads were the tail of connection set-up under
+/// load (p95 0.9-2.9 ms against pasta's 0.3 ms, which connects in its one event loop). Only
+/// a connection still under way gets a task, which waits for it.
+pub(super) fn connect(dst: SocketAddr, wake: Arc<Notify>) -> (Connecting, Option<AbortHandle>) {
     let (tx, rx) = oneshot::channel();
+    let stream = match start_connect(dst) {
+        Ok(Started::Connected(stream)) => {
+            let _ = tx.send(Ok(stream));
+            return (rx, None);
+        }
+        Ok(Started::Pending(stream)) => stream,
+        Err(e) => {
+            let _ = tx.send(Err(e));
+            return (rx, None);
+        }
+    };
     let task = tokio::spawn(async move {
-        let r = match tokio::time::timeout(CONNECT_TIMEOUT, TcpStream::connect(dst)).await {
+        let wait = async {
+            stream.writable().await?;
+            match stream.take_error()? {
+                Some(e) => Err(e),
+                None => Ok(stream),
+            }
+        };
+        let r = match tokio::time::timeout(CONNECT_TIMEOUT, wait).await {
             Ok(r) => r,
             Err(_) => Err(std::io::ErrorKind::TimedOut.into()),
         };
         let _ = tx.send(r);
         wake.notify_one();
     });
-    (rx, task.abort_handle())
+    (rx, Some(task.abort_handle()))
+}
+
+enum Started {
+    Connected(TcpStream),
+    Pending(TcpStream),
+}
+
+/// A non-blocking `connect(2)` to `dst`, and whether it has already completed. Needs a Tokio
+/// runtime (the socket is registered with it).
+fn start_connect(dst: SocketAddr) -> std::io::Result<Started> {
+    use nix::errno::Errno;
+    use nix::sys::socket::{AddressFamily, SockFlag, SockType, SockaddrStorage, socket};
+    use std::os::fd::AsRawFd;
+
+    let family = match dst {
+        SocketAddr::V4(_) => AddressFamily::Inet,
+        SocketAddr::V6(_) => AddressFamily::Inet6,
+    };
+    let fd = socket(
+        family,
+        SockType::Stream,
+        SockFlag::SOCK_NONBLOCK | SockFlag::SOCK_CLOEXEC,
+        None,
+    )?;
+    let pending = match nix::sys::socket::connect(fd.as_raw_fd(), &SockaddrStorage::from(dst)) {
+        Ok(()) => false,
+        Err(Errno::EINPROGRESS) => true,
+        Err(e) => return Err(e.into()),
+    };
+    let stream = std::net::TcpStream::from(fd);
+    // Connected once it has a peer; a refusal that came back at once shows as no peer and
+    // is read from the socket's error by the waiting task.
+    let connected = !pending || stream.peer_addr().is_ok();
+    let stream = TcpStream::from_std(stream)?;
+    Ok(if connected {
+        Started::Connected(stream)
+    } else {
+        Started::Pending(stream)
+    })
 }
 
 impl Flow {
@@ -192,5 +257,46 @@ impl Flow {
         self.to_host = Some(out_tx);
         self.from_host = Some(in_rx);
         self.phase = Phase::Open;
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn runtime() -> tokio::runtime::Runtime {
+        tokio::runtime::Builder::new_current_thread()
+            .enable_all()
+            .build()
+            .expect("runtime")
+    }
+
+    #[test]
+    fn a_connection_the_kernel_completes_at_once_needs_no_task() {
+        // Before, every connection waited in a task, and the guest's SYN-ACK for two
+        // hand-offs between threads.
+        let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+        let dst = listener.local_addr().unwrap();
+        let rt = runtime();
+        let _in = rt.enter();
+        let (mut rx, task) = connect(dst, Arc::new(Notify::new()));
+        assert!(task.is_none(), "a loopback handshake is done inside connect(2)");
+        let stream = rx.try_recv().expect("decided at once").expect("connected");
+        assert_eq!(stream.peer_addr().unwrap(), dst);
+    }
+
+    #[test]
+    fn a_refused_connection_is_reported() {
+        let dst = std::net::TcpListener::bind("127.0.0.1:0")
+            .unwrap()
+            .local_addr()
+            .unwrap(); // closed again: nothing listens there
+        let rt = runtime();
+        let r = rt.block_on(async {
+            let (rx, _task) = connect(dst, Arc::new(Notify::new()));
+            tokio::time::timeout(Duration::from_secs(10), rx).await
+        });
+        let err = r.expect("within the deadline").unwrap().unwrap_err();
+        assert_eq!(err.kind(), std::io::ErrorKind::ConnectionRefused);
     }
 }

@@ -18,7 +18,7 @@ use smoltcp::iface::{Config, Interface, PollResult, SocketSet};
 use smoltcp::wire::{EthernetAddress, HardwareAddress, IpCidr};
 use tokio::sync::{Notify, mpsc};
 
-use crate::config::{MAX_FRAME, NetConfig};
+use crate::config::{NetConfig, TAP_MTU};
 use crate::device::FrameDevice;
 use crate::dns::{Dns, DnsError, DnsUpstream};
 use crate::flows::{DEFAULT_CAPACITY, FlowLog};
@@ -327,8 +327,8 @@ fn smol_now() -> smoltcp::time::Instant {
 impl Stack {
     fn new(options: &Options, shared: Arc<Shared>) -> Result<Self, NetworkError> {
         let cfg = options.config.clone();
-        if cfg.mtu < 1280 || cfg.mtu + 14 > MAX_FRAME.max(cfg.mtu + 14) {
-            return Err(NetworkError::Config("the MTU must be at least 1280"));
+        if !(1280..=TAP_MTU).contains(&cfg.mtu) {
+            return Err(NetworkError::Config("the MTU must be 1280..=65520"));
         }
         let mut queues = Queues {
             mtu: cfg.mtu,

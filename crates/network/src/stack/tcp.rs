@@ -108,7 +108,7 @@ impl TcpFlows {
             AddrDecision::Decided(v) => {
                 flow.record(cx, src, &v);
                 let (rx, task) = connect(dst, cx.shared.wake.clone());
-                flow.tasks.push(task);
+                flow.tasks.extend(task);
                 flow.phase = Phase::Connecting {
                     syn: frame.to_vec(),
                     rx,
@@ -346,7 +346,7 @@ fn service_one(
                 flow.tasks.push(task.abort_handle());
             } else if verdict.is_allow() {
                 let (rx, task) = connect(dst, cx.shared.wake.clone());
-                flow.tasks.push(task);
+                flow.tasks.extend(task);
                 flow.phase = Phase::ConnectingNamed { rx };
             } else {
                 socket.abort();

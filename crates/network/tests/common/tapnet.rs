@@ -5,7 +5,9 @@
 use std::sync::Arc;
 use std::time::Duration;
 
-use belljar_network::config::{GATEWAY_V4, GATEWAY_V6, GUEST_V4, GUEST_V6, PREFIX_V4, PREFIX_V6};
+use belljar_network::config::{
+    GATEWAY_V4, GATEWAY_V6, GUEST_V4, GUEST_V6, NetConfig, PREFIX_V4, PREFIX_V6, TAP_MTU,
+};
 use belljar_network::{Broker, DnsUpstream, Network, NetworkPolicy, Options, TapDevice, tap};
 
 use super::*;
@@ -43,6 +45,7 @@ pub fn setup_with(policy: NetworkPolicy, persistent: bool, broker: Option<Arc<Br
     let cidr6 = format!("{GUEST_V6}/{PREFIX_V6}");
     guest.ip(&["addr", "add", &cidr4, "dev", "eth0"]);
     guest.ip(&["-6", "addr", "add", &cidr6, "dev", "eth0", "nodad"]);
+    guest.ip(&["link", "set", "eth0", "mtu", &TAP_MTU.to_string()]);
     guest.ip(&["link", "set", "eth0", "up"]);
     guest.ip(&["route", "add", "default", "via", &GATEWAY_V4.to_string()]);
     guest.ip(&[
@@ -90,6 +93,10 @@ pub fn start(
             Network::spawn(
                 TapDevice::new(fd).expect("tap device"),
                 Options {
+                    config: NetConfig {
+                        mtu: TAP_MTU,
+                        ..NetConfig::default()
+                    },
                     policy,
                     dns: DnsUpstream::Servers(vec![v4(SERVER_IP, 53)]),
                     broker,
