@@ -409,13 +409,20 @@ fn namespace_sandboxes_reach_the_test_internet_through_the_firewall() {
         assert!(!reaches(&c, &id, "https://c.test/").await);
         assert!(!reaches(&c, &id, "https://a.test/").await);
 
-        // Subnets: allow a range, deny one address in it (deny wins).
-        c.set_network_policy(
-            &id,
-            &policy(r#"{"subnets":{"allow":["203.0.113.0/24"],"deny":["203.0.113.9"]}}"#),
-        )
-        .await
-        .unwrap();
+        // Subnets: allow a range, deny one address in it (deny wins). By PUT on the policy's
+        // own route, which replaces it whole: the domain list above is gone, not merged.
+        let subnets = policy(r#"{"subnets":{"allow":["203.0.113.0/24"],"deny":["203.0.113.9"]}}"#);
+        let info = c.put_network_policy(&id, &subnets).await.unwrap();
+        assert_eq!(info.policy, subnets);
+        assert_eq!(c.network(&id).await.unwrap().policy, subnets);
+        // A bad policy is refused naming the field, and the one in force stays.
+        let e = c
+            .put_network_policy(&id, &policy(r#"{"allow":["*.*.test"]}"#))
+            .await
+            .unwrap_err();
+        assert_eq!(e.code(), ErrorCode::BadRequest.to_string(), "{e}");
+        assert!(e.to_string().contains("network_policy.allow"), "{e}");
+        assert_eq!(c.network(&id).await.unwrap().policy, subnets);
         assert!(reaches(&c, &id, &format!("http://{INET}/")).await);
         assert!(!reaches(&c, &id, &format!("http://{INET2}/")).await);
 

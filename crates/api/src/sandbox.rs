@@ -449,7 +449,8 @@ pub struct UpdateSandbox {
     #[ts(optional)]
     #[schema(max_length = 128)]
     pub name: Option<String>,
-    /// Replaces the firewall at once; open flows it denies are cut.
+    /// Replaces the firewall whole, not merged into the old one (the same as `PUT
+    /// /v1/sandboxes/{id}/network/policy`); open flows it denies are cut at once.
     #[serde(default)]
     #[ts(optional)]
     pub network_policy: Option<crate::NetworkPolicy>,

@@ -1,5 +1,7 @@
 //! The network routes: a sandbox's firewall and totals, its flow log, its exposed ports. The
-//! policy is replaced through `PATCH /v1/sandboxes/{id}` ([`Client::set_network_policy`]).
+//! policy is replaced whole by `PUT /v1/sandboxes/{id}/network/policy`
+//! ([`Client::put_network_policy`]) or by `PATCH /v1/sandboxes/{id}`
+//! ([`Client::set_network_policy`]); the two differ only in what they return.
 
 use belljar_api::{
     AddPort, NetworkFlow, NetworkInfo, NetworkPolicy, Port, PortList, Sandbox, UpdateSandbox,
@@ -30,6 +32,17 @@ impl Client {
             ..Default::default()
         };
         self.update_sandbox(id, &req).await
+    }
+
+    /// Replaces the sandbox's policy whole (`PUT /v1/sandboxes/{id}/network/policy`); open
+    /// flows it denies are cut. Returns the network under the new policy.
+    pub async fn put_network_policy(
+        &self,
+        id: &str,
+        policy: &NetworkPolicy,
+    ) -> Result<NetworkInfo, ClientError> {
+        self.call(Method::PUT, &sandbox_sub(id, "network/policy"), policy)
+            .await
     }
 
     /// `GET /v1/sandboxes/{id}/network/flows`; with `follow`, the stream stays open.

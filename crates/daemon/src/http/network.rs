@@ -1,12 +1,13 @@
 //! A sandbox's network: its firewall and byte totals, its flow log (NDJSON, followed live),
-//! and its exposed ports. The policy itself is set at create and replaced by `PATCH
-//! /v1/sandboxes/{id}`.
+//! and its exposed ports. The policy is set at create and replaced whole, either by `PUT
+//! /v1/sandboxes/{id}/network/policy` (here) or by `network_policy` in `PATCH
+//! /v1/sandboxes/{id}`: both replace it whole (PATCH patches the sandbox, not the policy).
 
 use axum::Json;
 use axum::extract::State;
 use axum::http::StatusCode;
 use axum::response::Response;
-use belljar_api::{AddPort, FlowsQuery, NetworkFlow, NetworkInfo, Port, PortList};
+use belljar_api::{AddPort, FlowsQuery, NetworkFlow, NetworkInfo, NetworkPolicy, Port, PortList};
 use serde::Deserialize;
 use utoipa::IntoParams;
 use utoipa_axum::router::OpenApiRouter;
@@ -21,6 +22,7 @@ use super::sandboxes::detached;
 pub fn router() -> OpenApiRouter<AppState> {
     OpenApiRouter::new()
         .routes(routes!(info))
+        .routes(routes!(put_policy))
         .routes(routes!(flows))
         .routes(routes!(list_ports, add_port))
         .routes(routes!(remove_port))
@@ -47,6 +49,20 @@ async fn info(
     ApiPath(SandboxPath { id }): ApiPath<SandboxPath>,
 ) -> Result<Json<NetworkInfo>, ApiError> {
     Ok(Json(st.sandboxes.network_info(&id)?))
+}
+
+/// Replace the sandbox's firewall whole (what the body leaves out is gone, not kept). Open
+/// flows the new policy denies are cut at once. A brokered header sent back as its redacted
+/// value keeps the secret it had.
+#[utoipa::path(put, path = "/v1/sandboxes/{id}/network/policy", operation_id = "network_policy_put", tag = "network",
+    params(SandboxPath), request_body = NetworkPolicy,
+    responses((status = 200, description = "The sandbox's network under the new policy", body = NetworkInfo), Errors))]
+async fn put_policy(
+    State(st): State<AppState>,
+    ApiPath(SandboxPath { id }): ApiPath<SandboxPath>,
+    ApiJson(policy): ApiJson<NetworkPolicy>,
+) -> Result<Json<NetworkInfo>, ApiError> {
+    Ok(Json(st.sandboxes.put_network_policy(&id, &policy).await?))
 }
 
 /// The sandbox's flows, oldest first (the last 1000, kept across daemon restarts); with

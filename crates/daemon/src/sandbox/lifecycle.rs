@@ -254,7 +254,7 @@ impl Sandboxes {
                 .command_output_limit
                 .map(|l| ("BELLJAR_OUTPUT_LIMIT".to_owned(), l.to_string()))
                 .into_iter()
-                .chain([super::network::agent_env()])
+                .chain([super::network::agent_env(sandbox.backend)])
                 .collect(),
             layers,
         };

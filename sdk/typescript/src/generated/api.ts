@@ -195,7 +195,8 @@ export type UpdateSandbox = {
  */
 tags?: { [key in string]: string }, name?: string, 
 /**
- * Replaces the firewall at once; open flows it denies are cut.
+ * Replaces the firewall whole, not merged into the old one (the same as `PUT
+ * /v1/sandboxes/{id}/network/policy`); open flows it denies are cut at once.
  */
 network_policy?: NetworkPolicy, };
 
