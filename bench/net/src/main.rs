@@ -4,27 +4,34 @@
 //! - TCP throughput sandbox → server and server → sandbox;
 //! - connection set-up time (`connect()` returning in the sandbox) and a 1-byte round trip on
 //!   an open connection;
+//! - DNS lookup time: a question to the resolver address the stack gives the sandbox
+//!   (Belljar's DNS on the gateway; pasta's and slirp4netns's forwarders, which pass it to the
+//!   host namespace's resolver), answered by a name server in the test internet;
 //! - the memory one idle sandbox's stack costs (the process's RSS growth over many stacks).
 //!
 //! Every peer gets a fresh "sandbox" network namespace whose only way out is its own
 //! userspace stack, run from the same "host" namespace: Belljar's (`crates/network` on a tap
 //! `eth0`, as the namespace backend sets it up), `pasta` (passt) and `slirp4netns`. The host
 //! namespace reaches the server through a veth into a third namespace (203.0.113.0/24); the
-//! bench makes all three and deletes them, so no traffic leaves them. Needs root, `ip`, and
+//! bench makes all three and deletes them, so no traffic leaves them. The host namespace's
+//! `/etc/resolv.conf` (through `/etc/netns/`, as `ip netns exec` mounts it) names the test
+//! internet's name server. Needs root, `ip`, and
 //! the Debian packages `passt` and `slirp4netns` (a missing peer is reported and skipped).
 //!
 //! Usage: `cargo build --release -p belljar-net-bench &&
 //!         sudo target/release/net_bench [--rounds 3] [--mib 256] [--connects 200] [--idle 50]`
 
+mod dns;
+
 use std::io::{Read, Write};
-use std::net::{Ipv4Addr, Shutdown, SocketAddr, TcpListener, TcpStream};
+use std::net::{Ipv4Addr, Shutdown, SocketAddr, TcpListener, TcpStream, UdpSocket};
 use std::os::fd::OwnedFd;
 use std::process::{Child, Command, Stdio};
 use std::sync::atomic::{AtomicU32, Ordering};
 use std::time::{Duration, Instant};
 
 use anyhow::{Context, Result, bail, ensure};
-use belljar_network::config::{GATEWAY_V4, GUEST_V4, PREFIX_V4};
+use belljar_network::config::{GATEWAY_V4, GUEST_V4, NetConfig, PREFIX_V4, TAP_MTU};
 use belljar_network::{DnsUpstream, Network, NetworkPolicy, Options, TapDevice, tap};
 use clap::Parser;
 use nix::sched::{CloneFlags, setns};
@@ -39,6 +46,10 @@ const SINK_PORT: u16 = 9;
 const SOURCE_PORT: u16 = 10;
 /// Echoes.
 const ECHO_PORT: u16 = 7;
+/// Where pasta forwards DNS from (to the host's resolver), as Podman sets it.
+const PASTA_DNS: Ipv4Addr = Ipv4Addr::new(169, 254, 1, 1);
+/// slirp4netns's DNS forwarder.
+const SLIRP_DNS: Ipv4Addr = Ipv4Addr::new(10, 0, 2, 3);
 /// How long a peer may take to bring its interface up.
 const READY_DEADLINE: Duration = Duration::from_secs(10);
 
@@ -128,6 +139,7 @@ impl Netns {
 
 impl Drop for Netns {
     fn drop(&mut self) {
+        let _ = std::fs::remove_dir_all(format!("/etc/netns/{}", self.name));
         let _ = Command::new("ip")
             .args(["netns", "del", &self.name])
             .status();
@@ -162,12 +174,21 @@ impl World {
         host.ip(&["link", "set", "h0", "up"])?;
         // pasta and slirp4netns leave by the default route; it stays inside the bench's link.
         host.ip(&["route", "add", "default", "via", &SERVER_IP.to_string()])?;
+        // The host's resolver, for the peers' DNS forwarders (`ip netns exec` mounts it).
+        let etc = format!("/etc/netns/{}", host.name);
+        std::fs::create_dir_all(&etc)?;
+        std::fs::write(
+            format!("{etc}/resolv.conf"),
+            format!("nameserver {SERVER_IP}\n"),
+        )?;
         server.ip(&["addr", "add", &format!("{SERVER_IP}/24"), "dev", "s0"])?;
         server.ip(&["link", "set", "s0", "up"])?;
         let bind = |port| server.run(move || TcpListener::bind((SERVER_IP, port)));
         let sink = bind(SINK_PORT)??;
         let source = bind(SOURCE_PORT)??;
         let echo = bind(ECHO_PORT)??;
+        let names = server.run(|| UdpSocket::bind((SERVER_IP, 53)))??;
+        dns::serve(names, SERVER_IP);
         serve(sink, |mut c| {
             std::io::copy(&mut c, &mut std::io::sink())?;
             c.write_all(b"k")
@@ -214,6 +235,8 @@ struct Sandbox {
     /// What keeps the stack alive: Belljar's in-process network, or the peer's process.
     _stack: Stack,
     mtu: u32,
+    /// The DNS server the stack gives the sandbox.
+    resolver: SocketAddr,
 }
 
 enum Stack {
@@ -242,6 +265,8 @@ fn belljar(world: &World, rt: &tokio::runtime::Runtime) -> Result<Sandbox> {
         "dev",
         "eth0",
     ])?;
+    // As the namespace backend sets it (the agent, from the daemon's network setup).
+    ns.ip(&["link", "set", "eth0", "mtu", &TAP_MTU.to_string()])?;
     ns.ip(&["link", "set", "eth0", "up"])?;
     ns.ip(&["route", "add", "default", "via", &GATEWAY_V4.to_string()])?;
     let handle = rt.handle().clone();
@@ -250,6 +275,10 @@ fn belljar(world: &World, rt: &tokio::runtime::Runtime) -> Result<Sandbox> {
         Network::spawn(
             TapDevice::new(fd)?,
             Options {
+                config: NetConfig {
+                    mtu: TAP_MTU,
+                    ..NetConfig::default()
+                },
                 policy: NetworkPolicy::AllowAll,
                 dns: DnsUpstream::Servers(vec![SocketAddr::from((SERVER_IP, 53))]),
                 ..Options::default()
@@ -260,7 +289,8 @@ fn belljar(world: &World, rt: &tokio::runtime::Runtime) -> Result<Sandbox> {
     Ok(Sandbox {
         ns,
         _stack: Stack::Belljar(net),
-        mtu: 1500,
+        mtu: u32::try_from(TAP_MTU)?,
+        resolver: SocketAddr::from((GATEWAY_V4, 53)),
     })
 }
 
@@ -283,6 +313,8 @@ fn pasta(world: &World) -> Result<Sandbox> {
             "0:0",
             // The server is the host's default gateway: not pasta's alias for the host.
             "--no-map-gw",
+            "--dns-forward",
+            &PASTA_DNS.to_string(),
         ])
         .args([
             "-t",
@@ -302,6 +334,7 @@ fn pasta(world: &World) -> Result<Sandbox> {
         .context("start pasta (Debian package passt)")?;
     let mut sandbox = Sandbox {
         mtu: 0,
+        resolver: SocketAddr::from((PASTA_DNS, 53)),
         ns,
         _stack: Stack::Process(child),
     };
@@ -330,6 +363,7 @@ fn slirp4netns(world: &World) -> Result<Sandbox> {
         .context("start slirp4netns")?;
     let sandbox = Sandbox {
         mtu: 65520,
+        resolver: SocketAddr::from((SLIRP_DNS, 53)),
         ns,
         _stack: Stack::Process(child),
     };
@@ -369,10 +403,14 @@ struct Figures {
     down_mbit: f64,
     connect: Vec<Duration>,
     rtt: Vec<Duration>,
+    /// Empty when the peer's DNS did not answer (reported once).
+    dns: Vec<Duration>,
 }
 
 fn measure(s: &Sandbox, mib: usize, connects: usize) -> Result<Figures> {
-    let (up, down, connect, rtt) = s.ns.run(move || -> std::io::Result<_> {
+    let resolver = s.resolver;
+    let tag = s.ns.name.replace('-', "");
+    let (up, down, connect, rtt, dns) = s.ns.run(move || -> std::io::Result<_> {
         let server = |port| SocketAddr::from((SERVER_IP, port));
         // Sandbox → server.
         let mut c = TcpStream::connect(server(SINK_PORT))?;
@@ -407,20 +445,34 @@ fn measure(s: &Sandbox, mib: usize, connects: usize) -> Result<Figures> {
             c.read_exact(&mut [0; 1])?;
             rtt.push(t.elapsed());
         }
-        Ok((up, down, connect, rtt))
+        let dns = dns::lookups(resolver, &tag, connects, SERVER_IP).map_err(|e| e.to_string());
+        Ok((up, down, connect, rtt, dns))
     })??;
+    let dns = dns.unwrap_or_else(|e| {
+        println!("{}: DNS through {resolver} failed: {e}", s.ns.name);
+        Vec::new()
+    });
     let mbit = |d: Duration| (mib as f64 * 8.0 * 1.048_576) / d.as_secs_f64();
     Ok(Figures {
         up_mbit: mbit(up),
         down_mbit: mbit(down),
         connect,
         rtt,
+        dns,
     })
 }
 
 fn pct(v: &mut [Duration], p: f64) -> Duration {
     v.sort();
     v[((v.len() - 1) as f64 * p).round() as usize]
+}
+
+/// A percentile as printed: `-` when there is none.
+fn pct_text(v: &mut [Duration], p: f64) -> String {
+    if v.is_empty() {
+        return "-".into();
+    }
+    format!("{:?}", pct(v, p))
 }
 
 fn median(v: &mut [f64]) -> f64 {
@@ -496,23 +548,34 @@ fn main() -> Result<()> {
         args.rounds, args.mib, args.connects
     );
     println!(
-        "{:<12} {:>5} {:>14} {:>14} {:>14} {:>14} {:>12}",
-        "stack", "MTU", "up Mbit/s", "down Mbit/s", "connect p50", "connect p95", "RTT p50"
+        "{:<12} {:>5} {:>11} {:>11} {:>12} {:>12} {:>11} {:>11} {:>11}",
+        "stack",
+        "MTU",
+        "up Mbit/s",
+        "down Mbit/s",
+        "connect p50",
+        "connect p95",
+        "RTT p50",
+        "DNS p50",
+        "DNS p95"
     );
     for (name, mtu, figs) in &mut runs {
         let mut up: Vec<f64> = figs.iter().map(|f| f.up_mbit).collect();
         let mut down: Vec<f64> = figs.iter().map(|f| f.down_mbit).collect();
         let mut connect: Vec<Duration> = figs.iter().flat_map(|f| f.connect.clone()).collect();
         let mut rtt: Vec<Duration> = figs.iter().flat_map(|f| f.rtt.clone()).collect();
+        let mut dns: Vec<Duration> = figs.iter().flat_map(|f| f.dns.clone()).collect();
         println!(
-            "{:<12} {:>5} {:>14.0} {:>14.0} {:>14?} {:>14?} {:>12?}",
+            "{:<12} {:>5} {:>11.0} {:>11.0} {:>12} {:>12} {:>11} {:>11} {:>11}",
             name,
             mtu,
             median(&mut up),
             median(&mut down),
-            pct(&mut connect, 0.5),
-            pct(&mut connect, 0.95),
-            pct(&mut rtt, 0.5),
+            pct_text(&mut connect, 0.5),
+            pct_text(&mut connect, 0.95),
+            pct_text(&mut rtt, 0.5),
+            pct_text(&mut dns, 0.5),
+            pct_text(&mut dns, 0.95),
         );
     }
     let per = idle_memory(&world, &rt, args.idle)?;
