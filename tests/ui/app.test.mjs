@@ -115,6 +115,26 @@ try {
     writeFileSync(join(screenshots, "app-terminal.png"), Buffer.from(png, "base64"));
   });
 
+  await steps.step("the Network tab's Open link reaches the sandbox's server through its forwarded port", async () => {
+    // The link opens a new browser window (target=_blank), which the app's webview does not
+    // follow: the shell sets no new-window handler, so WebKitGTK creates none. What the app
+    // must get right is the link itself: the test reads its href from the app's page and
+    // asks that address, and the sandbox's server answers.
+    await api.json("POST", `/v1/sandboxes/${sandboxId}/commands`, {
+      argv: ["perl", "-MIO::Socket::INET", "-e",
+        '$s=IO::Socket::INET->new(LocalPort=>8000,Listen=>5,ReuseAddr=>1) or die; while($c=$s->accept){while(<$c>){last if /^\\r?$/} print $c "HTTP/1.0 200 OK\\r\\nContent-Type: text/plain\\r\\n\\r\\nhello from the sandbox\\n"; close $c}'],
+      detached: true,
+    });
+    const mapped = await api.json("POST", `/v1/sandboxes/${sandboxId}/ports`, { port: 8000 });
+    await exec("Array.from(document.querySelectorAll('button')).find((b) => b.textContent.trim() === 'Network').click()");
+    const href = await until("the Open link of port 8000", async () => exec(
+      "return document.querySelector(\"a[aria-label='Open port 8000']\")?.getAttribute('href') ?? null"), 30_000);
+    if (href !== mapped.url) throw new Error(`the app links ${href}, the daemon maps ${mapped.url}`);
+    await until("the sandbox's server behind the link", async () =>
+      (await fetch(href).then((r) => r.text(), () => "")).includes("hello from the sandbox"), 20_000);
+    await api.call("DELETE", `/v1/sandboxes/${sandboxId}/ports/8000`);
+  });
+
   await steps.step("a terminal window opens on the sandbox (what the tray's Terminal does)", async () => {
     // WebKitWebDriver drives only the window it launched; the new window is seen through the
     // app's window list and through the shell it starts in the sandbox.
