@@ -68,6 +68,13 @@ struct Args {
     /// Idle stacks started for the memory figure.
     #[arg(long, default_value_t = 50)]
     idle: usize,
+    /// The stacks to measure (belljar, pasta, slirp4netns).
+    #[arg(
+        long,
+        value_delimiter = ',',
+        default_value = "belljar,pasta,slirp4netns"
+    )]
+    peers: Vec<String>,
 }
 
 fn ip(args: &[&str]) -> Result<()> {
@@ -519,11 +526,12 @@ fn main() -> Result<()> {
             .build()
     })??;
     type Make<'a> = Box<dyn Fn() -> Result<Sandbox> + 'a>;
-    let peers: Vec<(&str, Make)> = vec![
+    let mut peers: Vec<(&str, Make)> = vec![
         ("belljar", Box::new(|| belljar(&world, &rt))),
         ("pasta", Box::new(|| pasta(&world))),
         ("slirp4netns", Box::new(|| slirp4netns(&world))),
     ];
+    peers.retain(|(name, _)| args.peers.iter().any(|p| p == name));
     let mut runs: Vec<(String, u32, Vec<Figures>)> = Vec::new();
     for round in 0..args.rounds {
         for (name, make) in &peers {

@@ -262,7 +262,6 @@ impl Sandboxes {
             dns: dns_upstream(),
             flow_capacity: super::network_flows::FLOWS_KEPT,
             broker: Some(Arc::new(broker)),
-            ..Default::default()
         };
         let network = match sandbox.backend {
             api::Backend::Namespace => {
