@@ -280,7 +280,10 @@ mod tests {
         let rt = runtime();
         let _in = rt.enter();
         let (mut rx, task) = connect(dst, Arc::new(Notify::new()));
-        assert!(task.is_none(), "a loopback handshake is done inside connect(2)");
+        assert!(
+            task.is_none(),
+            "a loopback handshake is done inside connect(2)"
+        );
         let stream = rx.try_recv().expect("decided at once").expect("connected");
         assert_eq!(stream.peer_addr().unwrap(), dst);
     }
