@@ -104,6 +104,7 @@ async fn snapshots_keep_files_deletions_and_modes_and_outlive_their_users() {
             &CreateSnapshot {
                 keep_running: Some(true),
                 expiration_ms: Some(0),
+                path: None,
             },
         )
         .await
@@ -273,6 +274,7 @@ async fn retention_and_expiry_apply_across_a_restart() {
             &CreateSnapshot {
                 keep_running: Some(true),
                 expiration_ms: Some(1),
+                path: None,
             },
         )
         .await

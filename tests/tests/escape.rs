@@ -119,6 +119,7 @@ impl Sandbox {
             hostname: id.into(),
             limits,
             env: vec![],
+            mounts: vec![],
         };
         eprintln!("{id}: agent {}", spec.agent.display());
         let running = belljar_namespace::launch(&spec).expect("launch");

@@ -188,6 +188,11 @@ pub struct CreateSandbox {
     #[serde(default)]
     #[ts(optional)]
     pub network_policy: Option<crate::NetworkPolicy>,
+    /// Directory snapshots mounted at paths of the sandbox (namespace backend), at most 16.
+    #[serde(default)]
+    #[ts(optional)]
+    #[schema(max_items = 16)]
+    pub mounts: Option<Vec<crate::SnapshotMount>>,
     /// Sandbox TCP ports exposed on 127.0.0.1 (each on a free host port).
     #[serde(default)]
     #[ts(optional)]
@@ -366,6 +371,18 @@ impl Validate for CreateSandbox {
         }
         if let Some(policy) = &self.network_policy {
             policy.validate()?;
+        }
+        let mounts = self.mounts.as_deref().unwrap_or_default();
+        if mounts.len() > 16 {
+            return Err(Invalid::new("mounts", "more than 16"));
+        }
+        for (i, m) in mounts.iter().enumerate() {
+            limits::text(
+                &format!("mounts[{i}].snapshot_id"),
+                &m.snapshot_id,
+                limits::MAX_NAME,
+            )?;
+            limits::text(&format!("mounts[{i}].path"), &m.path, 1024)?;
         }
         let ports = self.ports.as_deref().unwrap_or_default();
         if ports.len() > crate::MAX_PORTS {

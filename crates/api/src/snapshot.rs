@@ -64,6 +64,25 @@ pub struct Snapshot {
     /// For a live snapshot (`keep_running`), how long the sandbox's processes were frozen, ms.
     #[ts(optional)]
     pub frozen_ms: Option<u64>,
+    /// For a directory snapshot (Modal's `snapshot_directory`): the directory of the source
+    /// sandbox it holds. It is mounted into sandboxes (`mounts`), not started from.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[ts(optional)]
+    pub path: Option<String>,
+}
+
+/// A directory snapshot mounted at a path of a new sandbox (Modal's `mount_image`). The
+/// sandbox sees the snapshot's files there, copy-on-write: its writes stay its own and never
+/// reach the snapshot. A path that does not exist is created; one that exists is hidden.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, ToSchema, TS)]
+#[serde(deny_unknown_fields)]
+pub struct SnapshotMount {
+    /// A created directory snapshot (one taken with `path`).
+    #[schema(max_length = 128)]
+    pub snapshot_id: String,
+    /// Absolute path in the sandbox; not `/`, without `.` or `..`.
+    #[schema(max_length = 1024)]
+    pub path: String,
 }
 
 /// The body of `POST /v1/sandboxes/{id}/snapshots`. Every field is optional.
@@ -81,6 +100,13 @@ pub struct CreateSnapshot {
     #[ts(optional)]
     #[schema(minimum = 0, maximum = 315360000000_i64)]
     pub expiration_ms: Option<i64>,
+    /// Snapshot only this directory of the sandbox, as it looks now (Modal's
+    /// `snapshot_directory`); the sandbox keeps running. The snapshot holds the directory's
+    /// whole tree (not a change set) and is mounted into other sandboxes with `mounts`.
+    #[serde(default)]
+    #[ts(optional)]
+    #[schema(max_length = 1024)]
+    pub path: Option<String>,
 }
 
 impl Validate for CreateSnapshot {
@@ -242,6 +268,7 @@ mod tests {
         let snap = |ms| CreateSnapshot {
             keep_running: None,
             expiration_ms: Some(ms),
+            path: None,
         };
         let err = snap(-1).validate().unwrap_err();
         assert_eq!(err.field, "expiration_ms");

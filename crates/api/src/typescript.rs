@@ -34,6 +34,7 @@ pub fn render() -> String {
         UpdateSandbox::decl(&cfg),
         ExtendSandbox::decl(&cfg),
         SnapshotStatus::decl(&cfg),
+        SnapshotMount::decl(&cfg),
         Snapshot::decl(&cfg),
         CreateSnapshot::decl(&cfg),
         UpdateSnapshot::decl(&cfg),

@@ -114,6 +114,10 @@ pub enum Cmd {
         /// (default: the sandbox's setting, else 30 days).
         #[arg(long)]
         expiration: Option<String>,
+        /// Snapshot only this directory (the sandbox keeps running); mount the snapshot into
+        /// other sandboxes with `create --mount SNAPSHOT:PATH`.
+        #[arg(long, value_name = "DIR", conflicts_with = "keep_running")]
+        path: Option<String>,
     },
     /// List or delete snapshots (default: list).
     Snapshots {
@@ -265,6 +269,9 @@ pub struct SandboxOpts {
     /// Expose this sandbox TCP port on 127.0.0.1; repeatable.
     #[arg(long = "port", value_name = "PORT")]
     pub ports: Vec<u32>,
+    /// Mount a directory snapshot at a path (copy-on-write), e.g. snap_abc:/work; repeatable.
+    #[arg(long = "mount", value_name = "SNAPSHOT:PATH")]
+    pub mounts: Vec<String>,
     /// Snapshot the sandbox whenever it stops; `belljar start` resumes it from there.
     #[arg(long)]
     pub persistent: bool,
@@ -459,6 +466,13 @@ mod tests {
             panic!("not create")
         };
         assert_eq!(c.opts.from.as_deref(), Some("snap_a"));
+        let cli = Cli::try_parse_from(["belljar", "snapshot", "sbx_1", "--path", "/w"]).unwrap();
+        assert!(matches!(cli.command, Cmd::Snapshot { path: Some(ref p), .. } if p == "/w"));
+        let cli = Cli::try_parse_from(["belljar", "create", "--mount", "snap_a:/w"]).unwrap();
+        let Cmd::Create(c) = cli.command else {
+            panic!("not create")
+        };
+        assert_eq!(c.opts.mounts, ["snap_a:/w"]);
         assert!(
             Cli::try_parse_from(["belljar", "create", "--from", "snap_a", "--source", "."])
                 .is_err()

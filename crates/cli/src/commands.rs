@@ -37,6 +37,9 @@ pub enum InputError {
         value: String,
         allowed: &'static str,
     },
+    /// `--mount` without `:`.
+    #[error("--mount {0:?}: expected SNAPSHOT:PATH")]
+    Mount(String),
     /// A name that matches no sandbox.
     #[error("No sandbox with id or name {0:?}")]
     UnknownSandbox(String),
@@ -177,7 +180,8 @@ async fn dispatch(client: &Client, paths: &Paths, command: Cmd, json: bool) -> R
             id,
             keep_running,
             expiration,
-        } => timeline::snapshot(client, &id, keep_running, expiration, json).await,
+            path,
+        } => timeline::snapshot(client, &id, (keep_running, path), expiration, json).await,
         Cmd::Snapshots { action } => timeline::snapshots(client, action, json).await,
         Cmd::Fork { id, name } => timeline::fork(client, &id, name, json).await,
         Cmd::Pause { ids } => timeline::pause_or_resume(client, ids, true, json).await,
@@ -251,6 +255,21 @@ pub(crate) async fn resolve(client: &Client, id_or_name: &str) -> Result<String>
     }
 }
 
+/// `--mount SNAPSHOT:PATH`, repeatable.
+fn mounts(items: &[String]) -> Result<Option<Vec<belljar_api::SnapshotMount>>> {
+    let mut out = Vec::new();
+    for item in items {
+        let (snapshot_id, path) = item
+            .split_once(':')
+            .ok_or_else(|| InputError::Mount(item.clone()))?;
+        out.push(belljar_api::SnapshotMount {
+            snapshot_id: snapshot_id.to_owned(),
+            path: path.to_owned(),
+        });
+    }
+    Ok((!out.is_empty()).then_some(out))
+}
+
 fn key_values(flag: &'static str, items: &[String]) -> Result<BTreeMap<String, String>> {
     let mut map = BTreeMap::new();
     for item in items {
@@ -322,6 +341,7 @@ fn create_request(image: Option<String>, o: &SandboxOpts) -> Result<CreateSandbo
         },
         network_policy: crate::netcmd::policy(&o.policy)?,
         ports: (!o.ports.is_empty()).then(|| o.ports.clone()),
+        mounts: mounts(&o.mounts)?,
         persistent: o.persistent.then_some(true),
         idle_timeout_ms: o.idle_timeout.as_deref().map(parse_ms).transpose()?,
         hard_ttl_ms: o.hard_ttl.as_deref().map(parse_ms).transpose()?,

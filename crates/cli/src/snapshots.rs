@@ -24,6 +24,7 @@ pub fn request(
     Ok(CreateSnapshot {
         keep_running: keep_running.then_some(true),
         expiration_ms: expiration.map(expiration_ms).transpose()?,
+        path: None,
     })
 }
 
@@ -176,6 +177,7 @@ mod tests {
             created_at: 0,
             expires_at: Some(3_600_000),
             frozen_ms: Some(12),
+            path: None,
         };
         let out = list(std::slice::from_ref(&s), 0);
         assert!(out.starts_with("ID "), "{out}");

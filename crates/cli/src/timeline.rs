@@ -8,16 +8,17 @@ use crate::args::SnapshotsCmd;
 use crate::commands::{print_json, resolve};
 use belljar_cli::output::now_ms;
 
-/// `belljar snapshot ID [--keep-running] [--expiration D]`.
+/// `belljar snapshot ID [--keep-running | --path DIR] [--expiration D]`.
 pub(crate) async fn snapshot(
     client: &Client,
     id: &str,
-    keep_running: bool,
+    (keep_running, path): (bool, Option<String>),
     expiration: Option<String>,
     json: bool,
 ) -> Result<i32> {
     let id = resolve(client, id).await?;
-    let req = belljar_cli::snapshots::request(keep_running, expiration.as_deref())?;
+    let mut req = belljar_cli::snapshots::request(keep_running, expiration.as_deref())?;
+    req.path = path;
     let snap = client.snapshot_sandbox(&id, &req).await?;
     if json {
         print_json(&snap)?;

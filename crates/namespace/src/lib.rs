@@ -87,6 +87,7 @@ mod lifecycle;
 mod mounts;
 pub mod probe;
 pub mod seccomp;
+pub mod snapshot_mounts;
 mod spec;
 mod state;
 pub mod testing;
@@ -101,6 +102,7 @@ pub use lifecycle::{
     Error, ExitWatch, adopt, destroy, freeze, launch, stop, thaw, usage, wait_ready,
 };
 pub use probe::{CgroupMode, Probe, probe};
+pub use snapshot_mounts::LayerMount;
 
 /// The agent's socket in the state directory, out of the sandbox's reach.
 pub const AGENT_SOCKET: &str = "agent.sock";
@@ -129,6 +131,8 @@ pub struct SandboxSpec {
     pub limits: Limits,
     /// Extra environment for the agent (`BELLJAR_*` configuration).
     pub env: Vec<(String, String)>,
+    /// Directory snapshots mounted at paths of the sandbox (see [`snapshot_mounts`]).
+    pub mounts: Vec<LayerMount>,
 }
 
 /// Resource limits; `None` means unlimited.

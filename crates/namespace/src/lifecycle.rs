@@ -130,20 +130,22 @@ fn prepare_and_start(
     disk_status: crate::LimitStatus,
 ) -> Result<Running, Error> {
     let dir = &spec.state_dir;
-    let layer_dirs = (0..spec.layers.len()).map(|i| format!("layer{i}"));
-    let subs = ["", "upper", "work", "merged", "lower", "run"].map(String::from);
-    for sub in subs.into_iter().chain(layer_dirs) {
-        let sub = sub.as_str();
-        let path = fs_dir.join(sub);
-        // The overlay's root takes the upper directory's mode: `/` must be 0755.
-        mkdir(
-            &path,
-            if matches!(sub, "run" | "upper") {
+    let layer_dirs = (0..spec.layers.len()).map(|i| (format!("layer{i}"), 0o700));
+    // The overlay's root takes the upper directory's mode: `/` must be 0755.
+    let subs = ["", "upper", "work", "merged", "lower", "run"].map(|s| {
+        (
+            s.to_owned(),
+            if matches!(s, "run" | "upper") {
                 0o755
             } else {
                 0o700
             },
-        )?;
+        )
+    });
+    let mount_dirs = crate::snapshot_mounts::directories(&spec.mounts);
+    for (sub, mode) in subs.into_iter().chain(layer_dirs).chain(mount_dirs) {
+        let path = fs_dir.join(&sub);
+        mkdir(&path, mode)?;
         if !rootless {
             std::os::unix::fs::lchown(&path, Some(root_uid), Some(root_gid)).map_err(|source| {
                 Error::Prepare {
@@ -284,11 +286,18 @@ fn start(
             target: c(&format!("layer{i}")),
         });
     }
-    steps.extend(mounts::mount_plan(
-        &lower,
-        map.maps_gid(5),
-        spec.limits.memory_bytes,
-    ));
+    let mut plan = mounts::mount_plan(&lower, map.maps_gid(5), spec.limits.memory_bytes);
+    // Snapshot mounts go over the root overlay (the plan's first step), before the pivot.
+    let mount_trees = if rootless {
+        Vec::new()
+    } else {
+        crate::snapshot_mounts::trees(&spec.mounts, &userns)?
+    };
+    plan.splice(
+        1..1,
+        crate::snapshot_mounts::steps(&spec.mounts, &mount_trees),
+    );
+    steps.extend(plan);
     steps.push(Step::HostsEntry {
         hostname: spec.hostname.clone(),
     });
@@ -330,6 +339,7 @@ fn start(
     let started = child::start(&plan)?;
     // The layers' trees stay open until the child has attached them.
     drop(layer_trees);
+    drop(mount_trees);
     Ok(started.pid)
 }
 

@@ -62,6 +62,8 @@ pub(crate) fn validate(spec: &SandboxSpec) -> Result<(), Error> {
     if spec.layers.len() >= 500 {
         return bad(format!("{} layers are too many", spec.layers.len()));
     }
+    crate::snapshot_mounts::validate(&spec.mounts, &spec.rootfs, &spec.layers)
+        .map_err(Error::Spec)?;
     if spec.state_dir.join(AGENT_SOCKET).as_os_str().len() >= 108 {
         return bad(format!(
             "state_dir {} is too long for a Unix socket path",
@@ -100,6 +102,7 @@ mod tests {
             hostname: "h".into(),
             limits: Default::default(),
             env: vec![],
+            mounts: vec![],
         };
         assert!(matches!(validate(&spec), Err(Error::Spec(_))));
         let ok = SandboxSpec {

@@ -24,6 +24,7 @@ fn spec(tmp: &Path, id: &str, limits: Limits) -> SandboxSpec {
         hostname: format!("{id}-host"),
         limits,
         env: vec![("BELLJAR_TEST".into(), "1".into())],
+        mounts: vec![],
     }
 }
 

@@ -118,6 +118,7 @@ impl Belljar {
                 let req = CreateSnapshot {
                     keep_running: Some(p.keep_running),
                     expiration_ms: None,
+                    path: None,
                 };
                 Ok(self.client.snapshot_sandbox(&p.sandbox_id, &req).await?)
             }

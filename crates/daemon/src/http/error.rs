@@ -107,6 +107,9 @@ fn sandbox_parts(e: &SandboxError) -> (StatusCode, ErrorCode, String) {
         SandboxError::Backend(BackendError::Unavailable { .. }) => ErrorCode::BackendUnavailable,
         SandboxError::Backend(BackendError::Unsupported { .. }) => ErrorCode::NotSupported,
         SandboxError::SnapshotNotUsable { .. } => ErrorCode::SnapshotNotUsable,
+        SandboxError::InvalidPath(_) => ErrorCode::InvalidPath,
+        SandboxError::NotADirectory(_) => ErrorCode::NotADirectory,
+        SandboxError::PathNotFound(_) => ErrorCode::NotFound,
         // The reason a sandbox could not start is the user's business; it holds no secret.
         SandboxError::Backend(b) => {
             let code = ErrorCode::Internal;

@@ -37,6 +37,9 @@ pub enum BackendError {
     /// Freezing, thawing or capturing the sandbox's filesystem failed.
     #[error("Freezing, thawing or capturing the sandbox failed: {0}")]
     Snapshot(String),
+    /// A directory of the sandbox could not be captured.
+    #[error(transparent)]
+    Directory(belljar_namespace::layer::DirError),
 }
 
 /// A snapshot layer a backend captured.
@@ -89,6 +92,17 @@ pub struct LaunchSpec {
     pub agent_env: Vec<(String, String)>,
     /// Snapshot layer directories stacked on the image, topmost first.
     pub layers: Vec<PathBuf>,
+    /// Directory snapshots mounted at paths of the sandbox.
+    pub mounts: Vec<MountSpec>,
+}
+
+/// A directory snapshot mounted at a path of the sandbox (copy-on-write).
+#[derive(Debug, Clone, PartialEq)]
+pub struct MountSpec {
+    /// Layer directories, topmost first.
+    pub layers: Vec<PathBuf>,
+    /// Absolute path in the sandbox.
+    pub path: String,
 }
 
 /// A sandbox that runs.
@@ -140,6 +154,18 @@ pub trait BackendDriver: Send + Sync {
         })
     }
     /// Stops every process of the sandbox where it is, keeping its memory.
+    /// Copies directory `path` of the running, frozen sandbox into `layers_dir/<digest>`.
+    fn capture_dir(
+        &self,
+        _state_dir: &Path,
+        _path: &str,
+        _layers_dir: &Path,
+    ) -> Result<CapturedLayer, BackendError> {
+        Err(BackendError::Unsupported {
+            backend: self.kind().into(),
+            what: "snapshot a directory",
+        })
+    }
     fn freeze(&self, _state_dir: &Path) -> Result<(), BackendError> {
         Err(BackendError::Unsupported {
             backend: self.kind().into(),

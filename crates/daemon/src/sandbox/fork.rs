@@ -26,6 +26,7 @@ impl Sandboxes {
                 CreateSnapshot {
                     keep_running: Some(true),
                     expiration_ms: None,
+                    path: None,
                 },
             )
             .await?;
@@ -46,6 +47,7 @@ impl Sandboxes {
             snapshot_expiration_ms: held.snapshot_expiration_ms,
             keep_last_snapshots: held.keep_last,
             network_policy: self.network_policy_of(id),
+            mounts: None,
             ports: (!ports.is_empty()).then_some(ports),
             persistent: Some(source.lifecycle.persistent),
             idle_timeout_ms: source.lifecycle.idle_timeout_ms,

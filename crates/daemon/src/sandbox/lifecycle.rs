@@ -171,6 +171,7 @@ impl Sandboxes {
             &sandbox,
             req.snapshot_expiration_ms,
             req.keep_last_snapshots,
+            req.mounts.as_deref().unwrap_or_default(),
         ) {
             Ok(from) => from,
             Err(e) => {
@@ -257,6 +258,7 @@ impl Sandboxes {
                 .chain([super::network::agent_env(sandbox.backend)])
                 .collect(),
             layers,
+            mounts: self.launch_mounts(&sandbox.id)?,
         };
         std::fs::create_dir_all(&state_dir)?;
         let t = Instant::now();

@@ -25,6 +25,7 @@ mod network_policy;
 mod pause;
 mod persist;
 mod pool;
+mod snapshot_mounts;
 mod snapshots;
 mod source;
 mod squash;
@@ -94,6 +95,15 @@ pub enum SandboxError {
     /// The snapshot is deleted or failed.
     #[error("Snapshot {id} is {status}; nothing can start from it")]
     SnapshotNotUsable { id: String, status: &'static str },
+    /// A path the request names is not a plain absolute path.
+    #[error("{0}")]
+    InvalidPath(String),
+    /// A path the request names is, or crosses, something other than a directory.
+    #[error("{0}")]
+    NotADirectory(String),
+    /// Nothing at a path the request names.
+    #[error("{0}")]
+    PathNotFound(String),
     /// The store failed.
     #[error(transparent)]
     Store(#[from] StoreError),

@@ -90,6 +90,14 @@ impl BackendDriver for Namespace {
                 disk_bytes: Some(spec.disk_mib << 20),
             },
             env: spec.agent_env.clone(),
+            mounts: spec
+                .mounts
+                .iter()
+                .map(|m| ns::LayerMount {
+                    layers: m.layers.clone(),
+                    path: m.path.clone().into(),
+                })
+                .collect(),
         };
         ns::launch(&spec)
             .map(|r| launched(&r))
@@ -128,6 +136,20 @@ impl BackendDriver for Namespace {
 
     fn agent_address(&self, state_dir: &Path) -> AgentAddress {
         AgentAddress::Unix(state_dir.join(ns::AGENT_SOCKET))
+    }
+
+    fn capture_dir(
+        &self,
+        state_dir: &Path,
+        path: &str,
+        layers_dir: &Path,
+    ) -> Result<CapturedLayer, BackendError> {
+        ns::layer::capture_dir(state_dir, path, layers_dir)
+            .map(|c| CapturedLayer {
+                digest: c.digest,
+                size_bytes: c.size_bytes,
+            })
+            .map_err(BackendError::Directory)
     }
 
     fn capture(&self, state_dir: &Path, layers_dir: &Path) -> Result<CapturedLayer, BackendError> {

@@ -165,6 +165,7 @@ impl Sandboxes {
         (vcpus, memory_mib, disk_mib): (u32, u64, u64),
     ) -> Option<Claimed> {
         let servable = req.source.is_none()
+            && req.mounts.as_deref().is_none_or(<[_]>::is_empty)
             && req.ports.as_deref().is_none_or(<[u32]>::is_empty)
             && self.pool_size(image) > 0;
         if !servable {

@@ -33,7 +33,7 @@ const REAP_INTERVAL: Duration = Duration::from_secs(60);
 /// background (`squash.rs`), so only a sandbox made from a chain before its squash gets near.
 const MAX_DEPTH: usize = 128;
 /// Left in a sandbox's directory while a live snapshot holds it frozen.
-const FROZEN_MARKER: &str = "snapshot-frozen";
+pub(super) const FROZEN_MARKER: &str = "snapshot-frozen";
 
 /// Snapshot state kept in memory: one lock serialises creating and deleting layer
 /// directories, so a capture that finds its content already stored cannot lose the directory
@@ -70,6 +70,11 @@ impl Sandboxes {
                 id: sandbox.id,
                 status: sandbox.status.as_str(),
             });
+        }
+        if let Some(path) = req.path {
+            return self
+                .snapshot_directory(&sandbox, path, req.expiration_ms)
+                .await;
         }
         let held = self.inner.store.sandbox_layers(id)?.unwrap_or_default();
         if held.layers.len() >= MAX_DEPTH {
@@ -158,6 +163,7 @@ impl Sandboxes {
                 created_at: now,
                 expires_at: (expiration_ms > 0).then(|| now.saturating_add(expiration_ms)),
                 frozen_ms,
+                path: None,
             },
             layers: Vec::new(),
             expiration_ms,
@@ -388,6 +394,7 @@ impl Sandboxes {
         sandbox: &Sandbox,
         snapshot_expiration_ms: Option<i64>,
         keep_last: Option<belljar_api::KeepLastSnapshots>,
+        mounts: &[belljar_api::SnapshotMount],
     ) -> Result<Option<FromSnapshot>, SandboxError> {
         let snapshot_id = match &sandbox.source {
             Some(Source::Snapshot { snapshot_id }) => Some(snapshot_id.clone()),
@@ -414,6 +421,18 @@ impl Sandboxes {
             }
             Some(Ok(row)) => row,
         };
+        let mut lowers: Vec<PathBuf> = row
+            .layers
+            .iter()
+            .map(|d| self.layers_dir().join(d))
+            .collect();
+        lowers.push(self.inner.images.resolve(&sandbox.image)?.rootfs);
+        if let Err(e) = self.hold_mounts(sandbox, mounts, &lowers) {
+            // Nothing of the sandbox runs yet: its hold on its own chain goes with it.
+            let freed = self.inner.store.release_sandbox_layers(&sandbox.id)?;
+            self.remove_layers(&freed);
+            return Err(e);
+        }
         Ok(snapshot_id.map(|_| FromSnapshot {
             layers: row
                 .layers
@@ -442,6 +461,11 @@ impl Sandboxes {
                 id: snapshot_id.clone(),
                 status: row.snapshot.status.into(),
             });
+        }
+        if row.snapshot.path.is_some() {
+            return Err(SandboxError::BadRequest(format!(
+                "source: snapshot {snapshot_id} is of a directory; mount it with `mounts`"
+            )));
         }
         Ok(Some(row.snapshot.image))
     }
@@ -520,6 +544,7 @@ mod tests {
                 created_at: 0,
                 expires_at,
                 frozen_ms: None,
+                path: None,
             },
             layers: vec![layer.into()],
             expiration_ms: expires_at.unwrap_or(0),

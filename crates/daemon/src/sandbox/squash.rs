@@ -200,6 +200,7 @@ mod tests {
                 created_at,
                 expires_at: None,
                 frozen_ms: None,
+                path: None,
             },
             layers: layers.iter().map(|s| s.to_string()).collect(),
             expiration_ms: 0,

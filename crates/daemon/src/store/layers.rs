@@ -26,17 +26,18 @@ impl Store {
     pub fn release_sandbox_layers(&self, sandbox_id: &str) -> Result<Vec<String>, StoreError> {
         let mut conn = self.conn();
         let tx = conn.transaction()?;
-        let chain: Option<String> = tx
+        let held: Option<(String, Option<String>)> = tx
             .query_row(
-                "SELECT layers FROM sandbox_layers WHERE sandbox_id = ?1",
+                "SELECT layers, mounts FROM sandbox_layers WHERE sandbox_id = ?1",
                 [sandbox_id],
-                |r| r.get(0),
+                |r| Ok((r.get(0)?, r.get(1)?)),
             )
             .optional()?;
-        let Some(chain) = chain else {
+        let Some((chain, mounts)) = held else {
             return Ok(Vec::new());
         };
-        let chain: Vec<String> = serde_json::from_str(&chain)?;
+        let mut chain: Vec<String> = serde_json::from_str(&chain)?;
+        chain.extend(super::mounts::mount_layers(mounts.as_deref())?);
         tx.execute(
             "DELETE FROM sandbox_layers WHERE sandbox_id = ?1",
             [sandbox_id],
@@ -237,6 +238,7 @@ mod tests {
                 created_at,
                 expires_at: None,
                 frozen_ms: None,
+                path: None,
             },
             layers: layers.iter().map(|s| s.to_string()).collect(),
             expiration_ms: 0,

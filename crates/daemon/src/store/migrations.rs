@@ -126,6 +126,12 @@ const MIGRATIONS: &[&str] = &[
     );
     CREATE INDEX squashes_merged ON squashes (merged);
     "#,
+    // 6: directory snapshots (the directory they hold) and the directory snapshots a sandbox
+    // mounts (JSON: snapshot id, path and layer digests), held like its own chain.
+    r#"
+    ALTER TABLE snapshots ADD COLUMN path TEXT;
+    ALTER TABLE sandbox_layers ADD COLUMN mounts TEXT;
+    "#,
 ];
 
 /// The schema version this daemon writes.

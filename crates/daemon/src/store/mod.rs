@@ -10,6 +10,7 @@ mod events;
 mod images;
 mod layers;
 mod migrations;
+mod mounts;
 mod sandboxes;
 mod snapshots;
 
@@ -22,6 +23,7 @@ use serde::de::DeserializeOwned;
 
 pub use commands::CommandRecord;
 pub use events::EventBody;
+pub use mounts::{HeldMount, MountRefused};
 pub use sandboxes::SandboxPage;
 pub use snapshots::{SandboxLayers, SnapshotPage, SnapshotRow};
 

@@ -15,7 +15,7 @@ use super::layers::{release, retain};
 use super::{Store, StoreError, enum_col, enum_to_sql, json_col};
 
 pub(super) const COLUMNS: &str = "id, status, status_reason, source_sandbox_id, parent_id, image, layers, \
-    size_bytes, created_at, expiration_ms, expires_at, frozen_ms";
+    size_bytes, created_at, expiration_ms, expires_at, frozen_ms, path";
 
 /// A snapshot with what the API does not show.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -64,7 +64,7 @@ impl Store {
         tx.execute(
             &format!(
                 "INSERT INTO snapshots ({COLUMNS}) VALUES \
-                 (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, ?11, ?12)"
+                 (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, ?11, ?12, ?13)"
             ),
             params![
                 s.id,
@@ -79,6 +79,7 @@ impl Store {
                 row.expiration_ms,
                 s.expires_at,
                 s.frozen_ms.map(|f| f as i64),
+                s.path,
             ],
         )?;
         if s.status == SnapshotStatus::Created {
@@ -270,7 +271,7 @@ impl Store {
     pub fn created_snapshots_of(&self, sandbox_id: &str) -> Result<Vec<SnapshotRow>, StoreError> {
         let sql = format!(
             "SELECT {COLUMNS} FROM snapshots WHERE source_sandbox_id = ?1 \
-             AND status = 'created' ORDER BY created_at DESC, id DESC"
+             AND status = 'created' AND path IS NULL ORDER BY created_at DESC, id DESC"
         );
         let conn = self.conn();
         let mut stmt = conn.prepare(&sql)?;
@@ -359,6 +360,7 @@ fn empty_snapshot() -> Snapshot {
         created_at: 0,
         expires_at: None,
         frozen_ms: None,
+        path: None,
     }
 }
 
@@ -377,6 +379,7 @@ pub(super) fn row_to_snapshot(r: &Row<'_>) -> rusqlite::Result<SnapshotRow> {
             created_at: r.get(8)?,
             expires_at: r.get(10)?,
             frozen_ms: r.get::<_, Option<i64>>(11)?.map(|f| f as u64),
+            path: r.get(12)?,
         },
         layers,
         expiration_ms: r.get(9)?,

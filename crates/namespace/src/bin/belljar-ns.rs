@@ -50,6 +50,7 @@ fn main() -> Result<()> {
                 hostname: arg(1)?,
                 limits,
                 env: vec![],
+                mounts: vec![],
             };
             let running = belljar_namespace::launch(&spec)?;
             println!("{}", serde_json::to_string(&running)?);
@@ -120,6 +121,7 @@ fn bench(n: usize, rootfs: PathBuf, agent: PathBuf, work: PathBuf) -> Result<()>
                 disk_bytes: Some(1 << 30),
             },
             env: vec![],
+            mounts: vec![],
         };
         let start = Instant::now();
         let running = belljar_namespace::launch(&spec)?;

@@ -33,9 +33,11 @@ use crate::state::State;
 use crate::{disk, mounts};
 
 pub mod diff;
+mod dir;
 mod squash;
 mod xattr;
 
+pub use dir::{DirError, capture_dir};
 pub use squash::squash;
 
 use xattr::{get_xattr, list_xattrs, set_times, set_xattr};

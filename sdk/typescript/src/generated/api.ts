@@ -58,6 +58,10 @@ keep_last_snapshots?: KeepLastSnapshots,
  */
 network_policy?: NetworkPolicy, 
 /**
+ * Directory snapshots mounted at paths of the sandbox (namespace backend), at most 16.
+ */
+mounts?: Array<SnapshotMount>, 
+/**
  * Sandbox TCP ports exposed on 127.0.0.1 (each on a free host port).
  */
 ports?: Array<number>, 
@@ -208,6 +212,16 @@ duration_ms: number, };
 
 export type SnapshotStatus = "created" | "deleted" | "failed";
 
+export type SnapshotMount = { 
+/**
+ * A created directory snapshot (one taken with `path`).
+ */
+snapshot_id: string, 
+/**
+ * Absolute path in the sandbox; not `/`, without `.` or `..`.
+ */
+path: string, };
+
 export type Snapshot = { 
 /**
  * `snap_` followed by lowercase letters and digits.
@@ -244,7 +258,12 @@ expires_at?: number,
 /**
  * For a live snapshot (`keep_running`), how long the sandbox's processes were frozen, ms.
  */
-frozen_ms?: number, };
+frozen_ms?: number, 
+/**
+ * For a directory snapshot (Modal's `snapshot_directory`): the directory of the source
+ * sandbox it holds. It is mounted into sandboxes (`mounts`), not started from.
+ */
+path?: string, };
 
 export type CreateSnapshot = { 
 /**
@@ -256,7 +275,13 @@ keep_running?: boolean,
  * Milliseconds the snapshot lives after its last use; `0` never expires. Default: the
  * sandbox's `snapshot_expiration_ms`, else 30 days.
  */
-expiration_ms?: number, };
+expiration_ms?: number, 
+/**
+ * Snapshot only this directory of the sandbox, as it looks now (Modal's
+ * `snapshot_directory`); the sandbox keeps running. The snapshot holds the directory's
+ * whole tree (not a change set) and is mounted into other sandboxes with `mounts`.
+ */
+path?: string, };
 
 export type UpdateSnapshot = { 
 /**

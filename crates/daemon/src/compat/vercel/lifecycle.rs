@@ -287,6 +287,7 @@ pub async fn snapshot(
         let req = CreateSnapshot {
             keep_running: Some(false),
             expiration_ms: expiration,
+            path: None,
         };
         req.validate()
             .map_err(|e| VercelError::BadRequest(e.to_string()))?;

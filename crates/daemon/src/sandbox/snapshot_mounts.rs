@@ -1,0 +1,207 @@
+//! Modal's directory snapshots: `snapshot_directory` (one directory of a running sandbox
+//! captured as a layer, `POST /v1/sandboxes/{id}/snapshots` with `path`) and `mount_image`
+//! at create (`mounts: [{snapshot_id, path}]`), on the namespace backend.
+//!
+//! A directory snapshot is a snapshot whose single layer is the directory's whole tree (what
+//! the sandbox saw there, not a change set) and whose `path` says so. It is not a root
+//! filesystem, so no sandbox starts from it; it is mounted copy-on-write (the mounting
+//! sandbox's writes go to its own layer) and held by each sandbox that mounts it, like a
+//! sandbox's own chain, so deleting it keeps its files while they are mounted.
+
+use std::path::{Component, Path, PathBuf};
+use std::time::Instant;
+
+use belljar_api::{Backend, Sandbox, Snapshot, SnapshotMount, SnapshotStatus};
+
+use super::backend::{BackendError, MountSpec};
+use super::snapshots::FROZEN_MARKER;
+use super::{SandboxError, Sandboxes};
+use crate::store::{HeldMount, MountRefused, SnapshotRow};
+use crate::util::{new_id, now_ms};
+
+/// Checks that `path` is absolute, below `/`, without `.` or `..`.
+fn plain_path(field: &str, path: &str) -> Result<(), SandboxError> {
+    let p = Path::new(path);
+    let plain = p.is_absolute()
+        && !path.contains('\0')
+        && p.components()
+            .all(|c| matches!(c, Component::RootDir | Component::Normal(_)))
+        && p.components().count() > 1;
+    if plain {
+        Ok(())
+    } else {
+        Err(SandboxError::InvalidPath(format!(
+            "{field}: {path:?} must be an absolute path below `/`, without `.` or `..`"
+        )))
+    }
+}
+
+impl Sandboxes {
+    /// Snapshots directory `path` of a running sandbox (its lock held): frozen while it is
+    /// copied, running again after.
+    pub(super) async fn snapshot_directory(
+        &self,
+        sandbox: &Sandbox,
+        path: String,
+        expiration_ms: Option<i64>,
+    ) -> Result<Snapshot, SandboxError> {
+        plain_path("path", &path)?;
+        if sandbox.backend != Backend::Namespace {
+            return Err(BackendError::Unsupported {
+                backend: sandbox.backend.into(),
+                what: "snapshot a directory",
+            }
+            .into());
+        }
+        let dir = self.state_dir(&sandbox.id);
+        let layers_dir = self.layers_dir();
+        let layer_lock = self.inner.snapshots.layers.lock().await;
+        let marker = self
+            .inner
+            .paths
+            .sandbox_dir(&sandbox.id)
+            .join(FROZEN_MARKER);
+        std::fs::write(&marker, b"")?;
+        let started = Instant::now();
+        let inner_path = path.clone();
+        let outcome = self
+            .blocking_backend(sandbox, move |b| {
+                b.freeze(&dir)?;
+                let captured = b.capture_dir(&dir, &inner_path, &layers_dir);
+                Ok((captured, b.thaw(&dir)))
+            })
+            .await;
+        let frozen_ms = started.elapsed().as_millis() as u64;
+        let captured = match outcome {
+            Ok((captured, Ok(()))) => {
+                let _ = std::fs::remove_file(&marker);
+                captured.map_err(|e| dir_error(e, &path))?
+            }
+            // Still frozen: the marker stays, so that the next start thaws it.
+            Ok((_, Err(e))) => return Err(e.into()),
+            Err(e) => {
+                let _ = std::fs::remove_file(&marker);
+                return Err(e);
+            }
+        };
+        let held = self
+            .inner
+            .store
+            .sandbox_layers(&sandbox.id)?
+            .unwrap_or_default();
+        let expiration_ms = expiration_ms
+            .or(held.snapshot_expiration_ms)
+            .unwrap_or(belljar_api::DEFAULT_EXPIRATION_MS);
+        let now = now_ms();
+        let row = SnapshotRow {
+            snapshot: Snapshot {
+                id: new_id("snap"),
+                status: SnapshotStatus::Created,
+                status_reason: None,
+                source_sandbox_id: sandbox.id.clone(),
+                parent: None,
+                image: sandbox.image.clone(),
+                size_bytes: captured.size_bytes,
+                depth: 1,
+                created_at: now,
+                expires_at: (expiration_ms > 0).then(|| now.saturating_add(expiration_ms)),
+                frozen_ms: Some(frozen_ms),
+                path: Some(path),
+            },
+            layers: vec![captured.digest],
+            expiration_ms,
+        };
+        self.inner
+            .store
+            .insert_snapshot(&row, captured.size_bytes)?;
+        drop(layer_lock);
+        let snapshot = self.get_snapshot(&row.snapshot.id)?;
+        self.emit_snapshot(snapshot.clone());
+        Ok(snapshot)
+    }
+
+    /// Holds the layers of a new sandbox's `mounts` (after its own chain, `lowers` being
+    /// that chain's directories, topmost first, and the image's tree last), once each path
+    /// is checked against them. On an error nothing of the mounts is held.
+    pub(super) fn hold_mounts(
+        &self,
+        sandbox: &Sandbox,
+        mounts: &[SnapshotMount],
+        lowers: &[PathBuf],
+    ) -> Result<(), SandboxError> {
+        if mounts.is_empty() {
+            return Ok(());
+        }
+        if sandbox.backend != Backend::Namespace {
+            return Err(BackendError::Unsupported {
+                backend: sandbox.backend.into(),
+                what: "mount snapshots",
+            }
+            .into());
+        }
+        for (i, m) in mounts.iter().enumerate() {
+            plain_path(&format!("mounts[{i}].path"), &m.path)?;
+            if m.path
+                .as_bytes()
+                .iter()
+                .any(|b| matches!(b, b',' | b':' | b'\\'))
+            {
+                return Err(SandboxError::InvalidPath(format!(
+                    "mounts[{i}].path: {:?} has , : or \\",
+                    m.path
+                )));
+            }
+            use belljar_namespace::snapshot_mounts::{PathError, check_path};
+            check_path(lowers, Path::new(&m.path)).map_err(|e| match e {
+                PathError::NotADirectory(..) => SandboxError::NotADirectory(e.to_string()),
+                PathError::Invalid(_) => SandboxError::InvalidPath(e.to_string()),
+                PathError::Io(..) => SandboxError::Io(std::io::Error::other(e.to_string())),
+            })?;
+        }
+        let pairs: Vec<(String, String)> = mounts
+            .iter()
+            .map(|m| (m.snapshot_id.clone(), m.path.clone()))
+            .collect();
+        match self.inner.store.hold_mounts(&sandbox.id, &pairs)? {
+            Ok(_) => Ok(()),
+            Err(MountRefused::NotFound(id)) => Err(SandboxError::SnapshotNotFound(id)),
+            Err(MountRefused::NotUsable(id, status)) => Err(SandboxError::SnapshotNotUsable {
+                id,
+                status: status.into(),
+            }),
+            Err(MountRefused::NotADirectorySnapshot(id)) => Err(SandboxError::BadRequest(format!(
+                "mounts: snapshot {id} is of a whole sandbox; only a directory snapshot (taken \
+                 with `path`) can be mounted"
+            ))),
+        }
+    }
+
+    /// What a sandbox mounts at launch: its held mounts' layer directories and paths.
+    pub(super) fn launch_mounts(&self, sandbox_id: &str) -> Result<Vec<MountSpec>, SandboxError> {
+        let held: Vec<HeldMount> = self.inner.store.sandbox_mounts(sandbox_id)?;
+        Ok(held
+            .into_iter()
+            .map(|m| MountSpec {
+                layers: m.layers.iter().map(|d| self.layers_dir().join(d)).collect(),
+                path: m.path,
+            })
+            .collect())
+    }
+}
+
+/// A directory capture's failure as the user's error where it is one.
+fn dir_error(e: BackendError, path: &str) -> SandboxError {
+    use belljar_namespace::layer::DirError;
+    match e {
+        BackendError::Directory(DirError::Invalid(_)) => {
+            SandboxError::InvalidPath(format!("path: {path:?} is not a plain absolute path"))
+        }
+        BackendError::Directory(DirError::NotFound(_)) => {
+            SandboxError::PathNotFound(format!("path: no directory {path} in the sandbox"))
+        }
+        BackendError::Directory(DirError::NotADirectory(_)) => {
+            SandboxError::NotADirectory(format!("path: {path} is not a directory"))
+        }
+        e => e.into(),
+    }
+}

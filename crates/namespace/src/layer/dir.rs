@@ -1,0 +1,148 @@
+//! Directory snapshots (Modal's `snapshot_directory`): one directory of a running sandbox, as
+//! the sandbox sees it (image, snapshot layers and its own writes merged), copied into a
+//! layer whose root is that directory, so that it can be mounted at a path of another
+//! sandbox.
+//!
+//! The copy reads the sandbox's own view through `/proc/<pid>/root`. The path is resolved
+//! with `openat2(RESOLVE_IN_ROOT)`, so a symlink the sandbox planted resolves inside the
+//! sandbox, never on the host; the walk below it never follows a symlink (the capture's own
+//! rule) and runs while the sandbox is frozen, so nothing is swapped under it.
+
+use std::ffi::CString;
+use std::io;
+use std::os::fd::AsRawFd;
+use std::os::fd::{FromRawFd, OwnedFd};
+use std::path::{Component, Path, PathBuf};
+
+use super::{Captured, Shift, capture_tree};
+use crate::state::State;
+
+/// Why a directory cannot be captured.
+#[derive(Debug, thiserror::Error)]
+pub enum DirError {
+    /// Relative, `/`, or with `.`/`..` components.
+    #[error("Path {0:?} must be absolute, not `/`, without `.` or `..`")]
+    Invalid(String),
+    /// Nothing at the path in the sandbox.
+    #[error("No such directory in the sandbox: {0}")]
+    NotFound(String),
+    /// Something other than a directory at the path.
+    #[error("{0} is not a directory in the sandbox")]
+    NotADirectory(String),
+    /// The sandbox does not run.
+    #[error("The sandbox does not run")]
+    NotRunning,
+    #[error(transparent)]
+    State(#[from] crate::state::Error),
+    #[error("Cannot open {1} in the sandbox")]
+    Open(#[source] io::Error, String),
+    #[error(transparent)]
+    Capture(#[from] super::Error),
+}
+
+/// Copies directory `path` of the running sandbox in `state_dir` into `layers_dir/<digest>`.
+/// The sandbox must be frozen.
+pub fn capture_dir(state_dir: &Path, path: &str, layers_dir: &Path) -> Result<Captured, DirError> {
+    let rel = relative(path)?;
+    let st = State::load(state_dir)?.ok_or(DirError::NotRunning)?;
+    if !st.is_alive() {
+        return Err(DirError::NotRunning);
+    }
+    let shift = if st.rootless {
+        Shift::Rootless(st.root_uid)
+    } else {
+        Shift::Block(st.root_uid)
+    };
+    let root = format!("/proc/{}/root", st.pid);
+    let root = open(libc::AT_FDCWD, Path::new(&root), 0, libc::O_DIRECTORY)
+        .map_err(|e| DirError::Open(e, "/".into()))?;
+    let dir = open(
+        root.as_raw_fd(),
+        &rel,
+        libc::RESOLVE_IN_ROOT | libc::RESOLVE_NO_MAGICLINKS,
+        0,
+    )
+    .map_err(|e| match e.raw_os_error() {
+        Some(libc::ENOENT) => DirError::NotFound(path.to_owned()),
+        Some(libc::ENOTDIR) => DirError::NotADirectory(path.to_owned()),
+        _ => DirError::Open(e, path.to_owned()),
+    })?;
+    let meta = std::fs::metadata(format!("/proc/self/fd/{}", dir.as_raw_fd()))
+        .map_err(|e| DirError::Open(e, path.to_owned()))?;
+    if !meta.is_dir() {
+        return Err(DirError::NotADirectory(path.to_owned()));
+    }
+    let src = PathBuf::from(format!("/proc/self/fd/{}", dir.as_raw_fd()));
+    let captured = capture_tree(&src, layers_dir, shift)?;
+    drop(dir);
+    Ok(captured)
+}
+
+/// `path` without its leading `/`, once it is a plain absolute path below `/`.
+fn relative(path: &str) -> Result<PathBuf, DirError> {
+    let invalid = || DirError::Invalid(path.to_owned());
+    let p = Path::new(path);
+    if !p.is_absolute() || path.contains('\0') || path.len() > 1024 {
+        return Err(invalid());
+    }
+    let mut rel = PathBuf::new();
+    for comp in p.components() {
+        match comp {
+            Component::RootDir => {}
+            Component::Normal(n) => rel.push(n),
+            _ => return Err(invalid()),
+        }
+    }
+    if rel.as_os_str().is_empty() {
+        return Err(invalid());
+    }
+    Ok(rel)
+}
+
+/// The kernel's `struct open_how` (libc's is `non_exhaustive`, so it cannot be built here).
+#[repr(C)]
+struct OpenHow {
+    flags: u64,
+    mode: u64,
+    resolve: u64,
+}
+
+/// `openat2(dirfd, path, O_PATH | O_CLOEXEC | flags, resolve)`.
+fn open(dirfd: i32, path: &Path, resolve: u64, flags: i32) -> io::Result<OwnedFd> {
+    let p = CString::new(path.as_os_str().as_encoded_bytes()).map_err(io::Error::other)?;
+    let how = OpenHow {
+        flags: (libc::O_PATH | libc::O_CLOEXEC | flags) as u64,
+        mode: 0,
+        resolve,
+    };
+    // SAFETY: a valid C path and an initialised `open_how` of the size passed; the returned
+    // descriptor is owned here.
+    let fd = unsafe {
+        libc::syscall(
+            libc::SYS_openat2,
+            dirfd,
+            p.as_ptr(),
+            &how as *const OpenHow,
+            std::mem::size_of::<OpenHow>(),
+        )
+    };
+    if fd < 0 {
+        return Err(io::Error::last_os_error());
+    }
+    // SAFETY: `fd` is a new descriptor nothing else owns.
+    Ok(unsafe { OwnedFd::from_raw_fd(fd as i32) })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn paths_must_be_plain_and_absolute() {
+        assert_eq!(relative("/a/b").unwrap(), Path::new("a/b"));
+        assert_eq!(relative("/a/b/").unwrap(), Path::new("a/b"));
+        for bad in ["a", "/", "", "/a/../b", "/a/\0"] {
+            assert!(matches!(relative(bad), Err(DirError::Invalid(_))), "{bad}");
+        }
+    }
+}
