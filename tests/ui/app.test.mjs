@@ -133,6 +133,8 @@ try {
     await until("the sandbox's server behind the link", async () =>
       (await fetch(href).then((r) => r.text(), () => "")).includes("hello from the sandbox"), 20_000);
     await api.call("DELETE", `/v1/sandboxes/${sandboxId}/ports/8000`);
+    // The terminals again, as the steps below expect.
+    await wd("POST", s(`/element/${await find("button[aria-label='Close Network']")}/click`), {});
   });
 
   await steps.step("a terminal window opens on the sandbox (what the tray's Terminal does)", async () => {
