@@ -20,6 +20,7 @@ impl Sandboxes {
             .iter()
             .map(|p| u32::from(p.port))
             .collect();
+        let started = std::time::Instant::now();
         let snapshot = self
             .snapshot(
                 id,
@@ -30,31 +31,38 @@ impl Sandboxes {
                 },
             )
             .await?;
+        let snapshotted = started.elapsed();
+        let snapshot_frozen = snapshot.frozen_ms;
         let held = self.inner.store.sandbox_layers(id)?.unwrap_or_default();
-        self.create(CreateSandbox {
-            image: Some(source.image),
-            backend: Some(backend_choice(source.backend)),
-            vcpus: Some(source.vcpus),
-            memory_mib: Some(source.memory_mib),
-            disk_mib: Some(source.disk_mib),
-            timeout_ms: req.timeout_ms.or(Some(source.timeout_ms)),
-            env: req.env.or(Some(source.env)),
-            tags: req.tags.or(Some(source.tags)),
-            name: req.name,
-            source: Some(Source::Snapshot {
-                snapshot_id: snapshot.id,
-            }),
-            snapshot_expiration_ms: held.snapshot_expiration_ms,
-            keep_last_snapshots: held.keep_last,
-            network_policy: self.network_policy_of(id),
-            mounts: None,
-            ports: (!ports.is_empty()).then_some(ports),
-            persistent: Some(source.lifecycle.persistent),
-            idle_timeout_ms: source.lifecycle.idle_timeout_ms,
-            hard_ttl_ms: source.lifecycle.hard_ttl_ms,
-            auto_resume: Some(source.lifecycle.auto_resume),
-        })
-        .await
+        let forked = self
+            .create(CreateSandbox {
+                image: Some(source.image),
+                backend: Some(backend_choice(source.backend)),
+                vcpus: Some(source.vcpus),
+                memory_mib: Some(source.memory_mib),
+                disk_mib: Some(source.disk_mib),
+                timeout_ms: req.timeout_ms.or(Some(source.timeout_ms)),
+                env: req.env.or(Some(source.env)),
+                tags: req.tags.or(Some(source.tags)),
+                name: req.name,
+                source: Some(Source::Snapshot {
+                    snapshot_id: snapshot.id,
+                }),
+                snapshot_expiration_ms: held.snapshot_expiration_ms,
+                keep_last_snapshots: held.keep_last,
+                network_policy: self.network_policy_of(id),
+                mounts: None,
+                ports: (!ports.is_empty()).then_some(ports),
+                persistent: Some(source.lifecycle.persistent),
+                idle_timeout_ms: source.lifecycle.idle_timeout_ms,
+                hard_ttl_ms: source.lifecycle.hard_ttl_ms,
+                auto_resume: Some(source.lifecycle.auto_resume),
+            })
+            .await;
+        // Where a fork's time goes (`BELLJAR_LOG=belljard=debug`): its live snapshot (the
+        // frozen part is the snapshot's `frozen_ms`), then the new sandbox's create.
+        tracing::debug!(sandbox = %id, ?snapshotted, frozen_ms = ?snapshot_frozen, create = ?(started.elapsed() - snapshotted), "forked");
+        forked
     }
 }
 
