@@ -152,8 +152,10 @@ echo "L1: $qemu_note; kernel $l1_kernel_version" >&2
 kver=$(ls "$l1_kernel_root/lib/modules" | head -1)
 busybox_version=$(dpkg-query -W -f='${Version}' busybox-static 2> /dev/null || /bin/busybox | head -1)
 # Modules: KVM with nested SVM and 9p for the job, overlay and tun for the rootless job's
-# namespace sandboxes and `belljar doctor`.
-l1_modules="kvm-amd 9p 9pnet_virtio virtio_pci overlay tun"
+# namespace sandboxes and `belljar doctor`, loop and ext4 (with the crc32c its checksums need,
+# which nothing in L1 would load on demand) for reading a microVM's writable
+# disk into a snapshot layer.
+l1_modules="kvm-amd 9p 9pnet_virtio virtio_pci overlay tun loop ext4 crc32c_generic"
 key=$( { echo "$l1_kernel_version"; echo "$busybox_version"; echo "$l1_modules"; cat tests/microvm/l1-init.sh; } | sha256sum | cut -c1-16)
 initrd="$mv_cache/initramfs-$key.cpio.gz"
 if [ ! -f "$initrd" ]; then

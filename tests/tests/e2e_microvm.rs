@@ -9,8 +9,11 @@
 
 use std::time::{Duration, Instant};
 
-use belljar_api::RunCommand;
-use belljar_e2e::{Daemon, random_file, same_file, stderr, stdout};
+use belljar_api::{BackendChoice, CreateSandbox, RunCommand, SandboxStatus};
+use belljar_client::Client;
+use belljar_e2e::{Daemon, eventually, random_file, same_file, sh_ok, stderr, stdout};
+use belljar_vmm_api::ControlClient;
+use belljar_vmm_api::control::VmState;
 
 /// `belljar create --backend microvm`; returns the id and how long it took.
 fn create(d: &Daemon) -> (String, Duration) {
@@ -265,4 +268,125 @@ fn daemon_kill_9_adopts_the_running_microvm() {
     let out = d.cli(["exec", &id, "--", "cat", "/tmp/keep.txt"]);
     assert!(out.status.success(), "{}", stderr(&out));
     assert_eq!(stdout(&out), "kept\n");
+}
+
+/// A microVM sandbox over the API (30 min timeout, as [`create`] gives); with the daemon's
+/// log and the consoles when it fails.
+async fn create_vm(d: &Daemon, c: &Client, req: CreateSandbox) -> belljar_api::Sandbox {
+    let req = CreateSandbox {
+        backend: req.backend.or(Some(BackendChoice::Microvm)),
+        timeout_ms: Some(30 * 60_000),
+        ..req
+    };
+    match c.create_sandbox(&req).await {
+        Ok(s) => s,
+        Err(e) => panic!(
+            "create failed: {e}\nlog:\n{}\nconsoles:\n{}",
+            d.log(),
+            console(d, "sbx_")
+        ),
+    }
+}
+
+/// What the VMM of a microVM sandbox says its vCPUs do.
+fn vm_state(d: &Daemon, id: &str) -> VmState {
+    let sock = d
+        .paths
+        .data
+        .join("sandboxes")
+        .join(id)
+        .join("microvm/vmm.sock");
+    ControlClient::connect(&sock, Duration::from_secs(5))
+        .and_then(|mut c| c.status())
+        .unwrap_or_else(|e| panic!("the VMM of {id}: {e}"))
+        .state
+}
+
+/// The counter a looping command writes in the guest.
+async fn counter(c: &Client, id: &str) -> u64 {
+    let out = sh_ok(c, id, "cat /tmp/c 2>/dev/null || echo 0").await;
+    out.trim().parse().unwrap_or(0)
+}
+
+#[test]
+#[ignore = "needs KVM, the guest kernel and the base image: run scripts/test-microvm.sh"]
+fn pause_keeps_the_processes_and_idle_pauses() {
+    let d = Daemon::start_via_cli();
+    let c = d.unix();
+    belljar_e2e::block_on(async {
+        let a = create_vm(
+            &d,
+            &c,
+            CreateSandbox {
+                idle_timeout_ms: Some(8_000),
+                ..Default::default()
+            },
+        )
+        .await;
+        // A running command keeps the sandbox awake: no idle pause while it counts.
+        let loop_cmd = c
+            .run_command(
+                &a.id,
+                &RunCommand {
+                    argv: vec![
+                        "sh".into(),
+                        "-c".into(),
+                        "echo $$ > /tmp/pid; i=0; while :; do i=$((i+1)); echo $i > /tmp/c; sleep 0.05; done"
+                            .into(),
+                    ],
+                    detached: true,
+                    ..Default::default()
+                },
+            )
+            .await
+            .unwrap();
+        let before = eventually(Duration::from_secs(60), "the counter to start", || {
+            let c = c.clone();
+            let id = a.id.clone();
+            async move { Some(counter(&c, &id).await).filter(|v| *v > 0) }
+        })
+        .await;
+
+        let t = Instant::now();
+        let paused = c.pause_sandbox(&a.id).await.unwrap();
+        let pause_took = t.elapsed();
+        assert_eq!(paused.status, SandboxStatus::Paused);
+        assert_eq!(vm_state(&d, &a.id), VmState::Paused);
+        let t = Instant::now();
+        let resumed = c.resume_sandbox(&a.id).await.unwrap();
+        let resume_took = t.elapsed();
+        assert_eq!(resumed.status, SandboxStatus::Running);
+        assert_eq!(vm_state(&d, &a.id), VmState::Running);
+        // The same process counts on from where it was.
+        eventually(Duration::from_secs(60), "the counter to go on", || {
+            let c = c.clone();
+            let id = a.id.clone();
+            async move { Some(counter(&c, &id).await).filter(|v| *v > before) }
+        })
+        .await;
+        let cmd = c.command(&a.id, &loop_cmd.id).await.unwrap();
+        assert_eq!(cmd.status, belljar_api::CommandStatus::Running, "{cmd:?}");
+        eprintln!("microvm: pause {pause_took:?}, resume {resume_took:?}");
+
+        // Without a running command the idle timeout pauses it, and the next use resumes it.
+        sh_ok(&c, &a.id, "kill $(cat /tmp/pid)").await;
+        let last = counter(&c, &a.id).await;
+        let idle = eventually(Duration::from_secs(120), "the idle pause", || {
+            let c = c.clone();
+            let id = a.id.clone();
+            async move {
+                let s = c.sandbox(&id).await.ok()?;
+                (s.status == SandboxStatus::Paused).then_some(s)
+            }
+        })
+        .await;
+        assert_eq!(idle.status_reason.as_deref(), Some("idle"));
+        assert_eq!(vm_state(&d, &a.id), VmState::Paused);
+        assert_eq!(counter(&c, &a.id).await, last);
+        assert_eq!(
+            c.sandbox(&a.id).await.unwrap().status,
+            SandboxStatus::Running
+        );
+        assert_eq!(vm_state(&d, &a.id), VmState::Running);
+    });
 }

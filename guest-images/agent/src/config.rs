@@ -87,6 +87,10 @@ pub struct Config {
     /// used when it does not exist.
     #[arg(long, env = "BELLJAR_LAYER_DEVICE", default_value = "/dev/vdb")]
     pub layer_device: PathBuf,
+    /// Read-only block devices of snapshot layers (microvm mode), topmost first: each is
+    /// mounted and stacked between the writable layer and the image.
+    #[arg(long, env = "BELLJAR_LOWER_DEVICES", value_delimiter = ',')]
+    pub lower_devices: Vec<PathBuf>,
     /// Unix milliseconds to set the clock to at boot (microvm mode), when the VMM knows better
     /// than the RTC.
     #[arg(long, env = "BELLJAR_CLOCK_MS")]

@@ -14,6 +14,8 @@ use crate::config::{Config, Mode};
 /// Where the microVM's writable layer and the overlay root are assembled before pivoting.
 const LAYER: &str = "/run/belljar/layer";
 const NEW_ROOT: &str = "/run/belljar/root";
+/// Where snapshot layers' disks are mounted (`<LOWER>/<n>`, topmost first).
+const LOWER: &str = "/run/belljar/lower";
 
 #[derive(Debug, thiserror::Error)]
 pub enum SystemError {
@@ -125,7 +127,7 @@ pub fn microvm_init(config: &Config) -> Result<(), SystemError> {
     for dir in ["upper", "work"] {
         let _ = std::fs::create_dir_all(Path::new(LAYER).join(dir));
     }
-    let data = format!("lowerdir=/,upperdir={LAYER}/upper,workdir={LAYER}/work");
+    let data = overlay_options(&mount_lowers(&config.lower_devices)?);
     mount_fs(
         "overlay",
         NEW_ROOT,
@@ -140,6 +142,37 @@ pub fn microvm_init(config: &Config) -> Result<(), SystemError> {
     nix::unistd::chdir("/").map_err(sys("enter /"))?;
     mount_pseudo()?;
     finish_init(config)
+}
+
+/// Mounts the snapshot layers' disks read-only; returns their mount points, topmost first.
+fn mount_lowers(devices: &[std::path::PathBuf]) -> Result<Vec<String>, SystemError> {
+    let ro = MsFlags::MS_RDONLY | MsFlags::MS_NOATIME;
+    devices
+        .iter()
+        .enumerate()
+        .map(|(i, device)| {
+            let target = format!("{LOWER}/{i}");
+            mount_fs(&device.to_string_lossy(), &target, "ext4", ro, None)?;
+            Ok(target)
+        })
+        .collect()
+}
+
+/// The overlay's options: the snapshot layers (topmost first) over the image, the writable
+/// layer on top. Layers carry overlayfs's marks as `user.overlay.*` attributes (the form both
+/// backends share), which `userxattr` reads; without layers the options stay as they were,
+/// so a writable layer made before keeps its `trusted.overlay.*` marks meaningful.
+fn overlay_options(lowers: &[String]) -> String {
+    let mut lowerdir = lowers.join(":");
+    if !lowerdir.is_empty() {
+        lowerdir.push(':');
+    }
+    lowerdir.push('/');
+    let mut data = format!("lowerdir={lowerdir},upperdir={LAYER}/upper,workdir={LAYER}/work");
+    if !lowers.is_empty() {
+        data.push_str(",userxattr");
+    }
+    data
 }
 
 /// The namespace sandbox's mount plan: its root is already in place, so only what a fresh
@@ -402,6 +435,21 @@ fn write_dev_port(dev_port: &Path) -> std::io::Result<()> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// Snapshot layers go between the writable layer and the image, topmost first, read
+    /// through `user.overlay.*`; without them the options are what they always were.
+    #[test]
+    fn snapshot_layers_stack_over_the_image() {
+        assert_eq!(
+            overlay_options(&[]),
+            "lowerdir=/,upperdir=/run/belljar/layer/upper,workdir=/run/belljar/layer/work"
+        );
+        assert_eq!(
+            overlay_options(&["/run/belljar/lower/0".into(), "/run/belljar/lower/1".into()]),
+            "lowerdir=/run/belljar/lower/0:/run/belljar/lower/1:/,\
+             upperdir=/run/belljar/layer/upper,workdir=/run/belljar/layer/work,userxattr"
+        );
+    }
 
     #[test]
     fn the_power_off_byte_goes_to_the_port_offset() {

@@ -18,9 +18,10 @@ use belljar_vmm_api::config::{BootMode, VmConfig};
 use belljar_vmm_api::host::{HostFacts, host_verdict};
 
 use super::backend::{
-    AgentAddress, BackendDriver, BackendError, ExitWatch, LaunchSpec, Launched, Probe, Step,
+    AgentAddress, BackendDriver, BackendError, CapturedLayer, ExitWatch, LaunchSpec, Launched,
+    Probe, Step,
 };
-use super::vmm;
+use super::{microvm_layers, vmm};
 
 pub struct Microvm {
     vmm: Option<PathBuf>,
@@ -157,12 +158,7 @@ impl BackendDriver for Microvm {
     }
 
     fn launch(&self, spec: &LaunchSpec) -> Result<Launched, BackendError> {
-        if !spec.layers.is_empty() {
-            return Err(BackendError::Unsupported {
-                backend: "microvm",
-                what: "start a sandbox from a snapshot",
-            });
-        }
+        let lower_disks = microvm_layers::layer_disks(&spec.layers)?;
         let err = |e: vmm::VmmError| BackendError::Microvm(Step::Launch, e);
         let vm = vmm::VmSpec {
             vmm: self.vmm.clone().ok_or_else(|| BackendError::Unavailable {
@@ -180,6 +176,7 @@ impl BackendDriver for Microvm {
             memory_mib: spec.memory_mib,
             disk_mib: spec.disk_mib,
             agent_env: spec.agent_env.clone(),
+            lower_disks,
         };
         vmm::launch(&vm, crate::util::now_ms()).map_err(err)?;
         Ok(launched(&spec.state_dir))
@@ -197,12 +194,23 @@ impl BackendDriver for Microvm {
             .map_err(|e| BackendError::Namespace(Step::Watch, e))
     }
 
+    /// Flushes the guest's page cache first (the VMM's stop ends the VM at once), so that the
+    /// writable layer's disk holds every write: a snapshot or a persistent sandbox's next
+    /// session reads it. A paused VM was flushed when it was paused.
     fn stop(&self, state_dir: &Path, grace: Duration) -> Result<(), BackendError> {
+        if vmm::adopt(state_dir).is_some() && !vmm::is_paused(state_dir) {
+            let synced = microvm_layers::guest_sync(state_dir, microvm_layers::SYNC_TIMEOUT);
+            if let Err(e) = synced {
+                tracing::warn!(dir = %state_dir.display(), error = %e, "cannot flush the guest before stopping it");
+            }
+        }
         vmm::stop(state_dir, grace).map_err(|e| BackendError::Microvm(Step::Stop, e))
     }
 
     fn destroy(&self, state_dir: &Path) -> Result<(), BackendError> {
-        self.stop(state_dir, Duration::from_secs(2))?;
+        // Its files are deleted: nothing to flush.
+        vmm::stop(state_dir, Duration::from_secs(2))
+            .map_err(|e| BackendError::Microvm(Step::Stop, e))?;
         match std::fs::remove_dir_all(state_dir) {
             Err(source) if source.kind() != std::io::ErrorKind::NotFound => {
                 Err(BackendError::Microvm(
@@ -222,6 +230,25 @@ impl BackendDriver for Microvm {
             socket: state_dir.join("vsock.sock"),
             port: belljar_agent_proto::AGENT_VSOCK_PORT,
         }
+    }
+
+    /// The guest flushes its filesystems, then the VMM pauses every vCPU: the processes stay in
+    /// guest memory where they were, and the writable layer's disk is consistent while paused.
+    fn freeze(&self, state_dir: &Path) -> Result<(), BackendError> {
+        if let Err(e) = microvm_layers::guest_sync(state_dir, microvm_layers::SYNC_TIMEOUT) {
+            tracing::warn!(dir = %state_dir.display(), error = %e, "cannot flush the guest before pausing it");
+        }
+        vmm::pause(state_dir)
+            .map_err(|e| BackendError::Snapshot(format!("Pausing the microVM: {e}")))
+    }
+
+    fn thaw(&self, state_dir: &Path) -> Result<(), BackendError> {
+        vmm::resume(state_dir)
+            .map_err(|e| BackendError::Snapshot(format!("Resuming the microVM: {e}")))
+    }
+
+    fn capture(&self, state_dir: &Path, layers_dir: &Path) -> Result<CapturedLayer, BackendError> {
+        microvm_layers::DiskCopy::take(state_dir)?.capture(layers_dir)
     }
 
     fn forced_for_testing(&self) -> Option<String> {

@@ -17,6 +17,7 @@ mod lifecycle;
 mod lifetime;
 mod logs;
 pub mod microvm;
+mod microvm_layers;
 mod monitor;
 pub mod namespace;
 pub mod network;

@@ -32,6 +32,9 @@ pub enum VmmError {
     /// Making the writable layer failed.
     #[error("Cannot make the writable layer: {0}")]
     Layer(String),
+    /// The VMM refused or did not answer a control request (pause, resume).
+    #[error("The VMM's control socket: {0}")]
+    Control(#[from] belljar_vmm_api::client::ClientError),
     /// A file or process operation failed.
     #[error("{what}")]
     Io {
@@ -60,6 +63,9 @@ pub struct VmSpec {
     /// Extra `KEY=value` settings for the agent, passed on the kernel command line (the kernel
     /// hands them to init as its environment); values must not contain spaces.
     pub agent_env: Vec<(String, String)>,
+    /// Read-only ext4 disks of snapshot layers, topmost first: `/dev/vdc`, `/dev/vdd`, ...
+    /// in the guest, which the agent stacks between its writable layer and the image.
+    pub lower_disks: Vec<PathBuf>,
 }
 
 /// The live VMM process, as recorded in `vmm.json`.
@@ -93,10 +99,38 @@ pub fn cmdline(hostname: &str, now_ms: i64) -> String {
 /// The `belljar-vmm` config of a sandbox, checked as far as it can be without the VMM.
 pub fn config(spec: &VmSpec, now_ms: i64) -> Result<VmConfig, VmmError> {
     let dir = &spec.state_dir;
+    let mut agent_env = spec.agent_env.clone();
+    if !spec.lower_disks.is_empty() {
+        agent_env.push((
+            LOWER_DEVICES_ENV.into(),
+            lower_devices(spec.lower_disks.len()),
+        ));
+    }
+    let mut disks = vec![
+        DiskConfig {
+            path: spec.root_disk.clone(),
+            read_only: true,
+            id: "root".into(),
+        },
+        DiskConfig {
+            path: dir.join("layer.ext4"),
+            read_only: false,
+            id: "layer".into(),
+        },
+    ];
+    disks.extend(
+        spec.lower_disks
+            .iter()
+            .enumerate()
+            .map(|(i, path)| DiskConfig {
+                path: path.clone(),
+                read_only: true,
+                id: format!("lower{i}"),
+            }),
+    );
     let config = VmConfig {
         kernel: Some(spec.kernel.clone()),
-        cmdline: spec
-            .agent_env
+        cmdline: agent_env
             .iter()
             .fold(cmdline(&spec.hostname, now_ms), |line, (k, v)| {
                 format!("{line} {k}={v}")
@@ -104,18 +138,7 @@ pub fn config(spec: &VmSpec, now_ms: i64) -> Result<VmConfig, VmmError> {
         memory_mib: spec.memory_mib,
         // Out of range becomes 0, which `validate_values` refuses with the range in the message.
         vcpus: u8::try_from(spec.vcpus).unwrap_or(0),
-        disks: vec![
-            DiskConfig {
-                path: spec.root_disk.clone(),
-                read_only: true,
-                id: "root".into(),
-            },
-            DiskConfig {
-                path: dir.join("layer.ext4"),
-                read_only: false,
-                id: "layer".into(),
-            },
-        ],
+        disks,
         vsock: Some(VsockConfig {
             guest_cid: belljar_vmm_api::config::DEFAULT_GUEST_CID,
             uds_path: dir.join("vsock.sock"),
@@ -138,6 +161,19 @@ pub fn config(spec: &VmSpec, now_ms: i64) -> Result<VmConfig, VmmError> {
     };
     config.validate_values()?;
     Ok(config)
+}
+
+/// The agent's setting that names the snapshot layers' disks (`/dev/vdc,/dev/vdd`, topmost
+/// first); the agent mounts each read-only and stacks them under its writable layer.
+pub const LOWER_DEVICES_ENV: &str = "BELLJAR_LOWER_DEVICES";
+
+/// The guest's names of `count` layer disks after the root (`vda`) and writable (`vdb`) ones:
+/// virtio-blk disks are named in the order the VM config lists them.
+pub fn lower_devices(count: usize) -> String {
+    (0..count)
+        .map(|i| format!("/dev/vd{}", char::from(b'c' + i as u8)))
+        .collect::<Vec<_>>()
+        .join(",")
 }
 
 /// Field 22 (starttime) of `/proc/<pid>/stat`, for a live (not zombie, not dead) process.
@@ -249,6 +285,32 @@ pub fn stop(state_dir: &Path, grace: Duration) -> Result<(), VmmError> {
     Ok(())
 }
 
+/// Pauses every vCPU of the running VM (its memory, devices and disks stay as they are);
+/// returns once they are all paused.
+pub fn pause(state_dir: &Path) -> Result<(), VmmError> {
+    ControlClient::connect(&state_dir.join("vmm.sock"), CONTROL_TIMEOUT)?.pause()?;
+    Ok(())
+}
+
+/// Lets a paused VM run on (a no-op on a running one).
+pub fn resume(state_dir: &Path) -> Result<(), VmmError> {
+    ControlClient::connect(&state_dir.join("vmm.sock"), CONTROL_TIMEOUT)?.resume()?;
+    Ok(())
+}
+
+/// Whether the VM's vCPUs are paused (`false` when it does not answer).
+pub fn is_paused(state_dir: &Path) -> bool {
+    ControlClient::connect(&state_dir.join("vmm.sock"), CONTROL_TIMEOUT)
+        .and_then(|mut c| c.status())
+        .is_ok_and(|s| {
+            matches!(
+                s.state,
+                belljar_vmm_api::control::VmState::Paused
+                    | belljar_vmm_api::control::VmState::Pausing
+            )
+        })
+}
+
 /// How long a control request may take before the daemon falls back to signals.
 const CONTROL_TIMEOUT: Duration = Duration::from_secs(2);
 
@@ -268,6 +330,7 @@ mod tests {
             memory_mib: 1024,
             disk_mib: 4096,
             agent_env: vec![("BELLJAR_OUTPUT_LIMIT".into(), "4096".into())],
+            lower_disks: vec![],
         };
         let c = config(&spec, 42).unwrap();
         assert!(c.disks[0].read_only);
@@ -283,6 +346,57 @@ mod tests {
         assert!(cmdline.ends_with(" BELLJAR_OUTPUT_LIMIT=4096"), "{cmdline}");
         // What the VMM reads back is what was meant.
         assert_eq!(VmConfig::from_json("vm.json", &c.to_json()).unwrap(), c);
+    }
+
+    /// Snapshot layers are read-only disks after the writable one, named for the agent in
+    /// the same order (topmost first).
+    #[test]
+    fn snapshot_layers_are_read_only_disks_the_agent_is_told_about() {
+        let spec = VmSpec {
+            vmm: "/bin/belljar-vmm".into(),
+            kernel: "/k/vmlinux".into(),
+            root_disk: "/img/rootfs.ext4".into(),
+            state_dir: "/s".into(),
+            hostname: "sbx-a".into(),
+            vcpus: 1,
+            memory_mib: 512,
+            disk_mib: 1024,
+            agent_env: vec![],
+            lower_disks: vec!["/l/top.ext4".into(), "/l/bottom.ext4".into()],
+        };
+        let c = config(&spec, 1).unwrap();
+        let disks: Vec<_> = c
+            .disks
+            .iter()
+            .map(|d| (d.id.as_str(), d.path.to_str().unwrap(), d.read_only))
+            .collect();
+        assert_eq!(
+            disks,
+            [
+                ("root", "/img/rootfs.ext4", true),
+                ("layer", "/s/layer.ext4", false),
+                ("lower0", "/l/top.ext4", true),
+                ("lower1", "/l/bottom.ext4", true),
+            ]
+        );
+        assert!(
+            c.cmdline
+                .ends_with(" BELLJAR_LOWER_DEVICES=/dev/vdc,/dev/vdd"),
+            "{}",
+            c.cmdline
+        );
+        assert!(
+            !config(
+                &VmSpec {
+                    lower_disks: vec![],
+                    ..spec
+                },
+                1
+            )
+            .unwrap()
+            .cmdline
+            .contains("BELLJAR_LOWER_DEVICES")
+        );
     }
 
     /// The daemon's command line had drifted from the VMM's default (it dropped the i8042
@@ -306,6 +420,7 @@ mod tests {
             memory_mib: 1024,
             disk_mib: 4096,
             agent_env: vec![],
+            lower_disks: vec![],
         };
         let e = config(&spec, 0).unwrap_err();
         assert!(
@@ -372,6 +487,7 @@ mod tests {
             memory_mib: 256,
             disk_mib: 128,
             agent_env: vec![],
+            lower_disks: vec![],
         };
         let proc = launch(&spec, 0).unwrap();
         std::thread::sleep(Duration::from_millis(500));

@@ -101,6 +101,15 @@ pub fn capture(state_dir: &Path, layers_dir: &Path) -> Result<Captured, Error> {
     result
 }
 
+/// Copies an overlay upper directory that is no namespace sandbox's (a microVM's writable
+/// layer, read from its disk on the host) into `layers_dir/<digest>`. Owners stay as they
+/// are: the guest's ids are the sandbox's. The guest's overlay marks (`trusted.overlay.*`,
+/// as root's overlay in the guest writes them) become the `user.overlay.*` marks every layer
+/// carries, so the layer is the same whichever backend made it.
+pub fn capture_upper(upper: &Path, layers_dir: &Path) -> Result<Captured, Error> {
+    capture_tree(upper, layers_dir, Shift::Keep)
+}
+
 /// How host owners in the writable layer become the layer's stored owners.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub(crate) enum Shift {
@@ -399,7 +408,12 @@ impl Copier {
         };
         let mut names = list_xattrs(src).map_err(fail(src))?;
         names.sort();
-        for name in names {
+        for source_name in names {
+            // A guest overlay's marks (a microVM's upper) in the form layers keep.
+            let name = match source_name.as_bytes().strip_prefix(b"trusted.overlay.") {
+                Some(rest) => OsStr::from_bytes(&[b"user.overlay.", rest].concat()).to_owned(),
+                None => source_name.clone(),
+            };
             let bytes = name.as_bytes();
             if bytes.starts_with(b"user.overlay.")
                 && !matches!(
@@ -409,7 +423,7 @@ impl Copier {
             {
                 continue;
             }
-            let Some(value) = get_xattr(src, &name).map_err(fail(src))? else {
+            let Some(value) = get_xattr(src, &source_name).map_err(fail(src))? else {
                 continue;
             };
             set_xattr(dst, &name, &value).map_err(fail(dst))?;

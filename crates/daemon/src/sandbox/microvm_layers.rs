@@ -1,0 +1,278 @@
+//! Snapshot layers on the microVM backend, in the same format as the namespace backend's (so
+//! diff, expiration, squashing and the timeline work unchanged, and a snapshot of either
+//! backend starts a sandbox on the other).
+//!
+//! Capturing: the guest's writable layer is the `upper` directory of an ext4 disk
+//! (`layer.ext4`, `/dev/vdb`). Its page cache is flushed first ([`guest_sync`], a `sync` run by
+//! the agent), then, with the VM paused or stopped, the disk is copied (sparse, a reflink where
+//! the host filesystem can), the copy's journal replayed (`e2fsck -E journal_only`: the guest
+//! never unmounted it, so committed metadata may still be in the journal only), mounted
+//! read-only through a loop device and its `upper` copied into the layers directory by
+//! `belljar_namespace::layer::capture_upper`. The VM runs again as soon as the copy exists.
+//!
+//! Starting from a snapshot: each layer directory becomes a read-only ext4 disk
+//! (`mkfs.ext4 -d`, as images are made from their trees), cached by the layer's digest in
+//! `<data>/layer-disks/` and shared by every microVM that stacks it; the agent mounts them and
+//! stacks them with overlayfs between its writable layer and the image.
+
+use std::path::{Path, PathBuf};
+use std::process::Command;
+use std::time::Duration;
+
+use belljar_agent_proto::client::AgentClient;
+use belljar_agent_proto::{CommandStatus, StartCommand};
+
+use super::backend::{BackendError, CapturedLayer};
+
+/// How long the guest may take to flush its page cache before a pause or stop goes ahead
+/// without it (a hung agent must not keep a sandbox from being paused or stopped).
+pub const SYNC_TIMEOUT: Duration = Duration::from_secs(20);
+
+/// The most snapshot layers a microVM can stack: one virtio device each, next to its root and
+/// writable disks, vsock, rng and network.
+pub const MAX_LAYER_DISKS: usize = belljar_vmm_api::MAX_VIRTIO_DEVICES - 5;
+
+fn failed(what: impl std::fmt::Display) -> BackendError {
+    BackendError::Snapshot(what.to_string())
+}
+
+/// Asks the agent of the running microVM in `state_dir` to flush every filesystem (`sync` as
+/// root), so that the writable layer's disk holds what the guest wrote. Blocks; call it
+/// outside the async runtime (the backend's calls run on the blocking pool).
+pub fn guest_sync(state_dir: &Path, timeout: Duration) -> Result<(), String> {
+    let socket = state_dir.join("vsock.sock");
+    let runtime = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .map_err(|e| e.to_string())?;
+    runtime.block_on(async move {
+        let run = async {
+            let agent =
+                AgentClient::connect_hybrid_vsock(&socket, belljar_agent_proto::AGENT_VSOCK_PORT)
+                    .await
+                    .map_err(|e| e.to_string())?;
+            let start = StartCommand {
+                argv: vec!["sync".into()],
+                user: Some("root".into()),
+                ..Default::default()
+            };
+            let info = agent
+                .start_command(&start)
+                .await
+                .map_err(|e| e.to_string())?;
+            let done = agent
+                .wait_command(&info.id)
+                .await
+                .map_err(|e| e.to_string())?;
+            match (done.status, done.exit_code) {
+                (CommandStatus::Exited, Some(0)) => Ok(()),
+                (status, code) => Err(format!("sync ended {status:?} with {code:?}")),
+            }
+        };
+        tokio::time::timeout(timeout, run)
+            .await
+            .unwrap_or_else(|_| Err(format!("no answer within {timeout:?}")))
+    })
+}
+
+/// Runs a host tool; its stderr is the error.
+fn run(cmd: &mut Command, ok: impl Fn(i32) -> bool) -> Result<(), BackendError> {
+    let name = cmd.get_program().to_string_lossy().into_owned();
+    let out = cmd
+        .output()
+        .map_err(|e| failed(format!("{name}: {e} (install e2fsprogs and util-linux)")))?;
+    match out.status.code() {
+        Some(code) if ok(code) => Ok(()),
+        _ => Err(failed(format!(
+            "{name} failed ({}): {}",
+            out.status,
+            String::from_utf8_lossy(&out.stderr).trim()
+        ))),
+    }
+}
+
+/// A copy of the microVM's writable disk, made while the VM is paused or stopped: the part of
+/// a capture that must see the disk unchanging. Deleted when dropped.
+pub struct DiskCopy {
+    dir: tempfile::TempDir,
+}
+
+impl DiskCopy {
+    /// Copies `layer.ext4` of `state_dir`.
+    pub fn take(state_dir: &Path) -> Result<Self, BackendError> {
+        if !nix::unistd::geteuid().is_root() {
+            return Err(BackendError::Unsupported {
+                backend: "microvm",
+                what: "snapshot a sandbox without root (its layer disk is read through a loop mount)",
+            });
+        }
+        let disk = state_dir.join("layer.ext4");
+        if !disk.is_file() {
+            return Err(failed("the microVM has no writable layer disk"));
+        }
+        let dir = tempfile::Builder::new()
+            .prefix("capture-")
+            .tempdir_in(state_dir)
+            .map_err(failed)?;
+        run(
+            Command::new("cp")
+                .args(["--sparse=always", "--reflink=auto"])
+                .arg(&disk)
+                .arg(dir.path().join("layer.ext4")),
+            |c| c == 0,
+        )?;
+        Ok(Self { dir })
+    }
+
+    /// Copies the disk's `upper` directory into `layers_dir/<digest>`.
+    pub fn capture(self, layers_dir: &Path) -> Result<CapturedLayer, BackendError> {
+        let image = self.dir.path().join("layer.ext4");
+        // 0: clean, 1: the journal was replayed (or errors corrected).
+        run(
+            Command::new("e2fsck")
+                .args(["-y", "-E", "journal_only"])
+                .arg(&image),
+            |c| c <= 1,
+        )?;
+        let mnt = self.dir.path().join("mnt");
+        std::fs::create_dir(&mnt).map_err(failed)?;
+        run(
+            Command::new("mount")
+                .args(["-t", "ext4", "-o", "ro,loop,nosuid,nodev,noexec"])
+                .arg(&image)
+                .arg(&mnt),
+            |c| c == 0,
+        )?;
+        let captured = belljar_namespace::layer::capture_upper(&mnt.join("upper"), layers_dir);
+        let _ = Command::new("umount").arg(&mnt).output();
+        let c = captured.map_err(|e| failed(error_chain(&e)))?;
+        Ok(CapturedLayer {
+            digest: c.digest,
+            size_bytes: c.size_bytes,
+        })
+    }
+}
+
+/// The read-only ext4 disks of snapshot layer directories (topmost first), made where missing.
+/// They live next to the layers directory, named by digest; disks whose layer is gone are
+/// deleted on the way.
+pub fn layer_disks(layers: &[PathBuf]) -> Result<Vec<PathBuf>, BackendError> {
+    if layers.len() > MAX_LAYER_DISKS {
+        return Err(failed(format!(
+            "the snapshot stacks {} layers; a microVM stacks at most {MAX_LAYER_DISKS} (squashing shortens the chain)",
+            layers.len()
+        )));
+    }
+    let mut disks = Vec::with_capacity(layers.len());
+    for layer in layers {
+        let (Some(layers_dir), Some(digest)) = (layer.parent(), layer.file_name()) else {
+            return Err(failed(format!(
+                "not a layer directory: {}",
+                layer.display()
+            )));
+        };
+        let cache = layers_dir.with_file_name("layer-disks");
+        std::fs::create_dir_all(&cache).map_err(failed)?;
+        let disk = cache.join(format!("{}.ext4", digest.to_string_lossy()));
+        if !disk.is_file() {
+            make_disk(layer, &disk)?;
+        }
+        disks.push(disk);
+        prune(&cache, layers_dir);
+    }
+    Ok(disks)
+}
+
+/// Deletes cached disks whose layer directory no longer exists.
+fn prune(cache: &Path, layers_dir: &Path) {
+    let Ok(entries) = std::fs::read_dir(cache) else {
+        return;
+    };
+    for entry in entries.flatten() {
+        let name = entry.file_name().to_string_lossy().into_owned();
+        let gone = name
+            .strip_suffix(".ext4")
+            .is_some_and(|digest| !layers_dir.join(digest).exists());
+        if gone {
+            let _ = std::fs::remove_file(entry.path());
+        }
+    }
+}
+
+/// `mkfs.ext4 -d` of one layer directory, under a temporary name until complete; a disk that
+/// turns out too small (ext4's own metadata is only estimated) is made again twice as big.
+fn make_disk(layer: &Path, disk: &Path) -> Result<(), BackendError> {
+    let (bytes, entries) = tree_size(layer).map_err(failed)?;
+    // No journal and no reserved blocks: the disk is never written.
+    let mut size = (bytes + bytes / 4 + (8 << 20)).next_multiple_of(1 << 20);
+    let inodes = entries * 2 + 256;
+    let tmp = disk.with_extension(format!("tmp-{}", std::process::id()));
+    let mut attempt = 0;
+    loop {
+        attempt += 1;
+        let made = std::fs::File::create(&tmp)
+            .and_then(|f| f.set_len(size))
+            .map_err(failed)
+            .and_then(|()| {
+                run(
+                    Command::new("mkfs.ext4")
+                        .args(["-q", "-F", "-O", "^has_journal", "-m", "0", "-b", "4096"])
+                        .arg("-N")
+                        .arg(inodes.to_string())
+                        .arg("-d")
+                        .arg(layer)
+                        .arg(&tmp),
+                    |c| c == 0,
+                )
+            });
+        match made {
+            Ok(()) => {
+                let renamed = std::fs::rename(&tmp, disk).map_err(failed);
+                if renamed.is_err() {
+                    let _ = std::fs::remove_file(&tmp);
+                }
+                return renamed;
+            }
+            Err(e) if attempt >= 3 => {
+                let _ = std::fs::remove_file(&tmp);
+                return Err(e);
+            }
+            Err(_) => size *= 2,
+        }
+    }
+}
+
+/// Bytes a tree's files take in 4 KiB blocks, and how many entries it has.
+fn tree_size(root: &Path) -> std::io::Result<(u64, u64)> {
+    use std::os::unix::fs::MetadataExt;
+    let (mut bytes, mut entries) = (0u64, 0u64);
+    let mut stack = vec![root.to_path_buf()];
+    while let Some(dir) = stack.pop() {
+        for entry in std::fs::read_dir(&dir)? {
+            let entry = entry?;
+            let meta = entry.metadata()?;
+            entries += 1;
+            bytes += meta.size().next_multiple_of(4096) + 4096;
+            if meta.is_dir() {
+                stack.push(entry.path());
+            }
+        }
+    }
+    Ok((bytes, entries))
+}
+
+/// An error and its causes in one line.
+fn error_chain(e: &dyn std::error::Error) -> String {
+    let mut text = e.to_string();
+    let mut source = e.source();
+    while let Some(cause) = source {
+        text.push_str(": ");
+        text.push_str(&cause.to_string());
+        source = cause.source();
+    }
+    text
+}
+
+#[cfg(test)]
+#[path = "microvm_layers_tests.rs"]
+mod tests;
