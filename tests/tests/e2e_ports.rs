@@ -1,9 +1,11 @@
-//! A forwarded port reaches a server inside a namespace sandbox: the host connects to
-//! `127.0.0.1:<host_port>`, the daemon's userspace stack carries it through the sandbox's tap.
-//! It runs as root, with the daemon told to open the tap through its attaching child
-//! (`BELLJAR_TAP_VIA_CHILD=1`, the path a rootless daemon needs; as an ordinary user in the
-//! harness's L1 guest the tap attached but no frame flowed, so rootless.sh does not run it
-//! yet). (`e2e_network` covers the root thread's path, with the firewall.)
+//! A rootless or root namespace sandbox's network end to end, through the daemon's userspace
+//! stack and the sandbox's tap: a forwarded port reaches a server inside (the host connects to
+//! `127.0.0.1:<host_port>`), DNS goes through the daemon to the host's resolver (here the
+//! test's own), and the firewall denies a subnet and then everything. The first test makes the
+//! daemon open the tap through its attaching child (`BELLJAR_TAP_VIA_CHILD=1`), the path a
+//! rootless daemon always takes, so that root runs it too; the second takes the default path
+//! of whoever runs it. `tests/microvm/rootless.sh` runs both as an ordinary user in the
+//! harness's L1 guest. (`e2e_network` covers the firewall in depth, as root.)
 
 use std::io::{Read, Write};
 use std::net::TcpStream;
@@ -29,7 +31,7 @@ fn a_server_in_the_sandbox_answers_on_its_forwarded_port() {
     require_image("base");
     let daemon = Daemon::start_with_env(&[
         ("BELLJAR_TAP_VIA_CHILD", "1"),
-        ("BELLJAR_LOG", "belljard=debug,belljar_network=debug"),
+        ("BELLJAR_LOG", "belljard=debug,belljar_network=trace"),
     ]);
     let client = daemon.unix();
     block_on(async {
@@ -100,4 +102,109 @@ fn a_server_in_the_sandbox_answers_on_its_forwarded_port() {
     });
     let log = daemon.log();
     assert!(!log.contains("sent no tap"), "{log}");
+}
+
+/// The address the test's DNS server gives `svc.test` (TEST-NET-2: nothing answers there).
+const SVC_ADDR: std::net::Ipv4Addr = std::net::Ipv4Addr::new(198, 51, 100, 7);
+
+/// A DNS server on the host's loopback for the daemon to forward to (`BELLJAR_DNS_SERVERS`):
+/// `svc.test` is [`SVC_ADDR`], every other name NXDOMAIN. Returns its address.
+fn dns_server() -> std::net::SocketAddr {
+    let socket = std::net::UdpSocket::bind(("127.0.0.1", 0)).expect("bind the DNS server");
+    let addr = socket.local_addr().unwrap();
+    std::thread::spawn(move || {
+        let mut buf = [0u8; 512];
+        while let Ok((n, from)) = socket.recv_from(&mut buf) {
+            if let Some(answer) = dns_answer(&buf[..n]) {
+                let _ = socket.send_to(&answer, from);
+            }
+        }
+    });
+    addr
+}
+
+/// The answer to one query: A `svc.test` is [`SVC_ADDR`]; any other question is NXDOMAIN
+/// (an AAAA question for `svc.test` has no answer and no error).
+fn dns_answer(q: &[u8]) -> Option<Vec<u8>> {
+    let mut i = 12;
+    let mut labels = Vec::new();
+    loop {
+        let len = usize::from(*q.get(i)?);
+        i += 1;
+        if len == 0 {
+            break;
+        }
+        labels.push(String::from_utf8_lossy(q.get(i..i + len)?).to_lowercase());
+        i += len;
+    }
+    let qtype = u16::from_be_bytes([*q.get(i)?, *q.get(i + 1)?]);
+    let question = q.get(12..i + 4)?;
+    let known = labels.join(".") == "svc.test";
+    let answer = known && qtype == 1;
+    let mut r = Vec::new();
+    r.extend_from_slice(&q[..2]);
+    r.extend_from_slice(&[0x81, if known { 0x80 } else { 0x83 }]);
+    r.extend_from_slice(&[0, 1, 0, u8::from(answer), 0, 0, 0, 0]);
+    r.extend_from_slice(question);
+    if answer {
+        r.extend_from_slice(&[0xc0, 0x0c, 0, 1, 0, 1, 0, 0, 0, 60, 0, 4]);
+        r.extend_from_slice(&SVC_ADDR.octets());
+    }
+    Some(r)
+}
+
+/// The sandbox's DNS is the daemon (which forwards to the host's resolver, here the test's),
+/// and the firewall decides each flow: a denied subnet's connection is refused and logged
+/// as denied, and `deny-all` takes DNS away too.
+#[test]
+fn dns_goes_through_the_daemon_and_a_deny_policy_stops_a_flow() {
+    require_image("base");
+    let dns = dns_server();
+    let daemon = Daemon::start_with_env(&[
+        ("BELLJAR_DNS_SERVERS", &dns.to_string()),
+        ("BELLJAR_LOG", "belljard=debug,belljar_network=trace"),
+    ]);
+    let client = daemon.unix();
+    block_on(async {
+        let s = daemon
+            .create(
+                &client,
+                CreateSandbox {
+                    image: Some("base".into()),
+                    ..Default::default()
+                },
+            )
+            .await;
+        let id = s.id.as_str();
+        let resolv = belljar_e2e::sh_ok(&client, id, "cat /etc/resolv.conf").await;
+        assert!(resolv.contains("nameserver 10.0.2.2"), "{resolv}");
+        let (code, out) = belljar_e2e::sh(&client, id, "getent ahostsv4 svc.test").await;
+        assert_eq!(code, 0, "{out}\ndaemon log:\n{}", daemon.log());
+        assert!(out.starts_with(&SVC_ADDR.to_string()), "{out}");
+
+        client
+            .set_network_policy(
+                id,
+                &serde_json::from_str(r#"{"subnets":{"deny":["198.51.100.0/24"]}}"#).unwrap(),
+            )
+            .await
+            .expect("deny the subnet");
+        let (code, out) = belljar_e2e::sh(&client, id, "curl -sS -m 5 http://svc.test/").await;
+        assert_ne!(code, 0, "{out}");
+        let mut flows = client.network_flows(id, false).await.expect("flows");
+        let mut denied = false;
+        while let Some(f) = flows.next().await.expect("a flow") {
+            denied |= f.dst.starts_with(&SVC_ADDR.to_string())
+                && f.verdict == belljar_api::FlowVerdict::Denied;
+        }
+        assert!(denied, "no denied flow to {SVC_ADDR}");
+
+        client
+            .set_network_policy(id, &serde_json::from_str(r#""deny-all""#).unwrap())
+            .await
+            .expect("deny all");
+        let (code, out) = belljar_e2e::sh(&client, id, "getent ahostsv4 svc.test").await;
+        assert_ne!(code, 0, "deny-all still resolves: {out}");
+        client.delete_sandbox(id).await.expect("delete");
+    });
 }

@@ -94,7 +94,10 @@ impl FrameDevice for TapDevice {
         }) {
             Ok(_) => Ok(()),
             // A link that is down drops frames; the guest retransmits once it is up.
-            Err(e) if e.raw_os_error() == Some(libc::EIO) => Ok(()),
+            Err(e) if e.raw_os_error() == Some(libc::EIO) => {
+                tracing::trace!("the tap is down: a frame dropped");
+                Ok(())
+            }
             Err(e) => Err(e),
         }
     }

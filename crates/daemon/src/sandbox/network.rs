@@ -129,18 +129,16 @@ fn broker_roots() -> Option<rustls::RootCertStore> {
     Some(roots)
 }
 
-/// Opens the sandbox's tap from inside its network namespace (a thread that joins it; the
-/// descriptor stays bound to that namespace). A rootless daemon cannot join it from a thread
-/// (the namespace belongs to the sandbox's user namespace): a child of `belljard` can
-/// (`belljar_network::tap_attach`), but in the rootless L1 run frames did not flow through the
-/// tap it handed back (the sandbox sent 7, the daemon saw none), so that path is only taken
-/// when asked for (`BELLJAR_TAP_VIA_CHILD=1`, tested as root by `e2e_ports`) until that is
-/// understood; rootless sandboxes otherwise still report that they have no network.
+/// Opens the sandbox's tap from inside its network namespace; the descriptor stays bound to
+/// that namespace. Root joins it from a thread. A rootless daemon cannot (the namespace
+/// belongs to the sandbox's user namespace, which a multithreaded process may not join), so
+/// a child of `belljard` does and hands the tap back (`belljar_network::tap_attach`);
+/// `BELLJAR_TAP_VIA_CHILD=1` takes that path as root too, so that it is tested there.
 fn open_tap(state_dir: &Path) -> std::io::Result<std::os::fd::OwnedFd> {
     let running = belljar_namespace::adopt(state_dir)
         .map_err(std::io::Error::other)?
         .ok_or_else(|| std::io::Error::other("the sandbox is not running"))?;
-    if std::env::var_os("BELLJAR_TAP_VIA_CHILD").is_some_and(|v| v == "1") {
+    if via_child() {
         let exe = std::env::current_exe()?;
         return belljar_network::tap_attach::open_via_child(
             &exe,
@@ -157,6 +155,12 @@ fn open_tap(state_dir: &Path) -> std::io::Result<std::os::fd::OwnedFd> {
         .join()
         .map_err(|_| std::io::Error::other("the attaching thread panicked"))?
     })
+}
+
+/// Whether the tap is opened by an attaching child: always without root, or when asked.
+fn via_child() -> bool {
+    !nix::unistd::Uid::effective().is_root()
+        || std::env::var_os("BELLJAR_TAP_VIA_CHILD").is_some_and(|v| v == "1")
 }
 
 fn url(host_port: u16) -> String {

@@ -459,9 +459,13 @@ impl Stack {
         while let Some(frame) = self.queues.tx.front() {
             match device.try_send(frame) {
                 Ok(()) => {
+                    tracing::trace!(len = frame.len(), "frame to the guest");
                     self.queues.tx.pop_front();
                 }
-                Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => break,
+                Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => {
+                    tracing::trace!(queued = self.queues.tx.len(), "the device is not writable");
+                    break;
+                }
                 Err(e) => return Err(NetworkError::Device(e)),
             }
         }
@@ -498,6 +502,7 @@ async fn run<D: FrameDevice>(
         tokio::select! {
             r = device.recv(&mut buf) => {
                 let n = r.map_err(NetworkError::Device)?;
+                tracing::trace!(len = n, "frame from the guest");
                 stack.on_frame(&buf[..n]);
                 // The rest of a burst, before smoltcp runs once for all of it.
                 for _ in 0..BURST {
@@ -509,9 +514,15 @@ async fn run<D: FrameDevice>(
                 }
             }
             Some(reply) = replies.recv() => stack.on_reply(reply),
-            Some(conn) = inbound.recv() => stack.on_inbound(conn),
+            Some(conn) = inbound.recv() => {
+                tracing::debug!(port = conn.guest_port, "an inbound connection");
+                stack.on_inbound(conn);
+            }
             () = wake.notified() => {}
-            r = device.writable(), if want_write => r.map_err(NetworkError::Device)?,
+            r = device.writable(), if want_write => {
+                r.map_err(NetworkError::Device)?;
+                tracing::trace!("the device is writable");
+            }
             () = tokio::time::sleep(delay) => {}
         }
     }
