@@ -128,10 +128,19 @@ fn start_daemon_if_needed(app: &AppHandle) {
             return;
         }
     };
-    let spawned = app
-        .shell()
-        .sidecar("belljard")
-        .and_then(|cmd| cmd.env(belljar_client::ready::ENV, ready.path()).spawn());
+    // In a delegated systemd scope when the user's manager can give one (see
+    // `belljar_client::scope`); the bundled sidecar sits beside the app's executable.
+    let launch = belljar_client::scope::decide(&belljar_client::scope::Facts::gather());
+    let sidecar = belljar_client::paths::beside_exe("belljard");
+    let command = match (&launch, sidecar) {
+        (belljar_client::scope::Launch::Scope { .. }, Some(bin)) => {
+            let (program, argv) = launch.command(&bin, &[]);
+            Ok(app.shell().command(program).args(argv))
+        }
+        _ => app.shell().sidecar("belljard"),
+    };
+    let spawned =
+        command.and_then(|cmd| cmd.env(belljar_client::ready::ENV, ready.path()).spawn());
     match spawned {
         Ok((mut rx, _child)) => {
             let waiter = startup.clone();

@@ -90,8 +90,28 @@ pub async fn ensure_running(paths: &Paths) -> Result<Client, LauncherError> {
 }
 
 /// Starts `belljard` detached (its own session, output to the log file) and waits until it
-/// answers on its socket. Returns its process id.
+/// answers on its socket. Returns its process id. Where the user's systemd manager can give
+/// it a delegated scope it starts in one (`belljar_client::scope`); when that start fails
+/// (`systemd-run` refused, say), it starts directly, as it would without systemd.
 pub async fn start(paths: &Paths, args: &[String]) -> Result<u32, LauncherError> {
+    use belljar_client::scope::{Facts, Launch, decide};
+    let launch = decide(&Facts::gather());
+    match start_as(paths, args, &launch).await {
+        Err(LauncherError::Exited { reason, .. }) if matches!(launch, Launch::Scope { .. }) => {
+            let direct = Launch::Direct {
+                reason: format!("the scoped start failed: {reason}"),
+            };
+            start_as(paths, args, &direct).await
+        }
+        other => other,
+    }
+}
+
+async fn start_as(
+    paths: &Paths,
+    args: &[String],
+    launch: &belljar_client::scope::Launch,
+) -> Result<u32, LauncherError> {
     let bin = daemon_binary()?;
     let spawn_err = |source| LauncherError::Spawn {
         bin: bin.display().to_string(),
@@ -109,8 +129,10 @@ pub async fn start(paths: &Paths, args: &[String]) -> Result<u32, LauncherError>
     // Only what this start writes explains why it failed.
     let log_start = log.metadata().map(|m| m.len()).unwrap_or(0);
     let log2 = log.try_clone().map_err(spawn_err)?;
-    let mut cmd = Command::new(&bin);
-    cmd.args(args).stdin(Stdio::null()).stdout(log).stderr(log2);
+    // In a delegated systemd scope, the daemon's sandbox groups live in a tree of its own.
+    let (program, argv) = launch.command(&bin, args);
+    let mut cmd = Command::new(program);
+    cmd.args(argv).stdin(Stdio::null()).stdout(log).stderr(log2);
     detach(&mut cmd);
     // The daemon says when it listens (systemd's notify protocol; see `belljar_client::ready`).
     let runtime = paths

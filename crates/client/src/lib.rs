@@ -24,6 +24,7 @@ mod pause;
 pub mod ready;
 pub mod routes;
 mod sandboxes;
+pub mod scope;
 mod snapshots;
 
 pub use body::{Body, BoxError, Download, empty, full, json, streamed};

@@ -425,14 +425,22 @@ pub fn disk(dirs: &[DiskFacts]) -> Finding {
     finding("disk", status, found, fix, data)
 }
 
-/// The daemon: not running is fine (the CLI starts it), but worth knowing.
-pub fn daemon(answers: bool, socket: &Path) -> Finding {
-    let data = json!({ "running": answers, "socket": socket });
+/// The daemon: not running is fine (the CLI starts it), but worth knowing; and how
+/// `belljar daemon start` (or the app) starts it here (`launch`, from
+/// `belljar_client::scope`).
+pub fn daemon(answers: bool, socket: &Path, launch: &belljar_client::scope::Launch) -> Finding {
+    let how = launch.describe();
+    let scope = matches!(launch, belljar_client::scope::Launch::Scope { .. });
+    let data =
+        json!({ "running": answers, "socket": socket, "systemd_scope": scope, "start": how });
     if answers {
         finding(
             "daemon",
             Status::Ok,
-            format!("belljard answers on {}", socket.display()),
+            format!(
+                "belljard answers on {}; a new one is {how}",
+                socket.display()
+            ),
             None,
             data,
         )
@@ -441,7 +449,7 @@ pub fn daemon(answers: bool, socket: &Path) -> Finding {
             "daemon",
             Status::Warning,
             format!(
-                "belljard is not running (no answer on {})",
+                "belljard is not running (no answer on {}); it is {how}",
                 socket.display()
             ),
             Some("belljar daemon start"),

@@ -252,8 +252,28 @@ fn disk_space_thresholds() {
 #[test]
 fn daemon_not_running_is_a_warning_and_problems_fail_the_report() {
     let sock = Path::new("/nonexistent/belljard.sock");
-    let f = daemon(false, sock);
+    let direct = belljar_client::scope::Launch::Direct {
+        reason: "no systemd user manager runs for this user".into(),
+    };
+    let f = daemon(false, sock, &direct);
     assert_eq!(f.status, Status::Warning);
+    assert!(
+        f.found
+            .contains("started directly (no systemd user manager"),
+        "{}",
+        f.found
+    );
+    assert_eq!(f.facts["systemd_scope"], false);
+    let scope = belljar_client::scope::Launch::Scope {
+        systemd_run: "/usr/bin/systemd-run".into(),
+    };
+    let running = daemon(true, sock, &scope);
+    assert!(
+        running.found.contains("delegated systemd scope"),
+        "{}",
+        running.found
+    );
+    assert_eq!(running.facts["systemd_scope"], true);
     assert_eq!(f.fix.as_deref(), Some("belljar daemon start"));
     assert!(super::super::Report::new(vec![f.clone()]).ok);
     let problem = overlayfs(&Err("x".into()), &Sysctls::default());

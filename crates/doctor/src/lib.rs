@@ -97,7 +97,8 @@ pub async fn gather(paths: &Paths, exe: &Path) -> Report {
     let disk = checks::disk(&disk_dirs(paths));
     let client = Client::local(paths);
     let answers = client.answers().await;
-    let daemon = checks::daemon(answers, &paths.socket());
+    let launch = belljar_client::scope::decide(&belljar_client::scope::Facts::gather());
+    let daemon = checks::daemon(answers, &paths.socket(), &launch);
     Report::new(vec![kvm, cgroup, subids, overlay, network, disk, daemon])
 }
 
