@@ -99,7 +99,7 @@ use serde::{Deserialize, Serialize};
 
 pub use cgroup::{LimitStatus, LimitsReport, Usage};
 pub use lifecycle::{
-    Error, ExitWatch, adopt, destroy, freeze, launch, stop, thaw, usage, wait_ready,
+    Error, ExitWatch, adopt, destroy, freeze, is_frozen, launch, stop, thaw, usage, wait_ready,
 };
 pub use probe::{CgroupMode, Probe, probe};
 pub use snapshot_mounts::LayerMount;

@@ -69,6 +69,8 @@ pub enum Error {
     Unkillable,
     #[error("The sandbox is not running")]
     NotRunning,
+    #[error("The sandbox's processes did not freeze within {0:?}")]
+    NotFrozen(Duration),
     #[error("Cannot remove {}", path.display())]
     Remove {
         path: PathBuf,
@@ -523,9 +525,31 @@ fn groups_of_running(state_dir: &Path) -> Result<Groups, Error> {
     Ok(st.groups)
 }
 
-/// Pauses every process of the sandbox (freezer cgroup).
+/// How long freezing may take before it is given up (a task stuck in an uninterruptible
+/// sleep, e.g. on a hung file system, keeps its cgroup `FREEZING`).
+const FREEZE_TIMEOUT: Duration = Duration::from_secs(5);
+
+/// Pauses every process of the sandbox (freezer cgroup) and returns once all are frozen, so
+/// that a snapshot taken next sees no write still under way. The freezer has no event on
+/// cgroup v1, so the state is read until it says so, within [`FREEZE_TIMEOUT`]; on timeout
+/// the sandbox is thawed again.
 pub fn freeze(state_dir: &Path) -> Result<(), Error> {
-    Ok(groups_of_running(state_dir)?.set_frozen(true)?)
+    let groups = groups_of_running(state_dir)?;
+    groups.set_frozen(true)?;
+    let deadline = Instant::now() + FREEZE_TIMEOUT;
+    while !groups.is_frozen()? {
+        if Instant::now() >= deadline {
+            let _ = groups.set_frozen(false);
+            return Err(Error::NotFrozen(FREEZE_TIMEOUT));
+        }
+        std::thread::sleep(Duration::from_micros(200));
+    }
+    Ok(())
+}
+
+/// Whether every process of the sandbox is frozen.
+pub fn is_frozen(state_dir: &Path) -> Result<bool, Error> {
+    Ok(groups_of_running(state_dir)?.is_frozen()?)
 }
 
 /// Resumes a frozen sandbox.

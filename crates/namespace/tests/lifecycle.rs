@@ -422,6 +422,17 @@ fn limits_are_enforced_with_cgroups() {
         used < 600_000,
         "used {used} us of CPU in 1 s with a 0.25 CPU quota"
     );
+    // Freezing returns once every process is frozen (before, it returned as soon as freezing
+    // began, with busy processes still running for a moment).
+    sh(
+        &running.socket,
+        "for i in 1 2 3; do (while :; do :; done) >/dev/null 2>&1 & done",
+    );
+    for _ in 0..30 {
+        belljar_namespace::freeze(&spec.state_dir).unwrap();
+        assert!(belljar_namespace::is_frozen(&spec.state_dir).unwrap());
+        belljar_namespace::thaw(&spec.state_dir).unwrap();
+    }
     // Freeze and thaw.
     belljar_namespace::freeze(&spec.state_dir).unwrap();
     let frozen = testing::shell(&running.socket, "echo thawed", Duration::from_millis(300));

@@ -367,6 +367,16 @@ impl Groups {
         )
     }
 
+    /// Whether every process is frozen: a write to the freezer only starts freezing (each
+    /// task stops when it next leaves the kernel), so this is what says it has finished.
+    pub fn is_frozen(&self) -> Result<bool, Error> {
+        if let Some(dir) = &self.v2 {
+            return Ok(keyed(&dir.join("cgroup.events"), "frozen") == Some(1));
+        }
+        let dir = self.v1.get("freezer").ok_or(Error::NoFreezer)?;
+        Ok(fs::read_to_string(dir.join("freezer.state")).is_ok_and(|s| s.trim() == "FROZEN"))
+    }
+
     /// What the sandbox uses now.
     pub fn usage(&self) -> Usage {
         let v2 = self.v2.as_deref();
