@@ -20,7 +20,8 @@
 # Environment:
 #   BELLJAR_CACHE           cache root (default ${XDG_CACHE_HOME:-$HOME/.cache}/belljar)
 #   BELLJAR_DEBIAN_MIRROR   Debian mirror URL (default: read from the host's apt sources)
-#   BELLJAR_AGENT           agent binary when --agent is not given (default: the
+#   BELLJAR_AGENT           agent binary when --agent is not given (default: an
+#                           installed package's belljar-agent beside this script, the
 #                           static build under $CARGO_TARGET_DIR, $CACHE/cargo-target
 #                           or <repo>/target, x86_64-unknown-linux-gnu/release/)
 set -euo pipefail
@@ -71,8 +72,12 @@ done
 [[ -n "$name" ]] || usage
 [[ -f "$here/recipes/$name/recipe.sh" ]] || { echo "error: no recipe $here/recipes/$name" >&2; usage; }
 
-# Without --agent, the static agent that build-all.sh builds: under
-# $CARGO_TARGET_DIR, the cache's cargo-target (scripts/env.sh) or <repo>/target.
+# Without --agent: the agent an installed package ships beside this script, else the static
+# agent that build-all.sh builds under $CARGO_TARGET_DIR, the cache's cargo-target
+# (scripts/env.sh) or <repo>/target.
+if [[ -z "$agent" && -f "$here/belljar-agent" ]]; then
+    agent="$here/belljar-agent"
+fi
 if [[ -z "$agent" ]]; then
     for target_dir in ${CARGO_TARGET_DIR:+"$CARGO_TARGET_DIR"} "$cache/cargo-target" "$repo/target"; do
         agent="$target_dir/x86_64-unknown-linux-gnu/release/belljar-agent"

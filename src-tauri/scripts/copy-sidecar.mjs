@@ -18,9 +18,10 @@ function newest(paths) {
   return found.sort((a, b) => statSync(b).mtimeMs - statSync(a).mtimeMs)[0];
 }
 
-// Tauri tells its before-build command whether this is a debug build; a release app (the .deb)
-// bundles a release belljard, building it if needed.
-const release = process.env.TAURI_ENV_DEBUG === "false";
+// Tauri sets TAURI_ENV_PLATFORM for its before-build command, and TAURI_ENV_DEBUG=true only for
+// a debug build; a release app (the .deb) bundles a release belljard, building it if needed. Run
+// on its own (`npm run sidecar`, before the debug crate's clippy and tests) it is a debug build.
+const release = Boolean(process.env.TAURI_ENV_PLATFORM) && process.env.TAURI_ENV_DEBUG !== "true";
 let src = process.env.BELLJARD_BIN;
 if (!src && release) src = newest([join(target, "release/belljard")]);
 if (!src && !release) src = newest([join(target, "debug/belljard")]);
@@ -43,4 +44,42 @@ if (same(src, dest)) {
   copyFileSync(src, dest);
   chmodSync(dest, 0o755);
   console.error(`copy-sidecar: ${src} -> ${dest}`);
+}
+
+// A release build is what the .deb packages (tauri.conf.json's `bundle.linux.deb.files`): the
+// CLI and the VMM beside the app in /usr/bin, and the static guest agent with the image recipes
+// in /usr/lib/belljar, so an installed app builds its images without the source tree. They are
+// staged in src-tauri/binaries/deb, each built here when missing (the agent the way
+// guest-images/build-all.sh builds it).
+if (release) {
+  const staged = join(repo, "src-tauri/binaries/deb");
+  mkdirSync(staged, { recursive: true });
+  const agentTriple = "x86_64-unknown-linux-gnu";
+  const parts = [
+    { name: "belljar", path: join(target, "release/belljar"), build: ["-p", "belljar-cli", "--bin", "belljar"] },
+    { name: "belljar-vmm", path: join(target, "release/belljar-vmm"), build: ["-p", "belljar-vmm", "--bin", "belljar-vmm"] },
+    {
+      name: "belljar-agent",
+      path: join(target, agentTriple, "release/belljar-agent"),
+      build: ["-p", "belljar-agent", "--target", agentTriple],
+      env: { RUSTFLAGS: "-C target-feature=+crt-static" },
+    },
+  ];
+  for (const part of parts) {
+    const from = process.env[`BELLJAR_DEB_${part.name.replace(/-/g, "_").toUpperCase()}`] || part.path;
+    if (!existsSync(from)) {
+      console.error(`copy-sidecar: building ${part.name}`);
+      execFileSync("cargo", ["build", "--release", ...part.build], {
+        cwd: repo,
+        stdio: "inherit",
+        env: { ...process.env, ...(part.env || {}) },
+      });
+    }
+    const to = join(staged, part.name);
+    if (!same(from, to)) {
+      copyFileSync(from, to);
+      chmodSync(to, 0o755);
+      console.error(`copy-sidecar: ${from} -> ${to}`);
+    }
+  }
 }

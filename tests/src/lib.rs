@@ -4,6 +4,8 @@
 
 #![forbid(unsafe_code)]
 
+pub mod events;
+
 use std::path::{Path, PathBuf};
 use std::process::{Command, Output, Stdio};
 use std::time::{Duration, Instant};

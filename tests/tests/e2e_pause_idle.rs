@@ -10,40 +10,10 @@
 
 use std::time::{Duration, Instant};
 
-use belljar_api::{CreateSandbox, Event, RunCommand, Sandbox, SandboxStatus};
-use belljar_client::{Client, NdjsonStream};
+use belljar_api::{CreateSandbox, RunCommand, SandboxStatus};
+use belljar_client::Client;
+use belljar_e2e::events::{deleted, status_of, wait_event};
 use belljar_e2e::{Daemon, stderr};
-
-async fn wait_event<T>(
-    events: &mut NdjsonStream<Event>,
-    secs: u64,
-    what: &str,
-    mut pick: impl FnMut(Event) -> Option<T>,
-) -> T {
-    tokio::time::timeout(Duration::from_secs(secs), async {
-        loop {
-            let e = events.next().await.unwrap().expect("events stream ended");
-            if let Some(v) = pick(e) {
-                return v;
-            }
-        }
-    })
-    .await
-    .unwrap_or_else(|_| panic!("timed out waiting for {what}"))
-}
-
-fn status_of(id: &str, status: SandboxStatus) -> impl FnMut(Event) -> Option<Sandbox> + '_ {
-    move |e| match e {
-        Event::Sandbox { sandbox, .. } if sandbox.id == id && sandbox.status == status => {
-            Some(*sandbox)
-        }
-        _ => None,
-    }
-}
-
-fn deleted(id: &str) -> impl FnMut(Event) -> Option<()> + '_ {
-    move |e| matches!(e, Event::SandboxDeleted { sandbox_id, .. } if sandbox_id == id).then_some(())
-}
 
 async fn run(c: &Client, id: &str, argv: &[&str]) -> Result<i32, belljar_client::ClientError> {
     let cmd = c

@@ -10,39 +10,11 @@ use std::collections::BTreeMap;
 use std::time::Duration;
 
 use belljar_api::{
-    CreateSandbox, Event, KeepLastSnapshots, ListSnapshotsQuery, Sandbox, SandboxStatus,
-    SnapshotStatus,
+    CreateSandbox, Event, KeepLastSnapshots, ListSnapshotsQuery, SandboxStatus, SnapshotStatus,
 };
-use belljar_client::{Client, NdjsonStream};
+use belljar_client::Client;
+use belljar_e2e::events::{status_of, wait_event};
 use belljar_e2e::{Daemon, sh_ok, stderr, stdout};
-
-/// Waits (up to `secs`) for an event on `events` that `pick` accepts.
-async fn wait_event<T>(
-    events: &mut NdjsonStream<Event>,
-    secs: u64,
-    what: &str,
-    mut pick: impl FnMut(Event) -> Option<T>,
-) -> T {
-    tokio::time::timeout(Duration::from_secs(secs), async {
-        loop {
-            let e = events.next().await.unwrap().expect("events stream ended");
-            if let Some(v) = pick(e) {
-                return v;
-            }
-        }
-    })
-    .await
-    .unwrap_or_else(|_| panic!("timed out waiting for {what}"))
-}
-
-fn status_of(id: &str, status: SandboxStatus) -> impl FnMut(Event) -> Option<Sandbox> + '_ {
-    move |e| match e {
-        Event::Sandbox { sandbox, .. } if sandbox.id == id && sandbox.status == status => {
-            Some(*sandbox)
-        }
-        _ => None,
-    }
-}
 
 async fn created_snapshots(c: &Client, id: &str) -> Vec<belljar_api::Snapshot> {
     c.list_snapshots(&ListSnapshotsQuery {

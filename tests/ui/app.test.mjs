@@ -5,8 +5,8 @@
 // through the API appears), opens a terminal tab and runs a command; saves a screenshot.
 // Run under a display: `xvfb-run -a node app.test.mjs` (run.sh does).
 
-import { spawn } from "node:child_process";
-import { existsSync, readFileSync, readlinkSync, realpathSync, writeFileSync, createWriteStream } from "node:fs";
+import { spawn, spawnSync } from "node:child_process";
+import { chmodSync, existsSync, mkdirSync, readFileSync, readlinkSync, realpathSync, statSync, writeFileSync, createWriteStream } from "node:fs";
 import { join } from "node:path";
 import { Steps, apiOn, freshHome, screenshots, startDaemon, stopPid, until, sleep } from "./harness.mjs";
 import { installedApp, unmetDependencies } from "./installed.mjs";
@@ -56,6 +56,44 @@ try {
     console.log(`      ${app.desktopFile}: Exec=${app.entry.get("Exec")} -> ${app.exe}`);
   });
 
+  await steps.step("the package carries the CLI, the VMM, the web UI, the image recipes and the guest agent", async () => {
+    const prefix = realpathSync(process.env.BELLJAR_APP_PREFIX);
+    for (const [path, exec] of [
+      ["usr/bin/belljar", true],
+      ["usr/bin/belljar-vmm", true],
+      ["usr/lib/belljar/ui/index.html", false],
+      ["usr/lib/belljar/guest-images/build-image.sh", true],
+      ["usr/lib/belljar/guest-images/belljar-agent", true],
+      ["usr/lib/belljar/guest-images/lib/rootfs.sh", false],
+      ["usr/lib/belljar/guest-images/recipes/base/recipe.sh", false],
+      ["usr/lib/belljar/guest-images/kernel/build.sh", true],
+    ]) {
+      const full = join(prefix, path);
+      if (!existsSync(full)) throw new Error(`the package has no ${path}`);
+      if (exec && !(statSync(full).mode & 0o111)) throw new Error(`${path} is not executable`);
+    }
+    const version = spawnSync(join(prefix, "usr/bin/belljar"), ["--version"], { encoding: "utf8" });
+    if (version.status !== 0 || !/^belljar \d/.test(version.stdout)) {
+      throw new Error(`the packaged CLI: ${version.status} ${version.stdout}${version.stderr}`);
+    }
+    // The installed build script finds the agent beside it, with no build tree to fall back on:
+    // as an unprivileged user it gets past the agent lookup and stops at the root check. (The
+    // prefix is mktemp's 0700 directory; an installed /usr is world-readable.)
+    chmodSync(prefix, 0o755);
+    const script = spawnSync("setpriv", ["--reuid=65534", "--regid=65534", "--clear-groups",
+      join(prefix, "usr/lib/belljar/guest-images/build-image.sh"), "base"], {
+      encoding: "utf8",
+      cwd: "/",
+      env: { PATH: process.env.PATH, HOME: "/nonexistent", BELLJAR_CACHE: "/nonexistent/belljar" },
+    });
+    if (!/needs root/.test(script.stderr)) throw new Error(`the packaged build-image.sh: ${script.stderr}`);
+    // Markers only the package's copies hold: the sidecar must serve these, not the build tree's.
+    writeFileSync(join(prefix, "usr/lib/belljar/ui/package-marker.txt"), `marker ${process.pid}\n`);
+    mkdirSync(join(prefix, "usr/lib/belljar/guest-images/recipes/package-marker"), { recursive: true });
+    writeFileSync(join(prefix, "usr/lib/belljar/guest-images/recipes/package-marker/recipe.sh"), "# test marker\n");
+    console.log(`      ${version.stdout.trim()}; build-image.sh found its agent`);
+  });
+
   await steps.step("start tauri-driver", async () => {
     const env = {
       ...process.env,
@@ -83,6 +121,13 @@ try {
     const daemonExe = readlinkSync(`/proc/${readFileSync(h.pidFile, "utf8").trim()}/exe`);
     const sidecar = join(app.exe, "../belljard");
     if (daemonExe !== sidecar) throw new Error(`the app's daemon runs ${daemonExe}, not its sidecar ${sidecar}`);
+    // It serves the package's web UI and lists the package's image recipes.
+    const port = readFileSync(h.portFile, "utf8").trim();
+    const marker = await (await fetch(`http://127.0.0.1:${port}/package-marker.txt`)).text();
+    if (marker !== `marker ${process.pid}\n`) throw new Error(`the sidecar's web UI is not the package's: ${marker.slice(0, 80)}`);
+    const images = await api.json("GET", "/v1/images");
+    const names = (images.images ?? images).map((i) => i.name);
+    if (!names.includes("package-marker")) throw new Error(`the sidecar's recipes are not the package's: ${names.join(", ")}`);
     await until("the sandbox list", async () => (await text()).includes("Sandboxes"), 30_000);
     await until("a connection to belljard", async () => /belljard \d/.test(await text()), 30_000);
     const where = await exec("return [location.origin, !!window.__TAURI_INTERNALS__]");

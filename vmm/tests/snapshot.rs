@@ -6,11 +6,13 @@
 //!
 //! Skipped (with a message) on hosts without /dev/kvm.
 
+mod common;
+
 use std::path::Path;
 use std::time::{Duration, Instant};
 
 use belljar_vmm::builder::Vmm;
-use belljar_vmm::config::{BootMode, SerialConfig, VmConfig};
+use belljar_vmm::config::VmConfig;
 use belljar_vmm::hypervisor::kvm::KvmHypervisor;
 use belljar_vmm::snapshot::{self, MEMORY_FILE, STATE_FILE, format};
 use belljar_vmm_api::control::VmState;
@@ -34,32 +36,8 @@ const COUNTING_GUEST: &[u8] = &[
     0xeb, 0xef, // jmp loop
 ];
 
-fn kvm() -> Option<KvmHypervisor> {
-    if !Path::new("/dev/kvm").exists() {
-        assert!(
-            std::env::var_os("CI").is_none(),
-            "CI machines have /dev/kvm"
-        );
-        eprintln!("not run: no /dev/kvm");
-        return None;
-    }
-    Some(KvmHypervisor::new().expect("open /dev/kvm"))
-}
-
 fn config(dir: &Path, log: &str) -> VmConfig {
-    let kernel = dir.join("guest.bin");
-    std::fs::write(&kernel, COUNTING_GUEST).unwrap();
-    VmConfig {
-        kernel: Some(kernel),
-        boot: BootMode::Raw,
-        memory_mib: 16,
-        rng: false,
-        serial: SerialConfig {
-            log: Some(dir.join(log)),
-            echo: false,
-        },
-        ..Default::default()
-    }
+    common::raw_config(dir, COUNTING_GUEST, log)
 }
 
 fn counter(vmm: &Vmm) -> u32 {
@@ -99,7 +77,7 @@ fn counting_snapshot(hv: &KvmHypervisor, dir: &Path) -> u32 {
 
 #[test]
 fn a_restored_guest_counts_on_from_the_saved_value() {
-    let Some(hv) = kvm() else { return };
+    let Some(hv) = common::kvm() else { return };
     let dir = tempfile::tempdir().unwrap();
     let saved = counting_snapshot(&hv, dir.path());
     assert!(saved > 3 * 65536, "{saved}");
@@ -124,7 +102,7 @@ fn a_restored_guest_counts_on_from_the_saved_value() {
 
 #[test]
 fn two_children_of_one_snapshot_run_independently() {
-    let Some(hv) = kvm() else { return };
+    let Some(hv) = common::kvm() else { return };
     let dir = tempfile::tempdir().unwrap();
     let snap = dir.path().join("snap");
     let saved = counting_snapshot(&hv, dir.path());
@@ -172,7 +150,7 @@ fn restore_code(hv: &KvmHypervisor, dir: &Path, cfg: &VmConfig) -> String {
 
 #[test]
 fn damaged_or_foreign_snapshots_are_refused_with_stable_codes() {
-    let Some(hv) = kvm() else { return };
+    let Some(hv) = common::kvm() else { return };
     let dir = fresh_snapshot(&hv);
     let cfg = config(dir.path(), "child.log");
     let state_path = dir.path().join("snap").join(STATE_FILE);

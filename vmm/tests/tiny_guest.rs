@@ -5,15 +5,16 @@
 //!
 //! Skipped (with a message) on hosts without /dev/kvm.
 
+mod common;
+
 use std::io::{Read, Write};
 use std::os::unix::net::UnixListener;
 use std::path::Path;
 use std::time::{Duration, Instant};
 
 use belljar_vmm::builder::{BuildOptions, Vmm};
-use belljar_vmm::config::{BootMode, SerialConfig, VmConfig, VsockConfig};
+use belljar_vmm::config::{VmConfig, VsockConfig};
 use belljar_vmm::exit::ExitReason;
-use belljar_vmm::hypervisor::kvm::KvmHypervisor;
 use belljar_vmm_api::control::VmState;
 use vm_memory::{Bytes, GuestAddress};
 
@@ -85,32 +86,8 @@ impl Asm {
     }
 }
 
-fn kvm() -> Option<KvmHypervisor> {
-    if !Path::new("/dev/kvm").exists() {
-        assert!(
-            std::env::var_os("CI").is_none(),
-            "CI machines have /dev/kvm"
-        );
-        eprintln!("not run: no /dev/kvm");
-        return None;
-    }
-    Some(KvmHypervisor::new().expect("open /dev/kvm"))
-}
-
 fn config(dir: &Path, image: &[u8]) -> VmConfig {
-    let kernel = dir.join("guest.bin");
-    std::fs::write(&kernel, image).unwrap();
-    VmConfig {
-        kernel: Some(kernel),
-        boot: BootMode::Raw,
-        memory_mib: 16,
-        rng: false,
-        serial: SerialConfig {
-            log: Some(dir.join("console.log")),
-            echo: false,
-        },
-        ..Default::default()
-    }
+    common::raw_config(dir, image, "console.log")
 }
 
 fn run(vmm: &Vmm) -> ExitReason {
@@ -123,7 +100,7 @@ fn run(vmm: &Vmm) -> ExitReason {
 
 #[test]
 fn serial_output_and_i8042_reset() {
-    let Some(hv) = kvm() else { return };
+    let Some(hv) = common::kvm() else { return };
     let dir = tempfile::tempdir().unwrap();
     let mut a = Asm::default();
     a.print(b"hello\n").reset().hlt();
@@ -140,7 +117,7 @@ fn serial_output_and_i8042_reset() {
 
 #[test]
 fn halt_without_irqchip_powers_off() {
-    let Some(hv) = kvm() else { return };
+    let Some(hv) = common::kvm() else { return };
     let dir = tempfile::tempdir().unwrap();
     let mut a = Asm::default();
     a.print(b"x").hlt();
@@ -156,7 +133,7 @@ fn halt_without_irqchip_powers_off() {
 
 #[test]
 fn virtio_mmio_registers_and_unknown_mmio() {
-    let Some(hv) = kvm() else { return };
+    let Some(hv) = common::kvm() else { return };
     let dir = tempfile::tempdir().unwrap();
     let mut a = Asm::default();
     a.mov_ebx(MMIO)
@@ -230,7 +207,7 @@ fn vsock_hdr(op: u16, src_port: u32, dst_port: u32, len: u32) -> Vec<u8> {
 
 #[test]
 fn vsock_packet_exchange() {
-    let Some(hv) = kvm() else { return };
+    let Some(hv) = common::kvm() else { return };
     let dir = tempfile::tempdir().unwrap();
     let uds = dir.path().join("vsock.sock");
     let listener = UnixListener::bind(format!("{}_52", uds.display())).unwrap();
@@ -316,7 +293,7 @@ fn vsock_packet_exchange() {
 
 #[test]
 fn two_vcpus_start_and_stop() {
-    let Some(hv) = kvm() else { return };
+    let Some(hv) = common::kvm() else { return };
     let dir = tempfile::tempdir().unwrap();
     let mut a = Asm::default();
     // The boot vCPU prints and halts; the second vCPU waits for INIT/SIPI in the kernel.
@@ -338,7 +315,7 @@ fn two_vcpus_start_and_stop() {
 
 #[test]
 fn ioapic_interrupt_reaches_the_guest() {
-    let Some(hv) = kvm() else { return };
+    let Some(hv) = common::kvm() else { return };
     let dir = tempfile::tempdir().unwrap();
     const VECTOR: u8 = 0x30;
     let mut img = vec![0u8; 0x4000];

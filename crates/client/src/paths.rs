@@ -135,6 +135,20 @@ pub fn beside_exe(name: &str) -> Option<PathBuf> {
     (dir.ends_with("deps") && up.is_file()).then_some(up)
 }
 
+/// The data an installed package ships beside its binaries: `<prefix>/lib/belljar/<name>` for
+/// a binary in `<prefix>/bin` (the `.deb` puts the web UI and the image recipes there), so a
+/// package unpacked under any prefix finds its own files and never the build tree's.
+pub fn installed_data(name: &str) -> Option<PathBuf> {
+    let exe = std::env::current_exe().ok()?;
+    installed_data_for(&exe, name)
+}
+
+fn installed_data_for(exe: &Path, name: &str) -> Option<PathBuf> {
+    let bin = exe.parent()?;
+    let data = bin.parent()?.join("lib/belljar").join(name);
+    (bin.file_name()? == "bin" && data.exists()).then_some(data)
+}
+
 fn read_trimmed(path: &Path) -> Option<String> {
     Some(std::fs::read_to_string(path).ok()?.trim().to_owned())
 }
@@ -170,6 +184,21 @@ mod tests {
         std::fs::write(p.port_file(), "not a port").unwrap();
         std::fs::write(p.token_file(), "\n").unwrap();
         assert_eq!((p.port(), p.token()), (None, None));
+    }
+
+    #[test]
+    fn installed_data_lives_in_lib_belljar_beside_bin() {
+        let dir = tempfile::tempdir().unwrap();
+        let exe = dir.path().join("usr/bin/belljard");
+        std::fs::create_dir_all(exe.parent().unwrap()).unwrap();
+        assert_eq!(installed_data_for(&exe, "ui"), None);
+        let ui = dir.path().join("usr/lib/belljar/ui");
+        std::fs::create_dir_all(&ui).unwrap();
+        assert_eq!(installed_data_for(&exe, "ui"), Some(ui));
+        assert_eq!(installed_data_for(&exe, "guest-images"), None);
+        // A build tree's binary (target/debug) is not an installed one.
+        let built = dir.path().join("usr/target/belljard");
+        assert_eq!(installed_data_for(&built, "ui"), None);
     }
 
     #[test]

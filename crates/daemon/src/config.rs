@@ -90,20 +90,28 @@ fn parse_duration(text: &str) -> Result<i64, String> {
 }
 
 impl Config {
-    /// The repository root this daemon was built from, for the default UI and image paths.
+    /// The repository root this daemon was built from: the default UI and image paths of a
+    /// daemon run from its build tree (an installed one uses its package's copies).
     fn repo() -> PathBuf {
         PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../..")
     }
 
+    /// The web UI: the flag, else the installed package's (`<prefix>/lib/belljar/ui`), else
+    /// the build tree's `ui/dist`.
     pub fn ui_dir(&self) -> PathBuf {
         self.ui_dir
             .clone()
+            .or_else(|| belljar_client::paths::installed_data("ui"))
             .unwrap_or_else(|| Self::repo().join("ui/dist"))
     }
 
+    /// The image build script and recipes: the flag, else the installed package's
+    /// (`<prefix>/lib/belljar/guest-images`, with the guest agent beside the script), else the
+    /// build tree's `guest-images`.
     pub fn guest_images(&self) -> PathBuf {
         self.guest_images
             .clone()
+            .or_else(|| belljar_client::paths::installed_data("guest-images"))
             .unwrap_or_else(|| Self::repo().join("guest-images"))
     }
 }

@@ -46,6 +46,29 @@ pub fn run_probe_if_asked() -> Option<i32> {
     })
 }
 
+/// The parent's side of a probe: re-runs `exe` with [`PROBE_ENV`] set to `probe` and waits;
+/// `Err` carries the child's reason (its stderr, which [`run_probe_if_asked`] writes).
+fn run_probe_child(exe: &Path, probe: impl AsRef<std::ffi::OsStr>) -> Result<(), String> {
+    let out = std::process::Command::new(exe)
+        .env(PROBE_ENV, probe)
+        .output()
+        .map_err(|e| format!("cannot run {}: {e}", exe.display()))?;
+    if out.status.success() {
+        Ok(())
+    } else {
+        let err = String::from_utf8_lossy(&out.stderr);
+        Err(err.trim().trim_start_matches("error: ").to_owned())
+    }
+}
+
+/// In a probe child just after `unshare(CLONE_NEWUSER)`: maps this user (and group) to root of
+/// the new user namespace, the one mapping an unprivileged process may write itself.
+fn map_self_to_root(uid: nix::unistd::Uid, gid: nix::unistd::Gid) -> std::io::Result<()> {
+    std::fs::write("/proc/self/setgroups", "deny")?;
+    std::fs::write("/proc/self/uid_map", format!("0 {uid} 1"))?;
+    std::fs::write("/proc/self/gid_map", format!("0 {gid} 1"))
+}
+
 /// The table people read: status, check, what was found, and the fix under it.
 pub fn render(report: &Report) -> String {
     let mut out = String::new();

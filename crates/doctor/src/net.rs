@@ -12,7 +12,6 @@
 use std::fs;
 use std::os::unix::fs::FileTypeExt;
 use std::path::Path;
-use std::process::Command;
 
 use nix::sched::{CloneFlags, unshare};
 use nix::unistd::{Gid, Uid};
@@ -69,16 +68,7 @@ impl NetFacts {
 /// Runs the probe in a child (`exe` with `BELLJAR_DOCTOR_PROBE=net`); `Err` carries the
 /// child's reason.
 pub fn probe(exe: &Path) -> Result<(), String> {
-    let out = Command::new(exe)
-        .env(crate::PROBE_ENV, crate::PROBE_NET)
-        .output()
-        .map_err(|e| format!("cannot run {}: {e}", exe.display()))?;
-    if out.status.success() {
-        Ok(())
-    } else {
-        let err = String::from_utf8_lossy(&out.stderr);
-        Err(err.trim().trim_start_matches("error: ").to_owned())
-    }
+    crate::run_probe_child(exe, crate::PROBE_NET)
 }
 
 /// The child's side: new namespaces, then a tap in the new network namespace.
@@ -88,9 +78,7 @@ pub fn child() -> Result<(), NetError> {
         unshare(CloneFlags::CLONE_NEWNET).map_err(NetError::Unshare)?;
     } else {
         unshare(CloneFlags::CLONE_NEWUSER | CloneFlags::CLONE_NEWNET).map_err(NetError::Unshare)?;
-        fs::write("/proc/self/setgroups", "deny").map_err(NetError::IdMap)?;
-        fs::write("/proc/self/uid_map", format!("0 {uid} 1")).map_err(NetError::IdMap)?;
-        fs::write("/proc/self/gid_map", format!("0 {gid} 1")).map_err(NetError::IdMap)?;
+        crate::map_self_to_root(uid, gid).map_err(NetError::IdMap)?;
     }
     let tun = fs::OpenOptions::new()
         .read(true)

@@ -10,7 +10,6 @@
 
 use std::fs;
 use std::path::Path;
-use std::process::Command;
 
 use nix::mount::{MntFlags, MsFlags, mount, umount2};
 use nix::sched::{CloneFlags, unshare};
@@ -48,16 +47,7 @@ pub fn probe(exe: &Path) -> Result<(), String> {
         fs::write(scratch.join("lower/from-lower"), "lower").map_err(|e| e.to_string())?;
         let mut arg = std::ffi::OsString::from(crate::PROBE_OVERLAY);
         arg.push(&scratch);
-        let out = Command::new(exe)
-            .env(crate::PROBE_ENV, arg)
-            .output()
-            .map_err(|e| format!("cannot run {}: {e}", exe.display()))?;
-        if out.status.success() {
-            Ok(())
-        } else {
-            let err = String::from_utf8_lossy(&out.stderr);
-            Err(err.trim().trim_start_matches("error: ").to_owned())
-        }
+        crate::run_probe_child(exe, arg)
     })();
     let _ = fs::remove_dir_all(&scratch);
     result
@@ -67,9 +57,7 @@ pub fn probe(exe: &Path) -> Result<(), String> {
 pub fn child(scratch: &Path) -> Result<(), OverlayError> {
     let (uid, gid) = (Uid::current(), Gid::current());
     unshare(CloneFlags::CLONE_NEWUSER | CloneFlags::CLONE_NEWNS).map_err(OverlayError::Unshare)?;
-    fs::write("/proc/self/setgroups", "deny").map_err(OverlayError::IdMap)?;
-    fs::write("/proc/self/uid_map", format!("0 {uid} 1")).map_err(OverlayError::IdMap)?;
-    fs::write("/proc/self/gid_map", format!("0 {gid} 1")).map_err(OverlayError::IdMap)?;
+    crate::map_self_to_root(uid, gid).map_err(OverlayError::IdMap)?;
     // Nothing mounted here may show up in the host's mount namespace.
     mount(
         None::<&str>,
