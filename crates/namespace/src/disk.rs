@@ -223,15 +223,12 @@ fn create(image: &Path, bytes: u64) -> Result<(), Error> {
     file.set_len(bytes).map_err(fail)?;
     format(&tmp)?;
     // mkfs wrote through its own descriptor; ours sees the same file.
-    match Template::read(&file, bytes) {
-        Ok(Some(t)) => {
-            let mut templates = TEMPLATES.lock().unwrap_or_else(|e| e.into_inner());
-            if !templates.iter().any(|(size, _)| *size == bytes) {
-                templates.push((bytes, Arc::new(t)));
-            }
+    // Too much data, or extents unreadable: this size is formatted each time.
+    if let Ok(Some(t)) = Template::read(&file, bytes) {
+        let mut templates = TEMPLATES.lock().unwrap_or_else(|e| e.into_inner());
+        if !templates.iter().any(|(size, _)| *size == bytes) {
+            templates.push((bytes, Arc::new(t)));
         }
-        // Too much data, or extents unreadable: this size is formatted each time.
-        Ok(None) | Err(_) => {}
     }
     drop(file);
     fs::rename(&tmp, image).map_err(fail)
