@@ -25,6 +25,17 @@ IFS=: read -r -a tests <<< "$BELLJAR_JOB_TESTS"
 for t in "${tests[@]}"; do cp "$t" "$work/bin/deps/"; done
 echo "job: binaries copied to tmpfs in $(since "$start")s"
 
+# The daemons' homes go on ext4 when /tmp is a tmpfs (as in L1): snapshot layers keep
+# overlayfs's `user.overlay.*` attributes, which tmpfs refuses before Linux 6.6 (L1 runs 6.1).
+# A short mount point keeps the sandboxes' socket paths within the 108 bytes Unix allows.
+data_fs=""
+if [ "$(id -u)" = 0 ] && [ "$(stat -f -c %T /tmp)" = tmpfs ]; then
+  truncate -s 2G "$work/data.ext4" && mkfs.ext4 -q -F "$work/data.ext4" &&
+    mkdir -p /tmp/bjd && mount -o loop "$work/data.ext4" /tmp/bjd && data_fs=/tmp/bjd &&
+    export TMPDIR=/tmp/bjd
+  echo "job: daemon homes on ${data_fs:-tmpfs (no ext4 for them)}"
+fi
+
 export BELLJAR_VMM="$work/bin/belljar-vmm"
 export BELLJAR_BOOT_TIMEOUT="${BELLJAR_BOOT_TIMEOUT:-120}"
 # Nested KVM fails the daemon's speed probe; the e2e tests ask for `--backend microvm`
@@ -85,5 +96,6 @@ summary="microvm job: $passed passed, $failed failed in $(since "$start")s"
 echo "$summary"
 echo "$summary" > "$BELLJAR_RESULTS/summary"
 echo "$status" > "$BELLJAR_RESULTS/status"
+[ -z "$data_fs" ] || umount "$data_fs"
 rm -rf "$work"
 exit "$status"
