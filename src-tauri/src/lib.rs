@@ -139,8 +139,7 @@ fn start_daemon_if_needed(app: &AppHandle) {
         }
         _ => app.shell().sidecar("belljard"),
     };
-    let spawned =
-        command.and_then(|cmd| cmd.env(belljar_client::ready::ENV, ready.path()).spawn());
+    let spawned = command.and_then(|cmd| cmd.env(belljar_client::ready::ENV, ready.path()).spawn());
     match spawned {
         Ok((mut rx, _child)) => {
             let waiter = startup.clone();

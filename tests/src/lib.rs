@@ -4,6 +4,7 @@
 
 #![forbid(unsafe_code)]
 
+pub mod dns;
 pub mod events;
 
 use std::path::{Path, PathBuf};

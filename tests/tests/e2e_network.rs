@@ -105,36 +105,6 @@ impl Drop for TestNet {
     }
 }
 
-/// A DNS answer for an A question: every name in [`NAMES`] is [`INET`]; others NXDOMAIN.
-fn dns_answer(q: &[u8]) -> Option<Vec<u8>> {
-    let mut i = 12;
-    let mut labels = Vec::new();
-    loop {
-        let len = usize::from(*q.get(i)?);
-        i += 1;
-        if len == 0 {
-            break;
-        }
-        labels.push(String::from_utf8_lossy(q.get(i..i + len)?).to_lowercase());
-        i += len;
-    }
-    let qtype = u16::from_be_bytes([*q.get(i)?, *q.get(i + 1)?]);
-    let question = q.get(12..i + 4)?;
-    let name = labels.join(".");
-    let known = NAMES.contains(&name.as_str());
-    let answer = known && qtype == 1;
-    let mut r = Vec::new();
-    r.extend_from_slice(&q[..2]);
-    r.extend_from_slice(&[0x81, if known { 0x80 } else { 0x83 }]);
-    r.extend_from_slice(&[0, 1, 0, u8::from(answer), 0, 0, 0, 0]);
-    r.extend_from_slice(question);
-    if answer {
-        r.extend_from_slice(&[0xc0, 0x0c, 0, 1, 0, 1, 0, 0, 0, 60, 0, 4]);
-        r.extend_from_slice(&INET.octets());
-    }
-    Some(r)
-}
-
 /// Serves one HTTP/1.1 request: `host=<Host> auth=brokered|none`, or on `/slow` a byte every
 /// 100 ms for a minute.
 fn serve_http(mut conn: impl Read + Write, slow: &AtomicUsize) {
@@ -219,7 +189,9 @@ fn start_internet(net: &TestNet) -> (String, Arc<AtomicUsize>) {
         std::thread::spawn(move || {
             let mut buf = [0u8; 512];
             while let Ok((n, from)) = dns.recv_from(&mut buf) {
-                if let Some(r) = dns_answer(&buf[..n]) {
+                if let Some(r) = belljar_e2e::dns::answer(&buf[..n], |name| {
+                    NAMES.contains(&name).then_some(INET)
+                }) {
                     let _ = dns.send_to(&r, from);
                 }
             }

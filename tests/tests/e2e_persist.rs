@@ -157,6 +157,34 @@ async fn a_timeout_snapshots_a_persistent_sandbox_and_others_cannot_start_again(
     assert_eq!(err.code(), "not_found", "{err}");
 }
 
+/// A persistent sandbox with one good snapshot (`/workspace/n` is `one`) and an unsaved
+/// session (`n` is `two`, `/etc/issue` deleted) whose capture fails: a file stands where the
+/// layers directory belongs. Returns the sandbox, the layers path and where the real directory
+/// was moved (rename it back to mend).
+async fn unsaved_session_that_cannot_be_captured(
+    d: &Daemon,
+    c: &Client,
+) -> (belljar_api::Sandbox, std::path::PathBuf, std::path::PathBuf) {
+    let a = d
+        .create(
+            c,
+            CreateSandbox {
+                persistent: Some(true),
+                ..Default::default()
+            },
+        )
+        .await;
+    sh_ok(c, &a.id, "echo one > /workspace/n").await;
+    c.stop_sandbox(&a.id).await.unwrap();
+    c.start_sandbox(&a.id).await.unwrap();
+    sh_ok(c, &a.id, "echo two > /workspace/n; rm /etc/issue").await;
+    let layers = d.paths.data.join("layers");
+    let away = d.paths.data.join("layers.away");
+    std::fs::rename(&layers, &away).unwrap();
+    std::fs::write(&layers, b"").unwrap();
+    (a, layers, away)
+}
+
 /// A stop whose snapshot failed leaves the last session only in the sandbox's state: the next
 /// start takes the snapshot again (the session's files are back) instead of starting from the
 /// older snapshot.
@@ -164,24 +192,7 @@ async fn a_timeout_snapshots_a_persistent_sandbox_and_others_cannot_start_again(
 async fn a_failed_persistent_snapshot_is_taken_again_at_the_next_start() {
     let d = Daemon::start();
     let c = d.unix();
-    let a = d
-        .create(
-            &c,
-            CreateSandbox {
-                persistent: Some(true),
-                ..Default::default()
-            },
-        )
-        .await;
-    sh_ok(&c, &a.id, "echo one > /workspace/n").await;
-    c.stop_sandbox(&a.id).await.unwrap();
-    c.start_sandbox(&a.id).await.unwrap();
-    sh_ok(&c, &a.id, "echo two > /workspace/n; rm /etc/issue").await;
-    // The capture fails while a file stands where the layers directory belongs.
-    let layers = d.paths.data.join("layers");
-    let away = d.paths.data.join("layers.away");
-    std::fs::rename(&layers, &away).unwrap();
-    std::fs::write(&layers, b"").unwrap();
+    let (a, layers, away) = unsaved_session_that_cannot_be_captured(&d, &c).await;
     assert_eq!(
         c.stop_sandbox(&a.id).await.unwrap().status,
         SandboxStatus::Stopped
@@ -220,24 +231,7 @@ async fn a_failed_persistent_snapshot_is_taken_again_at_the_next_start() {
 async fn deleting_a_failed_snapshot_discards_the_session_and_starts_from_the_last_good_one() {
     let d = Daemon::start();
     let c = d.unix();
-    let a = d
-        .create(
-            &c,
-            CreateSandbox {
-                persistent: Some(true),
-                ..Default::default()
-            },
-        )
-        .await;
-    sh_ok(&c, &a.id, "echo one > /workspace/n").await;
-    c.stop_sandbox(&a.id).await.unwrap();
-    c.start_sandbox(&a.id).await.unwrap();
-    sh_ok(&c, &a.id, "echo two > /workspace/n; rm /etc/issue").await;
-    // Every capture fails while a file stands where the layers directory belongs.
-    let layers = d.paths.data.join("layers");
-    let away = d.paths.data.join("layers.away");
-    std::fs::rename(&layers, &away).unwrap();
-    std::fs::write(&layers, b"").unwrap();
+    let (a, layers, away) = unsaved_session_that_cannot_be_captured(&d, &c).await;
     c.stop_sandbox(&a.id).await.unwrap();
     let err = c.start_sandbox(&a.id).await.unwrap_err();
     assert_eq!(err.code(), "conflict", "{err}");

@@ -115,42 +115,14 @@ fn dns_server() -> std::net::SocketAddr {
     std::thread::spawn(move || {
         let mut buf = [0u8; 512];
         while let Ok((n, from)) = socket.recv_from(&mut buf) {
-            if let Some(answer) = dns_answer(&buf[..n]) {
+            if let Some(answer) =
+                belljar_e2e::dns::answer(&buf[..n], |name| (name == "svc.test").then_some(SVC_ADDR))
+            {
                 let _ = socket.send_to(&answer, from);
             }
         }
     });
     addr
-}
-
-/// The answer to one query: A `svc.test` is [`SVC_ADDR`]; any other question is NXDOMAIN
-/// (an AAAA question for `svc.test` has no answer and no error).
-fn dns_answer(q: &[u8]) -> Option<Vec<u8>> {
-    let mut i = 12;
-    let mut labels = Vec::new();
-    loop {
-        let len = usize::from(*q.get(i)?);
-        i += 1;
-        if len == 0 {
-            break;
-        }
-        labels.push(String::from_utf8_lossy(q.get(i..i + len)?).to_lowercase());
-        i += len;
-    }
-    let qtype = u16::from_be_bytes([*q.get(i)?, *q.get(i + 1)?]);
-    let question = q.get(12..i + 4)?;
-    let known = labels.join(".") == "svc.test";
-    let answer = known && qtype == 1;
-    let mut r = Vec::new();
-    r.extend_from_slice(&q[..2]);
-    r.extend_from_slice(&[0x81, if known { 0x80 } else { 0x83 }]);
-    r.extend_from_slice(&[0, 1, 0, u8::from(answer), 0, 0, 0, 0]);
-    r.extend_from_slice(question);
-    if answer {
-        r.extend_from_slice(&[0xc0, 0x0c, 0, 1, 0, 1, 0, 0, 0, 60, 0, 4]);
-        r.extend_from_slice(&SVC_ADDR.octets());
-    }
-    Some(r)
 }
 
 /// The sandbox's DNS is the daemon (which forwards to the host's resolver, here the test's),

@@ -4,13 +4,14 @@
 //! `rbx` = hvm_start_info). Each guest prints a marker plus 4 bytes read from its boot
 //! structure, then resets.
 
+mod common;
+
 use std::path::Path;
 use std::time::Duration;
 
 use belljar_vmm::builder::Vmm;
 use belljar_vmm::config::{SerialConfig, VmConfig};
 use belljar_vmm::exit::ExitReason;
-use belljar_vmm::hypervisor::kvm::KvmHypervisor;
 
 /// Prints `tag`, then the 4 bytes at [reg + disp] (`load` is the mov-to-eax encoding).
 fn guest_code(tag: &[u8], load: &[u8]) -> Vec<u8> {
@@ -84,15 +85,7 @@ fn elf(code: &[u8], pvh: bool) -> Vec<u8> {
 }
 
 fn boot(dir: &Path, image: &[u8]) -> Option<Vec<u8>> {
-    if !Path::new("/dev/kvm").exists() {
-        assert!(
-            std::env::var_os("CI").is_none(),
-            "CI machines have /dev/kvm"
-        );
-        eprintln!("not run: no /dev/kvm");
-        return None;
-    }
-    let hv = KvmHypervisor::new().unwrap();
+    let hv = common::kvm()?;
     let kernel = dir.join("kernel");
     std::fs::write(&kernel, image).unwrap();
     let log = dir.join("console.log");

@@ -1,6 +1,9 @@
 //! Set-up shared by the tests that run hand-made guests on this host's `/dev/kvm`
-//! (`tiny_guest.rs`, `snapshot.rs`): opening KVM, which only a machine off CI may lack, and a
+//! (`tiny_guest.rs`, `snapshot.rs`, `boot_protocols.rs`): opening KVM, which only a machine off CI may lack, and a
 //! raw-boot configuration for a guest image written to a file.
+
+// Each test crate that includes this module uses its own part of it.
+#![allow(dead_code)]
 
 use std::path::Path;
 
