@@ -504,8 +504,6 @@ impl Sandboxes {
 mod tests {
     use std::sync::Arc;
 
-    use belljar_api::Snapshot;
-
     use super::*;
     use crate::events::Events;
     use crate::images::Images;
@@ -531,24 +529,10 @@ mod tests {
     }
 
     fn snapshot_row(id: &str, layer: &str, expires_at: Option<i64>) -> SnapshotRow {
-        SnapshotRow {
-            snapshot: Snapshot {
-                id: id.into(),
-                status: SnapshotStatus::Created,
-                status_reason: None,
-                source_sandbox_id: "sbx_a".into(),
-                parent: None,
-                image: "base".into(),
-                size_bytes: 1,
-                depth: 1,
-                created_at: 0,
-                expires_at,
-                frozen_ms: None,
-                path: None,
-            },
-            layers: vec![layer.into()],
-            expiration_ms: expires_at.unwrap_or(0),
-        }
+        let mut row = SnapshotRow::fixture(id, &[layer], 0);
+        row.snapshot.expires_at = expires_at;
+        row.expiration_ms = expires_at.unwrap_or(0);
+        row
     }
 
     /// The reaper follows the clock it is given (no sleeping through days), deletes a layer

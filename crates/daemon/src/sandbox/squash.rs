@@ -156,8 +156,6 @@ impl Sandboxes {
 mod tests {
     use std::sync::Arc;
 
-    use belljar_api::Snapshot;
-
     use super::*;
     use crate::events::Events;
     use crate::images::Images;
@@ -186,27 +184,6 @@ mod tests {
         )
     }
 
-    fn row(id: &str, layers: &[&str], created_at: i64) -> SnapshotRow {
-        SnapshotRow {
-            snapshot: Snapshot {
-                id: id.into(),
-                status: SnapshotStatus::Created,
-                status_reason: None,
-                source_sandbox_id: "sbx_a".into(),
-                parent: None,
-                image: "base".into(),
-                size_bytes: 1,
-                depth: layers.len() as u32,
-                created_at,
-                expires_at: None,
-                frozen_ms: None,
-                path: None,
-            },
-            layers: layers.iter().map(|s| s.to_string()).collect(),
-            expiration_ms: 0,
-        }
-    }
-
     fn layer_names(m: &Sandboxes) -> Vec<String> {
         let mut names: Vec<String> = std::fs::read_dir(m.layers_dir())
             .unwrap()
@@ -230,7 +207,7 @@ mod tests {
         }
         let store = m.store();
         store
-            .insert_snapshot(&row("snap_c", &["c3", "b2", "a1"], 1), 1)
+            .insert_snapshot(&SnapshotRow::fixture("snap_c", &["c3", "b2", "a1"], 1), 1)
             .unwrap();
         // The sandbox made from snap_c before its squash holds the old chain.
         assert!(
@@ -247,7 +224,10 @@ mod tests {
 
         // Its snapshot, recorded as it was before the reuse at record time.
         store
-            .insert_snapshot(&row("snap_e", &["e4", "c3", "b2", "a1"], 2), 1)
+            .insert_snapshot(
+                &SnapshotRow::fixture("snap_e", &["e4", "c3", "b2", "a1"], 2),
+                1,
+            )
             .unwrap();
         assert!(m.squash_snapshot("snap_e").await.unwrap());
         assert_eq!(

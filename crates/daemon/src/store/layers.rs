@@ -219,46 +219,26 @@ pub(super) fn release(tx: &Transaction<'_>, chain: &[String]) -> Result<Vec<Stri
 
 #[cfg(test)]
 mod tests {
-    use belljar_api::Snapshot;
 
     use super::super::SnapshotRow;
     use super::*;
-
-    fn row(id: &str, layers: &[&str], created_at: i64) -> SnapshotRow {
-        SnapshotRow {
-            snapshot: Snapshot {
-                id: id.into(),
-                status: SnapshotStatus::Created,
-                status_reason: None,
-                source_sandbox_id: "sbx_1".into(),
-                parent: None,
-                image: "base".into(),
-                size_bytes: 1,
-                depth: layers.len() as u32,
-                created_at,
-                expires_at: None,
-                frozen_ms: None,
-                path: None,
-            },
-            layers: layers.iter().map(|s| s.to_string()).collect(),
-            expiration_ms: 0,
-        }
-    }
 
     /// A squash moves exactly the snapshots built on the chain, keeps what a holder reads, and
     /// frees the old layers only when nothing else holds them.
     #[test]
     fn a_squash_moves_the_snapshots_built_on_the_chain() {
         let store = Store::open_in_memory().unwrap();
-        store.insert_snapshot(&row("snap_1", &["A"], 1), 1).unwrap();
         store
-            .insert_snapshot(&row("snap_2", &["B", "A"], 2), 1)
+            .insert_snapshot(&SnapshotRow::fixture("snap_1", &["A"], 1), 1)
             .unwrap();
         store
-            .insert_snapshot(&row("snap_3", &["C", "B", "A"], 3), 1)
+            .insert_snapshot(&SnapshotRow::fixture("snap_2", &["B", "A"], 2), 1)
             .unwrap();
         store
-            .insert_snapshot(&row("snap_x", &["X", "A"], 4), 1)
+            .insert_snapshot(&SnapshotRow::fixture("snap_3", &["C", "B", "A"], 3), 1)
+            .unwrap();
+        store
+            .insert_snapshot(&SnapshotRow::fixture("snap_x", &["X", "A"], 4), 1)
             .unwrap();
         assert_eq!(
             store.deep_snapshots(1).unwrap(),

@@ -27,6 +27,32 @@ pub struct SnapshotRow {
     pub expiration_ms: i64,
 }
 
+#[cfg(test)]
+impl SnapshotRow {
+    /// The unit tests' snapshot: created from `sbx_a` on `base` at `created_at`, with `layers`
+    /// (topmost first), never expiring.
+    pub fn fixture(id: &str, layers: &[&str], created_at: i64) -> Self {
+        Self {
+            snapshot: Snapshot {
+                id: id.into(),
+                status: SnapshotStatus::Created,
+                status_reason: None,
+                source_sandbox_id: "sbx_a".into(),
+                parent: None,
+                image: "base".into(),
+                size_bytes: 1,
+                depth: layers.len() as u32,
+                created_at,
+                expires_at: None,
+                frozen_ms: None,
+                path: None,
+            },
+            layers: layers.iter().map(|s| s.to_string()).collect(),
+            expiration_ms: 0,
+        }
+    }
+}
+
 /// What a sandbox stacks and how its snapshots are kept.
 #[derive(Debug, Clone, PartialEq, Eq, Default)]
 pub struct SandboxLayers {
