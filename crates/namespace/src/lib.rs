@@ -90,6 +90,7 @@ pub mod seccomp;
 pub mod snapshot_mounts;
 mod spec;
 mod state;
+mod teardown;
 pub mod testing;
 pub mod usertree;
 
@@ -98,11 +99,10 @@ use std::path::PathBuf;
 use serde::{Deserialize, Serialize};
 
 pub use cgroup::{LimitStatus, LimitsReport, Usage};
-pub use lifecycle::{
-    Error, ExitWatch, adopt, destroy, freeze, is_frozen, launch, stop, thaw, usage, wait_ready,
-};
+pub use lifecycle::{Error, ExitWatch, adopt, freeze, is_frozen, launch, thaw, usage, wait_ready};
 pub use probe::{CgroupMode, Probe, probe};
 pub use snapshot_mounts::LayerMount;
+pub use teardown::{destroy, stop};
 
 /// The agent's socket in the state directory, out of the sandbox's reach.
 pub const AGENT_SOCKET: &str = "agent.sock";

@@ -109,7 +109,7 @@ pub fn user_tree(image_dir: &Path, cache: &Path) -> Result<PathBuf, Error> {
     }
     let partial = cache.join(format!("{key}.partial"));
     if partial.exists() {
-        crate::lifecycle::remove_in_namespace(&partial).map_err(|e| Error::Unpack {
+        crate::teardown::remove_in_namespace(&partial).map_err(|e| Error::Unpack {
             ext4: ext4.clone(),
             reason: format!("cannot remove the half-made {}: {e}", partial.display()),
         })?;
