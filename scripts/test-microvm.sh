@@ -13,7 +13,8 @@
 # Environment: BELLJAR_MICROVM_TIMEOUT (seconds for the whole L1 run, default 900),
 # BELLJAR_MICROVM_REFRESH=1 (look for newer QEMU/kernel packages), BELLJAR_MICROVM_JOB (another
 # job script with job.sh's inputs and outputs, e.g. a stress loop), BELLJAR_MICROVM_RUN (the
-# run directory, default $BELLJAR_MICROVM_CACHE/run: give concurrent runs their own), BELLJAR_CACHE (images,
+# run directory, default $BELLJAR_MICROVM_CACHE/run: give concurrent runs their own),
+# BELLJAR_MICROVM_FILTER (a test-name filter for every test executable, no spaces), BELLJAR_CACHE (images,
 # guest kernel), BELLJAR_MICROVM_CACHE (default $BELLJAR_CACHE/microvm-harness).
 # Output: progress and timings on stderr, the job's output, and a last line
 # `microvm job: N passed, M failed ...`; exit status 0 only when every test passed.
@@ -60,8 +61,8 @@ tests="$(test_exe belljar-vmm linux_boot):$(test_exe belljar-e2e e2e_microvm)"
 # The rootless job (tests/microvm/rootless.sh, run in its own L1 boot by scripts/test.sh): its
 # test executables, belljar-ns and the namespace crate's busybox fixtures (L1 has no compiler).
 rootless_tests=""
-for t in escape e2e_cli e2e_pause doctor e2e_ports; do
-  rootless_tests="$rootless_tests${rootless_tests:+:}$(test_exe belljar-e2e "$t")"
+for suite in escape e2e_cli e2e_pause doctor e2e_ports; do
+  rootless_tests="$rootless_tests${rootless_tests:+:}$(test_exe belljar-e2e "$suite")"
 done
 cargo build --quiet -p belljar-namespace --bin belljar-ns
 fixtures=$("$CARGO_TARGET_DIR/debug/belljar-ns" fixtures)
@@ -93,7 +94,7 @@ staged_rootless=$(stage "$rootless_tests")
 cp -a "$fixtures" "$run_dir/fixtures"
 job_env=(BELLJAR_JOB_BIN="$run_dir/bin" BELLJAR_JOB_TESTS="$staged" BELLJAR_CACHE="$BELLJAR_CACHE"
   BELLJAR_KERNEL="$guest_kernel" BELLJAR_ROOTLESS_TESTS="$staged_rootless"
-  BELLJAR_FIXTURES="$run_dir/fixtures")
+  BELLJAR_FIXTURES="$run_dir/fixtures" BELLJAR_MICROVM_FILTER="${BELLJAR_MICROVM_FILTER:-}")
 
 finish() {
   local status=$1 summary

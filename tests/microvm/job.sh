@@ -5,7 +5,8 @@
 #
 # Input (environment): BELLJAR_JOB_BIN (the cargo target's binary dir, with belljard, belljar,
 # belljar-vmm, belljar-agent), BELLJAR_JOB_TESTS (colon-separated test executables),
-# BELLJAR_CACHE, BELLJAR_KERNEL, BELLJAR_RESULTS (a writable directory). Output: the tests'
+# BELLJAR_CACHE, BELLJAR_KERNEL, BELLJAR_RESULTS (a writable directory), BELLJAR_MICROVM_FILTER
+# (optional: only the tests whose names contain it). Output: the tests'
 # output on stdout; `summary` (one line with passed/failed counts) and `status` in
 # BELLJAR_RESULTS. Exit status 0 only when every test passed and at least one ran.
 set -uo pipefail
@@ -73,7 +74,8 @@ for t in "${tests[@]}"; do
   t0=$(now)
   echo "job: ==> $name"
   out="$work/$name.out"
-  run_tests "$exe" "$out"
+  # shellcheck disable=SC2086 # an empty filter is no argument
+  run_tests "$exe" "$out" ${BELLJAR_MICROVM_FILTER:-}
   # A nested microVM occasionally fails to come up (a failure seen once in ~40 boots, cause
   # not yet found; the failed test prints the guest's console). Each failed test runs once
   # more, alone, and is reported by name; a second failure fails the job.
