@@ -468,10 +468,104 @@ fn a_live_snapshot_starts_a_microvm_with_its_files() {
             console(&d, &b.id)
         );
         // Not here: a namespace sandbox from it (L1 shares the image over 9p, which has no
-        // idmapped mounts), the stopping snapshot and fork (not yet run in L1).
+        // idmapped mounts); the stopping snapshot and fork are in the next test.
         eprintln!(
             "microvm: live snapshot {snapshot_took:?} (frozen {:?} ms), create from it to the first command {from_took:?}",
             snap.frozen_ms
+        );
+    });
+}
+
+#[test]
+#[ignore = "needs KVM, the guest kernel and the base image: run scripts/test-microvm.sh"]
+fn fork_stopping_snapshot_and_persistence_on_microvm() {
+    let d = Daemon::start_via_cli();
+    let c = d.unix();
+    belljar_e2e::block_on(async {
+        let a = create_vm(
+            &d,
+            &c,
+            CreateSandbox {
+                persistent: Some(true),
+                name: Some("keeper".into()),
+                ..small()
+            },
+        )
+        .await;
+        sh_ok(&c, &a.id, CHANGES).await;
+
+        // A fork: a new microVM with the source's files while the source runs on.
+        let t = Instant::now();
+        let b = c
+            .fork_sandbox(&a.id, &Default::default())
+            .await
+            .unwrap_or_else(|e| panic!("fork: {e}\nlog:\n{}", d.log()));
+        let (code, out) = sh(&c, &b.id, CHECK).await;
+        let fork_took = t.elapsed();
+        assert_eq!(
+            (code, out.as_str()),
+            (0, CHECKED),
+            "console:\n{}",
+            console(&d, &b.id)
+        );
+        assert_eq!(b.backend, belljar_api::Backend::Microvm, "{b:?}");
+        assert_eq!(vm_state(&d, &a.id), VmState::Running);
+
+        // A stopping snapshot (the default): the fork stops, its writable layer becomes the
+        // snapshot, and the snapshot holds what the fork changed on top of the source's.
+        sh_ok(&c, &b.id, "echo forked > /workspace/forked.txt").await;
+        let t = Instant::now();
+        let snap = c
+            .snapshot_sandbox(&b.id, &CreateSnapshot::default())
+            .await
+            .unwrap_or_else(|e| panic!("snapshot: {e}\nlog:\n{}", d.log()));
+        let stop_snapshot_took = t.elapsed();
+        assert_eq!(
+            snap.status,
+            belljar_api::SnapshotStatus::Created,
+            "{snap:?}"
+        );
+        assert_eq!(
+            c.sandbox(&b.id).await.unwrap().status,
+            SandboxStatus::Stopped
+        );
+        let diff = c.snapshot_diff(&snap.id, None).await.unwrap();
+        let forked = diff
+            .changes
+            .iter()
+            .find(|ch| ch.path == "/workspace/forked.txt")
+            .unwrap_or_else(|| panic!("forked.txt not in the snapshot: {diff:?}"));
+        assert_eq!(forked.new.as_ref().map(|e| e.size_bytes), Some(7));
+
+        // Persistence: stopping snapshots the source, starting resumes it with the same id,
+        // name and files.
+        sh_ok(&c, &a.id, "echo before-stop > /workspace/session.txt").await;
+        let t = Instant::now();
+        let stopped = c.stop_sandbox(&a.id).await.unwrap();
+        let stop_took = t.elapsed();
+        assert_eq!(stopped.status, SandboxStatus::Stopped);
+        let t = Instant::now();
+        let again = c
+            .start_sandbox(&a.id)
+            .await
+            .unwrap_or_else(|e| panic!("start: {e}\nlog:\n{}", d.log()));
+        let (code, out) = sh(&c, &a.id, &format!("{CHECK}; cat /workspace/session.txt")).await;
+        let start_took = t.elapsed();
+        assert_eq!(
+            (again.id.as_str(), again.name.as_deref()),
+            (a.id.as_str(), Some("keeper"))
+        );
+        assert_eq!(again.status, SandboxStatus::Running);
+        assert_eq!(
+            (code, out),
+            (0, format!("{CHECKED}before-stop\n")),
+            "console:\n{}",
+            console(&d, &a.id)
+        );
+        eprintln!(
+            "microvm: fork to the first command {fork_took:?}, stopping snapshot \
+             {stop_snapshot_took:?}, persistent stop {stop_took:?}, start to the first command \
+             {start_took:?}"
         );
     });
 }
