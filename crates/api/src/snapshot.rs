@@ -71,7 +71,8 @@ pub struct Snapshot {
     pub path: Option<String>,
 }
 
-/// A directory snapshot mounted at a path of a new sandbox (Modal's `mount_image`). The
+/// A directory snapshot mounted at a path of a sandbox (Modal's `mount_image`): at create
+/// (`mounts`) or into a running one (`POST /v1/sandboxes/{id}/mounts`). The
 /// sandbox sees the snapshot's files there, copy-on-write: its writes stay its own and never
 /// reach the snapshot. A path that does not exist is created; one that exists is hidden.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, ToSchema, TS)]
@@ -83,6 +84,36 @@ pub struct SnapshotMount {
     /// Absolute path in the sandbox; not `/`, without `.` or `..`.
     #[schema(max_length = 1024)]
     pub path: String,
+}
+
+impl Validate for SnapshotMount {
+    fn validate(&self) -> Result<(), Invalid> {
+        limits::text("snapshot_id", &self.snapshot_id, limits::MAX_NAME)?;
+        limits::text("path", &self.path, 1024)
+    }
+}
+
+/// The directory snapshots mounted in a sandbox (`GET /v1/sandboxes/{id}/mounts`): those
+/// given at create and those mounted since (`POST .../mounts`, Modal's `mount_image`).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, ToSchema, TS)]
+pub struct SandboxMounts {
+    pub mounts: Vec<SnapshotMount>,
+}
+
+/// `DELETE /v1/sandboxes/{id}/mounts` query (Modal's `unmount_image`).
+#[derive(Debug, Clone, PartialEq, Eq, Default, Serialize, Deserialize, IntoParams, TS)]
+#[into_params(parameter_in = Query)]
+pub struct UnmountQuery {
+    /// The exact path a snapshot was mounted at. The sandbox's writes under it are
+    /// discarded and what the path held before shows again.
+    #[param(max_length = 1024)]
+    pub path: String,
+}
+
+impl Validate for UnmountQuery {
+    fn validate(&self) -> Result<(), Invalid> {
+        limits::text("path", &self.path, 1024)
+    }
 }
 
 /// The body of `POST /v1/sandboxes/{id}/snapshots`. Every field is optional.

@@ -35,6 +35,8 @@ pub fn render() -> String {
         ExtendSandbox::decl(&cfg),
         SnapshotStatus::decl(&cfg),
         SnapshotMount::decl(&cfg),
+        SandboxMounts::decl(&cfg),
+        UnmountQuery::decl(&cfg),
         Snapshot::decl(&cfg),
         CreateSnapshot::decl(&cfg),
         UpdateSnapshot::decl(&cfg),

@@ -119,6 +119,24 @@ pub enum Cmd {
         #[arg(long, value_name = "DIR", conflicts_with = "keep_running")]
         path: Option<String>,
     },
+    /// Mount a directory snapshot at a path of a running sandbox (copy-on-write); without a
+    /// snapshot, list the sandbox's mounts.
+    Mount {
+        /// Sandbox id or name.
+        id: String,
+        /// A directory snapshot (`snapshot ID --path DIR`).
+        #[arg(requires = "path")]
+        snapshot: Option<String>,
+        /// Absolute path in the sandbox; made when missing, hidden while mounted.
+        path: Option<String>,
+    },
+    /// Unmount the snapshot mounted at a path; the sandbox's writes under it are discarded.
+    Unmount {
+        /// Sandbox id or name.
+        id: String,
+        /// The exact path it was mounted at.
+        path: String,
+    },
     /// List or delete snapshots (default: list).
     Snapshots {
         #[command(subcommand)]
@@ -468,6 +486,13 @@ mod tests {
         assert_eq!(c.opts.from.as_deref(), Some("snap_a"));
         let cli = Cli::try_parse_from(["belljar", "snapshot", "sbx_1", "--path", "/w"]).unwrap();
         assert!(matches!(cli.command, Cmd::Snapshot { path: Some(ref p), .. } if p == "/w"));
+        let cli = Cli::try_parse_from(["belljar", "mount", "box", "snap_a", "/w"]).unwrap();
+        assert!(matches!(
+            cli.command,
+            Cmd::Mount { ref id, snapshot: Some(ref s), path: Some(ref p) }
+                if id == "box" && s == "snap_a" && p == "/w"
+        ));
+        assert!(Cli::try_parse_from(["belljar", "mount", "box", "snap_a"]).is_err());
         let cli = Cli::try_parse_from(["belljar", "create", "--mount", "snap_a:/w"]).unwrap();
         let Cmd::Create(c) = cli.command else {
             panic!("not create")

@@ -184,6 +184,10 @@ async fn dispatch(client: &Client, paths: &Paths, command: Cmd, json: bool) -> R
         } => timeline::snapshot(client, &id, (keep_running, path), expiration, json).await,
         Cmd::Snapshots { action } => timeline::snapshots(client, action, json).await,
         Cmd::Fork { id, name } => timeline::fork(client, &id, name, json).await,
+        Cmd::Mount { id, snapshot, path } => {
+            timeline::mount(client, &id, snapshot.zip(path), json).await
+        }
+        Cmd::Unmount { id, path } => timeline::unmount(client, &id, &path).await,
         Cmd::Pause { ids } => timeline::pause_or_resume(client, ids, true, json).await,
         Cmd::Resume { ids } => timeline::pause_or_resume(client, ids, false, json).await,
         Cmd::Vercel { action, command } => vercel(client, paths, action, command).await,

@@ -1,5 +1,5 @@
 //! The commands that move sandboxes through time: `snapshot`, `snapshots [ls|rm|diff]`,
-//! `fork`, `pause`, `resume`, `start`.
+//! `fork`, `pause`, `resume`, `start`, and `mount`/`unmount` of directory snapshots.
 
 use anyhow::Result;
 use belljar_client::Client;
@@ -25,6 +25,42 @@ pub(crate) async fn snapshot(
     } else {
         outln!("{}", belljar_cli::snapshots::taken(&snap))?;
     }
+    Ok(0)
+}
+
+/// `belljar mount ID [SNAPSHOT PATH]`: mounts a directory snapshot into the running
+/// sandbox, or lists its mounts (`SNAPSHOT PATH` per line).
+pub(crate) async fn mount(
+    client: &Client,
+    id: &str,
+    what: Option<(String, String)>,
+    json: bool,
+) -> Result<i32> {
+    let id = resolve(client, id).await?;
+    if let Some((snapshot_id, path)) = what {
+        let m = client
+            .mount_snapshot(&id, &belljar_api::SnapshotMount { snapshot_id, path })
+            .await?;
+        if json {
+            print_json(&m)?;
+        }
+        return Ok(0);
+    }
+    let mounts = client.sandbox_mounts(&id).await?;
+    if json {
+        print_json(&mounts)?;
+    } else {
+        for m in mounts.mounts {
+            outln!("{} {}", m.snapshot_id, m.path)?;
+        }
+    }
+    Ok(0)
+}
+
+/// `belljar unmount ID PATH`.
+pub(crate) async fn unmount(client: &Client, id: &str, path: &str) -> Result<i32> {
+    let id = resolve(client, id).await?;
+    client.unmount_snapshot(&id, path).await?;
     Ok(0)
 }
 

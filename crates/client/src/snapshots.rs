@@ -1,6 +1,9 @@
-//! The snapshot routes: take (`POST /v1/sandboxes/{id}/snapshots`), list, get, delete.
+//! The snapshot routes: take (`POST /v1/sandboxes/{id}/snapshots`), list, get, delete; and
+//! the mounts of directory snapshots in a sandbox (`/v1/sandboxes/{id}/mounts`).
 
-use belljar_api::{CreateSnapshot, ListSnapshotsQuery, Snapshot, SnapshotList};
+use belljar_api::{
+    CreateSnapshot, ListSnapshotsQuery, SandboxMounts, Snapshot, SnapshotList, SnapshotMount,
+};
 use http::Method;
 
 use crate::client::Client;
@@ -75,6 +78,33 @@ impl Client {
     /// `DELETE /v1/snapshots/{id}`: the snapshot, now `deleted`.
     pub async fn delete_snapshot(&self, id: &str) -> Result<Snapshot, ClientError> {
         self.call_empty(Method::DELETE, &format!("{SNAPSHOTS}/{}", segment(id)))
+            .await
+    }
+
+    /// `GET /v1/sandboxes/{id}/mounts`: the directory snapshots mounted in the sandbox.
+    pub async fn sandbox_mounts(&self, id: &str) -> Result<SandboxMounts, ClientError> {
+        self.get(&sandbox_sub(id, "mounts")).await
+    }
+
+    /// `POST /v1/sandboxes/{id}/mounts`: mounts a directory snapshot into the running
+    /// sandbox (Modal's `mount_image`).
+    pub async fn mount_snapshot(
+        &self,
+        id: &str,
+        mount: &SnapshotMount,
+    ) -> Result<SnapshotMount, ClientError> {
+        self.call(Method::POST, &sandbox_sub(id, "mounts"), mount)
+            .await
+    }
+
+    /// `DELETE /v1/sandboxes/{id}/mounts?path=`: unmounts the snapshot mounted at `path`
+    /// (Modal's `unmount_image`); the sandbox's writes under it are discarded.
+    pub async fn unmount_snapshot(&self, id: &str, path: &str) -> Result<(), ClientError> {
+        let url = with_query(
+            &sandbox_sub(id, "mounts"),
+            &[("path", Some(path.to_owned()))],
+        );
+        self.call_no_content(Method::DELETE, &url, crate::body::empty(), None)
             .await
     }
 }

@@ -84,6 +84,7 @@ mod idblock;
 pub mod idmap;
 pub mod layer;
 mod lifecycle;
+pub mod live_mounts;
 mod mounts;
 pub mod probe;
 pub mod seccomp;

@@ -25,6 +25,10 @@ pub struct LayerMount {
     pub layers: Vec<PathBuf>,
     /// Absolute path in the sandbox; not `/`, no `.` or `..`.
     pub path: PathBuf,
+    /// Names its directories (`state_dir/fs/mounts/<slot>`): the same at every start, so a
+    /// persistent sandbox finds its writes under the mount again, and unique among the
+    /// sandbox's mounts (one unmounted while the sandbox runs leaves a gap).
+    pub slot: usize,
 }
 
 /// Why a mount path is refused.
@@ -41,7 +45,7 @@ pub enum PathError {
 }
 
 /// The path's components below `/`, once it is known to be a plain absolute path.
-fn components(path: &Path) -> Result<Vec<&OsStr>, PathError> {
+pub(crate) fn components(path: &Path) -> Result<Vec<&OsStr>, PathError> {
     let invalid = || PathError::Invalid(path.to_owned());
     let bytes = path.as_os_str().as_encoded_bytes();
     if !path.is_absolute() || bytes.contains(&0) || bytes.len() > 1024 {
@@ -124,14 +128,20 @@ fn dir(n: usize, sub: &str) -> String {
 /// Names the directories the mounts need under `fs_dir` (owned by sandbox root, the upper
 /// directory 0755: it is the mount point's own mode), with each layer's attach point.
 pub(crate) fn directories(mounts: &[LayerMount]) -> Vec<(String, u32)> {
-    let mut out = Vec::new();
-    for (n, m) in mounts.iter().enumerate() {
-        out.push((format!("mounts/{n}"), 0o700));
-        out.push((dir(n, "upper"), 0o755));
-        out.push((dir(n, "work"), 0o700));
-        for i in 0..m.layers.len() {
-            out.push((dir(n, &format!("l{i}")), 0o700));
-        }
+    mounts.iter().flat_map(slot_directories).collect()
+}
+
+/// The directories of one mount, its slot's first.
+pub(crate) fn slot_directories(m: &LayerMount) -> Vec<(String, u32)> {
+    let n = m.slot;
+    let mut out = vec![
+        ("mounts".to_owned(), 0o700),
+        (format!("mounts/{n}"), 0o700),
+        (dir(n, "upper"), 0o755),
+        (dir(n, "work"), 0o700),
+    ];
+    for i in 0..m.layers.len() {
+        out.push((dir(n, &format!("l{i}")), 0o700));
     }
     out
 }
@@ -156,8 +166,12 @@ pub(crate) fn trees(
 /// pivot): attach each layer tree, make the missing components of the path, mount.
 pub(crate) fn steps(mounts: &[LayerMount], trees: &[Vec<OwnedFd>]) -> Vec<Step> {
     let mut steps = Vec::new();
-    for (n, m) in mounts.iter().enumerate() {
-        let lowers: Vec<String> = match trees.get(n) {
+    for (m, trees) in mounts
+        .iter()
+        .zip(trees.iter().map(Some).chain(std::iter::repeat(None)))
+    {
+        let n = m.slot;
+        let lowers: Vec<String> = match trees {
             Some(trees) => {
                 for (i, tree) in trees.iter().enumerate() {
                     steps.push(Step::Attach {
@@ -207,27 +221,39 @@ pub(crate) fn validate(
 ) -> Result<(), String> {
     let mut lowers = layers.to_vec();
     lowers.push(rootfs.to_owned());
+    let mut slots = std::collections::HashSet::new();
     for m in mounts {
-        if m.layers.is_empty() {
-            return Err(format!("mount at {} has no layers", m.path.display()));
+        if !slots.insert(m.slot) {
+            return Err(format!("mount slot {} is used twice", m.slot));
         }
-        for l in &m.layers {
-            let bytes = l.as_os_str().as_encoded_bytes();
-            if !l.is_absolute() || bytes.iter().any(|b| matches!(b, b',' | b':' | b'\\' | 0)) {
-                return Err(format!(
-                    "layer {} must be absolute, without , : \\",
-                    l.display()
-                ));
-            }
-            if !l.is_dir() {
-                return Err(format!("layer {} is not a directory", l.display()));
-            }
-        }
-        let bytes = m.path.as_os_str().as_encoded_bytes();
-        if bytes.iter().any(|b| matches!(b, b',' | b':' | b'\\')) {
-            return Err(format!("mount path {} has , : or \\", m.path.display()));
-        }
+        check_layers(m)?;
         check_path(&lowers, &m.path).map_err(|e| e.to_string())?;
+    }
+    Ok(())
+}
+
+/// Refuses a mount without layers, with layers that are not absolute directories a mount
+/// option can carry, or a path with characters a mount option cannot carry (a persistent
+/// sandbox mounts it again at its next start).
+pub(crate) fn check_layers(m: &LayerMount) -> Result<(), String> {
+    if m.layers.is_empty() {
+        return Err(format!("mount at {} has no layers", m.path.display()));
+    }
+    for l in &m.layers {
+        let bytes = l.as_os_str().as_encoded_bytes();
+        if !l.is_absolute() || bytes.iter().any(|b| matches!(b, b',' | b':' | b'\\' | 0)) {
+            return Err(format!(
+                "layer {} must be absolute, without , : \\",
+                l.display()
+            ));
+        }
+        if !l.is_dir() {
+            return Err(format!("layer {} is not a directory", l.display()));
+        }
+    }
+    let bytes = m.path.as_os_str().as_encoded_bytes();
+    if bytes.iter().any(|b| matches!(b, b',' | b':' | b'\\')) {
+        return Err(format!("mount path {} has , : or \\", m.path.display()));
     }
     Ok(())
 }

@@ -141,6 +141,26 @@ def test_snapshot_restore_terminate(sb):
     assert e.value.code == "sandbox_not_running"
 
 
+def test_mount_image_into_a_running_sandbox(sb):
+    assert sb.exec("mkdir", "-p", "/srv/proj").wait() == 0
+    sb.filesystem.write_text("shared", "/srv/proj/a.txt")
+    snap = sb.snapshot_directory("/srv/proj")
+    other = Sandbox.create(tags=TAG)
+    other.mount_image("/work/proj", snap)
+    assert other.filesystem.read_text("/work/proj/a.txt") == "shared"
+    other.filesystem.write_text("mine", "/work/proj/a.txt")
+    assert sb.filesystem.read_text("/srv/proj/a.txt") == "shared"
+    other.unmount_image("/work/proj")
+    assert other.exec("ls", "-A", "/work/proj").stdout.read() == ""
+    with pytest.raises(BelljarError) as e:
+        other.unmount_image("/work/proj")
+    assert e.value.code == "not_found"
+    with pytest.raises(BelljarError) as e:
+        other.mount_image("/etc/passwd", snap)
+    assert e.value.code == "not_a_directory"
+    other.terminate()
+
+
 def test_over_tcp_with_the_token(sb):
     home = Path(os.environ["BELLJAR_HOME"])
     base_url = f"http://127.0.0.1:{(home / 'run' / 'port').read_text().strip()}"

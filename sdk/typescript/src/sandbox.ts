@@ -15,8 +15,10 @@ import type {
   PtySize,
   Sandbox as SandboxData,
   SandboxList,
+  SandboxMounts,
   Snapshot,
   SnapshotList,
+  SnapshotMount,
 } from "./generated/api.js";
 import { path, query } from "./routes.js";
 import { Terminal, type TerminalOptions } from "./terminal.js";
@@ -166,6 +168,25 @@ export class Sandbox {
     const snap = await this.transport.json<Snapshot>("POST", path("sandboxes", this.id, "snapshots"), body, signal);
     await this.refresh();
     return snap;
+  }
+
+  /** Mounts a directory snapshot (one taken with `path`) at `path` of this running sandbox,
+   * copy-on-write (Modal's `mount_image`): a missing path is made, an existing one hidden. */
+  async mountSnapshot(snapshotId: string, mountPath: string, opts: Signalled = {}): Promise<SnapshotMount> {
+    const body: SnapshotMount = { snapshot_id: snapshotId, path: mountPath };
+    return this.transport.json("POST", path("sandboxes", this.id, "mounts"), body, opts.signal);
+  }
+
+  /** Unmounts the snapshot mounted at exactly `mountPath`; the writes under it are discarded. */
+  async unmountSnapshot(mountPath: string, opts: Signalled = {}): Promise<void> {
+    const url = path("sandboxes", this.id, "mounts") + query({ path: mountPath });
+    await this.transport.json("DELETE", url, undefined, opts.signal);
+  }
+
+  /** The directory snapshots mounted in this sandbox, in the order they were mounted. */
+  async mounts(opts: Signalled = {}): Promise<SnapshotMount[]> {
+    const got = await this.transport.json<SandboxMounts>("GET", path("sandboxes", this.id, "mounts"), undefined, opts.signal);
+    return got.mounts;
   }
 
   /** Stops the sandbox (its record and files stay until `delete`). */

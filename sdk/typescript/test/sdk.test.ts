@@ -171,4 +171,20 @@ describe("snapshots", () => {
     await rejectsWith(restored.runCommand("true"), "sandbox_not_running");
     await rejectsWith(Snapshots.get({ snapshotId: "snap_nosuch" }), "not_found");
   });
+
+  test("mount a directory snapshot into a running sandbox and unmount it", async () => {
+    await sbx.runCommand("mkdir", ["-p", "/workspace/proj"]);
+    await sbx.files.write("/workspace/proj/a.txt", "shared");
+    const snap = await sbx.snapshot({ path: "/workspace/proj" });
+    const other = await Sandbox.create({ tags: { suite: tag } });
+    const m = await other.mountSnapshot(snap.id, "/mnt/proj");
+    assert.deepEqual(m, { snapshot_id: snap.id, path: "/mnt/proj" });
+    assert.equal((await other.files.read("/mnt/proj/a.txt")).toString(), "shared");
+    assert.deepEqual(await other.mounts(), [m]);
+    await rejectsWith(other.mountSnapshot(snap.id, "/etc/passwd"), "not_a_directory");
+    await other.unmountSnapshot("/mnt/proj");
+    assert.deepEqual(await other.mounts(), []);
+    await rejectsWith(other.unmountSnapshot("/mnt/proj"), "not_found");
+    await other.delete();
+  });
 });

@@ -11,6 +11,7 @@ mod events;
 pub mod extract;
 mod files;
 mod info;
+mod mounts;
 mod network;
 pub mod openapi;
 mod pause;
@@ -55,6 +56,7 @@ pub fn api_router() -> OpenApiRouter<AppState> {
         .merge(sandboxes::router())
         .merge(snapshots::router())
         .merge(pause::router())
+        .merge(mounts::router())
         .merge(commands::router())
         .merge(files::router())
         .merge(terminal::router())

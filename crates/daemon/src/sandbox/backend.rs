@@ -40,6 +40,9 @@ pub enum BackendError {
     /// A directory of the sandbox could not be captured.
     #[error(transparent)]
     Directory(belljar_namespace::layer::DirError),
+    /// A snapshot could not be mounted into (or unmounted from) the running sandbox.
+    #[error(transparent)]
+    Mount(belljar_namespace::live_mounts::LiveError),
 }
 
 /// A snapshot layer a backend captured.
@@ -103,6 +106,8 @@ pub struct MountSpec {
     pub layers: Vec<PathBuf>,
     /// Absolute path in the sandbox.
     pub path: String,
+    /// Names the mount's directories in the sandbox's state (stable across starts).
+    pub slot: usize,
 }
 
 /// A sandbox that runs.
@@ -164,6 +169,26 @@ pub trait BackendDriver: Send + Sync {
         Err(BackendError::Unsupported {
             backend: self.kind().into(),
             what: "snapshot a directory",
+        })
+    }
+    /// Mounts a directory snapshot into the running sandbox.
+    fn mount_live(&self, _state_dir: &Path, _mount: &MountSpec) -> Result<(), BackendError> {
+        Err(BackendError::Unsupported {
+            backend: self.kind().into(),
+            what: "mount snapshots",
+        })
+    }
+    /// Unmounts the mount of `slot` at `path` (if the sandbox runs) and discards the
+    /// sandbox's writes under it.
+    fn unmount_live(
+        &self,
+        _state_dir: &Path,
+        _slot: usize,
+        _path: &str,
+    ) -> Result<(), BackendError> {
+        Err(BackendError::Unsupported {
+            backend: self.kind().into(),
+            what: "unmount snapshots",
         })
     }
     fn freeze(&self, _state_dir: &Path) -> Result<(), BackendError> {

@@ -15,6 +15,7 @@ mod files;
 mod fork;
 mod lifecycle;
 mod lifetime;
+mod live_mounts;
 mod logs;
 pub mod microvm;
 mod microvm_layers;

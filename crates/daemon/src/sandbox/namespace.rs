@@ -10,7 +10,8 @@ use belljar_api::{Backend as BackendKind, LimitState, LimitsReport};
 use belljar_namespace as ns;
 
 use super::backend::{
-    AgentAddress, BackendDriver, BackendError, CapturedLayer, LaunchSpec, Launched, Probe, Step,
+    AgentAddress, BackendDriver, BackendError, CapturedLayer, LaunchSpec, Launched, MountSpec,
+    Probe, Step,
 };
 
 /// PIDs a sandbox may have, so that a fork bomb stays inside it.
@@ -90,14 +91,7 @@ impl BackendDriver for Namespace {
                 disk_bytes: Some(spec.disk_mib << 20),
             },
             env: spec.agent_env.clone(),
-            mounts: spec
-                .mounts
-                .iter()
-                .map(|m| ns::LayerMount {
-                    layers: m.layers.clone(),
-                    path: m.path.clone().into(),
-                })
-                .collect(),
+            mounts: spec.mounts.iter().map(layer_mount).collect(),
         };
         ns::launch(&spec)
             .map(|r| launched(&r))
@@ -161,12 +155,28 @@ impl BackendDriver for Namespace {
             .map_err(|e| BackendError::Snapshot(error_chain(&e)))
     }
 
+    fn mount_live(&self, state_dir: &Path, mount: &MountSpec) -> Result<(), BackendError> {
+        ns::live_mounts::mount(state_dir, &layer_mount(mount)).map_err(BackendError::Mount)
+    }
+
+    fn unmount_live(&self, state_dir: &Path, slot: usize, path: &str) -> Result<(), BackendError> {
+        ns::live_mounts::unmount(state_dir, slot, Path::new(path)).map_err(BackendError::Mount)
+    }
+
     fn freeze(&self, state_dir: &Path) -> Result<(), BackendError> {
         ns::freeze(state_dir).map_err(|e| BackendError::Snapshot(error_chain(&e)))
     }
 
     fn thaw(&self, state_dir: &Path) -> Result<(), BackendError> {
         ns::thaw(state_dir).map_err(|e| BackendError::Snapshot(error_chain(&e)))
+    }
+}
+
+fn layer_mount(m: &MountSpec) -> ns::LayerMount {
+    ns::LayerMount {
+        layers: m.layers.clone(),
+        path: m.path.clone().into(),
+        slot: m.slot,
     }
 }
 

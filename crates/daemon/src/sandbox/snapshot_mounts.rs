@@ -140,17 +140,7 @@ impl Sandboxes {
             .into());
         }
         for (i, m) in mounts.iter().enumerate() {
-            plain_path(&format!("mounts[{i}].path"), &m.path)?;
-            if m.path
-                .as_bytes()
-                .iter()
-                .any(|b| matches!(b, b',' | b':' | b'\\'))
-            {
-                return Err(SandboxError::InvalidPath(format!(
-                    "mounts[{i}].path: {:?} has , : or \\",
-                    m.path
-                )));
-            }
+            mount_path(&format!("mounts[{i}].path"), &m.path)?;
             use belljar_namespace::snapshot_mounts::{PathError, check_path};
             check_path(lowers, Path::new(&m.path)).map_err(|e| match e {
                 PathError::NotADirectory(..) => SandboxError::NotADirectory(e.to_string()),
@@ -164,28 +154,61 @@ impl Sandboxes {
             .collect();
         match self.inner.store.hold_mounts(&sandbox.id, &pairs)? {
             Ok(_) => Ok(()),
-            Err(MountRefused::NotFound(id)) => Err(SandboxError::SnapshotNotFound(id)),
-            Err(MountRefused::NotUsable(id, status)) => Err(SandboxError::SnapshotNotUsable {
-                id,
-                status: status.into(),
-            }),
-            Err(MountRefused::NotADirectorySnapshot(id)) => Err(SandboxError::BadRequest(format!(
-                "mounts: snapshot {id} is of a whole sandbox; only a directory snapshot (taken \
-                 with `path`) can be mounted"
-            ))),
+            Err(refused) => Err(refused_error(refused)),
         }
     }
 
     /// What a sandbox mounts at launch: its held mounts' layer directories and paths.
     pub(super) fn launch_mounts(&self, sandbox_id: &str) -> Result<Vec<MountSpec>, SandboxError> {
         let held: Vec<HeldMount> = self.inner.store.sandbox_mounts(sandbox_id)?;
+        let slots = crate::store::mount_slots(&held);
         Ok(held
             .into_iter()
-            .map(|m| MountSpec {
-                layers: m.layers.iter().map(|d| self.layers_dir().join(d)).collect(),
-                path: m.path,
-            })
+            .zip(slots)
+            .map(|(m, slot)| self.mount_spec(m, slot))
             .collect())
+    }
+
+    /// A held mount as the backend mounts it.
+    pub(super) fn mount_spec(&self, m: HeldMount, slot: usize) -> MountSpec {
+        MountSpec {
+            layers: m.layers.iter().map(|d| self.layers_dir().join(d)).collect(),
+            path: m.path,
+            slot,
+        }
+    }
+}
+
+/// Checks a mount's path as [`plain_path`] does, and refuses characters a mount option
+/// cannot carry (a persistent sandbox mounts it again at each start).
+pub(super) fn mount_path(field: &str, path: &str) -> Result<(), SandboxError> {
+    plain_path(field, path)?;
+    if path.bytes().any(|b| matches!(b, b',' | b':' | b'\\')) {
+        return Err(SandboxError::InvalidPath(format!(
+            "{field}: {path:?} has , : or \\"
+        )));
+    }
+    Ok(())
+}
+
+/// A mount the store refused, as the user's error.
+pub(super) fn refused_error(refused: MountRefused) -> SandboxError {
+    match refused {
+        MountRefused::NotFound(id) => SandboxError::SnapshotNotFound(id),
+        MountRefused::NotUsable(id, status) => SandboxError::SnapshotNotUsable {
+            id,
+            status: status.into(),
+        },
+        MountRefused::NotADirectorySnapshot(id) => SandboxError::BadRequest(format!(
+            "mounts: snapshot {id} is of a whole sandbox; only a directory snapshot (taken \
+             with `path`) can be mounted"
+        )),
+        MountRefused::PathInUse(path) => {
+            SandboxError::Conflict(format!("A snapshot is mounted at {path} already"))
+        }
+        MountRefused::TooMany(n) => {
+            SandboxError::Conflict(format!("The sandbox has {n} mounts, the most it may have"))
+        }
     }
 }
 

@@ -23,7 +23,7 @@ use serde::de::DeserializeOwned;
 
 pub use commands::CommandRecord;
 pub use events::EventBody;
-pub use mounts::{HeldMount, MountRefused};
+pub use mounts::{HeldMount, MountRefused, slots as mount_slots};
 pub use sandboxes::SandboxPage;
 pub use snapshots::{SandboxLayers, SnapshotPage, SnapshotRow};
 

@@ -1,6 +1,8 @@
 //! The directory snapshots a sandbox mounts (`mounts` at create): their layers are held by the
 //! sandbox like its own chain (`sandbox_layers.mounts`), so deleting the snapshot keeps them
 //! while the sandbox exists, and a persistent sandbox mounts them again at each start.
+//! Mounts added while the sandbox runs (`POST .../mounts`) join the list with the next free
+//! slot; unmounting one drops it and releases its layers.
 
 use belljar_api::SnapshotStatus;
 use rusqlite::{OptionalExtension, params};
@@ -17,6 +19,18 @@ pub struct HeldMount {
     pub path: String,
     /// Layer digests, topmost first.
     pub layers: Vec<String>,
+    /// Names the mount's directories in the sandbox's state; absent in rows written before
+    /// mounts could be added to a running sandbox, whose slot is their position.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub slot: Option<usize>,
+}
+
+/// The slots of a sandbox's mounts, in order.
+pub fn slots(held: &[HeldMount]) -> Vec<usize> {
+    held.iter()
+        .enumerate()
+        .map(|(i, m)| m.slot.unwrap_or(i))
+        .collect()
 }
 
 /// Why a mount's snapshot cannot be held.
@@ -26,7 +40,14 @@ pub enum MountRefused {
     NotUsable(String, SnapshotStatus),
     /// A snapshot of a whole sandbox, not of a directory.
     NotADirectorySnapshot(String),
+    /// Something is mounted at the path already.
+    PathInUse(String),
+    /// The sandbox has as many mounts as it may.
+    TooMany(usize),
 }
+
+/// The most mounts a sandbox may hold (as at create).
+pub const MAX_MOUNTS: usize = 16;
 
 impl Store {
     /// Holds the layers of each `(snapshot_id, path)` for the sandbox (whose layers row
@@ -39,32 +60,16 @@ impl Store {
         let mut conn = self.conn();
         let tx = conn.transaction()?;
         let mut held = Vec::new();
-        for (snapshot_id, path) in mounts {
-            let sql = format!("SELECT {COLUMNS} FROM snapshots WHERE id = ?1");
-            let Some(row) = tx
-                .query_row(&sql, [snapshot_id], row_to_snapshot)
-                .optional()?
-            else {
-                return Ok(Err(MountRefused::NotFound(snapshot_id.clone())));
+        for (slot, (snapshot_id, path)) in mounts.iter().enumerate() {
+            let layers = match mount_layers_of(&tx, snapshot_id)? {
+                Ok(layers) => layers,
+                Err(refused) => return Ok(Err(refused)),
             };
-            if row.snapshot.status != SnapshotStatus::Created {
-                return Ok(Err(MountRefused::NotUsable(
-                    snapshot_id.clone(),
-                    row.snapshot.status,
-                )));
-            }
-            if row.snapshot.path.is_none() {
-                return Ok(Err(MountRefused::NotADirectorySnapshot(
-                    snapshot_id.clone(),
-                )));
-            }
-            for digest in &row.layers {
-                retain(&tx, digest, 0)?;
-            }
             held.push(HeldMount {
                 snapshot_id: snapshot_id.clone(),
                 path: path.clone(),
-                layers: row.layers,
+                layers,
+                slot: Some(slot),
             });
         }
         if !held.is_empty() {
@@ -75,6 +80,67 @@ impl Store {
         }
         tx.commit()?;
         Ok(Ok(held))
+    }
+
+    /// Holds the layers of `snapshot_id` for a mount at `path` added to the sandbox, in the
+    /// next free slot.
+    pub fn add_mount(
+        &self,
+        sandbox_id: &str,
+        snapshot_id: &str,
+        path: &str,
+    ) -> Result<Result<HeldMount, MountRefused>, StoreError> {
+        let mut conn = self.conn();
+        let tx = conn.transaction()?;
+        let mut held = held_in(&tx, sandbox_id)?;
+        if held.iter().any(|m| m.path == path) {
+            return Ok(Err(MountRefused::PathInUse(path.to_owned())));
+        }
+        if held.len() >= MAX_MOUNTS {
+            return Ok(Err(MountRefused::TooMany(MAX_MOUNTS)));
+        }
+        let layers = match mount_layers_of(&tx, snapshot_id)? {
+            Ok(layers) => layers,
+            Err(refused) => return Ok(Err(refused)),
+        };
+        let slot = slots(&held).into_iter().max().map_or(0, |s| s + 1);
+        // Rows written before slots keep their positions as slots.
+        for (i, m) in held.iter_mut().enumerate() {
+            m.slot.get_or_insert(i);
+        }
+        let mount = HeldMount {
+            snapshot_id: snapshot_id.to_owned(),
+            path: path.to_owned(),
+            layers,
+            slot: Some(slot),
+        };
+        held.push(mount.clone());
+        write_held(&tx, sandbox_id, &held)?;
+        tx.commit()?;
+        Ok(Ok(mount))
+    }
+
+    /// Drops the sandbox's mount at `path`; returns it and the layers no one holds any more,
+    /// or `None` when nothing is mounted there.
+    pub fn remove_mount(
+        &self,
+        sandbox_id: &str,
+        path: &str,
+    ) -> Result<Option<(HeldMount, Vec<String>)>, StoreError> {
+        let mut conn = self.conn();
+        let tx = conn.transaction()?;
+        let mut held = held_in(&tx, sandbox_id)?;
+        for (i, m) in held.iter_mut().enumerate() {
+            m.slot.get_or_insert(i);
+        }
+        let Some(at) = held.iter().position(|m| m.path == path) else {
+            return Ok(None);
+        };
+        let mount = held.remove(at);
+        write_held(&tx, sandbox_id, &held)?;
+        let freed = super::layers::release(&tx, &mount.layers)?;
+        tx.commit()?;
+        Ok(Some((mount, freed)))
     }
 
     /// The mounts a sandbox holds, in the order they are mounted.
@@ -92,6 +158,66 @@ impl Store {
             None => Vec::new(),
         })
     }
+}
+
+/// The layers of a created directory snapshot, retained for one more holder.
+fn mount_layers_of(
+    tx: &rusqlite::Transaction<'_>,
+    snapshot_id: &str,
+) -> Result<Result<Vec<String>, MountRefused>, StoreError> {
+    let sql = format!("SELECT {COLUMNS} FROM snapshots WHERE id = ?1");
+    let Some(row) = tx
+        .query_row(&sql, [snapshot_id], row_to_snapshot)
+        .optional()?
+    else {
+        return Ok(Err(MountRefused::NotFound(snapshot_id.to_owned())));
+    };
+    if row.snapshot.status != SnapshotStatus::Created {
+        return Ok(Err(MountRefused::NotUsable(
+            snapshot_id.to_owned(),
+            row.snapshot.status,
+        )));
+    }
+    if row.snapshot.path.is_none() {
+        return Ok(Err(MountRefused::NotADirectorySnapshot(
+            snapshot_id.to_owned(),
+        )));
+    }
+    for digest in &row.layers {
+        retain(tx, digest, 0)?;
+    }
+    Ok(Ok(row.layers))
+}
+
+fn held_in(tx: &rusqlite::Transaction<'_>, sandbox_id: &str) -> Result<Vec<HeldMount>, StoreError> {
+    let json: Option<Option<String>> = tx
+        .query_row(
+            "SELECT mounts FROM sandbox_layers WHERE sandbox_id = ?1",
+            [sandbox_id],
+            |r| r.get(0),
+        )
+        .optional()?;
+    Ok(match json.flatten() {
+        Some(json) => serde_json::from_str(&json)?,
+        None => Vec::new(),
+    })
+}
+
+/// Writes a sandbox's mounts (making its layers row when it has none yet).
+fn write_held(
+    tx: &rusqlite::Transaction<'_>,
+    sandbox_id: &str,
+    held: &[HeldMount],
+) -> Result<(), StoreError> {
+    let json = (!held.is_empty())
+        .then(|| serde_json::to_string(held))
+        .transpose()?;
+    tx.execute(
+        "INSERT INTO sandbox_layers (sandbox_id, snapshot_id, layers, mounts) \
+         VALUES (?1, NULL, '[]', ?2) ON CONFLICT (sandbox_id) DO UPDATE SET mounts = ?2",
+        params![sandbox_id, json],
+    )?;
+    Ok(())
 }
 
 /// The layer digests held by a `sandbox_layers.mounts` value.

@@ -342,6 +342,18 @@ class AsyncSandbox:
         snap = await self._client.json("POST", url, {"path": path})
         return SnapshotImage(snap["id"], snap["source_sandbox_id"], snap["size_bytes"])
 
+    async def mount_image(self, path: str, image: Union[SnapshotImage, str]) -> None:
+        """Mounts a directory snapshot at ``path`` of this running sandbox (Modal's
+        ``mount_image``)."""
+        snapshot_id = image if isinstance(image, str) else image.object_id
+        url = f"/v1/sandboxes/{seg(self.object_id)}/mounts"
+        await self._client.json("POST", url, {"snapshot_id": snapshot_id, "path": path})
+
+    async def unmount_image(self, path: str) -> None:
+        """Unmounts the snapshot mounted at exactly ``path`` (Modal's ``unmount_image``)."""
+        url = f"/v1/sandboxes/{seg(self.object_id)}/mounts"
+        await self._client.json("DELETE", url, params={"path": path})
+
     async def tunnels(self, timeout: int = 50) -> Dict[int, Tunnel]:
         """The exposed ports (``unencrypted_ports``), by the sandbox's port."""
         ports = await self._client.json("GET", f"/v1/sandboxes/{seg(self.object_id)}/ports")

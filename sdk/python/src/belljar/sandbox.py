@@ -374,10 +374,23 @@ class Sandbox:
 
     def snapshot_directory(self, path: str) -> SnapshotImage:
         """Snapshots one directory (the sandbox keeps running), as Modal's
-        ``snapshot_directory``; mount it into new sandboxes with the API's ``mounts``."""
+        ``snapshot_directory``; mount it with ``mount_image`` or the API's ``mounts``."""
         url = f"/v1/sandboxes/{seg(self.object_id)}/snapshots"
         snap = self._client.json("POST", url, {"path": path})
         return SnapshotImage(snap["id"], snap["source_sandbox_id"], snap["size_bytes"])
+
+    def mount_image(self, path: str, image: Union[SnapshotImage, str]) -> None:
+        """Mounts a directory snapshot at ``path`` of this running sandbox, copy-on-write
+        (Modal's ``mount_image``): a missing path is made, an existing one hidden."""
+        snapshot_id = image if isinstance(image, str) else image.object_id
+        url = f"/v1/sandboxes/{seg(self.object_id)}/mounts"
+        self._client.json("POST", url, {"snapshot_id": snapshot_id, "path": path})
+
+    def unmount_image(self, path: str) -> None:
+        """Unmounts the snapshot mounted at exactly ``path`` (Modal's ``unmount_image``);
+        what was there shows again and the writes under the mount are discarded."""
+        url = f"/v1/sandboxes/{seg(self.object_id)}/mounts"
+        self._client.json("DELETE", url, params={"path": path})
 
     def poll(self) -> Optional[str]:
         """``None`` while the sandbox runs, else its final status."""

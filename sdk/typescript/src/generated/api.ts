@@ -222,6 +222,15 @@ snapshot_id: string,
  */
 path: string, };
 
+export type SandboxMounts = { mounts: Array<SnapshotMount>, };
+
+export type UnmountQuery = { 
+/**
+ * The exact path a snapshot was mounted at. The sandbox's writes under it are
+ * discarded and what the path held before shows again.
+ */
+path: string, };
+
 export type Snapshot = { 
 /**
  * `snap_` followed by lowercase letters and digits.

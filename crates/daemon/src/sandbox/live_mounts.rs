@@ -1,0 +1,133 @@
+//! Mounting a directory snapshot into a sandbox that runs, and unmounting it (Modal's
+//! `mount_image` / `unmount_image`): `POST` and `DELETE /v1/sandboxes/{id}/mounts`.
+//!
+//! The mount is held like one given at create (the store's `sandbox_layers.mounts`, in the
+//! next free slot), so its layers live while it is mounted, a persistent sandbox mounts it
+//! again at its next start and a fork carries it. The hold is taken before the backend
+//! mounts and dropped again when that fails, so a failed mount holds nothing.
+
+use belljar_api::{Backend, SandboxMounts, SandboxStatus, SnapshotMount};
+
+use super::backend::BackendError;
+use super::snapshot_mounts::{mount_path, refused_error};
+use super::{SandboxError, Sandboxes};
+
+impl Sandboxes {
+    /// The snapshots mounted in a sandbox, in the order they were mounted.
+    pub fn mounts(&self, id: &str) -> Result<SandboxMounts, SandboxError> {
+        self.get(id)?;
+        let mounts = self
+            .inner
+            .store
+            .sandbox_mounts(id)?
+            .into_iter()
+            .map(|m| SnapshotMount {
+                snapshot_id: m.snapshot_id,
+                path: m.path,
+            })
+            .collect();
+        Ok(SandboxMounts { mounts })
+    }
+
+    /// Mounts a directory snapshot at `req.path` of a running sandbox (a paused one with
+    /// `auto_resume` is resumed first).
+    pub async fn mount_snapshot(
+        &self,
+        id: &str,
+        req: SnapshotMount,
+    ) -> Result<SnapshotMount, SandboxError> {
+        mount_path("path", &req.path)?;
+        self.awake(id).await?;
+        let lock = self.lock_for(id);
+        let _guard = lock.lock().await;
+        let sandbox = self.get(id)?;
+        if sandbox.status != SandboxStatus::Running {
+            return Err(SandboxError::NotRunning {
+                id: sandbox.id,
+                status: sandbox.status.as_str(),
+            });
+        }
+        if sandbox.backend != Backend::Namespace {
+            return Err(BackendError::Unsupported {
+                backend: sandbox.backend.into(),
+                what: "mount snapshots into a running sandbox",
+            }
+            .into());
+        }
+        let held = self
+            .inner
+            .store
+            .add_mount(id, &req.snapshot_id, &req.path)?
+            .map_err(refused_error)?;
+        let slot = held.slot.unwrap_or_default();
+        let spec = self.mount_spec(held, slot);
+        let dir = self.state_dir(id);
+        let mounted = self
+            .blocking_backend(&sandbox, move |b| b.mount_live(&dir, &spec))
+            .await;
+        if let Err(e) = mounted {
+            if let Some((_, freed)) = self.inner.store.remove_mount(id, &req.path)? {
+                self.remove_layers(&freed);
+            }
+            return Err(mount_error(e, &req.path));
+        }
+        self.touch(id);
+        tracing::info!(sandbox = %id, snapshot = %req.snapshot_id, path = %req.path, "mounted");
+        Ok(req)
+    }
+
+    /// Unmounts the snapshot mounted at `path` (given at create or mounted since): what the
+    /// path held before shows again, and the sandbox's writes under the mount are gone.
+    pub async fn unmount_snapshot(&self, id: &str, path: &str) -> Result<(), SandboxError> {
+        let lock = self.lock_for(id);
+        let _guard = lock.lock().await;
+        let sandbox = self.get(id)?;
+        let held = self.inner.store.sandbox_mounts(id)?;
+        let slots = crate::store::mount_slots(&held);
+        let Some(slot) = held
+            .iter()
+            .zip(slots)
+            .find_map(|(m, slot)| (m.path == path).then_some(slot))
+        else {
+            return Err(SandboxError::PathNotFound(format!(
+                "path: no snapshot is mounted at {path}"
+            )));
+        };
+        let dir = self.state_dir(id);
+        let owned = path.to_owned();
+        self.blocking_backend(&sandbox, move |b| b.unmount_live(&dir, slot, &owned))
+            .await
+            .map_err(|e| mount_error(e, path))?;
+        if let Some((_, freed)) = self.inner.store.remove_mount(id, path)? {
+            self.remove_layers(&freed);
+        }
+        tracing::info!(sandbox = %id, path = %path, "unmounted");
+        Ok(())
+    }
+}
+
+/// A backend's mount failure as the user's error where it is one.
+fn mount_error(e: SandboxError, path: &str) -> SandboxError {
+    use belljar_namespace::live_mounts::LiveError;
+    use belljar_namespace::snapshot_mounts::PathError;
+    let SandboxError::Backend(BackendError::Mount(live)) = e else {
+        return e;
+    };
+    match live {
+        LiveError::Path(PathError::Invalid(_)) => SandboxError::InvalidPath(format!(
+            "path: {path:?} must be an absolute path below `/`, without `.` or `..`"
+        )),
+        LiveError::Path(PathError::NotADirectory(..)) | LiveError::NotADirectory(_) => {
+            SandboxError::NotADirectory(format!(
+                "path: {path} crosses a file or a symbolic link in the sandbox"
+            ))
+        }
+        LiveError::NotMounted(_) => {
+            SandboxError::PathNotFound(format!("path: nothing is mounted at {path}"))
+        }
+        LiveError::NotRunning => SandboxError::Conflict(format!(
+            "The sandbox stopped while {path} was being mounted"
+        )),
+        other => BackendError::Mount(other).into(),
+    }
+}

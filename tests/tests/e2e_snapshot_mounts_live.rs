@@ -1,0 +1,223 @@
+//! Modal's `mount_image` / `unmount_image` on a running namespace sandbox, through a real
+//! daemon: a directory snapshot mounted into a sandbox that runs (the path made when missing,
+//! hiding what was there), copy-on-write, held while mounted, listed, unmounted (what was
+//! there shows again and the sandbox's writes under the mount are gone); bad input refused
+//! with stable codes and leaving no hold.
+//!
+//! Needs root and the `base` image (as every e2e test).
+
+use belljar_api::{CreateSandbox, CreateSnapshot, SnapshotMount};
+use belljar_client::Client;
+use belljar_e2e::{Daemon, sh_ok};
+
+/// Every entry under a directory with its kind, mode and owner, then each file's hash.
+fn listing(dir: &str) -> String {
+    format!(
+        "cd {dir} && find . -mindepth 1 -printf '%P %y %m %U:%G %l\\n' | sort; \
+         find . -type f -exec md5sum {{}} + | sort"
+    )
+}
+
+fn mount(snapshot_id: &str, path: &str) -> SnapshotMount {
+    SnapshotMount {
+        snapshot_id: snapshot_id.into(),
+        path: path.into(),
+    }
+}
+
+fn dir_snapshot(path: &str) -> CreateSnapshot {
+    CreateSnapshot {
+        path: Some(path.into()),
+        ..Default::default()
+    }
+}
+
+async fn mounted_paths(c: &Client, id: &str) -> Vec<String> {
+    c.sandbox_mounts(id)
+        .await
+        .unwrap()
+        .mounts
+        .into_iter()
+        .map(|m| m.path)
+        .collect()
+}
+
+fn layer_count(d: &Daemon) -> usize {
+    std::fs::read_dir(d.paths.data.join("layers"))
+        .map(|r| r.count())
+        .unwrap_or(0)
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn a_directory_snapshot_mounts_into_a_running_sandbox_and_unmounts() {
+    let d = Daemon::start();
+    let c = d.unix();
+    let a = d.create(&c, CreateSandbox::default()).await;
+    sh_ok(
+        &c,
+        &a.id,
+        "set -e; mkdir -p /srv/proj/sub; cd /srv/proj; echo hi > f; chmod 640 f; \
+         chown 1000:1000 sub; echo x > sub/g; ln -s f link",
+    )
+    .await;
+    let want = sh_ok(&c, &a.id, &listing("/srv/proj")).await;
+    let snap = c
+        .snapshot_sandbox(&a.id, &dir_snapshot("/srv/proj"))
+        .await
+        .unwrap();
+
+    // Over a directory with files (hidden while mounted), and where nothing was (made).
+    let b = d.create(&c, CreateSandbox::default()).await;
+    sh_ok(&c, &b.id, "mkdir -p /data && echo before > /data/old").await;
+    let m = c
+        .mount_snapshot(&b.id, &mount(&snap.id, "/data"))
+        .await
+        .unwrap();
+    assert_eq!(m.path, "/data");
+    assert_eq!(sh_ok(&c, &b.id, &listing("/data")).await, want);
+    assert_eq!(
+        sh_ok(&c, &b.id, "awk '$2 == \"/data\" {print $3}' /proc/mounts").await,
+        "overlay\n",
+        "the snapshot is a mount at the path"
+    );
+    c.mount_snapshot(&b.id, &mount(&snap.id, "/mnt/new/deep"))
+        .await
+        .unwrap();
+    assert_eq!(sh_ok(&c, &b.id, &listing("/mnt/new/deep")).await, want);
+    assert_eq!(
+        sh_ok(&c, &b.id, "stat -c '%U %a' /mnt/new").await,
+        "root 755\n",
+        "missing components are made as the sandbox's root"
+    );
+    assert_eq!(mounted_paths(&c, &b.id).await, ["/data", "/mnt/new/deep"]);
+
+    // Copy-on-write: b's writes stay in b, under that one mount.
+    sh_ok(
+        &c,
+        &b.id,
+        "set -e; echo changed > /data/f; rm /data/sub/g; touch /data/new; \
+         su belljar -c 'touch /data/sub/mine'",
+    )
+    .await;
+    assert_eq!(sh_ok(&c, &b.id, &listing("/mnt/new/deep")).await, want);
+    assert_eq!(sh_ok(&c, &a.id, &listing("/srv/proj")).await, want);
+    let e = d.create(&c, CreateSandbox::default()).await;
+    c.mount_snapshot(&e.id, &mount(&snap.id, "/data"))
+        .await
+        .unwrap();
+    assert_eq!(sh_ok(&c, &e.id, &listing("/data")).await, want);
+
+    // Held while mounted: the snapshot's deletion keeps its files for the mounts.
+    c.delete_snapshot(&snap.id).await.unwrap();
+    assert_eq!(sh_ok(&c, &e.id, &listing("/data")).await, want);
+    let err = c
+        .mount_snapshot(&e.id, &mount(&snap.id, "/again"))
+        .await
+        .unwrap_err();
+    assert_eq!(err.code(), "snapshot_not_usable", "{err}");
+
+    // Unmounted: what was there shows again, and b's writes under the mount are gone.
+    c.unmount_snapshot(&b.id, "/data").await.unwrap();
+    assert_eq!(sh_ok(&c, &b.id, "ls /data").await, "old\n");
+    assert_eq!(sh_ok(&c, &b.id, "cat /data/old").await, "before\n");
+    assert_eq!(mounted_paths(&c, &b.id).await, ["/mnt/new/deep"]);
+    let err = c.unmount_snapshot(&b.id, "/data").await.unwrap_err();
+    assert_eq!(err.code(), "not_found", "{err}");
+    assert_eq!(sh_ok(&c, &b.id, &listing("/mnt/new/deep")).await, want);
+
+    // The last holder's unmount frees the layers (b's other mount and e hold them first).
+    for id in [&a.id] {
+        c.delete_sandbox(id).await.unwrap();
+    }
+    c.unmount_snapshot(&b.id, "/mnt/new/deep").await.unwrap();
+    assert!(layer_count(&d) > 0, "e still mounts the snapshot");
+    c.unmount_snapshot(&e.id, "/data").await.unwrap();
+    assert_eq!(layer_count(&d), 0, "no one holds the snapshot's layer");
+    assert_eq!(
+        sh_ok(&c, &e.id, "test -e /data && echo there || echo gone").await,
+        "there\n",
+        "the directory made for the mount stays, empty"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn bad_mounts_into_a_running_sandbox_are_refused_and_hold_nothing() {
+    let d = Daemon::start();
+    let c = d.unix();
+    let a = d.create(&c, CreateSandbox::default()).await;
+    sh_ok(
+        &c,
+        &a.id,
+        "mkdir -p /srv/d && echo 1 > /srv/d/f && ln -s /etc /srv/evil && ln -s /srv/d /srv/dl",
+    )
+    .await;
+    let dir = c
+        .snapshot_sandbox(&a.id, &dir_snapshot("/srv/d"))
+        .await
+        .unwrap();
+    let whole = c
+        .snapshot_sandbox(
+            &a.id,
+            &CreateSnapshot {
+                keep_running: Some(true),
+                ..Default::default()
+            },
+        )
+        .await
+        .unwrap();
+    let layers = layer_count(&d);
+    c.mount_snapshot(&a.id, &mount(&dir.id, "/m"))
+        .await
+        .unwrap();
+    for (snapshot, path, code) in [
+        ("snap_nosuchsnapshot", "/x", "not_found"),
+        (dir.id.as_str(), "x", "invalid_path"),
+        (dir.id.as_str(), "/", "invalid_path"),
+        (dir.id.as_str(), "/x/../etc", "invalid_path"),
+        (dir.id.as_str(), "/x,y", "invalid_path"),
+        (dir.id.as_str(), "/etc/passwd", "not_a_directory"),
+        (dir.id.as_str(), "/etc/passwd/x", "not_a_directory"),
+        // Symlinks (the image's `/bin`, ones the sandbox planted) are never followed: the
+        // mount would land elsewhere in the sandbox, or wherever the link pointed.
+        (dir.id.as_str(), "/bin/x", "not_a_directory"),
+        (dir.id.as_str(), "/srv/evil/x", "not_a_directory"),
+        (dir.id.as_str(), "/srv/dl", "not_a_directory"),
+        (whole.id.as_str(), "/x", "bad_request"),
+        (dir.id.as_str(), "/m", "conflict"),
+    ] {
+        let err = c
+            .mount_snapshot(&a.id, &mount(snapshot, path))
+            .await
+            .unwrap_err();
+        assert_eq!(err.code(), code, "{snapshot} at {path}: {err}");
+    }
+    assert_eq!(mounted_paths(&c, &a.id).await, ["/m"]);
+    assert_eq!(
+        sh_ok(&c, &a.id, "ls /etc/x /x 2>&1 | grep -c 'No such'").await,
+        "2\n",
+        "refused mounts made nothing"
+    );
+    let err = c.unmount_snapshot(&a.id, "/nothing").await.unwrap_err();
+    assert_eq!(err.code(), "not_found", "{err}");
+    let err = c
+        .mount_snapshot("sbx_nosuchsandbox", &mount(&dir.id, "/m"))
+        .await
+        .unwrap_err();
+    assert_eq!(err.code(), "not_found", "{err}");
+
+    // A stopped sandbox: refused.
+    let stopped = d.create(&c, CreateSandbox::default()).await;
+    c.stop_sandbox(&stopped.id).await.unwrap();
+    let err = c
+        .mount_snapshot(&stopped.id, &mount(&dir.id, "/m"))
+        .await
+        .unwrap_err();
+    assert_eq!(err.code(), "sandbox_not_running", "{err}");
+
+    // Nothing refused holds a layer: deleting every holder frees them all.
+    assert_eq!(layer_count(&d), layers);
+    c.delete_sandbox(&a.id).await.unwrap();
+    c.delete_snapshot(&dir.id).await.unwrap();
+    c.delete_snapshot(&whole.id).await.unwrap();
+    assert_eq!(layer_count(&d), 0);
+}
