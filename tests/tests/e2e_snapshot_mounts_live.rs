@@ -2,11 +2,11 @@
 //! daemon: a directory snapshot mounted into a sandbox that runs (the path made when missing,
 //! hiding what was there), copy-on-write, held while mounted, listed, unmounted (what was
 //! there shows again and the sandbox's writes under the mount are gone); bad input refused
-//! with stable codes and leaving no hold.
+//! with stable codes and leaving no hold; a fork carries the mounts as its source sees them.
 //!
 //! Needs root and the `base` image (as every e2e test).
 
-use belljar_api::{CreateSandbox, CreateSnapshot, SnapshotMount};
+use belljar_api::{CreateSandbox, CreateSnapshot, ForkSandbox, ListSnapshotsQuery, SnapshotMount};
 use belljar_client::Client;
 use belljar_e2e::{Daemon, sh_ok};
 
@@ -220,4 +220,86 @@ async fn bad_mounts_into_a_running_sandbox_are_refused_and_hold_nothing() {
     c.delete_snapshot(&dir.id).await.unwrap();
     c.delete_snapshot(&whole.id).await.unwrap();
     assert_eq!(layer_count(&d), 0);
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn a_fork_carries_its_sources_mounts_with_their_writes() {
+    let d = Daemon::start();
+    let c = d.unix();
+    let a = d.create(&c, CreateSandbox::default()).await;
+    sh_ok(
+        &c,
+        &a.id,
+        "mkdir -p /srv/d && echo 1 > /srv/d/f && echo 2 > /srv/d/g",
+    )
+    .await;
+    let snap = c
+        .snapshot_sandbox(&a.id, &dir_snapshot("/srv/d"))
+        .await
+        .unwrap();
+    // One mount given at create, one mounted while running; writes under both and beside.
+    let b = d
+        .create(
+            &c,
+            CreateSandbox {
+                mounts: Some(vec![mount(&snap.id, "/m1")]),
+                ..Default::default()
+            },
+        )
+        .await;
+    c.mount_snapshot(&b.id, &mount(&snap.id, "/m2"))
+        .await
+        .unwrap();
+    sh_ok(
+        &c,
+        &b.id,
+        "set -e; echo b > /m1/f; rm /m1/g; echo new > /m2/h; echo root > /root/z",
+    )
+    .await;
+    let want1 = sh_ok(&c, &b.id, &listing("/m1")).await;
+    let want2 = sh_ok(&c, &b.id, &listing("/m2")).await;
+
+    let f = c
+        .fork_sandbox(&b.id, &ForkSandbox::default())
+        .await
+        .unwrap();
+    assert_eq!(mounted_paths(&c, &f.id).await, ["/m1", "/m2"]);
+    assert_eq!(sh_ok(&c, &f.id, &listing("/m1")).await, want1);
+    assert_eq!(sh_ok(&c, &f.id, &listing("/m2")).await, want2);
+    assert_eq!(sh_ok(&c, &f.id, "cat /root/z").await, "root\n");
+    assert_eq!(
+        sh_ok(
+            &c,
+            &f.id,
+            "awk '$2 ~ /^\\/m[12]$/ {print $2, $3}' /proc/mounts"
+        )
+        .await,
+        "/m1 overlay\n/m2 overlay\n",
+        "the fork's mounts are mounts, copy-on-write again"
+    );
+    // The fork's writes stay its own; the source's mounts are as they were.
+    sh_ok(&c, &f.id, "echo f > /m1/f && rm /m2/h").await;
+    assert_eq!(sh_ok(&c, &b.id, &listing("/m1")).await, want1);
+    assert_eq!(sh_ok(&c, &b.id, &listing("/m2")).await, want2);
+    // What the fork mounts is on the source's timeline: directory snapshots of its mounts.
+    let on_timeline: Vec<String> = c
+        .list_snapshots(&ListSnapshotsQuery {
+            sandbox_id: Some(b.id.clone()),
+            ..Default::default()
+        })
+        .await
+        .unwrap()
+        .snapshots
+        .into_iter()
+        .filter_map(|s| s.path)
+        .collect();
+    assert_eq!(on_timeline.len(), 2, "{on_timeline:?}");
+    assert!(on_timeline.iter().any(|p| p == "/m1"), "{on_timeline:?}");
+
+    // A fork of a sandbox without mounts mounts nothing.
+    let plain = c
+        .fork_sandbox(&a.id, &ForkSandbox::default())
+        .await
+        .unwrap();
+    assert!(mounted_paths(&c, &plain.id).await.is_empty());
 }

@@ -142,14 +142,14 @@ def test_snapshot_restore_terminate(sb):
 
 
 def test_mount_image_into_a_running_sandbox(sb):
-    assert sb.exec("mkdir", "-p", "/srv/proj").wait() == 0
-    sb.filesystem.write_text("shared", "/srv/proj/a.txt")
-    snap = sb.snapshot_directory("/srv/proj")
+    assert sb.exec("mkdir", "-p", "/workspace/proj").wait() == 0
+    sb.filesystem.write_text("shared", "/workspace/proj/a.txt")
+    snap = sb.snapshot_directory("/workspace/proj")
     other = Sandbox.create(tags=TAG)
     other.mount_image("/work/proj", snap)
     assert other.filesystem.read_text("/work/proj/a.txt") == "shared"
     other.filesystem.write_text("mine", "/work/proj/a.txt")
-    assert sb.filesystem.read_text("/srv/proj/a.txt") == "shared"
+    assert sb.filesystem.read_text("/workspace/proj/a.txt") == "shared"
     other.unmount_image("/work/proj")
     assert other.exec("ls", "-A", "/work/proj").stdout.read() == ""
     with pytest.raises(BelljarError) as e:

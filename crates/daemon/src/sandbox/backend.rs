@@ -171,6 +171,19 @@ pub trait BackendDriver: Send + Sync {
             what: "snapshot a directory",
         })
     }
+    /// Copies the sandbox's writes under its snapshot mount `slot` into
+    /// `layers_dir/<digest>`; the sandbox must be stopped or frozen.
+    fn capture_mount(
+        &self,
+        _state_dir: &Path,
+        _slot: usize,
+        _layers_dir: &Path,
+    ) -> Result<CapturedLayer, BackendError> {
+        Err(BackendError::Unsupported {
+            backend: self.kind().into(),
+            what: "snapshot mounts",
+        })
+    }
     /// Mounts a directory snapshot into the running sandbox.
     fn mount_live(&self, _state_dir: &Path, _mount: &MountSpec) -> Result<(), BackendError> {
         Err(BackendError::Unsupported {

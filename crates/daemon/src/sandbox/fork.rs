@@ -2,7 +2,8 @@
 //! it is a live snapshot of the source (which stays on the source's snapshot timeline, with
 //! the source's snapshot expiration) and a sandbox made from that snapshot with the source's
 //! configuration (its policy and exposed ports included, the ports on new host ports) and the
-//! request's overrides.
+//! request's overrides. Its snapshot mounts come along with what the source wrote under them
+//! (see `live_mounts`).
 
 use belljar_api::{CreateSandbox, CreateSnapshot, ForkSandbox, Sandbox, Source};
 
@@ -31,6 +32,7 @@ impl Sandboxes {
                 },
             )
             .await?;
+        let mounts = self.fork_mounts(&source).await?;
         let snapshotted = started.elapsed();
         let snapshot_frozen = snapshot.frozen_ms;
         let held = self.inner.store.sandbox_layers(id)?.unwrap_or_default();
@@ -51,7 +53,7 @@ impl Sandboxes {
                 snapshot_expiration_ms: held.snapshot_expiration_ms,
                 keep_last_snapshots: held.keep_last,
                 network_policy: self.network_policy_of(id),
-                mounts: None,
+                mounts: (!mounts.is_empty()).then_some(mounts),
                 ports: (!ports.is_empty()).then_some(ports),
                 persistent: Some(source.lifecycle.persistent),
                 idle_timeout_ms: source.lifecycle.idle_timeout_ms,

@@ -5,8 +5,20 @@
 //! next free slot), so its layers live while it is mounted, a persistent sandbox mounts it
 //! again at its next start and a fork carries it. The hold is taken before the backend
 //! mounts and dropped again when that fails, so a failed mount holds nothing.
+//!
+//! A fork carries its source's mounts as the source sees them: each mount's writes are
+//! captured (frozen, right after the fork's own live snapshot) as a layer on top of the
+//! mounted snapshot's, recorded as a directory snapshot on the source's timeline, and the
+//! fork mounts those at the same paths.
 
-use belljar_api::{Backend, SandboxMounts, SandboxStatus, SnapshotMount};
+use std::time::Instant;
+
+use belljar_api::SnapshotStatus;
+use belljar_api::{Backend, Sandbox, SandboxMounts, SandboxStatus, Snapshot, SnapshotMount};
+
+use super::snapshots::FROZEN_MARKER;
+use crate::store::SnapshotRow;
+use crate::util::{new_id, now_ms};
 
 use super::backend::BackendError;
 use super::snapshot_mounts::{mount_path, refused_error};
@@ -103,6 +115,103 @@ impl Sandboxes {
         }
         tracing::info!(sandbox = %id, path = %path, "unmounted");
         Ok(())
+    }
+}
+
+impl Sandboxes {
+    /// For a fork of `source`: its mounts as it sees them now (each mounted snapshot with the
+    /// source's writes under it on top), as directory snapshots of the source at the same
+    /// paths. Empty when it mounts nothing.
+    pub(super) async fn fork_mounts(
+        &self,
+        source: &Sandbox,
+    ) -> Result<Vec<SnapshotMount>, SandboxError> {
+        let id = &source.id;
+        let lock = self.lock_for(id);
+        let _guard = lock.lock().await;
+        let held = self.inner.store.sandbox_mounts(id)?;
+        if held.is_empty() {
+            return Ok(Vec::new());
+        }
+        let s = self.get(id)?;
+        if s.status != SandboxStatus::Running {
+            return Err(SandboxError::NotRunning {
+                id: s.id,
+                status: s.status.as_str(),
+            });
+        }
+        let slots = crate::store::mount_slots(&held);
+        let dir = self.state_dir(id);
+        let layers_dir = self.layers_dir();
+        let layer_lock = self.inner.snapshots.layers.lock().await;
+        let marker = self.inner.paths.sandbox_dir(id).join(FROZEN_MARKER);
+        std::fs::write(&marker, b"")?;
+        let started = Instant::now();
+        let outcome = self
+            .blocking_backend(&s, move |b| {
+                b.freeze(&dir)?;
+                let captured: Result<Vec<_>, _> = slots
+                    .iter()
+                    .map(|slot| b.capture_mount(&dir, *slot, &layers_dir))
+                    .collect();
+                Ok((captured, b.thaw(&dir)))
+            })
+            .await;
+        let frozen_ms = started.elapsed().as_millis() as u64;
+        let captured = match outcome {
+            Ok((captured, Ok(()))) => {
+                let _ = std::fs::remove_file(&marker);
+                captured?
+            }
+            // Still frozen: the marker stays, so that the next start thaws it.
+            Ok((_, Err(e))) => return Err(e.into()),
+            Err(e) => {
+                let _ = std::fs::remove_file(&marker);
+                return Err(e);
+            }
+        };
+        let expiration_ms = self
+            .inner
+            .store
+            .sandbox_layers(id)?
+            .and_then(|h| h.snapshot_expiration_ms)
+            .unwrap_or(belljar_api::DEFAULT_EXPIRATION_MS);
+        let mut out = Vec::new();
+        let mut made = Vec::new();
+        for (m, layer) in held.into_iter().zip(captured) {
+            let now = now_ms();
+            let mut layers = vec![layer.digest];
+            layers.extend(m.layers);
+            let row = SnapshotRow {
+                snapshot: Snapshot {
+                    id: new_id("snap"),
+                    status: SnapshotStatus::Created,
+                    status_reason: None,
+                    source_sandbox_id: id.clone(),
+                    parent: Some(m.snapshot_id),
+                    image: s.image.clone(),
+                    size_bytes: layer.size_bytes,
+                    depth: layers.len() as u32,
+                    created_at: now,
+                    expires_at: (expiration_ms > 0).then(|| now.saturating_add(expiration_ms)),
+                    frozen_ms: Some(frozen_ms),
+                    path: Some(m.path.clone()),
+                },
+                layers,
+                expiration_ms,
+            };
+            self.inner.store.insert_snapshot(&row, layer.size_bytes)?;
+            made.push(row.snapshot.id.clone());
+            out.push(SnapshotMount {
+                snapshot_id: row.snapshot.id,
+                path: m.path,
+            });
+        }
+        drop(layer_lock);
+        for snap in made {
+            self.emit_snapshot(self.get_snapshot(&snap)?);
+        }
+        Ok(out)
     }
 }
 

@@ -155,6 +155,20 @@ impl BackendDriver for Namespace {
             .map_err(|e| BackendError::Snapshot(error_chain(&e)))
     }
 
+    fn capture_mount(
+        &self,
+        state_dir: &Path,
+        slot: usize,
+        layers_dir: &Path,
+    ) -> Result<CapturedLayer, BackendError> {
+        ns::layer::capture_mount(state_dir, slot, layers_dir)
+            .map(|c| CapturedLayer {
+                digest: c.digest,
+                size_bytes: c.size_bytes,
+            })
+            .map_err(|e| BackendError::Snapshot(error_chain(&e)))
+    }
+
     fn mount_live(&self, state_dir: &Path, mount: &MountSpec) -> Result<(), BackendError> {
         ns::live_mounts::mount(state_dir, &layer_mount(mount)).map_err(BackendError::Mount)
     }

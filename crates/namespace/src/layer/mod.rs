@@ -83,6 +83,16 @@ pub struct Captured {
 /// is kept as it is when another capture already made it). The sandbox must be frozen or
 /// stopped. A stopped sandbox's disk is mounted for the copy and unmounted after it.
 pub fn capture(state_dir: &Path, layers_dir: &Path) -> Result<Captured, Error> {
+    capture_in(state_dir, "upper", layers_dir)
+}
+
+/// Copies the writable layer of the sandbox's snapshot mount `slot` (its writes under the
+/// mount, see [`crate::snapshot_mounts`]) as [`capture`] does the sandbox's own.
+pub fn capture_mount(state_dir: &Path, slot: usize, layers_dir: &Path) -> Result<Captured, Error> {
+    capture_in(state_dir, &format!("mounts/{slot}/upper"), layers_dir)
+}
+
+fn capture_in(state_dir: &Path, upper: &str, layers_dir: &Path) -> Result<Captured, Error> {
     let st = State::load(state_dir)?.ok_or(Error::NoLayer)?;
     let shift = if st.rootless {
         Shift::Rootless(st.root_uid)
@@ -94,7 +104,7 @@ pub fn capture(state_dir: &Path, layers_dir: &Path) -> Result<Captured, Error> {
     if mounted_here {
         disk::mount(state_dir, &fs_dir, disk::MIN_DISK_BYTES)?;
     }
-    let result = capture_tree(&fs_dir.join("upper"), layers_dir, shift);
+    let result = capture_tree(&fs_dir.join(upper), layers_dir, shift);
     if mounted_here {
         disk::unmount(&fs_dir);
     }
