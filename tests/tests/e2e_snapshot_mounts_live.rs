@@ -182,6 +182,8 @@ async fn bad_mounts_into_a_running_sandbox_are_refused_and_hold_nothing() {
         (dir.id.as_str(), "/bin/x", "not_a_directory"),
         (dir.id.as_str(), "/srv/evil/x", "not_a_directory"),
         (dir.id.as_str(), "/srv/dl", "not_a_directory"),
+        // Where no directory can be made (sysfs is read-only in the sandbox).
+        (dir.id.as_str(), "/sys/x", "invalid_path"),
         (whole.id.as_str(), "/x", "bad_request"),
         (dir.id.as_str(), "/m", "conflict"),
     ] {

@@ -47,6 +47,10 @@ pub enum LiveError {
     /// A component of the path in the sandbox is a file or a symlink.
     #[error("Mount path {0} crosses something that is not a directory")]
     NotADirectory(String),
+    /// The path cannot carry a mount in the sandbox (a component cannot be made or opened:
+    /// a read-only or pseudo filesystem, say).
+    #[error("Cannot mount at {0}: {1}")]
+    Unusable(String, String),
     /// Nothing is mounted at the path (unmount).
     #[error("Nothing is mounted at {0}")]
     NotMounted(String),
@@ -78,6 +82,7 @@ const RESOLVE_BENEATH: u64 = 0x08;
 /// The first line of the helper's error report when the path crosses a non-directory.
 const NOT_A_DIRECTORY: &str = "not_a_directory";
 const NOT_MOUNTED: &str = "not_mounted";
+const UNUSABLE: &str = "unusable";
 
 /// `struct open_how` for `openat2(2)`.
 #[repr(C)]
@@ -222,7 +227,8 @@ fn helper_error(text: String, path: &str) -> LiveError {
     match text.split_once('\n') {
         Some((NOT_A_DIRECTORY, _)) => LiveError::NotADirectory(path.to_owned()),
         Some((NOT_MOUNTED, _)) => LiveError::NotMounted(path.to_owned()),
-        _ => LiveError::Helper(text),
+        Some((UNUSABLE, why)) => LiveError::Unusable(path.to_owned(), why.to_owned()),
+        _ => LiveError::Helper(text.replace('\n', ": ")),
     }
 }
 
@@ -411,14 +417,14 @@ fn mount_helper(plan: &MountPlan, err: RawFd) -> ! {
                 if libc::mkdirat(dir as RawFd, comp.as_ptr(), 0o755) < 0
                     && io::Error::last_os_error().raw_os_error() != Some(libc::EEXIST)
                 {
-                    fail(err, "error", &format!("mkdir {comp:?}"));
+                    fail(err, UNUSABLE, &format!("mkdir {comp:?}"));
                 }
                 next = open_below(dir as RawFd, comp);
             }
             if next < 0 {
                 let code = match io::Error::last_os_error().raw_os_error() {
                     Some(libc::ENOTDIR | libc::ELOOP | libc::EXDEV) => NOT_A_DIRECTORY,
-                    _ => "error",
+                    _ => UNUSABLE,
                 };
                 fail(err, code, &format!("open {comp:?}"));
             }
@@ -433,7 +439,9 @@ fn mount_helper(plan: &MountPlan, err: RawFd) -> ! {
             c"".as_ptr(),
             MOVE_MOUNT_F_EMPTY_PATH | MOVE_MOUNT_T_EMPTY_PATH,
         );
-        check(ret, err, "move the overlay into the sandbox");
+        if ret < 0 {
+            fail(err, UNUSABLE, "move the overlay into the sandbox");
+        }
         libc::_exit(0)
     }
 }

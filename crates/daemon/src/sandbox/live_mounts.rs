@@ -231,6 +231,9 @@ fn mount_error(e: SandboxError, path: &str) -> SandboxError {
                 "path: {path} crosses a file or a symbolic link in the sandbox"
             ))
         }
+        LiveError::Unusable(_, why) => {
+            SandboxError::InvalidPath(format!("path: cannot mount at {path}: {why}"))
+        }
         LiveError::NotMounted(_) => {
             SandboxError::PathNotFound(format!("path: nothing is mounted at {path}"))
         }
