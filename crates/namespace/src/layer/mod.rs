@@ -35,7 +35,7 @@ use crate::{disk, mounts};
 pub mod diff;
 mod dir;
 mod squash;
-mod xattr;
+pub(crate) mod xattr;
 
 pub use dir::{DirError, capture_dir};
 pub use squash::squash;

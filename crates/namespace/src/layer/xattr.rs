@@ -62,7 +62,7 @@ pub(super) fn list_xattrs(path: &Path) -> io::Result<Vec<OsString>> {
         .collect())
 }
 
-pub(super) fn get_xattr(path: &Path, name: &OsStr) -> io::Result<Option<Vec<u8>>> {
+pub(crate) fn get_xattr(path: &Path, name: &OsStr) -> io::Result<Option<Vec<u8>>> {
     let p = mounts::c_path(path);
     let n = CString::new(name.as_bytes()).map_err(io::Error::other)?;
     let mut buf = vec![0u8; 256];
@@ -83,7 +83,7 @@ pub(super) fn get_xattr(path: &Path, name: &OsStr) -> io::Result<Option<Vec<u8>>
     }
 }
 
-pub(super) fn set_xattr(path: &Path, name: &OsStr, value: &[u8]) -> io::Result<()> {
+pub(crate) fn set_xattr(path: &Path, name: &OsStr, value: &[u8]) -> io::Result<()> {
     let p = mounts::c_path(path);
     let n = CString::new(name.as_bytes()).map_err(io::Error::other)?;
     // SAFETY: valid C strings and a value buffer of `value.len()` readable bytes.

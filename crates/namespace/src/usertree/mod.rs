@@ -16,8 +16,11 @@
 //! and mapping, under a lock, and reused by every sandbox of that user. A tree that already
 //! belongs to the user (built rootless, or a test's fixture) is used as it is.
 //!
-//! Not carried over: extended attributes (file capabilities), device nodes (the sandbox gets
-//! its own `/dev`), hard links (each becomes its own file).
+//! Hard links stay links, and file capabilities, `user.*` attributes and POSIX ACLs are kept
+//! (see [`debugfs`]: set inside the user namespace, a capability holds in this user's
+//! sandboxes). Not carried over: device nodes (the sandbox gets its own `/dev`), `trusted.*`
+//! and LSM attributes; nor any of those without `debugfs` (e2fsprogs, installed on every
+//! Debian system), where the slower `ext4_view` copy, which sees neither, is used.
 
 use std::ffi::OsStr;
 use std::fs;
@@ -28,6 +31,8 @@ use std::os::unix::fs::{DirBuilderExt, MetadataExt, OpenOptionsExt, PermissionsE
 use std::path::{Path, PathBuf};
 
 use nix::unistd::Uid;
+
+mod debugfs;
 
 use crate::idmap::{self, IdMap};
 
@@ -195,49 +200,47 @@ pub fn unpack(ext4: &Path, dest: &Path) -> Result<(), String> {
         .map_err(|e| format!("{}: {e}", dest.display()))?;
     let root = ext4_view::PathBuf::new("/");
     let meta = fs.metadata(&root).map_err(|e| format!("/: {e}"))?;
-    match debugfs() {
-        Some(debugfs) => {
-            rdump(&debugfs, ext4, dest)?;
+    match debugfs::debugfs() {
+        Some(tool) => {
+            debugfs::rdump(&tool, ext4, dest)?;
             let _ = fs::remove_dir_all(dest.join("lost+found"));
             fix_modes(&fs, &root, dest, true)?;
+            let scratch = dest.with_file_name(".unpack-scratch");
+            fs::DirBuilder::new()
+                .mode(0o700)
+                .create(&scratch)
+                .map_err(|e| format!("{}: {e}", scratch.display()))?;
+            let kept = keep_links_and_xattrs(&fs, &tool, ext4, dest, &scratch);
+            let _ = fs::remove_dir_all(&scratch);
+            kept?;
         }
         None => copy_dir(&fs, &root, dest, true)?,
     }
     finish(dest, &meta, false)
 }
 
-/// `debugfs` from e2fsprogs; often outside an ordinary user's `PATH` (`/usr/sbin`).
-fn debugfs() -> Option<PathBuf> {
-    ["/usr/sbin/debugfs", "/sbin/debugfs"]
-        .into_iter()
-        .map(PathBuf::from)
-        .find(|p| p.is_file())
-        .or_else(|| {
-            let path = std::env::var_os("PATH")?;
-            std::env::split_paths(&path)
-                .map(|d| d.join("debugfs"))
-                .find(|p| p.is_file())
-        })
-}
-
-/// `debugfs -R 'rdump / DEST' IMAGE`: the image's root directory's contents into `dest`.
-fn rdump(debugfs: &Path, ext4: &Path, dest: &Path) -> Result<(), String> {
-    let dest_text = dest.to_string_lossy();
-    if dest_text.contains('"') {
-        return Err(format!("{dest_text}: a path with a quote"));
+/// What `rdump` lost: hard links (the directories they are in get their times back) and
+/// extended attributes. After [`fix_modes`]: a `chmod` keeps a file capability, a `chown`
+/// would drop it.
+fn keep_links_and_xattrs(
+    fs: &ext4_view::Ext4,
+    tool: &Path,
+    ext4: &Path,
+    dest: &Path,
+    scratch: &Path,
+) -> Result<(), String> {
+    let entries = debugfs::list(tool, ext4, scratch)?;
+    for dir in debugfs::relink(&entries, dest)? {
+        let mut image_path = b"/".to_vec();
+        image_path.extend_from_slice(dir.as_os_str().as_bytes());
+        let image_path = ext4_view::PathBuf::try_from(image_path)
+            .map_err(|e| format!("{}: {e}", dir.display()))?;
+        let meta = fs
+            .metadata(&image_path)
+            .map_err(|e| format!("{}: {e}", dir.display()))?;
+        finish(&dest.join(&dir), &meta, false)?;
     }
-    let out = std::process::Command::new(debugfs)
-        .arg("-R")
-        .arg(format!("rdump / \"{dest_text}\""))
-        .arg(ext4)
-        .output()
-        .map_err(|e| format!("{}: {e}", debugfs.display()))?;
-    if !out.status.success() {
-        return Err(format!(
-            "debugfs failed: {}",
-            String::from_utf8_lossy(&out.stderr).trim()
-        ));
-    }
+    debugfs::copy_xattrs(tool, ext4, &entries, dest, scratch)?;
     Ok(())
 }
 
@@ -369,18 +372,19 @@ mod tests {
     use super::*;
     use std::process::Command;
 
-    /// An ext4 image of a small tree with several owners, a setuid file and a symlink, made
-    /// with `mkfs.ext4 -d` (as the image build does), then unpacked as root (the ids then
-    /// need no namespace): owners, modes, contents, links and times come back.
-    #[test]
-    fn unpack_keeps_owners_modes_and_links() {
-        if !Uid::effective().is_root() {
-            return;
-        }
-        let tmp = tempfile::tempdir().unwrap();
-        let src = tmp.path().join("src");
+    /// `cap_net_raw+ep` as `setcap` writes it (version 2, no namespace root).
+    const NET_RAW_V2: [u8; 20] = [
+        1, 0, 0, 2, 0, 0x20, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0,
+    ];
+
+    /// An ext4 image of a small tree with several owners, a setuid file, a symlink, a file
+    /// hard-linked under two names (as `perl` and `perl5.40.1` are in `base`), a file
+    /// capability and a user attribute, made with `mkfs.ext4 -d` as the image build does.
+    fn image(dir: &Path) -> (PathBuf, PathBuf) {
+        let src = dir.join("src");
         fs::create_dir_all(src.join("home/belljar")).unwrap();
         fs::create_dir_all(src.join("usr/bin")).unwrap();
+        fs::create_dir_all(src.join("usr/lib")).unwrap();
         fs::write(src.join("home/belljar/.profile"), "hi\n").unwrap();
         std::os::unix::fs::chown(src.join("home/belljar"), Some(1000), Some(1000)).unwrap();
         std::os::unix::fs::chown(src.join("home/belljar/.profile"), Some(1000), Some(1000))
@@ -390,7 +394,24 @@ mod tests {
         fs::set_permissions(src.join("tmp"), fs::Permissions::from_mode(0o1777)).unwrap();
         fs::set_permissions(src.join("usr/bin/sudo"), fs::Permissions::from_mode(0o4755)).unwrap();
         std::os::unix::fs::symlink("usr/bin", src.join("bin")).unwrap();
-        let image = tmp.path().join("rootfs.ext4");
+        fs::write(src.join("usr/bin/perl"), vec![9u8; 50_000]).unwrap();
+        fs::hard_link(src.join("usr/bin/perl"), src.join("usr/bin/perl5.40.1")).unwrap();
+        fs::hard_link(src.join("usr/bin/perl"), src.join("usr/lib/perl")).unwrap();
+        fs::write(src.join("usr/bin/ping"), "ping").unwrap();
+        let xattr = crate::layer::xattr::set_xattr;
+        xattr(
+            &src.join("usr/bin/ping"),
+            OsStr::new("security.capability"),
+            &NET_RAW_V2,
+        )
+        .unwrap();
+        xattr(
+            &src.join("home/belljar/.profile"),
+            OsStr::new("user.note"),
+            b"kept",
+        )
+        .unwrap();
+        let image = dir.join("rootfs.ext4");
         let made = Command::new("mkfs.ext4")
             .args(["-q", "-F", "-d"])
             .arg(&src)
@@ -399,15 +420,86 @@ mod tests {
             .status()
             .unwrap();
         assert!(made.success());
-        // Through debugfs (when installed) and through ext4_view alone: the same tree.
+        (src, image)
+    }
+
+    /// Unpacked as root (the ids then need no namespace): owners, modes, contents, links and
+    /// times come back, and through debugfs also hard links and attributes (`rdump` alone
+    /// wrote each name as a file of its own and dropped the capability).
+    #[test]
+    fn unpack_keeps_owners_modes_and_links() {
+        if !Uid::effective().is_root() {
+            return;
+        }
+        let tmp = tempfile::tempdir().unwrap();
+        let (src, image) = image(tmp.path());
         let dest = tmp.path().join("out");
         unpack(&image, &dest).unwrap();
         check_tree(&src, &dest);
+        assert!(
+            debugfs::debugfs().is_some(),
+            "e2fsprogs' debugfs is missing"
+        );
+        let cap = check_links_and_attributes(&src, &dest);
+        assert_eq!(cap, NET_RAW_V2);
+        assert!(!tmp.path().join(".unpack-scratch").exists());
+        // Through ext4_view alone (no debugfs): the same tree, without links or attributes.
         let copied = tmp.path().join("copied");
         fs::create_dir(&copied).unwrap();
         let fs = ext4_view::Ext4::load_from_path(&image).unwrap();
         copy_dir(&fs, &ext4_view::PathBuf::new("/"), &copied, true).unwrap();
         check_tree(&src, &copied);
+    }
+
+    /// As a rootless daemon unpacks: root of a user namespace whose root is host uid `base`.
+    /// The owners are shifted, the links kept, and the capability is recorded for that root
+    /// (version 3 with `rootid` = `base`), so it holds in the user's sandboxes and nowhere
+    /// else. (Root makes the namespace here; a user's is made through `newuidmap`.)
+    #[test]
+    fn unpack_in_a_user_namespace_keeps_the_capability_for_its_root() {
+        if !Uid::effective().is_root() {
+            return;
+        }
+        let base = 1_700_000;
+        let tmp = tempfile::tempdir().unwrap();
+        fs::set_permissions(tmp.path(), fs::Permissions::from_mode(0o755)).unwrap();
+        let (src, image) = image(tmp.path());
+        let parent = tmp.path().join("user");
+        fs::create_dir(&parent).unwrap();
+        std::os::unix::fs::chown(&parent, Some(base), Some(base)).unwrap();
+        let dest = parent.join("rootfs");
+        in_namespace(&IdMap::shifted(base), &image, &dest).unwrap();
+        let meta = |p: &str| fs::symlink_metadata(dest.join(p)).unwrap();
+        assert_eq!(meta("usr/bin/sudo").uid(), base);
+        assert_eq!(meta("usr/bin/sudo").mode() & 0o7777, 0o4755);
+        assert_eq!(meta("home/belljar/.profile").uid(), base + 1000);
+        let cap = check_links_and_attributes(&src, &dest);
+        assert_eq!(cap.len(), 24, "not a version 3 capability: {cap:?}");
+        assert_eq!(&cap[..4], &[1, 0, 0, 3], "{cap:?}");
+        assert_eq!(&cap[4..20], &NET_RAW_V2[4..20], "{cap:?}");
+        assert_eq!(cap[20..24], base.to_le_bytes(), "{cap:?}");
+    }
+
+    /// The three names of `perl` are one file, the directories keep their times, and the
+    /// user attribute is back; returns `ping`'s capability as the host reads it.
+    fn check_links_and_attributes(src: &Path, dest: &Path) -> Vec<u8> {
+        let meta = |p: &str| fs::symlink_metadata(dest.join(p)).unwrap();
+        let perl = meta("usr/bin/perl");
+        assert_eq!(perl.nlink(), 3);
+        for other in ["usr/bin/perl5.40.1", "usr/lib/perl"] {
+            assert_eq!(meta(other).ino(), perl.ino(), "{other} is not a link");
+        }
+        for dir in ["usr/bin", "usr/lib"] {
+            let want = fs::metadata(src.join(dir)).unwrap().mtime();
+            assert_eq!(meta(dir).mtime(), want, "{dir}'s time");
+        }
+        let get = |p: &str, n: &str| {
+            crate::layer::xattr::get_xattr(&dest.join(p), OsStr::new(n))
+                .unwrap()
+                .unwrap_or_else(|| panic!("no {n} on {p}"))
+        };
+        assert_eq!(get("home/belljar/.profile", "user.note"), b"kept");
+        get("usr/bin/ping", "security.capability")
     }
 
     fn check_tree(src: &Path, dest: &Path) {
