@@ -1,7 +1,7 @@
 //! Escape tests for the namespace backend: from inside a sandbox, the host's files, processes,
-//! loopback and Unix sockets, and other sandboxes are out of reach; a fork bomb and a memory
-//! hog hit their cgroup limits without hurting this process (the stand-in for the daemon) or
-//! another sandbox.
+//! loopback and Unix sockets, and other sandboxes are out of reach; a fork bomb, a memory hog
+//! and a CPU hog hit their cgroup limits without hurting this process (the stand-in for the
+//! daemon) or another sandbox.
 //!
 //! Commands run as root inside the sandbox, through the real `belljar-agent` when a static
 //! build of it is found (`BELLJAR_AGENT_BIN`, `standin` to force the stand-in; or `x86_64-unknown-linux-gnu/release/` of
@@ -464,6 +464,55 @@ fn memory_hog_is_killed_inside_its_cgroup() {
     assert_eq!(other.ok("echo fine"), "fine");
     let neighbour = belljar_namespace::usage(&other.spec.state_dir).unwrap();
     assert_eq!(neighbour.oom_kills.unwrap_or(0), 0);
+}
+
+/// A key of the sandbox's `cpu.stat` (v1 `cpu` hierarchy or v2 group, as [`pids_events`]).
+fn cpu_stat(pid: u32, key: &str) -> u64 {
+    let dir = belljar_namespace::cgroup::group_of(pid, "cpu").expect("no cgroup with cpu");
+    let text = std::fs::read_to_string(dir.join("cpu.stat")).unwrap();
+    text.lines()
+        .find_map(|l| l.strip_prefix(key)?.trim().parse().ok())
+        .unwrap_or_else(|| panic!("no {key} in {}: {text}", dir.display()))
+}
+
+#[test]
+fn cpu_hog_is_held_to_its_quota() {
+    let tmp = tmpdir();
+    let limits = Limits {
+        cpu: Some(0.2),
+        ..Default::default()
+    };
+    let hog = Sandbox::launch(tmp.path(), "esc-cpu", limits);
+    let how = match &hog.running.limits.cpu {
+        belljar_namespace::LimitStatus::Enforced { how } => how.clone(),
+        other => panic!("CPU limit not enforced: {other:?}"),
+    };
+    eprintln!("cpu limit: {how}");
+    let pid = hog.running.pid;
+    // Two spinning processes: unthrottled they would take both of this machine's cores (or
+    // whatever the load leaves), so what bounds them is the quota, which the kernel proves by
+    // counting the periods it stopped the group in (`nr_throttled`).
+    hog.ok("for i in 1 2; do (while :; do :; done) >/dev/null 2>&1 & done");
+    let cpu_usec = || {
+        belljar_namespace::usage(&hog.spec.state_dir)
+            .unwrap()
+            .cpu_usec
+            .expect("no CPU accounting")
+    };
+    eventually("the first throttled period", || {
+        cpu_stat(pid, "nr_throttled") >= 1
+    });
+    let (t0, used0, throttled0) = (Instant::now(), cpu_usec(), cpu_stat(pid, "nr_throttled"));
+    // At least a second and ten more throttled periods (each period is 100 ms).
+    eventually("ten more throttled periods", || {
+        cpu_stat(pid, "nr_throttled") >= throttled0 + 10 && t0.elapsed() >= Duration::from_secs(1)
+    });
+    let wall = t0.elapsed().as_secs_f64();
+    let used = (cpu_usec() - used0) as f64 / 1e6;
+    let share = used / wall;
+    eprintln!("cpu: {used:.3} s of CPU in {wall:.3} s ({share:.2} CPUs) under a 0.2 quota ({how})");
+    // The quota plus one period's burst over the window, with room for sampling skew.
+    assert!(share <= 0.3, "{share:.2} CPUs used under a 0.2 CPU quota");
 }
 
 /// Benchmark, not a timed test: `launch()` → first command's output, 20 times, p50.
