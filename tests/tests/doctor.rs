@@ -94,6 +94,8 @@ fn doctor_as_root_on_cgroup_v1() {
     let network = f("network");
     assert_eq!(network["status"], "ok", "{network}");
     assert_eq!(network["facts"]["tap_in_netns"], true);
+    // As root a sandbox's disk limit is a loop-mounted filesystem of its size.
+    assert_eq!(f("disk")["facts"]["sandbox_disk_limit"]["enforced"], true);
     assert_eq!(report["ok"], true);
     doctor_via_daemon_matches(&report);
 }
@@ -130,6 +132,16 @@ fn doctor_as_an_ordinary_user_on_delegated_v2() {
     assert_eq!(network["facts"]["tun_present"], true);
     assert_eq!(network["facts"]["tun_openable"], false);
     assert_eq!(network["fix"], "sudo chmod 0666 /dev/net/tun");
+    // Rootless, the disk limit is not enforced, and the finding says so and why.
+    let disk = f("disk");
+    assert_eq!(
+        disk["facts"]["sandbox_disk_limit"]["enforced"], false,
+        "{disk}"
+    );
+    assert!(
+        disk["found"].as_str().unwrap().contains("not enforced"),
+        "{disk}"
+    );
     // L1's /tmp is RAM (a few hundred MiB free): a disk problem there is the truth; nothing
     // else may be one.
     let problems: Vec<&str> = report["findings"]

@@ -569,3 +569,71 @@ fn fork_stopping_snapshot_and_persistence_on_microvm() {
         );
     });
 }
+
+/// The processes whose command line names `id` (a sandbox's VMM is given its directory).
+fn processes_naming(id: &str) -> Vec<String> {
+    let mut found = Vec::new();
+    for entry in std::fs::read_dir("/proc").unwrap().flatten() {
+        let cmdline = std::fs::read(entry.path().join("cmdline")).unwrap_or_default();
+        let text = String::from_utf8_lossy(&cmdline).replace('\0', " ");
+        if text.contains(id) {
+            found.push(format!("{}: {text}", entry.file_name().to_string_lossy()));
+        }
+    }
+    found
+}
+
+/// A microVM as a desktop user runs one: the daemon is an ordinary user whose only privilege
+/// is membership of `/dev/kvm`'s group (checked, not assumed). One microVM is created, runs a
+/// command and is deleted, leaving no VMM and no state behind. `tests/microvm/rootless.sh`
+/// runs it as its user; the root job (`job.sh`) skips it.
+#[test]
+#[ignore = "needs KVM as a kvm group member: run by tests/microvm/rootless.sh in the L1 harness"]
+fn a_kvm_group_member_creates_execs_and_deletes() {
+    use std::os::unix::fs::MetadataExt;
+    assert!(
+        !nix::unistd::Uid::effective().is_root(),
+        "run this as an ordinary user"
+    );
+    let kvm = std::fs::metadata("/dev/kvm").expect("/dev/kvm");
+    assert_eq!(kvm.mode() & 0o007, 0, "/dev/kvm is open to everyone");
+    let groups = nix::unistd::getgroups().unwrap();
+    assert!(
+        groups.contains(&nix::unistd::Gid::from_raw(kvm.gid())),
+        "not a member of /dev/kvm's group {}",
+        kvm.gid()
+    );
+    let d = Daemon::start_via_cli();
+    let (id, create_took) = create(&d);
+    let info = json(&d.cli(["info", "--json", &id]));
+    assert_eq!(info["backend"], "microvm", "{info}");
+    let t = Instant::now();
+    let out = d.cli(["exec", &id, "--", "sh", "-c", "id -u; uname -r"]);
+    let first_took = t.elapsed();
+    assert!(
+        out.status.success(),
+        "{}\nconsole:\n{}",
+        stderr(&out),
+        console(&d, &id)
+    );
+    let host = std::fs::read_to_string("/proc/sys/kernel/osrelease").unwrap();
+    assert!(!stdout(&out).contains(host.trim()), "{}", stdout(&out));
+    eprintln!(
+        "microvm as a kvm group member: create {create_took:?}, first command {first_took:?} ({})",
+        stdout(&out).replace('\n', " ")
+    );
+    assert!(!processes_naming(&id).is_empty(), "no VMM names {id}");
+    let out = d.cli(["rm", &id]);
+    assert!(out.status.success(), "{}", stderr(&out));
+    assert!(!d.paths.data.join("sandboxes").join(&id).exists());
+    // The VMM was killed by the delete; its exit is reaped at once, but give it a deadline.
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while !processes_naming(&id).is_empty() {
+        assert!(
+            Instant::now() < deadline,
+            "still running after delete: {:?}",
+            processes_naming(&id)
+        );
+        std::thread::sleep(Duration::from_millis(50));
+    }
+}

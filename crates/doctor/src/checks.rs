@@ -381,15 +381,24 @@ impl DiskFacts {
     }
 }
 
-/// The tightest of the directories decides.
-pub fn disk(dirs: &[DiskFacts]) -> Finding {
+/// The tightest of the directories decides. Rootless, the finding also says that a
+/// sandbox's disk limit is not enforced (`sandbox_disk_limit`, the same reason a sandbox's
+/// `limits.disk` gives); no command fixes that short of running the daemon as root, so it
+/// does not change the status.
+pub fn disk(dirs: &[DiskFacts], rootless: bool) -> Finding {
     // Facts are an object for every check (the API's schema says so): the directories go
     // under `dirs`.
+    let limit = if rootless {
+        json!({"enforced": false, "reason": belljar_namespace::disk::ROOTLESS_REASON})
+    } else {
+        json!({"enforced": true, "how": "an ext4 image of the requested size, loop-mounted"})
+    };
     let data = json!({
         "dirs": dirs
             .iter()
             .map(|d| json!({"what": d.what, "dir": d.dir, "free_bytes": d.free}))
-            .collect::<Vec<_>>()
+            .collect::<Vec<_>>(),
+        "sandbox_disk_limit": limit,
     });
     let gib = |b: u64| b as f64 / (1u64 << 30) as f64;
     let Some(low) = dirs
@@ -406,12 +415,15 @@ pub fn disk(dirs: &[DiskFacts]) -> Finding {
         );
     };
     let free = low.free.unwrap_or_default();
-    let found = format!(
+    let mut found = format!(
         "{:.1} GiB free for the {} ({})",
         gib(free),
         low.what,
         low.dir.display()
     );
+    if rootless {
+        found.push_str("; sandbox disk limits are not enforced without root");
+    }
     let status = if free < DISK_PROBLEM {
         Status::Problem
     } else if free < DISK_WARN {

@@ -232,12 +232,12 @@ fn disk_space_thresholds() {
         free: Some(free),
         ..real.clone()
     };
-    assert_eq!(disk(&[at(DISK_WARN)]).status, Status::Ok);
+    assert_eq!(disk(&[at(DISK_WARN)], false).status, Status::Ok);
     assert_eq!(
-        disk(&[at(DISK_WARN), at(DISK_WARN - 1)]).status,
+        disk(&[at(DISK_WARN), at(DISK_WARN - 1)], false).status,
         Status::Warning
     );
-    let f = disk(&[at(DISK_WARN), at(DISK_PROBLEM - 1)]);
+    let f = disk(&[at(DISK_WARN), at(DISK_PROBLEM - 1)], false);
     assert_eq!(f.status, Status::Problem);
     // The API's schema gives every finding's facts as an object (schemathesis checks it).
     assert_eq!(
@@ -247,6 +247,29 @@ fn disk_space_thresholds() {
         f.facts
     );
     assert!(f.fix.unwrap().contains("BELLJAR_CACHE"));
+    assert_eq!(f.facts["sandbox_disk_limit"]["enforced"], true);
+}
+
+/// Rootless, the disk finding says the sandboxes' disk limit is not enforced and why (the
+/// same words as a sandbox's `limits.disk`), without making plenty of space a warning.
+#[test]
+fn rootless_disk_limit_is_reported_not_enforced() {
+    let dir = tempfile::tempdir().unwrap();
+    let facts = DiskFacts {
+        free: Some(DISK_WARN),
+        ..DiskFacts::gather("data", dir.path())
+    };
+    let f = disk(&[facts.clone()], true);
+    assert_eq!(f.status, Status::Ok);
+    assert!(
+        f.found.contains("disk limits are not enforced"),
+        "{}",
+        f.found
+    );
+    let limit = &f.facts["sandbox_disk_limit"];
+    assert_eq!(limit["enforced"], false);
+    assert_eq!(limit["reason"], belljar_namespace::disk::ROOTLESS_REASON);
+    assert!(!disk(&[facts], false).found.contains("not enforced"));
 }
 
 #[test]

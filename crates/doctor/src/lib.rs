@@ -117,7 +117,7 @@ pub async fn gather(paths: &Paths, exe: &Path) -> Report {
         tap_in_netns: Err(e.to_string()),
     });
     let network = checks::network(&network);
-    let disk = checks::disk(&disk_dirs(paths));
+    let disk = checks::disk(&disk_dirs(paths), rootless);
     let client = Client::local(paths);
     let answers = client.answers().await;
     let launch = belljar_client::scope::decide(&belljar_client::scope::Facts::gather());

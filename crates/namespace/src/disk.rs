@@ -5,7 +5,13 @@
 //! (overlayfs reports its upper filesystem).
 //!
 //! Mounting needs root on the host; rootless sandboxes write to the host directory and the
-//! limit is reported as not enforced, with the reason.
+//! limit is reported as not enforced, with the reason ([`ROOTLESS_REASON`]). No unprivileged
+//! way is sound: ext4 (or any disk filesystem) may not be mounted inside a user namespace, and
+//! project quotas are set from the host's root. tmpfs may be mounted there with a `size=`, but
+//! it would hold the sandbox's files in memory (charged to its memory limit, so a 4 GiB disk
+//! could need 4 GiB of RAM) and lose them when the sandbox stops, and the daemon's snapshots
+//! read the upper directory from the host. A FUSE ext4 (`fuse2fs`) would put every write
+//! through a userspace filesystem parser of an image the sandbox fills.
 //!
 //! Formatting is the slow part of a launch (`mkfs.ext4` is a process that writes and fsyncs
 //! ~2 MiB, 30-210 ms on a loaded machine), and every fresh disk of one size is the same
@@ -28,6 +34,12 @@ use crate::cgroup::LimitStatus;
 
 /// The filesystem image in the state directory.
 pub(crate) const DISK_FILE: &str = "disk.ext4";
+
+/// Why a rootless sandbox's disk limit is not enforced (its `limits.disk`, and `belljar
+/// doctor`'s disk finding).
+pub const ROOTLESS_REASON: &str = "rootless: the sandbox's writes go to your own disk without a size limit; \
+     limiting them needs a filesystem of that size mounted for the sandbox (ext4 on a loop device), \
+     which only root may mount (tmpfs, which you may mount, would keep the files in memory and lose them at stop)";
 
 /// The smallest disk a sandbox can have: ext4 needs room for its own metadata.
 pub const MIN_DISK_BYTES: u64 = 16 << 20;
@@ -65,7 +77,7 @@ pub enum Error {
 pub(crate) fn mount(state_dir: &Path, fs_dir: &Path, bytes: u64) -> Result<LimitStatus, Error> {
     if !nix::unistd::Uid::effective().is_root() {
         return Ok(LimitStatus::NotEnforced {
-            reason: "rootless: mounting a size-limited filesystem needs root".into(),
+            reason: ROOTLESS_REASON.into(),
         });
     }
     if bytes < MIN_DISK_BYTES {

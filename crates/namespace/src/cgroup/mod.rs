@@ -144,6 +144,18 @@ fn make_group(base: &Path, root: &Path, id: &str) -> Result<PathBuf, String> {
     Err(last)
 }
 
+/// Why a v1 group could not be made. Without root that is the rule, not an accident: v1
+/// hierarchies are root's, and a user's limits need delegated cgroup v2.
+fn v1_reason(reason: String, root: bool) -> String {
+    if root {
+        return reason;
+    }
+    format!(
+        "{reason}: cgroup v1 groups are root's; without root, limits need cgroup v2 with the \
+         controllers delegated to you (belljar doctor says how)"
+    )
+}
+
 fn write(path: &Path, value: &str) -> Result<(), Error> {
     fs::write(path, value).map_err(|source| Error::Write {
         path: path.to_owned(),
@@ -231,7 +243,10 @@ impl Groups {
                     groups.v1.insert(c.clone(), dir);
                 }
                 Err(reason) => {
-                    v2_reasons.entry(c.clone()).or_insert(reason);
+                    let root = nix::unistd::Uid::effective().is_root();
+                    v2_reasons
+                        .entry(c.clone())
+                        .or_insert_with(|| v1_reason(reason, root));
                 }
             }
         }
@@ -461,6 +476,18 @@ mod tests {
         assert_eq!(how(&report.pids), "cgroup v2 pids.max");
         assert_eq!(groups.procs_files(), [dir.join("cgroup.procs")]);
         assert!(groups.v1.is_empty());
+    }
+
+    #[test]
+    fn a_v1_group_refused_without_root_says_what_would_work() {
+        let refused = "cannot create /sys/fs/cgroup/memory/belljar/x: Permission denied".to_owned();
+        assert_eq!(v1_reason(refused.clone(), true), refused);
+        let rootless = v1_reason(refused.clone(), false);
+        assert!(rootless.starts_with(&refused), "{rootless}");
+        assert!(
+            rootless.contains("cgroup v2 with the controllers delegated"),
+            "{rootless}"
+        );
     }
 
     #[test]
