@@ -259,7 +259,7 @@ fn rootless_disk_limit_is_reported_not_enforced() {
         free: Some(DISK_WARN),
         ..DiskFacts::gather("data", dir.path())
     };
-    let f = disk(&[facts.clone()], true);
+    let f = disk(std::slice::from_ref(&facts), true);
     assert_eq!(f.status, Status::Ok);
     assert!(
         f.found.contains("disk limits are not enforced"),
