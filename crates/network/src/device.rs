@@ -8,7 +8,7 @@
 //!   restart), so frames flow again without anyone re-creating the sandbox.
 
 use std::future::Future;
-use std::io;
+use std::io::{self, IoSlice, IoSliceMut};
 use std::os::fd::{AsFd, AsRawFd, OwnedFd};
 use std::path::PathBuf;
 use std::sync::{Arc, Mutex};
@@ -31,7 +31,13 @@ pub trait FrameDevice: Send + Sync + 'static {
     fn writable(&self) -> impl Future<Output = io::Result<()>> + Send;
     /// Sends one frame without waiting: `WouldBlock` when the device is full. A frame the
     /// device cannot take for good (no peer, too long) is dropped with `Ok`, as a wire does.
-    fn try_send(&self, frame: &[u8]) -> io::Result<()>;
+    /// The device may rewrite a TCP segment's checksum field (see `offloads_checksums`).
+    fn try_send(&self, frame: &mut [u8]) -> io::Result<()>;
+    /// Whether the device leaves TCP/UDP checksums to the kernels at both ends (a tap with a
+    /// virtio-net header, [`crate::vnet`]): then the stack neither computes nor verifies them.
+    fn offloads_checksums(&self) -> bool {
+        false
+    }
 }
 
 /// Registers `fd` with the Tokio reactor.
@@ -47,9 +53,11 @@ fn errno(e: nix::Error) -> io::Error {
 }
 
 /// A tap file descriptor opened with `IFF_TAP | IFF_NO_PI` and set non-blocking: each read or
-/// write is one Ethernet frame.
+/// write is one Ethernet frame, after a virtio-net header when the tap has one
+/// ([`crate::tap::create`] asks for it).
 pub struct TapDevice {
     fd: AsyncFd<OwnedFd>,
+    vnet: bool,
 }
 
 impl TapDevice {
@@ -57,7 +65,27 @@ impl TapDevice {
     /// Tokio runtime.
     pub fn new(fd: OwnedFd) -> io::Result<Self> {
         set_nonblocking(&fd)?;
-        Ok(Self { fd: register(fd)? })
+        let vnet = crate::tap::has_vnet_header(&fd)?;
+        if vnet {
+            crate::tap::offload_checksums(&fd)?;
+        }
+        Ok(Self {
+            fd: register(fd)?,
+            vnet,
+        })
+    }
+
+    /// Reads one frame into `buf`, its virtio-net header (if any) apart.
+    fn read_frame(&self, fd: &OwnedFd, buf: &mut [u8]) -> io::Result<usize> {
+        if !self.vnet {
+            return nix::unistd::read(fd.as_raw_fd(), buf).map_err(errno);
+        }
+        // The header says at most that the checksum is partial, which the stack does not
+        // verify on this device; there is no segmentation offload to undo.
+        let mut hdr = [0u8; crate::vnet::LEN];
+        let mut iov = [IoSliceMut::new(&mut hdr), IoSliceMut::new(buf)];
+        let n = nix::sys::uio::readv(fd, &mut iov).map_err(errno)?;
+        Ok(n.saturating_sub(crate::vnet::LEN))
     }
 }
 
@@ -72,25 +100,30 @@ fn set_nonblocking(fd: &OwnedFd) -> io::Result<()> {
 impl FrameDevice for TapDevice {
     async fn recv(&self, buf: &mut [u8]) -> io::Result<usize> {
         self.fd
-            .async_io(Interest::READABLE, |fd| {
-                nix::unistd::read(fd.as_raw_fd(), buf).map_err(errno)
-            })
+            .async_io(Interest::READABLE, |fd| self.read_frame(fd, buf))
             .await
     }
 
     fn try_recv(&self, buf: &mut [u8]) -> io::Result<usize> {
-        self.fd.try_io(Interest::READABLE, |fd| {
-            nix::unistd::read(fd.as_raw_fd(), buf).map_err(errno)
-        })
+        self.fd
+            .try_io(Interest::READABLE, |fd| self.read_frame(fd, buf))
     }
 
     async fn writable(&self) -> io::Result<()> {
         self.fd.writable().await.map(|mut g| g.retain_ready())
     }
 
-    fn try_send(&self, frame: &[u8]) -> io::Result<()> {
-        match self.fd.try_io(Interest::WRITABLE, |fd| {
-            nix::unistd::write(fd.as_fd(), frame).map_err(errno)
+    fn try_send(&self, frame: &mut [u8]) -> io::Result<()> {
+        let hdr = if self.vnet {
+            Some(crate::vnet::prepare(frame))
+        } else {
+            None
+        };
+        match self.fd.try_io(Interest::WRITABLE, |fd| match &hdr {
+            Some(hdr) => {
+                nix::sys::uio::writev(fd, &[IoSlice::new(hdr), IoSlice::new(frame)]).map_err(errno)
+            }
+            None => nix::unistd::write(fd.as_fd(), frame).map_err(errno),
         }) {
             Ok(_) => Ok(()),
             // A link that is down drops frames; the guest retransmits once it is up.
@@ -100,6 +133,10 @@ impl FrameDevice for TapDevice {
             }
             Err(e) => Err(e),
         }
+    }
+
+    fn offloads_checksums(&self) -> bool {
+        self.vnet
     }
 }
 
@@ -220,7 +257,7 @@ impl FrameDevice for SeqpacketDevice {
         }
     }
 
-    fn try_send(&self, frame: &[u8]) -> io::Result<()> {
+    fn try_send(&self, frame: &mut [u8]) -> io::Result<()> {
         let Some(conn) = self.current() else {
             return Ok(()); // no VMM: the frame is lost, as on an unplugged cable
         };

@@ -17,10 +17,14 @@ use crate::flows::{FlowRecord, FlowVerdict, Protocol, now_ms};
 use crate::policy::Verdict;
 
 use super::Ctx;
+use super::host_read::HostRead;
 
-/// smoltcp's buffers per connection, each way: a window that fills a fast local link. They
-/// are zeroed allocations, so an idle connection's pages are never touched.
-pub(super) const SOCKET_BUFFER: usize = 128 * 1024;
+/// smoltcp's buffers per connection: a window that fills a fast local link. They are zeroed
+/// allocations, so an idle connection's pages are never touched. Towards the guest it holds
+/// what is in flight, unacknowledged: at 128 KiB that was two 64 KiB segments at MTU 65520,
+/// and the host's data waited for each acknowledgement.
+pub(super) const RECV_BUFFER: usize = 128 * 1024;
+pub(super) const SEND_BUFFER: usize = 512 * 1024;
 /// Chunks in flight between a connection's host tasks and the stack.
 const CHANNEL_CHUNKS: usize = 16;
 pub(super) const CHUNK: usize = 32 * 1024;
@@ -60,7 +64,10 @@ pub(super) struct Flow {
     /// Host bytes smoltcp has not taken yet.
     pub(super) in_pending: Vec<u8>,
     pub(super) to_host: Option<mpsc::Sender<Vec<u8>>>,
+    /// Host bytes from a stream other than a host socket (the broker, the gateway's DNS).
     pub(super) from_host: Option<mpsc::Receiver<Vec<u8>>>,
+    /// A host socket's bytes, read by the stack itself.
+    pub(super) host_read: Option<HostRead>,
     pub(super) host_eof: bool,
     pub(super) tasks: Vec<AbortHandle>,
 }
@@ -78,8 +85,8 @@ pub(super) fn new_socket(
     dst: SocketAddr,
 ) -> Option<SocketHandle> {
     let mut s = tcp::Socket::new(
-        tcp::SocketBuffer::new(vec![0; SOCKET_BUFFER]),
-        tcp::SocketBuffer::new(vec![0; SOCKET_BUFFER]),
+        tcp::SocketBuffer::new(vec![0; RECV_BUFFER]),
+        tcp::SocketBuffer::new(vec![0; SEND_BUFFER]),
     );
     s.set_nagle_enabled(false);
     // Acknowledge at once: on a local link a delayed ACK only stalls the sender.
@@ -183,6 +190,7 @@ impl Flow {
             in_pending: Vec::new(),
             to_host: None,
             from_host: None,
+            host_read: None,
             host_eof: false,
             tasks: Vec::new(),
         }
@@ -209,29 +217,33 @@ impl Flow {
         self.log_id = Some(id);
     }
 
-    /// Starts moving bytes between the host socket and the stack.
+    /// Starts moving bytes between the host socket and the stack: the stack reads the
+    /// socket itself (`HostRead`), a task writes what the guest sent.
     pub(super) fn open(&mut self, stream: TcpStream, wake: &Arc<Notify>) {
         let _ = stream.set_nodelay(true);
         let (rd, wr) = stream.into_split();
-        self.pump(rd, wr, wake);
+        let (read, task) = HostRead::start(rd, wake);
+        self.tasks.push(task);
+        self.host_read = Some(read);
+        self.pump_out(wr, wake);
+        self.phase = Phase::Open;
     }
 
     /// Starts the two tasks that move bytes between a host-side stream and the stack.
-    pub(super) fn pump<R, W>(&mut self, mut rd: R, mut wr: W, wake: &Arc<Notify>)
+    pub(super) fn pump<R, W>(&mut self, mut rd: R, wr: W, wake: &Arc<Notify>)
     where
         R: AsyncRead + Unpin + Send + 'static,
         W: AsyncWrite + Unpin + Send + 'static,
     {
         let (in_tx, in_rx) = mpsc::channel::<Vec<u8>>(CHANNEL_CHUNKS);
-        let (out_tx, mut out_rx) = mpsc::channel::<Vec<u8>>(CHANNEL_CHUNKS);
         let w = wake.clone();
         let reader = tokio::spawn(async move {
             loop {
-                let mut buf = vec![0; CHUNK];
-                match rd.read(&mut buf).await {
+                // Into spare capacity: no zeroed buffer per read.
+                let mut buf = Vec::with_capacity(CHUNK);
+                match rd.read_buf(&mut buf).await {
                     Ok(0) | Err(_) => break,
-                    Ok(n) => {
-                        buf.truncate(n);
+                    Ok(_) => {
                         if in_tx.send(buf).await.is_err() {
                             break;
                         }
@@ -242,6 +254,18 @@ impl Flow {
             drop(in_tx);
             w.notify_one();
         });
+        self.tasks.push(reader.abort_handle());
+        self.from_host = Some(in_rx);
+        self.pump_out(wr, wake);
+        self.phase = Phase::Open;
+    }
+
+    /// Starts the task that writes what the guest sends to the host side.
+    fn pump_out<W>(&mut self, mut wr: W, wake: &Arc<Notify>)
+    where
+        W: AsyncWrite + Unpin + Send + 'static,
+    {
+        let (out_tx, mut out_rx) = mpsc::channel::<Vec<u8>>(CHANNEL_CHUNKS);
         let w = wake.clone();
         let writer = tokio::spawn(async move {
             while let Some(data) = out_rx.recv().await {
@@ -252,11 +276,8 @@ impl Flow {
             }
             let _ = wr.shutdown().await;
         });
-        self.tasks.push(reader.abort_handle());
         self.tasks.push(writer.abort_handle());
         self.to_host = Some(out_tx);
-        self.from_host = Some(in_rx);
-        self.phase = Phase::Open;
     }
 }
 

@@ -18,17 +18,83 @@ use crate::config::NetConfig;
 
 /// Frames smoltcp may have queued for the device before it must wait.
 const TX_QUEUE: usize = 256;
+/// Sent frames' buffers kept for the next ones (at most this many, each of the largest
+/// frame's size: 4 MiB at MTU 65520), so that a download does not allocate and zero a buffer
+/// per frame.
+const POOL: usize = 64;
+/// Room for the largest headers smoltcp writes: Ethernet, IPv6, TCP with options.
+const HEADERS: usize = 14 + 40 + 60;
+/// How long unused buffers are kept: an idle sandbox's stack holds none.
+const POOL_IDLE: std::time::Duration = std::time::Duration::from_secs(1);
+
+/// A frame to send: the first `len` bytes of a buffer that may be longer (a pooled one).
+pub(crate) struct Frame {
+    buf: Vec<u8>,
+    len: usize,
+}
+
+impl Frame {
+    pub fn bytes_mut(&mut self) -> &mut [u8] {
+        &mut self.buf[..self.len]
+    }
+}
+
+impl From<Vec<u8>> for Frame {
+    fn from(buf: Vec<u8>) -> Self {
+        Self {
+            len: buf.len(),
+            buf,
+        }
+    }
+}
 
 /// The frames in each direction between the device and smoltcp.
 #[derive(Default)]
 pub(crate) struct Queues {
     pub rx: VecDeque<Vec<u8>>,
-    pub tx: VecDeque<Vec<u8>>,
+    pub tx: VecDeque<Frame>,
     pub mtu: usize,
+    /// The device checksums TCP for the stack (see `FrameDevice::offloads_checksums`).
+    pub offload: bool,
+    pool: Pool,
+}
+
+#[derive(Default)]
+struct Pool {
+    free: Vec<Vec<u8>>,
+    last_used: Option<std::time::Instant>,
+}
+
+impl Queues {
+    pub fn new(mtu: usize, offload: bool) -> Self {
+        Self {
+            mtu,
+            offload,
+            ..Self::default()
+        }
+    }
+
+    /// Takes back the buffer of a frame the device has sent.
+    pub fn sent(&mut self, frame: Frame) {
+        if frame.buf.len() >= self.mtu + 14 && self.pool.free.len() < POOL {
+            self.pool.free.push(frame.buf);
+        }
+    }
+
+    /// Frees the pooled buffers once none has been used for a while.
+    pub fn trim(&mut self) {
+        if self.pool.last_used.is_some_and(|t| t.elapsed() > POOL_IDLE) {
+            self.pool = Pool::default();
+        }
+    }
 }
 
 pub(crate) struct RxToken(Vec<u8>);
-pub(crate) struct TxToken<'a>(&'a mut VecDeque<Vec<u8>>);
+pub(crate) struct TxToken<'a> {
+    tx: &'a mut VecDeque<Frame>,
+    pool: &'a mut Pool,
+    max: usize,
+}
 
 impl phy::RxToken for RxToken {
     fn consume<R, F: FnOnce(&[u8]) -> R>(self, f: F) -> R {
@@ -38,9 +104,20 @@ impl phy::RxToken for RxToken {
 
 impl phy::TxToken for TxToken<'_> {
     fn consume<R, F: FnOnce(&mut [u8]) -> R>(self, len: usize, f: F) -> R {
-        let mut frame = vec![0; len];
-        let r = f(&mut frame);
-        self.0.push_back(frame);
+        self.pool.last_used = Some(std::time::Instant::now());
+        // A used buffer is not zeroed whole: smoltcp writes every header field and the
+        // payload. The headers' room is zeroed (a few cache lines), so the only bytes it skips
+        // (TCP option padding after the end-of-list option) are zeros as in a new buffer.
+        let buf = match self.pool.free.pop() {
+            Some(mut buf) if buf.len() >= len => {
+                buf[..len.min(HEADERS)].fill(0);
+                buf
+            }
+            _ => vec![0; len.max(self.max)],
+        };
+        let mut frame = Frame { buf, len };
+        let r = f(frame.bytes_mut());
+        self.tx.push_back(frame);
         r
     }
 }
@@ -51,17 +128,36 @@ impl phy::Device for Queues {
 
     fn receive(&mut self, _: Instant) -> Option<(RxToken, TxToken<'_>)> {
         let frame = self.rx.pop_front()?;
-        Some((RxToken(frame), TxToken(&mut self.tx)))
+        let max = self.mtu + 14;
+        Some((
+            RxToken(frame),
+            TxToken {
+                tx: &mut self.tx,
+                pool: &mut self.pool,
+                max,
+            },
+        ))
     }
 
     fn transmit(&mut self, _: Instant) -> Option<TxToken<'_>> {
-        (self.tx.len() < TX_QUEUE).then_some(TxToken(&mut self.tx))
+        let max = self.mtu + 14;
+        (self.tx.len() < TX_QUEUE).then_some(TxToken {
+            tx: &mut self.tx,
+            pool: &mut self.pool,
+            max,
+        })
     }
 
     fn capabilities(&self) -> DeviceCapabilities {
         let mut caps = DeviceCapabilities::default();
         caps.medium = Medium::Ethernet;
         caps.max_transmission_unit = self.mtu + 14;
+        if self.offload {
+            // The device marks each TCP segment for the sandbox's kernel to trust (or
+            // complete if it forwards it), and that kernel's own segments may come partial.
+            caps.checksum.tcp = phy::Checksum::None;
+            caps.checksum.udp = phy::Checksum::None;
+        }
         caps
     }
 }

@@ -6,6 +6,7 @@
 mod dns_tcp;
 mod flow;
 pub(crate) mod frames;
+mod host_read;
 mod tcp;
 mod udp;
 
@@ -163,7 +164,7 @@ impl Network {
             wake: Arc::new(Notify::new()),
         });
         let (inbound, inbound_rx) = mpsc::channel(INBOUND_QUEUE);
-        let stack = Stack::new(&options, shared.clone())?;
+        let stack = Stack::new(&options, shared.clone(), device.offloads_checksums())?;
         let task = tokio::spawn(run(device, stack, inbound_rx));
         Ok(Self {
             shared,
@@ -325,15 +326,13 @@ fn smol_now() -> smoltcp::time::Instant {
 }
 
 impl Stack {
-    fn new(options: &Options, shared: Arc<Shared>) -> Result<Self, NetworkError> {
+    /// `offload`: the device checksums TCP (`FrameDevice::offloads_checksums`).
+    fn new(options: &Options, shared: Arc<Shared>, offload: bool) -> Result<Self, NetworkError> {
         let cfg = options.config.clone();
         if !(1280..=TAP_MTU).contains(&cfg.mtu) {
             return Err(NetworkError::Config("the MTU must be 1280..=65520"));
         }
-        let mut queues = Queues {
-            mtu: cfg.mtu,
-            ..Queues::default()
-        };
+        let mut queues = Queues::new(cfg.mtu, offload);
         let mut config = Config::new(HardwareAddress::Ethernet(EthernetAddress(cfg.gateway_mac)));
         config.random_seed = u64::from(std::process::id()) ^ smol_now().total_micros() as u64;
         let mut iface = Interface::new(config, &mut queues, smol_now());
@@ -425,7 +424,7 @@ impl Stack {
         self.udp.delivered(&reply);
         if let Some(frame) = frames::udp_frame(&self.cx.cfg, mac, reply.from, reply.to, &reply.data)
         {
-            self.queues.tx.push_back(frame);
+            self.queues.tx.push_back(frame.into());
         }
     }
 
@@ -456,11 +455,15 @@ impl Stack {
     }
 
     fn flush<D: FrameDevice>(&mut self, device: &D) -> Result<(), NetworkError> {
-        while let Some(frame) = self.queues.tx.front() {
-            match device.try_send(frame) {
+        // A frame the device refused for now may have had its checksum field prepared
+        // (`vnet::prepare`); preparing it again gives the same bytes.
+        while let Some(frame) = self.queues.tx.front_mut() {
+            match device.try_send(frame.bytes_mut()) {
                 Ok(()) => {
-                    tracing::trace!(len = frame.len(), "frame to the guest");
-                    self.queues.tx.pop_front();
+                    tracing::trace!(len = frame.bytes_mut().len(), "frame to the guest");
+                    if let Some(frame) = self.queues.tx.pop_front() {
+                        self.queues.sent(frame);
+                    }
                 }
                 Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => {
                     tracing::trace!(queued = self.queues.tx.len(), "the device is not writable");
@@ -497,6 +500,7 @@ async fn run<D: FrameDevice>(
     loop {
         stack.poll();
         stack.flush(&device)?;
+        stack.queues.trim();
         let delay = stack.delay();
         let want_write = !stack.queues.tx.is_empty();
         tokio::select! {

@@ -18,7 +18,8 @@ use crate::policy::{AddrDecision, Verdict};
 use crate::sniff::{SNIFF_LIMIT, Sniffed, sniff};
 
 use super::Ctx;
-use super::flow::{CHUNK, Flow, Phase, SOCKET_BUFFER, connect, new_socket};
+use super::flow::{CHUNK, Flow, Phase, RECV_BUFFER, SEND_BUFFER, connect, new_socket};
+use super::host_read::Filled;
 
 /// Open TCP connections one sandbox may have; more are refused (the daemon's memory is not
 /// the guest's to spend).
@@ -186,8 +187,8 @@ impl TcpFlows {
             return;
         };
         let mut s = tcp::Socket::new(
-            tcp::SocketBuffer::new(vec![0; SOCKET_BUFFER]),
-            tcp::SocketBuffer::new(vec![0; SOCKET_BUFFER]),
+            tcp::SocketBuffer::new(vec![0; RECV_BUFFER]),
+            tcp::SocketBuffer::new(vec![0; SEND_BUFFER]),
         );
         s.set_nagle_enabled(false);
         s.set_ack_delay(None);
@@ -226,6 +227,7 @@ impl TcpFlows {
             }
             flow.to_host = None;
             flow.from_host = None;
+            flow.host_read = None;
             flow.in_pending.clear();
             flow.host_eof = true;
             flow.phase = Phase::Open;
@@ -427,6 +429,18 @@ fn service_one(
                     flow.host_eof = true;
                     break;
                 }
+            }
+        }
+        if let Some(read) = &flow.host_read {
+            let (moved, eof) = match read.fill(socket) {
+                Filled::Bytes(n) => (n, false),
+                Filled::Eof(n) => (n, true),
+            };
+            flow.bytes_in += moved as u64;
+            progressed |= moved > 0;
+            if eof {
+                flow.host_read = None;
+                flow.host_eof = true;
             }
         }
         if flow.host_eof && flow.in_pending.is_empty() && socket.may_send() {

@@ -8,7 +8,9 @@ use std::time::Duration;
 use belljar_network::config::{
     GATEWAY_V4, GATEWAY_V6, GUEST_V4, GUEST_V6, NetConfig, PREFIX_V4, PREFIX_V6, TAP_MTU,
 };
-use belljar_network::{Broker, DnsUpstream, Network, NetworkPolicy, Options, TapDevice, tap};
+use belljar_network::{
+    Broker, DnsUpstream, FrameDevice, Network, NetworkPolicy, Options, TapDevice, tap,
+};
 
 use super::*;
 
@@ -90,8 +92,12 @@ pub fn start(
         .daemon
         .spawn(move || {
             let _in = handle.enter();
+            let device = TapDevice::new(fd).expect("tap device");
+            // A virtio-net header with checksum offload: neither the stack nor the guest's
+            // kernel spends a pass over each segment on a checksum.
+            assert!(device.offloads_checksums(), "the tap has no vnet header");
             Network::spawn(
-                TapDevice::new(fd).expect("tap device"),
+                device,
                 Options {
                     config: NetConfig {
                         mtu: TAP_MTU,
