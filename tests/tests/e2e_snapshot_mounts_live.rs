@@ -8,7 +8,7 @@
 
 use belljar_api::{CreateSandbox, CreateSnapshot, ForkSandbox, ListSnapshotsQuery, SnapshotMount};
 use belljar_client::Client;
-use belljar_e2e::{Daemon, sh_ok};
+use belljar_e2e::{Daemon, sh_ok, stderr, stdout};
 
 /// Every entry under a directory with its kind, mode and owner, then each file's hash.
 fn listing(dir: &str) -> String {
@@ -304,4 +304,34 @@ async fn a_fork_carries_its_sources_mounts_with_their_writes() {
         .await
         .unwrap();
     assert!(mounted_paths(&c, &plain.id).await.is_empty());
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn the_cli_mounts_lists_and_unmounts() {
+    let d = Daemon::start();
+    let c = d.unix();
+    let a = d.create(&c, CreateSandbox::default()).await;
+    sh_ok(&c, &a.id, "mkdir -p /srv/d && echo cli > /srv/d/f").await;
+    let snap = c
+        .snapshot_sandbox(&a.id, &dir_snapshot("/srv/d"))
+        .await
+        .unwrap();
+    let b = d.create(&c, CreateSandbox::default()).await;
+    let out = d.cli(["mount", &b.id, &snap.id, "/w"]);
+    assert!(out.status.success(), "{}", stderr(&out));
+    assert_eq!(sh_ok(&c, &b.id, "cat /w/f").await, "cli\n");
+    let out = d.cli(["mount", &b.id]);
+    assert_eq!(stdout(&out), format!("{} /w\n", snap.id));
+    let out = d.cli(["mount", &b.id, &snap.id, "/etc/passwd"]);
+    assert_eq!(out.status.code(), Some(1));
+    assert!(
+        stderr(&out).contains("(not_a_directory)"),
+        "{}",
+        stderr(&out)
+    );
+    let out = d.cli(["unmount", &b.id, "/w"]);
+    assert!(out.status.success(), "{}", stderr(&out));
+    assert_eq!(stdout(&d.cli(["mount", &b.id])), "");
+    let out = d.cli(["unmount", &b.id, "/w"]);
+    assert!(stderr(&out).contains("(not_found)"), "{}", stderr(&out));
 }

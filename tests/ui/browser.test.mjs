@@ -322,6 +322,25 @@ try {
     await timeline.getByLabel("Diff of /workspace/later.txt").getByText("+later").waitFor();
     await shot("timeline.png");
     await api.call("DELETE", `/v1/sandboxes/${branchId}`);
+    // A directory snapshot is mounted, never started from: its point offers that instead.
+    const dir = await api.json("POST", `/v1/sandboxes/${sandboxId}/snapshots`, { path: "/workspace" });
+    const dirPoint = timeline.getByLabel(`Snapshot ${dir.id}`);
+    await dirPoint.getByText("directory /workspace").waitFor({ timeout: 30_000 });
+    if (await dirPoint.getByRole("button", { name: `New sandbox from ${dir.id}` }).count()) {
+      throw new Error("a directory snapshot offers a new sandbox from it, which the daemon refuses");
+    }
+    const before = new Set((await api.json("GET", "/v1/sandboxes")).sandboxes.map((s) => s.id));
+    await dirPoint.getByRole("button", { name: `Mount ${dir.id} in a new sandbox` }).click();
+    let mounted;
+    await until("the sandbox that mounts the directory snapshot", async () => {
+      mounted = (await api.json("GET", "/v1/sandboxes")).sandboxes.find((s) => !before.has(s.id));
+      return mounted !== undefined;
+    });
+    const mounts = await api.json("GET", `/v1/sandboxes/${mounted.id}/mounts`);
+    if (JSON.stringify(mounts.mounts) !== JSON.stringify([{ snapshot_id: dir.id, path: "/workspace" }])) {
+      throw new Error(`mounts ${JSON.stringify(mounts)}`);
+    }
+    await api.call("DELETE", `/v1/sandboxes/${mounted.id}`);
   });
 
   await steps.step("network: a refused policy keeps the form, edit the policy, see a denied flow appear, open a forwarded port", async () => {
