@@ -2,7 +2,7 @@
 //! `pip install` works as it does on the cloud products (Debian's PEP 668 refusal,
 //! "externally-managed-environment", is lifted by the image's `/etc/pip.conf`), for the
 //! sandbox's ordinary user and for root. The package is a wheel made inside the sandbox, so
-//! nothing is downloaded.
+//! nothing is downloaded. On `node24`, `npm install` into a project works as the user.
 
 use belljar_api::CreateSandbox;
 use belljar_e2e::{Daemon, block_on, require_image, run, sh_ok};
@@ -78,6 +78,47 @@ fn pip_install_works_on_python313_for_the_user_and_root() {
         assert!(
             out.contains("/usr/local/lib/python3.13/dist-packages/"),
             "{out}"
+        );
+        client.delete_sandbox(&s.id).await.expect("delete");
+    });
+}
+
+/// Makes a package tarball in the sandbox, installs it into a project with `npm install` as
+/// the ordinary user and requires it: no registry (nothing is downloaded), as on the cloud
+/// products' node images.
+const NPM_INSTALL: &str = r#"set -e
+mkdir -p /workspace/hello-bj /workspace/app
+cd /workspace/hello-bj
+printf '{"name":"hello-bj","version":"0.1.0","main":"index.js"}' > package.json
+echo 'module.exports = "hello from npm";' > index.js
+npm pack --silent >/dev/null
+cd /workspace/app
+npm init -y >/dev/null
+npm install --offline --no-audit --no-fund /workspace/hello-bj/hello-bj-0.1.0.tgz
+node -e 'console.log(require("hello-bj"), require.resolve("hello-bj"))'
+"#;
+
+#[test]
+fn npm_install_works_on_node24_for_the_user() {
+    require_image("node24");
+    let daemon = Daemon::start();
+    let client = daemon.unix();
+    block_on(async {
+        let s = daemon
+            .create(
+                &client,
+                CreateSandbox {
+                    image: Some("node24".into()),
+                    ..Default::default()
+                },
+            )
+            .await;
+        let (code, out) = run(&client, &s.id, &["sh", "-c", NPM_INSTALL], false).await;
+        assert_eq!(code, 0, "npm install as the user: {out}");
+        assert!(out.contains("hello from npm"), "{out}");
+        assert!(
+            out.contains("/workspace/app/node_modules/hello-bj/"),
+            "the project's node_modules: {out}"
         );
         client.delete_sandbox(&s.id).await.expect("delete");
     });
