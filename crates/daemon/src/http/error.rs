@@ -105,7 +105,9 @@ fn sandbox_parts(e: &SandboxError) -> (StatusCode, ErrorCode, String) {
         }
         SandboxError::Image(e) => image_code(e),
         SandboxError::Backend(BackendError::Unavailable { .. }) => ErrorCode::BackendUnavailable,
-        SandboxError::Backend(BackendError::Unsupported { .. }) => ErrorCode::NotSupported,
+        SandboxError::Backend(BackendError::Unsupported { .. } | BackendError::NoFreezer(_)) => {
+            ErrorCode::NotSupported
+        }
         SandboxError::SnapshotNotUsable { .. } => ErrorCode::SnapshotNotUsable,
         SandboxError::InvalidPath(_) => ErrorCode::InvalidPath,
         SandboxError::NotADirectory(_) => ErrorCode::NotADirectory,
@@ -250,6 +252,13 @@ mod tests {
                 backend: "microvm",
                 what: "snapshot a sandbox",
             })),
+            501,
+            "not_supported",
+        );
+        check(
+            ApiError::Sandbox(SandboxError::Backend(BackendError::NoFreezer(
+                "no freezer".into(),
+            ))),
             501,
             "not_supported",
         );

@@ -37,6 +37,11 @@ pub enum BackendError {
     /// Freezing, thawing or capturing the sandbox's filesystem failed.
     #[error("Freezing, thawing or capturing the sandbox failed: {0}")]
     Snapshot(String),
+    /// The sandbox has no freezer (a rootless daemon on cgroup v1, or without delegation), so
+    /// it cannot be paused, forked or snapshotted while it runs: a limit of this host, not a
+    /// failure.
+    #[error("This sandbox cannot be frozen: {0}")]
+    NoFreezer(String),
     /// A directory of the sandbox could not be captured.
     #[error(transparent)]
     Directory(belljar_namespace::layer::DirError),

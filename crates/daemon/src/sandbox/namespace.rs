@@ -178,7 +178,7 @@ impl BackendDriver for Namespace {
     }
 
     fn freeze(&self, state_dir: &Path) -> Result<(), BackendError> {
-        ns::freeze(state_dir).map_err(|e| BackendError::Snapshot(error_chain(&e)))
+        ns::freeze(state_dir).map_err(freeze_error)
     }
 
     fn thaw(&self, state_dir: &Path) -> Result<(), BackendError> {
@@ -206,6 +206,15 @@ fn rootless_tree_cache() -> std::path::PathBuf {
     base.join("belljar-rootless")
 }
 
+/// A sandbox without a freezer is [`BackendError::NoFreezer`] (the API's `not_supported`);
+/// any other failure to freeze is one.
+fn freeze_error(e: ns::Error) -> BackendError {
+    match e {
+        ns::Error::Cgroup(ns::cgroup::Error::NoFreezer) => BackendError::NoFreezer(e.to_string()),
+        other => BackendError::Snapshot(error_chain(&other)),
+    }
+}
+
 /// An error and its causes in one line (`Cannot copy x: No space left on device`).
 fn error_chain(e: &dyn std::error::Error) -> String {
     let mut text = e.to_string();
@@ -216,4 +225,22 @@ fn error_chain(e: &dyn std::error::Error) -> String {
         source = cause.source();
     }
     text
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A rootless daemon on cgroup v1 makes sandboxes without a freezer: pausing one answered
+    /// 500 `internal` ("The sandbox has no freezer cgroup"); it is a limit of the host.
+    #[test]
+    fn a_sandbox_without_a_freezer_is_not_supported_not_a_failure() {
+        let e = freeze_error(ns::Error::Cgroup(ns::cgroup::Error::NoFreezer));
+        let BackendError::NoFreezer(text) = &e else {
+            panic!("{e:?}");
+        };
+        assert!(text.contains("cgroup v2"), "{text}");
+        let other = freeze_error(ns::Error::Spec("x".into()));
+        assert!(matches!(other, BackendError::Snapshot(_)), "{other:?}");
+    }
 }

@@ -40,7 +40,11 @@ pub enum Error {
         #[source]
         source: io::Error,
     },
-    #[error("The sandbox has no freezer cgroup")]
+    /// Pause, fork and live snapshots freeze the sandbox's group.
+    #[error(
+        "The sandbox has no freezer cgroup: without root, freezing needs cgroup v2 with a group \
+         delegated to you (belljar doctor says how)"
+    )]
     NoFreezer,
 }
 
