@@ -540,6 +540,30 @@ fn fork_stopping_snapshot_and_persistence_on_microvm() {
         // Persistence: stopping snapshots the source, starting resumes it with the same id,
         // name and files.
         sh_ok(&c, &a.id, "echo before-stop > /workspace/session.txt").await;
+
+        // A diff against the running source: its layer is captured (frozen meanwhile), and the
+        // fork's snapshot differs from it by the fork's file and the source's new one.
+        let t = Instant::now();
+        let diff = c
+            .snapshot_diff(&snap.id, Some(&a.id))
+            .await
+            .unwrap_or_else(|e| panic!("diff: {e}\nlog:\n{}", d.log()));
+        let diff_took = t.elapsed();
+        let seen: Vec<(&str, belljar_api::ChangeKind)> = diff
+            .changes
+            .iter()
+            .filter(|ch| ch.path.starts_with("/workspace/"))
+            .map(|ch| (ch.path.as_str(), ch.change))
+            .collect();
+        assert_eq!(
+            seen,
+            [
+                ("/workspace/forked.txt", belljar_api::ChangeKind::Deleted),
+                ("/workspace/session.txt", belljar_api::ChangeKind::Added),
+            ],
+            "{diff:?}"
+        );
+        assert_eq!(vm_state(&d, &a.id), VmState::Running);
         let t = Instant::now();
         let stopped = c.stop_sandbox(&a.id).await.unwrap();
         let stop_took = t.elapsed();
@@ -564,8 +588,8 @@ fn fork_stopping_snapshot_and_persistence_on_microvm() {
         );
         eprintln!(
             "microvm: fork to the first command {fork_took:?}, stopping snapshot \
-             {stop_snapshot_took:?}, persistent stop {stop_took:?}, start to the first command \
-             {start_took:?}"
+             {stop_snapshot_took:?}, diff against the running source {diff_took:?}, persistent \
+             stop {stop_took:?}, start to the first command {start_took:?}"
         );
     });
 }

@@ -32,6 +32,12 @@ impl Sandboxes {
                 .chain([Layer::stored(image.clone())])
                 .collect()
         };
+        // A microVM's writable layer is on a disk only the guest mounts: its current state is
+        // captured first (a scratch copy, deleted after the comparison).
+        let scratch = match to {
+            Some(sbx) if sbx.starts_with("sbx_") => self.current_layer_of_vm(sbx).await?,
+            _ => None,
+        };
         // Held while reading, so that no layer directory goes from under the comparison.
         let _layers = self.inner.snapshots.layers.lock().await;
         let (from, old, to, new) = match to {
@@ -46,23 +52,13 @@ impl Sandboxes {
             }
             Some(sbx) if sbx.starts_with("sbx_") => {
                 let s = self.get(sbx)?;
-                if !matches!(s.status, SandboxStatus::Running | SandboxStatus::Paused) {
-                    return Err(SandboxError::NotRunning {
-                        id: s.id,
-                        status: s.status.as_str(),
-                    });
-                }
-                if s.backend != belljar_api::Backend::Namespace {
-                    return Err(BackendError::Unsupported {
-                        backend: s.backend.into(),
-                        what: "compare a sandbox's current files",
-                    }
-                    .into());
-                }
                 same_image(&a.snapshot.image, &s.image)?;
                 let held = self.inner.store.sandbox_layers(sbx)?.unwrap_or_default();
-                let writable = Layer::writable(&self.state_dir(sbx))
-                    .map_err(|e| BackendError::Snapshot(e.to_string()))?;
+                let writable = match &scratch {
+                    Some((_, layer)) => Layer::stored(layer.clone()),
+                    None => Layer::writable(&self.state_dir(sbx))
+                        .map_err(|e| BackendError::Snapshot(e.to_string()))?,
+                };
                 let mut new = vec![writable];
                 new.extend(stored(&held.layers));
                 (a.snapshot.id.clone(), stored(&a.layers), s.id, new)
@@ -90,6 +86,43 @@ impl Sandboxes {
             changes: found.changes.into_iter().map(change).collect(),
             truncated: found.truncated,
         })
+    }
+
+    /// Checks that sandbox `id` runs (or is paused) and, for a microVM, copies its writable
+    /// layer as it is now into a scratch directory: frozen while the disk is copied when it
+    /// runs, as it stands when paused (pausing flushed the guest). `None` for a namespace
+    /// sandbox, whose writable layer the host reads in place.
+    async fn current_layer_of_vm(
+        &self,
+        id: &str,
+    ) -> Result<Option<(tempfile::TempDir, PathBuf)>, SandboxError> {
+        let lock = self.lock_for(id);
+        let _guard = lock.lock().await;
+        let s = self.get(id)?;
+        if !matches!(s.status, SandboxStatus::Running | SandboxStatus::Paused) {
+            return Err(SandboxError::NotRunning {
+                id: s.id,
+                status: s.status.as_str(),
+            });
+        }
+        if s.backend == belljar_api::Backend::Namespace {
+            return Ok(None);
+        }
+        let scratch = tempfile::Builder::new()
+            .prefix("diff-")
+            .tempdir_in(&self.inner.paths.dirs.data)?;
+        let into = scratch.path().to_owned();
+        let captured = if s.status == SandboxStatus::Paused {
+            let dir = self.state_dir(id);
+            self.blocking_backend(&s, move |b| b.capture(&dir, &into))
+                .await?
+        } else {
+            self.while_frozen(&s, move |b, dir| b.capture(dir, &into))
+                .await?
+                .0?
+        };
+        let layer = scratch.path().join(&captured.digest);
+        Ok(Some((scratch, layer)))
     }
 
     fn usable_snapshot(&self, id: &str) -> Result<SnapshotRow, SandboxError> {

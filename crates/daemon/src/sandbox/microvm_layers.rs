@@ -155,44 +155,107 @@ impl DiskCopy {
 
 /// The read-only ext4 disks of snapshot layer directories (topmost first), made where missing.
 /// They live next to the layers directory, named by digest; disks whose layer is gone are
-/// deleted on the way.
+/// deleted on the way. A chain deeper than a microVM has devices for keeps its top layers as
+/// their own disks and merges the rest into one (see [`chain_disk`]).
 pub fn layer_disks(layers: &[PathBuf]) -> Result<Vec<PathBuf>, BackendError> {
-    if layers.len() > MAX_LAYER_DISKS {
-        return Err(failed(format!(
-            "the snapshot stacks {} layers; a microVM stacks at most {MAX_LAYER_DISKS} (squashing shortens the chain)",
-            layers.len()
-        )));
-    }
-    let mut disks = Vec::with_capacity(layers.len());
-    for layer in layers {
-        let (Some(layers_dir), Some(digest)) = (layer.parent(), layer.file_name()) else {
-            return Err(failed(format!(
-                "not a layer directory: {}",
-                layer.display()
-            )));
-        };
-        let cache = layers_dir.with_file_name("layer-disks");
-        std::fs::create_dir_all(&cache).map_err(failed)?;
-        let disk = cache.join(format!("{}.ext4", digest.to_string_lossy()));
+    let (own, merged) = if layers.len() > MAX_LAYER_DISKS {
+        layers.split_at(MAX_LAYER_DISKS - 1)
+    } else {
+        (layers, &[][..])
+    };
+    let mut disks = Vec::with_capacity(own.len() + 1);
+    for layer in own {
+        let (layers_dir, digest) = parts(layer)?;
+        let cache = disk_cache(layers_dir)?;
+        let disk = cache.join(format!("{digest}.ext4"));
         if !disk.is_file() {
             make_disk(layer, &disk)?;
         }
         disks.push(disk);
         prune(&cache, layers_dir);
     }
+    if !merged.is_empty() {
+        disks.push(chain_disk(merged)?);
+    }
     Ok(disks)
 }
 
-/// Deletes cached disks whose layer directory no longer exists.
+/// A layer directory's parent (the layers directory) and name (its digest).
+fn parts(layer: &Path) -> Result<(&Path, String), BackendError> {
+    match (layer.parent(), layer.file_name()) {
+        (Some(dir), Some(digest)) => Ok((dir, digest.to_string_lossy().into_owned())),
+        _ => Err(failed(format!(
+            "not a layer directory: {}",
+            layer.display()
+        ))),
+    }
+}
+
+/// `<data>/layer-disks`, beside `<data>/layers`.
+fn disk_cache(layers_dir: &Path) -> Result<PathBuf, BackendError> {
+    let cache = layers_dir.with_file_name("layer-disks");
+    std::fs::create_dir_all(&cache).map_err(failed)?;
+    Ok(cache)
+}
+
+/// One disk for the bottom of a long chain: the layers squashed into one tree (the rules
+/// overlayfs applies when it stacks them, `belljar_namespace::layer::squash`), made into a disk
+/// named by a hash of the layers' digests, with a `.layers` file listing them so that the disk
+/// is deleted once any of them is.
+fn chain_disk(chain: &[PathBuf]) -> Result<PathBuf, BackendError> {
+    use sha2::Digest;
+    let (layers_dir, _) = parts(&chain[0])?;
+    let cache = disk_cache(layers_dir)?;
+    let digests = chain
+        .iter()
+        .map(|l| parts(l).map(|(_, d)| d))
+        .collect::<Result<Vec<_>, _>>()?
+        .join("\n");
+    let hash = sha2::Sha256::digest(digests.as_bytes());
+    let name: String = hash[..16].iter().map(|b| format!("{b:02x}")).collect();
+    let disk = cache.join(format!("chain-{name}.ext4"));
+    let list = cache.join(format!("chain-{name}.layers"));
+    if !disk.is_file() {
+        // The list first: a disk is never without the list that lets it be pruned.
+        std::fs::write(&list, format!("{digests}\n")).map_err(failed)?;
+        let work = tempfile::Builder::new()
+            .prefix("chain-")
+            .tempdir_in(&cache)
+            .map_err(failed)?;
+        let merged = belljar_namespace::layer::squash(chain, &work.path().join("squash"))
+            .map_err(|e| failed(error_chain(&e)))?;
+        make_disk(&merged.path, &disk)?;
+        belljar_namespace::layer::remove_tree(work.path());
+    }
+    Ok(disk)
+}
+
+/// Deletes cached disks whose layer directory (or, for a chain's disk, any of whose layer
+/// directories) no longer exists.
 fn prune(cache: &Path, layers_dir: &Path) {
     let Ok(entries) = std::fs::read_dir(cache) else {
         return;
     };
     for entry in entries.flatten() {
         let name = entry.file_name().to_string_lossy().into_owned();
-        let gone = name
-            .strip_suffix(".ext4")
-            .is_some_and(|digest| !layers_dir.join(digest).exists());
+        let Some(stem) = name.strip_suffix(".ext4") else {
+            continue;
+        };
+        let gone = match stem.strip_prefix("chain-") {
+            Some(_) => {
+                let list = cache.join(format!("{stem}.layers"));
+                let layers = std::fs::read_to_string(&list).unwrap_or_default();
+                let gone = layers.is_empty()
+                    || layers
+                        .lines()
+                        .any(|digest| !layers_dir.join(digest).exists());
+                if gone {
+                    let _ = std::fs::remove_file(list);
+                }
+                gone
+            }
+            None => !layers_dir.join(stem).exists(),
+        };
         if gone {
             let _ = std::fs::remove_file(entry.path());
         }
@@ -206,7 +269,10 @@ fn make_disk(layer: &Path, disk: &Path) -> Result<(), BackendError> {
     // No journal and no reserved blocks: the disk is never written.
     let mut size = (bytes + bytes / 4 + (8 << 20)).next_multiple_of(1 << 20);
     let inodes = entries * 2 + 256;
-    let tmp = disk.with_extension(format!("tmp-{}", std::process::id()));
+    // Unique per call: two launches from one snapshot may make the same disk at once.
+    static MADE: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
+    let n = MADE.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+    let tmp = disk.with_extension(format!("tmp-{}-{n}", std::process::id()));
     let mut attempt = 0;
     loop {
         attempt += 1;

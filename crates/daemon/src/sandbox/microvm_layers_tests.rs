@@ -189,10 +189,57 @@ fn a_layer_becomes_a_cached_read_only_disk() {
 }
 
 #[test]
-fn a_chain_longer_than_the_vm_has_devices_is_refused() {
-    let layers: Vec<PathBuf> = (0..=MAX_LAYER_DISKS)
-        .map(|i| PathBuf::from(format!("/nowhere/layers/{i:02x}")))
+fn a_chain_longer_than_the_vm_has_devices_merges_its_bottom_into_one_disk() {
+    if !can_run() {
+        return;
+    }
+    let tmp = tempfile::tempdir().unwrap();
+    let layers_dir = tmp.path().join("layers");
+    // Topmost first, as a snapshot lists its chain; each layer adds its own file.
+    let chain: Vec<PathBuf> = (0..MAX_LAYER_DISKS + 2)
+        .map(|i| {
+            let layer = layers_dir.join(format!("{i:02x}"));
+            std::fs::create_dir_all(&layer).unwrap();
+            std::fs::write(layer.join(format!("f{i}")), format!("{i}\n")).unwrap();
+            layer
+        })
         .collect();
-    let e = layer_disks(&layers).unwrap_err();
-    assert!(e.to_string().contains("at most 14"), "{e}");
+    let bottom = chain.len() - 1;
+    // Below the merge line: the lowest layer's file is replaced by the one above it, and the
+    // next one deletes a file of the image (a whiteout that must survive the merge).
+    std::fs::write(chain[bottom].join("shared"), b"old\n").unwrap();
+    std::fs::write(chain[bottom - 1].join("shared"), b"new\n").unwrap();
+    whiteout(&chain[bottom - 2].join("from-image"));
+
+    let disks = layer_disks(&chain).unwrap();
+    let cache = tmp.path().join("layer-disks");
+    assert_eq!(disks.len(), MAX_LAYER_DISKS);
+    for (i, disk) in disks[..MAX_LAYER_DISKS - 1].iter().enumerate() {
+        assert_eq!(*disk, cache.join(format!("{i:02x}.ext4")));
+    }
+    let merged = &disks[MAX_LAYER_DISKS - 1];
+    let name = merged.file_name().unwrap().to_string_lossy().into_owned();
+    assert!(
+        name.starts_with("chain-") && name.ends_with(".ext4"),
+        "{name}"
+    );
+    for i in MAX_LAYER_DISKS - 1..chain.len() {
+        assert_eq!(debugfs(merged, &format!("cat /f{i}")), format!("{i}\n"));
+    }
+    assert_eq!(debugfs(merged, "cat /shared"), "new\n");
+    let stat = debugfs(merged, "stat /from-image");
+    assert!(stat.contains("Type: character special"), "{stat}");
+    // The top layers' files are not in it.
+    assert!(!debugfs(merged, "ls /").contains("f0 "));
+
+    // Cached: the same chain finds the same disk, untouched.
+    let made = std::fs::metadata(merged).unwrap().modified().unwrap();
+    assert_eq!(layer_disks(&chain).unwrap(), disks);
+    assert_eq!(std::fs::metadata(merged).unwrap().modified().unwrap(), made);
+
+    // A merged layer's snapshot was deleted: the chain's disk goes with the next launch.
+    std::fs::remove_dir_all(&chain[bottom]).unwrap();
+    layer_disks(&chain[..2]).unwrap();
+    assert!(!merged.exists());
+    assert!(!merged.with_extension("layers").exists());
 }

@@ -13,6 +13,7 @@ mod commands;
 mod diff;
 mod files;
 mod fork;
+mod frozen;
 mod lifecycle;
 mod lifetime;
 mod live_mounts;
