@@ -267,6 +267,15 @@ impl Daemon {
         self.spawn();
     }
 
+    /// [`Daemon::restart`] with `env` in place of the extra environment it was started with.
+    pub fn restart_with_env(&mut self, env: &[(&str, &str)]) {
+        self.env = env
+            .iter()
+            .map(|(k, v)| (k.to_string(), v.to_string()))
+            .collect();
+        self.spawn();
+    }
+
     /// Creates a `base` sandbox on the namespace backend over `client`.
     pub async fn create(&self, client: &Client, req: CreateSandbox) -> Sandbox {
         let req = CreateSandbox {

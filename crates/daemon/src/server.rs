@@ -129,9 +129,10 @@ async fn serve(config: Config, paths: &Paths) -> Result<(), ServerError> {
         images.clone(),
         settings,
     );
+    sandboxes.finish_deletions().await?;
+    sandboxes.discard_stale_pool().await?;
     sandboxes.recover_snapshots().await?;
     sandboxes.adopt_all().await?;
-    sandboxes.discard_stale_pool().await?;
     sandboxes.start_pool();
     sandboxes.watch_lifetimes()?;
     let monitor = sandboxes.spawn_monitor();
@@ -173,6 +174,8 @@ async fn serve(config: Config, paths: &Paths) -> Result<(), ServerError> {
         _ = int.recv() => Ok(()),
     };
     pool.drain_pool().await;
+    pool.finish_teardowns(std::time::Duration::from_secs(30))
+        .await;
     monitor.abort();
     reaper.abort();
     squasher.abort();

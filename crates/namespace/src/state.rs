@@ -171,7 +171,7 @@ impl ExitWatch {
     }
 
     /// Sends `signal` through the pidfd (never to a reused pid).
-    pub(crate) fn signal(&self, signal: i32) -> io::Result<()> {
+    pub fn signal(&self, signal: i32) -> io::Result<()> {
         // SAFETY: pidfd_send_signal with a valid pidfd, a signal number and no siginfo.
         let ret = unsafe {
             libc::syscall(

@@ -34,6 +34,7 @@ async fn info(State(st): State<AppState>) -> Json<Info> {
         backends: backends.info(),
         images: st.images.list(),
         free_memory_mib: st.sandboxes.free_memory_mib(),
+        pool: st.sandboxes.pool_info(),
     })
 }
 

@@ -1,4 +1,4 @@
-//! Creating, changing, stopping and deleting sandboxes.
+//! Creating and changing sandboxes (stopping and deleting them: `teardown`).
 
 use std::time::{Duration, Instant};
 
@@ -10,7 +10,7 @@ use belljar_api::{
 use super::backend::{BackendError, LaunchSpec};
 use super::{SandboxError, Sandboxes, admission, connect};
 use crate::store::EventBody;
-use crate::util::{is_id, new_id, now_ms};
+use crate::util::{new_id, now_ms};
 
 /// The longest one readiness attempt (connect, handshake, health) may take before it is
 /// abandoned and retried.
@@ -418,110 +418,6 @@ impl Sandboxes {
         s.expires_at = s.expires_at.map(|e| e.saturating_add(req.duration_ms));
         self.save(&s)?;
         Ok(s)
-    }
-
-    /// Stops a sandbox (a no-op on one that has already ended).
-    pub async fn stop(&self, id: &str) -> Result<Sandbox, SandboxError> {
-        self.stop_with(id, SandboxStatus::Stopped, "stopped by user")
-            .await
-    }
-
-    /// Stops a sandbox and records `status` with `reason`.
-    pub(super) async fn stop_with(
-        &self,
-        id: &str,
-        status: SandboxStatus,
-        reason: &str,
-    ) -> Result<Sandbox, SandboxError> {
-        let lock = self.lock_for(id);
-        let _guard = lock.lock().await;
-        self.stop_locked(id, status, reason, true).await
-    }
-
-    /// Stops a sandbox; with `persist`, a persistent one is snapshotted once its processes
-    /// are gone (a `stopping` sandbox left by a crash is snapshotted when the daemon settles
-    /// it at its next start).
-    pub(super) async fn stop_locked(
-        &self,
-        id: &str,
-        status: SandboxStatus,
-        reason: &str,
-        persist: bool,
-    ) -> Result<Sandbox, SandboxError> {
-        let mut s = self.get(id)?;
-        if s.status.is_final() {
-            return Ok(s);
-        }
-        s.status = SandboxStatus::Stopping;
-        self.save(&s)?;
-        let dir = self.state_dir(id);
-        let grace = self.inner.settings.stop_grace;
-        let stopped = self
-            .blocking_backend(&s, move |b| b.stop(&dir, grace))
-            .await;
-        self.forget_agent(id);
-        self.detach_network(id);
-        self.lose_running_commands(id, &format!("the sandbox stopped ({reason})"))?;
-        if persist && s.lifecycle.persistent && stopped.is_ok() {
-            self.persist_stopped(&s).await;
-        }
-        match stopped {
-            Ok(()) => {
-                s.status = status;
-                s.status_reason = Some(reason.to_owned());
-            }
-            Err(e) => {
-                s.status = SandboxStatus::Failed;
-                s.status_reason = Some(format!("{reason}; then: {e}"));
-            }
-        }
-        s.stopped_at = Some(now_ms());
-        s.expires_at = None;
-        self.save(&s)?;
-        Ok(s)
-    }
-
-    /// Marks the commands still running (or not yet started) in a sandbox that ended as lost.
-    pub(super) fn lose_running_commands(&self, id: &str, reason: &str) -> Result<(), SandboxError> {
-        for rec in self.inner.store.unfinished_commands(id)? {
-            self.record_end(id, &rec.command.id, None, reason);
-            self.inner.logs.finish(&rec.command.id);
-        }
-        Ok(())
-    }
-
-    /// Stops the sandbox if needed, then deletes it, its files and its record.
-    pub async fn delete(&self, id: &str) -> Result<(), SandboxError> {
-        if !is_id("sbx", id) {
-            return Err(SandboxError::NotFound(id.to_owned()));
-        }
-        let lock = self.lock_for(id);
-        let _guard = lock.lock().await;
-        let s = self.get(id)?;
-        let t = Instant::now();
-        self.stop_locked(id, SandboxStatus::Stopped, "deleted", false)
-            .await?;
-        let stop = t.elapsed();
-        let dir = self.state_dir(id);
-        self.blocking_backend(&s, move |b| b.destroy(&dir)).await?;
-        tracing::debug!(sandbox = %id, ?stop, destroy = ?(t.elapsed() - stop), "deleting");
-        let all = self.inner.paths.sandbox_dir(id);
-        match tokio::fs::remove_dir_all(&all).await {
-            Err(e) if e.kind() != std::io::ErrorKind::NotFound => return Err(e.into()),
-            _ => {}
-        }
-        self.inner.store.delete_sandbox(id)?;
-        self.forget_network(id);
-        self.release_layers(id).await?;
-        self.inner
-            .events
-            .emit(EventBody::SandboxDeleted(id.to_owned()));
-        self.inner
-            .locks
-            .lock()
-            .unwrap_or_else(|e| e.into_inner())
-            .remove(id);
-        Ok(())
     }
 }
 

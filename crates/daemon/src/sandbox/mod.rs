@@ -32,6 +32,7 @@ mod snapshot_mounts;
 mod snapshots;
 mod source;
 mod squash;
+mod teardown;
 mod terminal;
 pub mod vmm;
 
@@ -187,6 +188,8 @@ struct Inner {
     network: network::NetState,
     lifetime: lifetime::LifetimeState,
     pool: pool::PoolState,
+    /// The teardowns of deleted sandboxes still running in the background (see `teardown`).
+    teardowns: tokio_util::task::TaskTracker,
 }
 
 impl Sandboxes {
@@ -216,6 +219,7 @@ impl Sandboxes {
                 network: Default::default(),
                 lifetime: Default::default(),
                 pool: Default::default(),
+                teardowns: tokio_util::task::TaskTracker::new(),
             }),
         }
     }

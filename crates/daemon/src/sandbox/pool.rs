@@ -156,6 +156,28 @@ impl Sandboxes {
             .sum()
     }
 
+    /// The pool's configured and current size per image, for `GET /v1/info`.
+    pub fn pool_info(&self) -> Vec<belljar_api::PoolInfo> {
+        let ready = lock(&self.inner.pool.ready);
+        let filling = lock(&self.inner.pool.filling);
+        self.inner
+            .settings
+            .pool
+            .0
+            .iter()
+            .map(|(image, n)| {
+                let class = self.pool_class(image);
+                let count = |n: usize| u32::try_from(n).unwrap_or(u32::MAX);
+                belljar_api::PoolInfo {
+                    image: image.clone(),
+                    configured: count(*n),
+                    ready: count(ready.get(&class).map_or(0, VecDeque::len)),
+                    starting: count(filling.get(&class).copied().unwrap_or(0)),
+                }
+            })
+            .collect()
+    }
+
     /// Takes a pooled sandbox that can serve `req`, if there is one and it still answers.
     pub(super) async fn claim_pooled(
         &self,
@@ -404,7 +426,7 @@ impl Sandboxes {
 }
 
 /// The backend whose state directory `dir` is (`<sandbox>/namespace`, `<sandbox>/microvm`).
-fn backend_of_dir(dir: &std::path::Path) -> Option<BackendKind> {
+pub(super) fn backend_of_dir(dir: &std::path::Path) -> Option<BackendKind> {
     match dir.file_name()?.to_str()? {
         "namespace" => Some(BackendKind::Namespace),
         "microvm" => Some(BackendKind::Microvm),

@@ -1,0 +1,241 @@
+//! Stopping and deleting sandboxes. A delete answers as soon as the sandbox is unreachable
+//! and finishes the teardown in the background, because the teardown (reaping a PID
+//! namespace, removing cgroups, unmounting the disk, deleting the tree) is most of a
+//! sandbox's life on a busy machine; the [`DELETING`] marker makes that crash-safe.
+
+use std::time::Instant;
+
+use belljar_api::{Backend as BackendKind, Sandbox, SandboxStatus};
+
+use super::backend::BackendError;
+use super::{SandboxError, Sandboxes};
+use crate::store::EventBody;
+use crate::util::{is_id, now_ms};
+
+/// Written into a sandbox's directory when its delete begins; removed with the directory.
+pub const DELETING: &str = "deleting";
+
+/// When set, a delete leaves its teardown to the next start (`e2e_delete` uses it to prove
+/// that a teardown interrupted by a crash is finished and leaves nothing behind).
+const HOLD_TEARDOWN: &str = "BELLJAR_TEST_HOLD_TEARDOWN";
+
+impl Sandboxes {
+    /// Stops a sandbox (a no-op on one that has already ended).
+    pub async fn stop(&self, id: &str) -> Result<Sandbox, SandboxError> {
+        self.stop_with(id, SandboxStatus::Stopped, "stopped by user")
+            .await
+    }
+
+    /// Stops a sandbox and records `status` with `reason`.
+    pub(super) async fn stop_with(
+        &self,
+        id: &str,
+        status: SandboxStatus,
+        reason: &str,
+    ) -> Result<Sandbox, SandboxError> {
+        let lock = self.lock_for(id);
+        let _guard = lock.lock().await;
+        self.stop_locked(id, status, reason, true).await
+    }
+
+    /// Stops a sandbox; with `persist`, a persistent one is snapshotted once its processes
+    /// are gone (a `stopping` sandbox left by a crash is snapshotted when the daemon settles
+    /// it at its next start).
+    pub(super) async fn stop_locked(
+        &self,
+        id: &str,
+        status: SandboxStatus,
+        reason: &str,
+        persist: bool,
+    ) -> Result<Sandbox, SandboxError> {
+        let mut s = self.get(id)?;
+        if s.status.is_final() {
+            return Ok(s);
+        }
+        s.status = SandboxStatus::Stopping;
+        self.save(&s)?;
+        let dir = self.state_dir(id);
+        let grace = self.inner.settings.stop_grace;
+        let stopped = self
+            .blocking_backend(&s, move |b| b.stop(&dir, grace))
+            .await;
+        self.forget_agent(id);
+        self.detach_network(id);
+        self.lose_running_commands(id, &format!("the sandbox stopped ({reason})"))?;
+        if persist && s.lifecycle.persistent && stopped.is_ok() {
+            self.persist_stopped(&s).await;
+        }
+        match stopped {
+            Ok(()) => {
+                s.status = status;
+                s.status_reason = Some(reason.to_owned());
+            }
+            Err(e) => {
+                s.status = SandboxStatus::Failed;
+                s.status_reason = Some(format!("{reason}; then: {e}"));
+            }
+        }
+        s.stopped_at = Some(now_ms());
+        s.expires_at = None;
+        self.save(&s)?;
+        Ok(s)
+    }
+
+    /// Marks the commands still running (or not yet started) in a sandbox that ended as lost.
+    pub(super) fn lose_running_commands(&self, id: &str, reason: &str) -> Result<(), SandboxError> {
+        for rec in self.inner.store.unfinished_commands(id)? {
+            self.record_end(id, &rec.command.id, None, reason);
+            self.inner.logs.finish(&rec.command.id);
+        }
+        Ok(())
+    }
+
+    /// Deletes a sandbox: once it can no longer be reached (its processes killed, its agent
+    /// and network forgotten, its record gone) the call returns, and the teardown (waiting
+    /// for the processes, cgroups, unmounting the disk, the loop device, removing the files,
+    /// releasing snapshot layers) finishes in the background.
+    ///
+    /// Crash-safe: the sandbox's directory is marked [`DELETING`] before anything else, so a
+    /// daemon that dies before the teardown ends has [`Sandboxes::finish_deletions`] redo it
+    /// at its next start.
+    pub async fn delete(&self, id: &str) -> Result<(), SandboxError> {
+        if !is_id("sbx", id) {
+            return Err(SandboxError::NotFound(id.to_owned()));
+        }
+        let lock = self.lock_for(id);
+        let _guard = lock.lock().await;
+        let s = self.get(id)?;
+        let t = Instant::now();
+        let all = self.inner.paths.sandbox_dir(id);
+        match std::fs::write(all.join(DELETING), b"") {
+            Err(e) if e.kind() != std::io::ErrorKind::NotFound => return Err(e.into()),
+            _ => {}
+        }
+        if !s.status.is_final() {
+            // SIGKILL through a pidfd, no waiting: a deleted sandbox has nothing to save, and
+            // a killed process can do nothing more (the rest of a PID namespace dies with
+            // its PID 1; a VMM takes its guest along).
+            let dir = self.state_dir(id);
+            let killed = self
+                .blocking_backend(&s, move |b| {
+                    if let Some(watch) = b.exit_watch(&dir)? {
+                        watch
+                            .signal(nix::sys::signal::Signal::SIGKILL as i32)
+                            .map_err(|e| {
+                                BackendError::Launch(format!("cannot kill the sandbox: {e}"))
+                            })?;
+                    }
+                    Ok(())
+                })
+                .await;
+            if let Err(e) = killed {
+                // The teardown's stop tries again, with its own escalation.
+                tracing::warn!(sandbox = %id, error = %e, "cannot kill a deleted sandbox");
+            }
+        }
+        self.forget_agent(id);
+        self.detach_network(id);
+        self.lose_running_commands(id, "the sandbox stopped (deleted)")?;
+        self.inner.store.delete_sandbox(id)?;
+        self.forget_network(id);
+        self.inner
+            .events
+            .emit(EventBody::SandboxDeleted(id.to_owned()));
+        self.inner
+            .locks
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .remove(id);
+        tracing::debug!(sandbox = %id, unreachable = ?t.elapsed(), "deleting");
+        let this = self.clone();
+        let id = id.to_owned();
+        self.inner.teardowns.spawn(async move {
+            if std::env::var_os(HOLD_TEARDOWN).is_some() {
+                // Tests only: the teardown a crash interrupts, held open for certain.
+                return;
+            }
+            this.tear_down(&id, s.backend).await;
+        });
+        Ok(())
+    }
+
+    /// The teardown of a deleted sandbox (see [`Sandboxes::delete`]); on failure the marked
+    /// directory stays, and the next start tries again.
+    async fn tear_down(&self, id: &str, kind: BackendKind) {
+        let t = Instant::now();
+        let dir = self.state_dir(id);
+        let this = self.clone();
+        let destroyed = tokio::task::spawn_blocking(move || {
+            let b = this.inner.backends.get(kind).filter(|_| dir.is_dir());
+            b.map(|b| b.destroy(&dir)).transpose()
+        })
+        .await;
+        let destroyed = match destroyed {
+            Ok(Ok(_)) => Ok(()),
+            Ok(Err(e)) => Err(SandboxError::from(e)),
+            Err(e) => Err(SandboxError::Io(std::io::Error::other(e))),
+        };
+        let removed = async {
+            destroyed?;
+            let all = self.inner.paths.sandbox_dir(id);
+            match tokio::fs::remove_dir_all(&all).await {
+                Err(e) if e.kind() != std::io::ErrorKind::NotFound => return Err(e.into()),
+                _ => {}
+            }
+            self.release_layers(id).await
+        }
+        .await;
+        match removed {
+            Ok(()) => tracing::debug!(sandbox = %id, teardown = ?t.elapsed(), "deleted"),
+            Err(e) => tracing::warn!(sandbox = %id, error = %e, "cannot finish deleting a sandbox"),
+        }
+    }
+
+    /// At start, before anything else reads the sandbox directories: finishes the deletions
+    /// a daemon that ended left half done. A marked directory the store still knows is a
+    /// delete that never answered: the sandbox stays, only the marker goes.
+    pub async fn finish_deletions(&self) -> Result<(), SandboxError> {
+        let root = self.inner.paths.sandbox_dir("x");
+        let root = root
+            .parent()
+            .map(std::path::PathBuf::from)
+            .unwrap_or_default();
+        let Ok(entries) = std::fs::read_dir(&root) else {
+            return Ok(());
+        };
+        for entry in entries.flatten() {
+            let Some(id) = entry.file_name().to_str().map(str::to_owned) else {
+                continue;
+            };
+            if !entry.path().join(DELETING).exists() {
+                continue;
+            }
+            if self.inner.store.sandbox(&id)?.is_some() {
+                let _ = std::fs::remove_file(entry.path().join(DELETING));
+                continue;
+            }
+            let dir = self.state_dir(&id);
+            let Some(kind) = super::pool::backend_of_dir(&dir) else {
+                // No backend state (never launched, or already destroyed): only files.
+                let _ = tokio::fs::remove_dir_all(entry.path()).await;
+                let _ = self.release_layers(&id).await;
+                continue;
+            };
+            tracing::info!(sandbox = %id, "finishing the deletion of a sandbox");
+            self.tear_down(&id, kind).await;
+        }
+        Ok(())
+    }
+
+    /// At a clean stop: waits (up to `limit`) for the teardowns still running, so that a
+    /// stopped daemon leaves no half-deleted sandbox when it can help it.
+    pub async fn finish_teardowns(&self, limit: std::time::Duration) {
+        self.inner.teardowns.close();
+        if tokio::time::timeout(limit, self.inner.teardowns.wait())
+            .await
+            .is_err()
+        {
+            tracing::warn!("teardowns still running at exit; the next start finishes them");
+        }
+    }
+}
