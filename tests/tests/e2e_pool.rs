@@ -258,3 +258,38 @@ async fn kill_9_and_restart_leaves_no_pooled_sandbox_behind() {
             .is_empty()
     );
 }
+
+#[tokio::test(flavor = "multi_thread")]
+async fn the_pool_size_is_in_info_and_daemon_status() {
+    let d = pool_daemon(2);
+    let c = d.unix();
+    pool_of(&d, 2).await;
+    let info = eventually(
+        Duration::from_secs(30),
+        "info to show a full pool",
+        || async {
+            let info = c.info().await.unwrap();
+            (info.pool.first().is_some_and(|p| p.starting == 0)).then_some(info)
+        },
+    )
+    .await;
+    assert_eq!(
+        info.pool,
+        vec![belljar_api::PoolInfo {
+            image: "base".into(),
+            configured: 2,
+            ready: 2,
+            starting: 0,
+        }]
+    );
+    // A claim takes one; the refill shows as starting or, once done, ready again.
+    let s = d.create(&c, CreateSandbox::default()).await;
+    let p = c.info().await.unwrap().pool.remove(0);
+    assert_eq!(p.configured, 2);
+    assert!(p.ready + p.starting >= 1 && p.ready <= 2, "{p:?}");
+    c.delete_sandbox(&s.id).await.unwrap();
+    let status = d.cli(["daemon", "status"]);
+    let text = String::from_utf8_lossy(&status.stdout);
+    assert!(text.contains("pool:      base: "), "{text}");
+    assert!(text.contains(" of 2 ready"), "{text}");
+}

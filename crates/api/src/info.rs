@@ -26,6 +26,20 @@ pub struct Info {
     pub images: Vec<Image>,
     /// Host memory available to new sandboxes, MiB.
     pub free_memory_mib: u64,
+    /// The warm pool (`belljard --pool`), one entry per configured image; empty when off.
+    pub pool: Vec<PoolInfo>,
+}
+
+/// The warm pool of one image: sandboxes started ahead of demand on the default backend.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, ToSchema, TS)]
+pub struct PoolInfo {
+    pub image: String,
+    /// How many the daemon keeps ready.
+    pub configured: u32,
+    /// How many are ready now.
+    pub ready: u32,
+    /// How many are starting now (refills).
+    pub starting: u32,
 }
 
 /// `POST /v1/session/token`: a one-time token for `GET /ui?token=<token>`, which turns it into

@@ -85,6 +85,7 @@ pub fn render() -> String {
         Event::decl(&cfg),
         BackendInfo::decl(&cfg),
         Info::decl(&cfg),
+        PoolInfo::decl(&cfg),
         SessionToken::decl(&cfg),
         ImageStatus::decl(&cfg),
         Image::decl(&cfg),

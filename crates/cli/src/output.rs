@@ -212,6 +212,16 @@ pub fn daemon(info: &Info, pid: Option<i32>, socket: &str, port: Option<u16>) ->
         "memory:    {} MiB free for sandboxes",
         info.free_memory_mib
     );
+    if info.pool.is_empty() {
+        let _ = writeln!(out, "pool:      off");
+    }
+    for p in &info.pool {
+        let _ = writeln!(
+            out,
+            "pool:      {}: {} of {} ready, {} starting",
+            p.image, p.ready, p.configured, p.starting
+        );
+    }
     out
 }
 

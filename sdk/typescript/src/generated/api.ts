@@ -606,7 +606,25 @@ default_backend_reason: string, backends: Array<BackendInfo>, images: Array<Imag
 /**
  * Host memory available to new sandboxes, MiB.
  */
-free_memory_mib: number, };
+free_memory_mib: number, 
+/**
+ * The warm pool (`belljard --pool`), one entry per configured image; empty when off.
+ */
+pool: Array<PoolInfo>, };
+
+export type PoolInfo = { image: string, 
+/**
+ * How many the daemon keeps ready.
+ */
+configured: number, 
+/**
+ * How many are ready now.
+ */
+ready: number, 
+/**
+ * How many are starting now (refills).
+ */
+starting: number, };
 
 export type SessionToken = { token: string, };
 
