@@ -9,6 +9,8 @@ use std::time::Duration;
 
 use belljar_api::{CreateSandbox, RunCommand};
 use belljar_e2e::{Daemon, eventually, wait_gone};
+use nix::sys::signal::{Signal, kill};
+use nix::unistd::Pid;
 
 /// What a running sandbox holds on the host, read from its state file.
 struct Held {
@@ -97,6 +99,8 @@ async fn busy_sandbox(d: &Daemon) -> (String, Held) {
                     "-c".into(),
                     "echo x > /tmp/f; sleep 600".into(),
                 ],
+                // Without it the call answers when the command ends, in ten minutes.
+                detached: true,
                 ..Default::default()
             },
         )
@@ -196,4 +200,33 @@ async fn a_teardown_cut_by_a_crash_is_finished_at_the_next_start() {
         || async { leftovers(&kept_held).is_empty().then_some(()) },
     )
     .await;
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn a_restart_right_after_deletes_leaves_nothing_behind() {
+    let d = Daemon::start();
+    let c = d.unix();
+    // One sandbox per way the daemon can end right after a delete answered: a clean stop
+    // (which waits for the teardowns) and a `kill -9` in the middle of one.
+    let (first, h1) = busy_sandbox(&d).await;
+    c.delete_sandbox(&first).await.unwrap();
+    let pid = d.pid();
+    kill(Pid::from_raw(pid), Signal::SIGTERM).unwrap();
+    assert!(
+        wait_gone(pid, Duration::from_secs(60)),
+        "belljard did not stop"
+    );
+    d.restart();
+    assert_eq!(leftovers(&h1), Vec::<String>::new(), "\n{}", d.log());
+
+    let c = d.unix();
+    let (second, h2) = busy_sandbox(&d).await;
+    c.delete_sandbox(&second).await.unwrap();
+    d.kill9();
+    d.restart();
+    assert_eq!(leftovers(&h2), Vec::<String>::new(), "\n{}", d.log());
+    let c = d.unix();
+    assert_eq!(c.sandbox(&second).await.unwrap_err().code(), "not_found");
+    let left = c.list_sandboxes(&Default::default()).await.unwrap();
+    assert!(left.sandboxes.is_empty(), "{:?}", left.sandboxes);
 }
