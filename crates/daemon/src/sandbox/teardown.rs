@@ -136,6 +136,10 @@ impl Sandboxes {
         self.forget_agent(id);
         self.detach_network(id);
         self.lose_running_commands(id, "the sandbox stopped (deleted)")?;
+        // A sandbox holding snapshot layers is torn down before the call answers, so that its
+        // layers are released by then: deleting the snapshot next frees them at once, as a
+        // client may check (the layers are still mounted until the teardown ends).
+        let holds_layers = self.inner.store.holds_layers(id)?;
         self.inner.store.delete_sandbox(id)?;
         self.forget_network(id);
         self.inner
@@ -147,6 +151,10 @@ impl Sandboxes {
             .unwrap_or_else(|e| e.into_inner())
             .remove(id);
         tracing::debug!(sandbox = %id, unreachable = ?t.elapsed(), "deleting");
+        if holds_layers && std::env::var_os(HOLD_TEARDOWN).is_none() {
+            self.tear_down(id, s.backend).await;
+            return Ok(());
+        }
         let this = self.clone();
         let id = id.to_owned();
         self.inner.teardowns.spawn(async move {

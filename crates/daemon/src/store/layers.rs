@@ -47,6 +47,19 @@ impl Store {
         Ok(freed)
     }
 
+    /// Whether a sandbox holds snapshot layers (it was made from a snapshot or mounts one).
+    pub fn holds_layers(&self, sandbox_id: &str) -> Result<bool, StoreError> {
+        let conn = self.conn();
+        let held = conn
+            .query_row(
+                "SELECT 1 FROM sandbox_layers WHERE sandbox_id = ?1",
+                [sandbox_id],
+                |_| Ok(()),
+            )
+            .optional()?;
+        Ok(held.is_some())
+    }
+
     /// Sandboxes that hold layers but no longer exist (a crash between deleting a sandbox and
     /// releasing its layers).
     pub fn orphan_sandbox_layers(&self) -> Result<Vec<String>, StoreError> {
