@@ -11,12 +11,9 @@
 //! mounted snapshot's, recorded as a directory snapshot on the source's timeline, and the
 //! fork mounts those at the same paths.
 
-use std::time::Instant;
-
 use belljar_api::SnapshotStatus;
 use belljar_api::{Backend, Sandbox, SandboxMounts, SandboxStatus, Snapshot, SnapshotMount};
 
-use super::snapshots::FROZEN_MARKER;
 use crate::store::SnapshotRow;
 use crate::util::{new_id, now_ms};
 
@@ -141,35 +138,17 @@ impl Sandboxes {
             });
         }
         let slots = crate::store::mount_slots(&held);
-        let dir = self.state_dir(id);
         let layers_dir = self.layers_dir();
         let layer_lock = self.inner.snapshots.layers.lock().await;
-        let marker = self.inner.paths.sandbox_dir(id).join(FROZEN_MARKER);
-        std::fs::write(&marker, b"")?;
-        let started = Instant::now();
-        let outcome = self
-            .blocking_backend(&s, move |b| {
-                b.freeze(&dir)?;
-                let captured: Result<Vec<_>, _> = slots
+        let (captured, frozen_ms) = self
+            .while_frozen(&s, move |b, dir| {
+                slots
                     .iter()
-                    .map(|slot| b.capture_mount(&dir, *slot, &layers_dir))
-                    .collect();
-                Ok((captured, b.thaw(&dir)))
+                    .map(|slot| b.capture_mount(dir, *slot, &layers_dir))
+                    .collect::<Result<Vec<_>, _>>()
             })
-            .await;
-        let frozen_ms = started.elapsed().as_millis() as u64;
-        let captured = match outcome {
-            Ok((captured, Ok(()))) => {
-                let _ = std::fs::remove_file(&marker);
-                captured?
-            }
-            // Still frozen: the marker stays, so that the next start thaws it.
-            Ok((_, Err(e))) => return Err(e.into()),
-            Err(e) => {
-                let _ = std::fs::remove_file(&marker);
-                return Err(e);
-            }
-        };
+            .await?;
+        let captured = captured?;
         let expiration_ms = self
             .inner
             .store

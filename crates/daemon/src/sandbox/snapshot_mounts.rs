@@ -9,12 +9,10 @@
 //! sandbox's own chain, so deleting it keeps its files while they are mounted.
 
 use std::path::{Component, Path, PathBuf};
-use std::time::Instant;
 
 use belljar_api::{Backend, Sandbox, Snapshot, SnapshotMount, SnapshotStatus};
 
 use super::backend::{BackendError, MountSpec};
-use super::snapshots::FROZEN_MARKER;
 use super::{SandboxError, Sandboxes};
 use crate::store::{HeldMount, MountRefused, SnapshotRow};
 use crate::util::{new_id, now_ms};
@@ -53,37 +51,15 @@ impl Sandboxes {
             }
             .into());
         }
-        let dir = self.state_dir(&sandbox.id);
         let layers_dir = self.layers_dir();
         let layer_lock = self.inner.snapshots.layers.lock().await;
-        let marker = self
-            .inner
-            .paths
-            .sandbox_dir(&sandbox.id)
-            .join(FROZEN_MARKER);
-        std::fs::write(&marker, b"")?;
-        let started = Instant::now();
         let inner_path = path.clone();
-        let outcome = self
-            .blocking_backend(sandbox, move |b| {
-                b.freeze(&dir)?;
-                let captured = b.capture_dir(&dir, &inner_path, &layers_dir);
-                Ok((captured, b.thaw(&dir)))
+        let (captured, frozen_ms) = self
+            .while_frozen(sandbox, move |b, dir| {
+                b.capture_dir(dir, &inner_path, &layers_dir)
             })
-            .await;
-        let frozen_ms = started.elapsed().as_millis() as u64;
-        let captured = match outcome {
-            Ok((captured, Ok(()))) => {
-                let _ = std::fs::remove_file(&marker);
-                captured.map_err(|e| dir_error(e, &path))?
-            }
-            // Still frozen: the marker stays, so that the next start thaws it.
-            Ok((_, Err(e))) => return Err(e.into()),
-            Err(e) => {
-                let _ = std::fs::remove_file(&marker);
-                return Err(e);
-            }
-        };
+            .await?;
+        let captured = captured.map_err(|e| dir_error(e, &path))?;
         let held = self
             .inner
             .store

@@ -14,7 +14,7 @@
 //! and thaws a sandbox left frozen by a live snapshot (a marker file in its directory says so).
 
 use std::path::PathBuf;
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use belljar_api::{
     CreateSnapshot, DEFAULT_EXPIRATION_MS, ListSnapshotsQuery, Sandbox, SandboxStatus, Snapshot,
@@ -88,31 +88,10 @@ impl Sandboxes {
         let layers_dir = self.layers_dir();
         let layer_lock = self.inner.snapshots.layers.lock().await;
         let (captured, frozen_ms) = if live {
-            let marker = self.inner.paths.sandbox_dir(id).join(FROZEN_MARKER);
-            std::fs::write(&marker, b"")?;
-            let started = Instant::now();
-            let outcome = self
-                .blocking_backend(&sandbox, move |b| {
-                    b.freeze(&dir)?;
-                    let captured = b.capture(&dir, &layers_dir);
-                    Ok((captured, b.thaw(&dir)))
-                })
-                .await;
-            let frozen = started.elapsed();
-            let captured = match outcome {
-                Ok((captured, Ok(()))) => {
-                    let _ = std::fs::remove_file(&marker);
-                    captured.map_err(SandboxError::from)
-                }
-                // Still frozen: the marker stays, so that the next start thaws it.
-                Ok((_, Err(e))) => Err(e.into()),
-                Err(e) => {
-                    // The freeze itself failed: nothing is frozen.
-                    let _ = std::fs::remove_file(&marker);
-                    Err(e)
-                }
-            };
-            (captured, Some(frozen.as_millis() as u64))
+            let (captured, frozen_ms) = self
+                .while_frozen(&sandbox, move |b, dir| b.capture(dir, &layers_dir))
+                .await?;
+            (captured.map_err(SandboxError::from), Some(frozen_ms))
         } else {
             self.stop_locked(id, SandboxStatus::Stopped, "snapshotted", false)
                 .await?;
