@@ -6,6 +6,7 @@
 
 pub mod dns;
 pub mod events;
+pub mod microvm;
 
 use std::path::{Path, PathBuf};
 use std::process::{Command, Output, Stdio};

@@ -9,12 +9,10 @@
 
 use std::time::{Duration, Instant};
 
-use belljar_api::{
-    BackendChoice, CreateSandbox, CreateSnapshot, RunCommand, SandboxStatus, Source,
-};
+use belljar_api::{CreateSandbox, CreateSnapshot, RunCommand, SandboxStatus, Source};
 use belljar_client::Client;
+use belljar_e2e::microvm::{console, create_vm, small, vm_state};
 use belljar_e2e::{Daemon, eventually, random_file, same_file, sh, sh_ok, stderr, stdout};
-use belljar_vmm_api::ControlClient;
 use belljar_vmm_api::control::VmState;
 
 /// `belljar create --backend microvm`; returns the id and how long it took.
@@ -39,37 +37,6 @@ fn create(d: &Daemon) -> (String, Duration) {
 fn json(out: &std::process::Output) -> serde_json::Value {
     serde_json::from_slice(&out.stdout)
         .unwrap_or_else(|e| panic!("not JSON ({e}): {}\nstderr: {}", stdout(out), stderr(out)))
-}
-
-/// The sandbox's console log (the guest kernel's and the agent's output) and the VMM's own
-/// log, for failures.
-fn console(d: &Daemon, id: &str) -> String {
-    let mut found = String::new();
-    let Ok(walk) = std::process::Command::new("find")
-        .arg(d.home.path())
-        .args([
-            "(",
-            "-name",
-            "console.log",
-            "-o",
-            "-name",
-            "vmm.log",
-            ")",
-            "-path",
-        ])
-        .arg(format!("*{id}*"))
-        .output()
-    else {
-        return found;
-    };
-    for p in stdout(&walk).lines() {
-        let text = std::fs::read_to_string(p).unwrap_or_default();
-        let lines: Vec<&str> = text.lines().collect();
-        found += &format!("--- {p}\n");
-        found += &lines[lines.len().saturating_sub(60)..].join("\n");
-        found += "\n";
-    }
-    found
 }
 
 #[test]
@@ -272,38 +239,6 @@ fn daemon_kill_9_adopts_the_running_microvm() {
     assert_eq!(stdout(&out), "kept\n");
 }
 
-/// A microVM sandbox over the API (30 min timeout, as [`create`] gives); with the daemon's
-/// log and the consoles when it fails.
-async fn create_vm(d: &Daemon, c: &Client, req: CreateSandbox) -> belljar_api::Sandbox {
-    let req = CreateSandbox {
-        backend: req.backend.or(Some(BackendChoice::Microvm)),
-        timeout_ms: Some(30 * 60_000),
-        ..req
-    };
-    match c.create_sandbox(&req).await {
-        Ok(s) => s,
-        Err(e) => panic!(
-            "create failed: {e}\nlog:\n{}\nconsoles:\n{}",
-            d.log(),
-            console(d, "sbx_")
-        ),
-    }
-}
-
-/// What the VMM of a microVM sandbox says its vCPUs do.
-fn vm_state(d: &Daemon, id: &str) -> VmState {
-    let sock = d
-        .paths
-        .data
-        .join("sandboxes")
-        .join(id)
-        .join("microvm/vmm.sock");
-    ControlClient::connect(&sock, Duration::from_secs(5))
-        .and_then(|mut c| c.status())
-        .unwrap_or_else(|e| panic!("the VMM of {id}: {e}"))
-        .state
-}
-
 /// The counter a looping command writes in the guest.
 async fn counter(c: &Client, id: &str) -> u64 {
     let out = sh_ok(c, id, "cat /tmp/c 2>/dev/null || echo 0").await;
@@ -391,15 +326,6 @@ fn pause_keeps_the_processes_and_idle_pauses() {
         );
         assert_eq!(vm_state(&d, &a.id), VmState::Running);
     });
-}
-
-/// 512 MiB sandboxes: L1 has 3 GiB, and up to three microVMs and a namespace sandbox of
-/// this test run at once.
-fn small() -> CreateSandbox {
-    CreateSandbox {
-        memory_mib: Some(512),
-        ..Default::default()
-    }
 }
 
 /// The files a snapshot must carry: a new file, a mode, a deletion of an image file (a
