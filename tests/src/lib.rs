@@ -4,7 +4,6 @@
 
 #![forbid(unsafe_code)]
 
-pub mod dns;
 pub mod events;
 pub mod microvm;
 

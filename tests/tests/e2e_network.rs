@@ -189,7 +189,7 @@ fn start_internet(net: &TestNet) -> (String, Arc<AtomicUsize>) {
         std::thread::spawn(move || {
             let mut buf = [0u8; 512];
             while let Ok((n, from)) = dns.recv_from(&mut buf) {
-                if let Some(r) = belljar_e2e::dns::answer(&buf[..n], |name| {
+                if let Some(r) = belljar_network::testing::dns_answer(&buf[..n], |name| {
                     NAMES.contains(&name).then_some(INET)
                 }) {
                     let _ = dns.send_to(&r, from);

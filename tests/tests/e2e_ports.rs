@@ -115,9 +115,9 @@ fn dns_server() -> std::net::SocketAddr {
     std::thread::spawn(move || {
         let mut buf = [0u8; 512];
         while let Ok((n, from)) = socket.recv_from(&mut buf) {
-            if let Some(answer) =
-                belljar_e2e::dns::answer(&buf[..n], |name| (name == "svc.test").then_some(SVC_ADDR))
-            {
+            if let Some(answer) = belljar_network::testing::dns_answer(&buf[..n], |name| {
+                (name == "svc.test").then_some(SVC_ADDR)
+            }) {
                 let _ = socket.send_to(&answer, from);
             }
         }

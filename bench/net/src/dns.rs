@@ -25,33 +25,11 @@ pub fn serve(socket: UdpSocket, addr: Ipv4Addr) {
     });
 }
 
+/// The server's answer: every name in the zone is `addr`; anything else is NXDOMAIN.
 fn answer(q: &[u8], addr: Ipv4Addr) -> Option<Vec<u8>> {
-    let mut i = 12;
-    let mut labels = Vec::new();
-    loop {
-        let len = usize::from(*q.get(i)?);
-        i += 1;
-        if len == 0 {
-            break;
-        }
-        labels.push(String::from_utf8_lossy(q.get(i..i + len)?).to_lowercase());
-        i += len;
-    }
-    let qtype = u16::from_be_bytes([*q.get(i)?, *q.get(i + 1)?]);
-    let question = q.get(12..i + 4)?;
-    let name = labels.join(".");
-    let known = name == ZONE || name.ends_with(&format!(".{ZONE}"));
-    let with_answer = known && qtype == 1;
-    let mut r = Vec::with_capacity(question.len() + 32);
-    r.extend_from_slice(&q[..2]);
-    r.extend_from_slice(&[0x81, if known { 0x80 } else { 0x83 }]);
-    r.extend_from_slice(&[0, 1, 0, u8::from(with_answer), 0, 0, 0, 0]);
-    r.extend_from_slice(question);
-    if with_answer {
-        r.extend_from_slice(&[0xc0, 0x0c, 0, 1, 0, 1, 0, 0, 0, 60, 0, 4]);
-        r.extend_from_slice(&addr.octets());
-    }
-    Some(r)
+    belljar_network::testing::dns_answer(q, |name| {
+        (name == ZONE || name.ends_with(&format!(".{ZONE}"))).then_some(addr)
+    })
 }
 
 /// An A question for `name` with the id `id`, recursion desired.

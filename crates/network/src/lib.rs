@@ -38,6 +38,7 @@ pub mod sniff;
 mod stack;
 pub mod tap;
 pub mod tap_attach;
+pub mod testing;
 pub mod vnet;
 
 pub use broker::{Broker, BrokerError, Transform};

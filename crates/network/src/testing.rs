@@ -1,13 +1,14 @@
-//! The test "internet"'s name server: the answer to one DNS query over UDP, for the tests
-//! that give the daemon a resolver of their own (`BELLJAR_DNS_SERVERS`) so that no lookup
-//! leaves the machine.
+//! The test "internet"'s name server, shared by the end-to-end tests (which give the daemon a
+//! resolver of their own, `BELLJAR_DNS_SERVERS`, so that no lookup leaves the machine) and
+//! `net_bench` (whose peers resolve through it too): the answer to one DNS query over UDP.
+//! Not used by the stack itself.
 
 use std::net::Ipv4Addr;
 
 /// The response to query `q`: an A question for a name `lookup` knows is answered with its
 /// address (TTL 60); any question for a name it does not know is NXDOMAIN; another question
 /// type for a known name has no answer and no error. `None` for a query too short to parse.
-pub fn answer(q: &[u8], lookup: impl Fn(&str) -> Option<Ipv4Addr>) -> Option<Vec<u8>> {
+pub fn dns_answer(q: &[u8], lookup: impl Fn(&str) -> Option<Ipv4Addr>) -> Option<Vec<u8>> {
     let mut i = 12;
     let mut labels = Vec::new();
     loop {
