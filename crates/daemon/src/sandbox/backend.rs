@@ -163,7 +163,6 @@ pub trait BackendDriver: Send + Sync {
             what: "snapshot a sandbox",
         })
     }
-    /// Stops every process of the sandbox where it is, keeping its memory.
     /// Copies directory `path` of the running, frozen sandbox into `layers_dir/<digest>`.
     fn capture_dir(
         &self,
@@ -209,6 +208,7 @@ pub trait BackendDriver: Send + Sync {
             what: "unmount snapshots",
         })
     }
+    /// Stops every process of the sandbox where it is, keeping its memory.
     fn freeze(&self, _state_dir: &Path) -> Result<(), BackendError> {
         Err(BackendError::Unsupported {
             backend: self.kind().into(),
