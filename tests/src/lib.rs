@@ -5,6 +5,7 @@
 #![forbid(unsafe_code)]
 
 pub mod events;
+pub mod host;
 pub mod microvm;
 
 use std::path::{Path, PathBuf};

@@ -4,55 +4,14 @@
 //! killed before its teardown ran finishes it at its next start, with the same result.
 //! Needs root and the `base` image, like every namespace e2e test.
 
-use std::path::{Path, PathBuf};
+use std::path::Path;
 use std::time::Duration;
 
 use belljar_api::{CreateSandbox, RunCommand};
+use belljar_e2e::host::{Held, held, mounted_under};
 use belljar_e2e::{Daemon, eventually, wait_gone};
 use nix::sys::signal::{Signal, kill};
 use nix::unistd::Pid;
-
-/// What a running sandbox holds on the host, read from its state file.
-struct Held {
-    dir: PathBuf,
-    pid: i32,
-    cgroups: Vec<PathBuf>,
-}
-
-fn held(d: &Daemon, id: &str) -> Held {
-    let dir = d.paths.data.join("sandboxes").join(id);
-    let state: serde_json::Value = serde_json::from_slice(
-        &std::fs::read(dir.join("namespace/sandbox.json")).expect("namespace state file"),
-    )
-    .unwrap();
-    let groups = &state["groups"];
-    let cgroups = groups["v2"]
-        .as_str()
-        .into_iter()
-        .chain(
-            groups["v1"]
-                .as_object()
-                .into_iter()
-                .flat_map(|m| m.values().filter_map(|v| v.as_str())),
-        )
-        .map(PathBuf::from)
-        .collect();
-    Held {
-        dir,
-        pid: state["pid"].as_i64().unwrap() as i32,
-        cgroups,
-    }
-}
-
-fn mounted_under(dir: &Path) -> Vec<String> {
-    std::fs::read_to_string("/proc/self/mountinfo")
-        .unwrap()
-        .lines()
-        .filter_map(|l| l.split(' ').nth(4))
-        .filter(|m| Path::new(m).starts_with(dir))
-        .map(str::to_owned)
-        .collect()
-}
 
 /// Loop devices whose backing file is under `dir` (a deleted one reads "<path> (deleted)").
 fn loops_under(dir: &Path) -> Vec<String> {

@@ -5,11 +5,11 @@
 //! or mount behind. Needs root and the `base` image, like every namespace e2e test.
 
 use std::collections::BTreeMap;
-use std::path::{Path, PathBuf};
 use std::time::Duration;
 
 use belljar_api::{CreateSandbox, ListSandboxesQuery, RunCommand, SandboxStatus};
 use belljar_client::{Client, log_bytes};
+use belljar_e2e::host::{Held, held, mounted_under};
 use belljar_e2e::{Daemon, eventually, wait_gone};
 
 /// The pool's marker in a sandbox directory (see the daemon's `sandbox::pool`).
@@ -174,48 +174,6 @@ async fn a_claim_is_a_fresh_sandbox_with_the_request_applied() {
     // The launched sandbox's limits are enforced the same way as the pooled ones.
     assert_eq!(other.limits, first.limits);
     assert_eq!(run(&c, &other.id, "true").await.0, Some(0));
-}
-
-/// The pooled sandbox's processes, cgroups and host mounts, from its state file.
-struct Held {
-    dir: PathBuf,
-    pid: i32,
-    cgroups: Vec<PathBuf>,
-}
-
-fn held(d: &Daemon, id: &str) -> Held {
-    let dir = d.paths.data.join("sandboxes").join(id);
-    let state: serde_json::Value = serde_json::from_slice(
-        &std::fs::read(dir.join("namespace/sandbox.json")).expect("namespace state file"),
-    )
-    .unwrap();
-    let groups = &state["groups"];
-    let cgroups = groups["v2"]
-        .as_str()
-        .into_iter()
-        .chain(
-            groups["v1"]
-                .as_object()
-                .into_iter()
-                .flat_map(|m| m.values().filter_map(|v| v.as_str())),
-        )
-        .map(PathBuf::from)
-        .collect();
-    Held {
-        dir,
-        pid: state["pid"].as_i64().unwrap() as i32,
-        cgroups,
-    }
-}
-
-fn mounted_under(dir: &Path) -> Vec<String> {
-    std::fs::read_to_string("/proc/self/mountinfo")
-        .unwrap()
-        .lines()
-        .filter_map(|l| l.split(' ').nth(4))
-        .filter(|m| Path::new(m).starts_with(dir))
-        .map(str::to_owned)
-        .collect()
 }
 
 #[tokio::test(flavor = "multi_thread")]
