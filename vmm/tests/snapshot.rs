@@ -80,7 +80,9 @@ fn a_restored_guest_counts_on_from_the_saved_value() {
     let Some(hv) = common::kvm() else { return };
     let dir = tempfile::tempdir().unwrap();
     let saved = counting_snapshot(&hv, dir.path());
-    assert!(saved > 3 * 65536, "{saved}");
+    // Three dots were printed: the count is at least 3 * 65536 (exactly that when the pause
+    // came right after the third dot's write, which a CI run met).
+    assert!(saved >= 3 * 65536, "{saved}");
 
     let t = Instant::now();
     let child = Vmm::restore(
