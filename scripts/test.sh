@@ -67,7 +67,7 @@ if [ -x tests/ui/run.sh ]; then
 fi
 
 step "microVM tests (scripts/test-microvm.sh: nested KVM in a QEMU-TCG guest here)"
-BELLJAR_MICROVM_TIMEOUT="${BELLJAR_MICROVM_TIMEOUT:-1200}" scripts/test-microvm.sh
+BELLJAR_MICROVM_TIMEOUT="${BELLJAR_MICROVM_TIMEOUT:-960}" scripts/test-microvm.sh
 
 # Always in L1 (--nested), even on a KVM host: the job remounts cgroups and binds over /etc.
 step "rootless tests (tests/microvm/rootless.sh: an ordinary user on delegated cgroup v2, in L1)"
