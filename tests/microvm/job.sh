@@ -50,17 +50,21 @@ export RUST_BACKTRACE=1
 # left running must neither keep the output open nor the next run waiting); extra arguments
 # go to the test harness. Sets rc, p and f (passed and failed counts) from `out`.
 run_tests() {
-  local exe=$1 out=$2 pid tailer line
+  local exe=$1 out=$2 pid tailer watcher line
   shift 2
   : > "$out"
   setsid "$exe" --ignored --test-threads=1 --nocapture "$@" > "$out" 2>&1 &
   pid=$!
   tail -n +1 -f --pid="$pid" "$out" &
   tailer=$!
+  # A test that goes quiet gets a report of what its microVMs and daemon are doing.
+  bash "$(dirname "$0")/stall-watch.sh" "$out" "${TMPDIR:-/tmp}" &
+  watcher=$!
   rc=0
   wait "$pid" || rc=$?
   kill -KILL -- "-$pid" 2> /dev/null || true
-  wait "$tailer" 2> /dev/null || true
+  kill "$watcher" 2> /dev/null || true
+  wait "$tailer" "$watcher" 2> /dev/null || true
   line=$(grep -E '^test result:' "$out" | tail -1)
   p=$(sed -nE 's/.* ([0-9]+) passed.*/\1/p' <<< "$line")
   f=$(sed -nE 's/.* ([0-9]+) failed.*/\1/p' <<< "$line")

@@ -7,6 +7,7 @@
 pub mod events;
 pub mod host;
 pub mod microvm;
+pub mod snapshots;
 
 use std::path::{Path, PathBuf};
 use std::process::{Command, Output, Stdio};

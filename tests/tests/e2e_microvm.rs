@@ -12,7 +12,9 @@ use std::time::{Duration, Instant};
 use belljar_api::{CreateSandbox, CreateSnapshot, RunCommand, SandboxStatus, Source};
 use belljar_client::Client;
 use belljar_e2e::microvm::{console, create_vm, small, vm_state};
-use belljar_e2e::{Daemon, eventually, random_file, same_file, sh, sh_ok, stderr, stdout};
+use belljar_e2e::{
+    Daemon, eventually, random_file, same_file, sh, sh_ok, snapshots, stderr, stdout,
+};
 use belljar_vmm_api::control::VmState;
 
 /// `belljar create --backend microvm`; returns the id and how long it took.
@@ -349,13 +351,7 @@ fn a_live_snapshot_starts_a_microvm_with_its_files() {
         // A live snapshot: the VM is paused while its layer is copied, then runs on.
         let t = Instant::now();
         let snap = c
-            .snapshot_sandbox(
-                &a.id,
-                &CreateSnapshot {
-                    keep_running: Some(true),
-                    ..Default::default()
-                },
-            )
+            .snapshot_sandbox(&a.id, &snapshots::live())
             .await
             .unwrap_or_else(|e| panic!("snapshot: {e}\nlog:\n{}", d.log()));
         let snapshot_took = t.elapsed();

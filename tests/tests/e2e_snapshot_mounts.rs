@@ -11,7 +11,7 @@ use belljar_api::{
     SnapshotStatus, Source,
 };
 use belljar_client::Client;
-use belljar_e2e::{Daemon, sh_ok};
+use belljar_e2e::{Daemon, sh_ok, snapshots};
 
 /// Every entry under a directory with its kind, mode and owner, then each file's hash.
 fn listing(dir: &str) -> String {
@@ -27,13 +27,6 @@ fn mounting(snapshot_id: &str, path: &str) -> CreateSandbox {
             snapshot_id: snapshot_id.into(),
             path: path.into(),
         }]),
-        ..Default::default()
-    }
-}
-
-fn dir_snapshot(path: &str) -> CreateSnapshot {
-    CreateSnapshot {
-        path: Some(path.into()),
         ..Default::default()
     }
 }
@@ -77,7 +70,7 @@ async fn a_directory_snapshot_mounts_copy_on_write_into_new_sandboxes() {
     assert!(!want.contains("old"), "{want}");
 
     let snap = c
-        .snapshot_sandbox(&a.id, &dir_snapshot("/srv/proj"))
+        .snapshot_sandbox(&a.id, &snapshots::of_directory("/srv/proj"))
         .await
         .unwrap();
     assert_eq!(snap.status, SnapshotStatus::Created);
@@ -158,7 +151,7 @@ async fn bad_directory_snapshots_and_mounts_are_refused_with_stable_codes() {
         ("/nowhere", "not_found"),
     ] {
         let err = c
-            .snapshot_sandbox(&a.id, &dir_snapshot(path))
+            .snapshot_sandbox(&a.id, &snapshots::of_directory(path))
             .await
             .unwrap_err();
         assert_eq!(err.code(), code, "{path}: {err}");
@@ -172,7 +165,7 @@ async fn bad_directory_snapshots_and_mounts_are_refused_with_stable_codes() {
     .await;
     for link in ["/srv/link", "/srv/up"] {
         let s = c
-            .snapshot_sandbox(&a.id, &dir_snapshot(link))
+            .snapshot_sandbox(&a.id, &snapshots::of_directory(link))
             .await
             .unwrap();
         let m = d.create(&c, mounting(&s.id, "/m")).await;
@@ -180,19 +173,10 @@ async fn bad_directory_snapshots_and_mounts_are_refused_with_stable_codes() {
         c.delete_sandbox(&m.id).await.unwrap();
     }
     let dir = c
-        .snapshot_sandbox(&a.id, &dir_snapshot("/srv/d"))
+        .snapshot_sandbox(&a.id, &snapshots::of_directory("/srv/d"))
         .await
         .unwrap();
-    let whole = c
-        .snapshot_sandbox(
-            &a.id,
-            &CreateSnapshot {
-                keep_running: Some(true),
-                ..Default::default()
-            },
-        )
-        .await
-        .unwrap();
+    let whole = c.snapshot_sandbox(&a.id, &snapshots::live()).await.unwrap();
     let before = sandbox_count(&c).await;
     for (snapshot, path, code) in [
         ("snap_nosuchsnapshot", "/m", "not_found"),

@@ -6,9 +6,9 @@
 //!
 //! Needs root and the `base` image (as every e2e test).
 
-use belljar_api::{CreateSandbox, CreateSnapshot, ForkSandbox, ListSnapshotsQuery, SnapshotMount};
+use belljar_api::{CreateSandbox, ForkSandbox, ListSnapshotsQuery};
 use belljar_client::Client;
-use belljar_e2e::{Daemon, sh_ok, stderr, stdout};
+use belljar_e2e::{Daemon, sh_ok, snapshots, stderr, stdout};
 
 /// Every entry under a directory with its kind, mode and owner, then each file's hash.
 fn listing(dir: &str) -> String {
@@ -16,20 +16,6 @@ fn listing(dir: &str) -> String {
         "cd {dir} && find . -mindepth 1 -printf '%P %y %m %U:%G %l\\n' | sort; \
          find . -type f -exec md5sum {{}} + | sort"
     )
-}
-
-fn mount(snapshot_id: &str, path: &str) -> SnapshotMount {
-    SnapshotMount {
-        snapshot_id: snapshot_id.into(),
-        path: path.into(),
-    }
-}
-
-fn dir_snapshot(path: &str) -> CreateSnapshot {
-    CreateSnapshot {
-        path: Some(path.into()),
-        ..Default::default()
-    }
 }
 
 async fn mounted_paths(c: &Client, id: &str) -> Vec<String> {
@@ -40,12 +26,6 @@ async fn mounted_paths(c: &Client, id: &str) -> Vec<String> {
         .into_iter()
         .map(|m| m.path)
         .collect()
-}
-
-fn layer_count(d: &Daemon) -> usize {
-    std::fs::read_dir(d.paths.data.join("layers"))
-        .map(|r| r.count())
-        .unwrap_or(0)
 }
 
 #[tokio::test(flavor = "multi_thread")]
@@ -62,7 +42,7 @@ async fn a_directory_snapshot_mounts_into_a_running_sandbox_and_unmounts() {
     .await;
     let want = sh_ok(&c, &a.id, &listing("/srv/proj")).await;
     let snap = c
-        .snapshot_sandbox(&a.id, &dir_snapshot("/srv/proj"))
+        .snapshot_sandbox(&a.id, &snapshots::of_directory("/srv/proj"))
         .await
         .unwrap();
 
@@ -70,7 +50,7 @@ async fn a_directory_snapshot_mounts_into_a_running_sandbox_and_unmounts() {
     let b = d.create(&c, CreateSandbox::default()).await;
     sh_ok(&c, &b.id, "mkdir -p /data && echo before > /data/old").await;
     let m = c
-        .mount_snapshot(&b.id, &mount(&snap.id, "/data"))
+        .mount_snapshot(&b.id, &snapshots::mount(&snap.id, "/data"))
         .await
         .unwrap();
     assert_eq!(m.path, "/data");
@@ -80,7 +60,7 @@ async fn a_directory_snapshot_mounts_into_a_running_sandbox_and_unmounts() {
         "overlay\n",
         "the snapshot is a mount at the path"
     );
-    c.mount_snapshot(&b.id, &mount(&snap.id, "/mnt/new/deep"))
+    c.mount_snapshot(&b.id, &snapshots::mount(&snap.id, "/mnt/new/deep"))
         .await
         .unwrap();
     assert_eq!(sh_ok(&c, &b.id, &listing("/mnt/new/deep")).await, want);
@@ -102,7 +82,7 @@ async fn a_directory_snapshot_mounts_into_a_running_sandbox_and_unmounts() {
     assert_eq!(sh_ok(&c, &b.id, &listing("/mnt/new/deep")).await, want);
     assert_eq!(sh_ok(&c, &a.id, &listing("/srv/proj")).await, want);
     let e = d.create(&c, CreateSandbox::default()).await;
-    c.mount_snapshot(&e.id, &mount(&snap.id, "/data"))
+    c.mount_snapshot(&e.id, &snapshots::mount(&snap.id, "/data"))
         .await
         .unwrap();
     assert_eq!(sh_ok(&c, &e.id, &listing("/data")).await, want);
@@ -111,7 +91,7 @@ async fn a_directory_snapshot_mounts_into_a_running_sandbox_and_unmounts() {
     c.delete_snapshot(&snap.id).await.unwrap();
     assert_eq!(sh_ok(&c, &e.id, &listing("/data")).await, want);
     let err = c
-        .mount_snapshot(&e.id, &mount(&snap.id, "/again"))
+        .mount_snapshot(&e.id, &snapshots::mount(&snap.id, "/again"))
         .await
         .unwrap_err();
     assert_eq!(err.code(), "snapshot_not_usable", "{err}");
@@ -130,9 +110,16 @@ async fn a_directory_snapshot_mounts_into_a_running_sandbox_and_unmounts() {
         c.delete_sandbox(id).await.unwrap();
     }
     c.unmount_snapshot(&b.id, "/mnt/new/deep").await.unwrap();
-    assert!(layer_count(&d) > 0, "e still mounts the snapshot");
+    assert!(
+        snapshots::layer_count(&d) > 0,
+        "e still mounts the snapshot"
+    );
     c.unmount_snapshot(&e.id, "/data").await.unwrap();
-    assert_eq!(layer_count(&d), 0, "no one holds the snapshot's layer");
+    assert_eq!(
+        snapshots::layer_count(&d),
+        0,
+        "no one holds the snapshot's layer"
+    );
     assert_eq!(
         sh_ok(&c, &e.id, "test -e /data && echo there || echo gone").await,
         "there\n",
@@ -152,21 +139,12 @@ async fn bad_mounts_into_a_running_sandbox_are_refused_and_hold_nothing() {
     )
     .await;
     let dir = c
-        .snapshot_sandbox(&a.id, &dir_snapshot("/srv/d"))
+        .snapshot_sandbox(&a.id, &snapshots::of_directory("/srv/d"))
         .await
         .unwrap();
-    let whole = c
-        .snapshot_sandbox(
-            &a.id,
-            &CreateSnapshot {
-                keep_running: Some(true),
-                ..Default::default()
-            },
-        )
-        .await
-        .unwrap();
-    let layers = layer_count(&d);
-    c.mount_snapshot(&a.id, &mount(&dir.id, "/m"))
+    let whole = c.snapshot_sandbox(&a.id, &snapshots::live()).await.unwrap();
+    let layers = snapshots::layer_count(&d);
+    c.mount_snapshot(&a.id, &snapshots::mount(&dir.id, "/m"))
         .await
         .unwrap();
     for (snapshot, path, code) in [
@@ -188,7 +166,7 @@ async fn bad_mounts_into_a_running_sandbox_are_refused_and_hold_nothing() {
         (dir.id.as_str(), "/m", "conflict"),
     ] {
         let err = c
-            .mount_snapshot(&a.id, &mount(snapshot, path))
+            .mount_snapshot(&a.id, &snapshots::mount(snapshot, path))
             .await
             .unwrap_err();
         assert_eq!(err.code(), code, "{snapshot} at {path}: {err}");
@@ -202,7 +180,7 @@ async fn bad_mounts_into_a_running_sandbox_are_refused_and_hold_nothing() {
     let err = c.unmount_snapshot(&a.id, "/nothing").await.unwrap_err();
     assert_eq!(err.code(), "not_found", "{err}");
     let err = c
-        .mount_snapshot("sbx_nosuchsandbox", &mount(&dir.id, "/m"))
+        .mount_snapshot("sbx_nosuchsandbox", &snapshots::mount(&dir.id, "/m"))
         .await
         .unwrap_err();
     assert_eq!(err.code(), "not_found", "{err}");
@@ -211,17 +189,17 @@ async fn bad_mounts_into_a_running_sandbox_are_refused_and_hold_nothing() {
     let stopped = d.create(&c, CreateSandbox::default()).await;
     c.stop_sandbox(&stopped.id).await.unwrap();
     let err = c
-        .mount_snapshot(&stopped.id, &mount(&dir.id, "/m"))
+        .mount_snapshot(&stopped.id, &snapshots::mount(&dir.id, "/m"))
         .await
         .unwrap_err();
     assert_eq!(err.code(), "sandbox_not_running", "{err}");
 
     // Nothing refused holds a layer: deleting every holder frees them all.
-    assert_eq!(layer_count(&d), layers);
+    assert_eq!(snapshots::layer_count(&d), layers);
     c.delete_sandbox(&a.id).await.unwrap();
     c.delete_snapshot(&dir.id).await.unwrap();
     c.delete_snapshot(&whole.id).await.unwrap();
-    assert_eq!(layer_count(&d), 0);
+    assert_eq!(snapshots::layer_count(&d), 0);
 }
 
 #[tokio::test(flavor = "multi_thread")]
@@ -236,7 +214,7 @@ async fn a_fork_carries_its_sources_mounts_with_their_writes() {
     )
     .await;
     let snap = c
-        .snapshot_sandbox(&a.id, &dir_snapshot("/srv/d"))
+        .snapshot_sandbox(&a.id, &snapshots::of_directory("/srv/d"))
         .await
         .unwrap();
     // One mount given at create, one mounted while running; writes under both and beside.
@@ -244,12 +222,12 @@ async fn a_fork_carries_its_sources_mounts_with_their_writes() {
         .create(
             &c,
             CreateSandbox {
-                mounts: Some(vec![mount(&snap.id, "/m1")]),
+                mounts: Some(vec![snapshots::mount(&snap.id, "/m1")]),
                 ..Default::default()
             },
         )
         .await;
-    c.mount_snapshot(&b.id, &mount(&snap.id, "/m2"))
+    c.mount_snapshot(&b.id, &snapshots::mount(&snap.id, "/m2"))
         .await
         .unwrap();
     sh_ok(
@@ -313,7 +291,7 @@ async fn the_cli_mounts_lists_and_unmounts() {
     let a = d.create(&c, CreateSandbox::default()).await;
     sh_ok(&c, &a.id, "mkdir -p /srv/d && echo cli > /srv/d/f").await;
     let snap = c
-        .snapshot_sandbox(&a.id, &dir_snapshot("/srv/d"))
+        .snapshot_sandbox(&a.id, &snapshots::of_directory("/srv/d"))
         .await
         .unwrap();
     let b = d.create(&c, CreateSandbox::default()).await;

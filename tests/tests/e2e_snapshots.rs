@@ -13,7 +13,7 @@ use belljar_api::{
     CreateSandbox, CreateSnapshot, KeepLastSnapshots, ListSnapshotsQuery, SandboxStatus,
     SnapshotStatus, Source,
 };
-use belljar_e2e::{Daemon, eventually, sh_ok};
+use belljar_e2e::{Daemon, eventually, sh_ok, snapshots};
 
 fn from(snapshot_id: &str) -> CreateSandbox {
     CreateSandbox {
@@ -246,10 +246,7 @@ async fn retention_and_expiry_apply_across_a_restart() {
             },
         )
         .await;
-    let live = CreateSnapshot {
-        keep_running: Some(true),
-        ..Default::default()
-    };
+    let live = snapshots::live();
     sh_ok(&c, &a.id, "echo 1 > /workspace/n").await;
     let one = c.snapshot_sandbox(&a.id, &live).await.unwrap();
     sh_ok(&c, &a.id, "echo 2 > /workspace/n").await;
@@ -311,16 +308,7 @@ async fn kill_9_during_a_live_snapshot_loses_nothing() {
     let snapshotting = {
         let c = c.clone();
         let id = a.id.clone();
-        tokio::spawn(async move {
-            c.snapshot_sandbox(
-                &id,
-                &CreateSnapshot {
-                    keep_running: Some(true),
-                    ..Default::default()
-                },
-            )
-            .await
-        })
+        tokio::spawn(async move { c.snapshot_sandbox(&id, &snapshots::live()).await })
     };
     eventually(Duration::from_secs(30), "a layer being copied", || {
         let names = layer_names(&d);

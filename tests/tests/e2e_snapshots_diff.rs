@@ -7,7 +7,7 @@
 //! Needs root and the `base` image (as every e2e test).
 
 use belljar_api::{ChangeKind, CreateSandbox, CreateSnapshot, EntryKind, SnapshotDiff, Source};
-use belljar_e2e::{Daemon, sh_ok, stderr, stdout};
+use belljar_e2e::{Daemon, sh_ok, snapshots, stderr, stdout};
 
 /// `change path` for each change, e.g. `M /etc/hosts`.
 fn paths(d: &SnapshotDiff) -> Vec<String> {
@@ -44,16 +44,7 @@ async fn diffs_list_exactly_what_changed() {
          rm /etc/issue",
     )
     .await;
-    let s1 = c
-        .snapshot_sandbox(
-            &a.id,
-            &CreateSnapshot {
-                keep_running: Some(true),
-                ..Default::default()
-            },
-        )
-        .await
-        .unwrap();
+    let s1 = c.snapshot_sandbox(&a.id, &snapshots::live()).await.unwrap();
 
     // What s1 changed on the image.
     let on_image = c.snapshot_diff(&s1.id, None).await.unwrap();

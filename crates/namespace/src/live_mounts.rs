@@ -340,6 +340,54 @@ unsafe fn open_below(dir: RawFd, name: &CString) -> i64 {
     }
 }
 
+/// Joins the sandbox's mount namespace and opens the directory `comps` names below its
+/// root, a component at a time and never through a link; with `create`, missing directories
+/// are made. Returns the directory (`O_PATH`); a component that cannot be opened ends the
+/// helper with the code `code_of` gives its errno.
+///
+/// # Safety
+/// Only in a forked helper that already joined the sandbox's user namespace.
+unsafe fn walk_in_sandbox(
+    mntns: &OwnedFd,
+    comps: &[CString],
+    create: bool,
+    err: RawFd,
+    code_of: fn(Option<i32>) -> &'static str,
+) -> i64 {
+    // SAFETY: plain system calls on fds we hold and C strings that outlive them.
+    unsafe {
+        check(
+            libc::setns(mntns.as_raw_fd(), libc::CLONE_NEWNS).into(),
+            err,
+            "setns mnt",
+        );
+        let mut dir = check(
+            libc::open(c"/".as_ptr(), libc::O_PATH | libc::O_DIRECTORY).into(),
+            err,
+            "open /",
+        );
+        for comp in comps {
+            let mut next = open_below(dir as RawFd, comp);
+            if create && next < 0 && io::Error::last_os_error().raw_os_error() == Some(libc::ENOENT)
+            {
+                if libc::mkdirat(dir as RawFd, comp.as_ptr(), 0o755) < 0
+                    && io::Error::last_os_error().raw_os_error() != Some(libc::EEXIST)
+                {
+                    fail(err, UNUSABLE, &format!("mkdir {comp:?}"));
+                }
+                next = open_below(dir as RawFd, comp);
+            }
+            if next < 0 {
+                let code = code_of(io::Error::last_os_error().raw_os_error());
+                fail(err, code, &format!("open {comp:?}"));
+            }
+            libc::close(dir as RawFd);
+            dir = next;
+        }
+        dir
+    }
+}
+
 fn mount_helper(plan: &MountPlan, err: RawFd) -> ! {
     // SAFETY (for every block in this function): plain system calls on fds and C strings
     // owned by `plan`, which outlives them; all pointers are valid for each call.
@@ -401,36 +449,10 @@ fn mount_helper(plan: &MountPlan, err: RawFd) -> ! {
             err,
             "fsmount",
         );
-        check(
-            libc::setns(plan.mntns.as_raw_fd(), libc::CLONE_NEWNS).into(),
-            err,
-            "setns mnt",
-        );
-        let mut dir = check(
-            libc::open(c"/".as_ptr(), libc::O_PATH | libc::O_DIRECTORY).into(),
-            err,
-            "open /",
-        );
-        for comp in &plan.comps {
-            let mut next = open_below(dir as RawFd, comp);
-            if next < 0 && io::Error::last_os_error().raw_os_error() == Some(libc::ENOENT) {
-                if libc::mkdirat(dir as RawFd, comp.as_ptr(), 0o755) < 0
-                    && io::Error::last_os_error().raw_os_error() != Some(libc::EEXIST)
-                {
-                    fail(err, UNUSABLE, &format!("mkdir {comp:?}"));
-                }
-                next = open_below(dir as RawFd, comp);
-            }
-            if next < 0 {
-                let code = match io::Error::last_os_error().raw_os_error() {
-                    Some(libc::ENOTDIR | libc::ELOOP | libc::EXDEV) => NOT_A_DIRECTORY,
-                    _ => UNUSABLE,
-                };
-                fail(err, code, &format!("open {comp:?}"));
-            }
-            libc::close(dir as RawFd);
-            dir = next;
-        }
+        let dir = walk_in_sandbox(&plan.mntns, &plan.comps, true, err, |errno| match errno {
+            Some(libc::ENOTDIR | libc::ELOOP | libc::EXDEV) => NOT_A_DIRECTORY,
+            _ => UNUSABLE,
+        });
         let ret = libc::syscall(
             libc::SYS_move_mount,
             mnt as RawFd,
@@ -450,24 +472,7 @@ fn unmount_helper(plan: &UnmountPlan, err: RawFd) -> ! {
     // SAFETY (for every block in this function): as in `mount_helper`.
     unsafe {
         become_sandbox_root(&plan.userns, err);
-        check(
-            libc::setns(plan.mntns.as_raw_fd(), libc::CLONE_NEWNS).into(),
-            err,
-            "setns mnt",
-        );
-        let mut dir = check(
-            libc::open(c"/".as_ptr(), libc::O_PATH | libc::O_DIRECTORY).into(),
-            err,
-            "open /",
-        );
-        for comp in &plan.parents {
-            let next = open_below(dir as RawFd, comp);
-            if next < 0 {
-                fail(err, NOT_MOUNTED, &format!("open {comp:?}"));
-            }
-            libc::close(dir as RawFd);
-            dir = next;
-        }
+        let dir = walk_in_sandbox(&plan.mntns, &plan.parents, false, err, |_| NOT_MOUNTED);
         check(libc::fchdir(dir as RawFd).into(), err, "fchdir");
         if libc::umount2(plan.last.as_ptr(), libc::MNT_DETACH | libc::UMOUNT_NOFOLLOW) < 0 {
             let code = match io::Error::last_os_error().raw_os_error() {

@@ -204,7 +204,7 @@ pub fn unpack(ext4: &Path, dest: &Path) -> Result<(), String> {
         Some(tool) => {
             debugfs::rdump(&tool, ext4, dest)?;
             let _ = fs::remove_dir_all(dest.join("lost+found"));
-            fix_modes(&fs, &root, dest, true)?;
+            fix_modes(&fs, &root, dest)?;
             let scratch = dest.with_file_name(".unpack-scratch");
             fs::DirBuilder::new()
                 .mode(0o700)
@@ -214,7 +214,7 @@ pub fn unpack(ext4: &Path, dest: &Path) -> Result<(), String> {
             let _ = fs::remove_dir_all(&scratch);
             kept?;
         }
-        None => copy_dir(&fs, &root, dest, true)?,
+        None => copy_dir(&fs, &root, dest)?,
     }
     finish(dest, &meta, false)
 }
@@ -244,15 +244,31 @@ fn keep_links_and_xattrs(
     Ok(())
 }
 
-/// After `rdump`: every directory, file and link of the image exists in `dest`, and modes
-/// with setuid, setgid or sticky bits are set again.
-fn fix_modes(
+/// What a walk over the image does with one entry.
+enum Visit {
+    /// Nothing more (a device, FIFO or socket the copy leaves out).
+    Skip,
+    /// Done with it: `after` runs on it.
+    Visited,
+    /// A directory: its entries are walked, then `after` runs on it.
+    Descend,
+}
+
+/// Walks the image below `src` (its `.`, `..` and the top `lost+found` aside): `visit` sees
+/// each entry's path in the image, its place under `dest` and its metadata; `after` runs on a
+/// visited entry once everything below it is done (so a directory's times are set last).
+fn walk_image(
     fs: &ext4_view::Ext4,
     src: &ext4_view::PathBuf,
     dest: &Path,
     top: bool,
+    visit: &mut dyn FnMut(
+        &ext4_view::PathBuf,
+        &Path,
+        &ext4_view::Metadata,
+    ) -> Result<Visit, String>,
+    after: &mut dyn FnMut(&Path, &ext4_view::Metadata) -> Result<(), String>,
 ) -> Result<(), String> {
-    let shown = |p: &ext4_view::PathBuf| String::from_utf8_lossy(p.as_ref()).into_owned();
     let entries = fs
         .read_dir(src)
         .map_err(|e| format!("{}: {e}", shown(src)))?;
@@ -268,78 +284,78 @@ fn fix_modes(
         let meta = entry
             .metadata()
             .map_err(|e| format!("{}: {e}", shown(&from)))?;
-        let ft = meta.file_type();
-        if !(ft.is_dir() || ft.is_regular_file() || ft.is_symlink()) {
-            continue;
+        match visit(&from, &to, &meta)? {
+            Visit::Skip => continue,
+            Visit::Visited => {}
+            Visit::Descend => walk_image(fs, &from, &to, false, visit, after)?,
         }
-        if fs::symlink_metadata(&to).is_err() {
-            return Err(format!("debugfs did not copy {}", shown(&from)));
-        }
-        let mode = u32::from(meta.mode()) & 0o7777;
-        if !ft.is_symlink() && mode & 0o7000 != 0 {
-            fs::set_permissions(&to, fs::Permissions::from_mode(mode))
-                .map_err(|e| format!("{}: {e}", to.display()))?;
-        }
-        if ft.is_dir() {
-            fix_modes(fs, &from, &to, false)?;
-        }
+        after(&to, &meta)?;
     }
     Ok(())
 }
 
-fn copy_dir(
-    fs: &ext4_view::Ext4,
-    src: &ext4_view::PathBuf,
-    dest: &Path,
-    top: bool,
-) -> Result<(), String> {
-    let shown = |p: &ext4_view::PathBuf| String::from_utf8_lossy(p.as_ref()).into_owned();
-    let entries = fs
-        .read_dir(src)
-        .map_err(|e| format!("{}: {e}", shown(src)))?;
-    for entry in entries {
-        let entry = entry.map_err(|e| format!("{}: {e}", shown(src)))?;
-        let name = entry.file_name();
-        let bytes: &[u8] = name.as_ref();
-        if bytes == b"." || bytes == b".." || (top && bytes == b"lost+found") {
-            continue;
+fn shown(p: &ext4_view::PathBuf) -> String {
+    String::from_utf8_lossy(p.as_ref()).into_owned()
+}
+
+/// After `rdump`: every directory, file and link of the image exists in `dest`, and modes
+/// with setuid, setgid or sticky bits are set again.
+fn fix_modes(fs: &ext4_view::Ext4, src: &ext4_view::PathBuf, dest: &Path) -> Result<(), String> {
+    let mut visit = |from: &ext4_view::PathBuf, to: &Path, meta: &ext4_view::Metadata| {
+        let ft = meta.file_type();
+        if !(ft.is_dir() || ft.is_regular_file() || ft.is_symlink()) {
+            return Ok(Visit::Skip);
         }
-        let from = entry.path();
-        let to = dest.join(OsStr::from_bytes(bytes));
-        let meta = entry
-            .metadata()
-            .map_err(|e| format!("{}: {e}", shown(&from)))?;
+        if fs::symlink_metadata(to).is_err() {
+            return Err(format!("debugfs did not copy {}", shown(from)));
+        }
+        let mode = u32::from(meta.mode()) & 0o7777;
+        if !ft.is_symlink() && mode & 0o7000 != 0 {
+            fs::set_permissions(to, fs::Permissions::from_mode(mode))
+                .map_err(|e| format!("{}: {e}", to.display()))?;
+        }
+        Ok(if ft.is_dir() {
+            Visit::Descend
+        } else {
+            Visit::Visited
+        })
+    };
+    walk_image(fs, src, dest, true, &mut visit, &mut |_, _| Ok(()))
+}
+
+/// Copies the image below `src` into `dest` file by file (without debugfs): directories,
+/// regular files and symbolic links, each with its owner, mode and times.
+fn copy_dir(fs: &ext4_view::Ext4, src: &ext4_view::PathBuf, dest: &Path) -> Result<(), String> {
+    let mut visit = |from: &ext4_view::PathBuf, to: &Path, meta: &ext4_view::Metadata| {
         let what = |e: io::Error| format!("{}: {e}", to.display());
         let ft = meta.file_type();
         if ft.is_dir() {
-            fs::DirBuilder::new()
-                .mode(0o700)
-                .create(&to)
-                .map_err(what)?;
-            copy_dir(fs, &from, &to, false)?;
+            fs::DirBuilder::new().mode(0o700).create(to).map_err(what)?;
+            Ok(Visit::Descend)
         } else if ft.is_regular_file() {
-            let mut file = fs
-                .open(&from)
-                .map_err(|e| format!("{}: {e}", shown(&from)))?;
+            let mut file = fs.open(from).map_err(|e| format!("{}: {e}", shown(from)))?;
             let mut out = fs::OpenOptions::new()
                 .write(true)
                 .create_new(true)
                 .mode(0o600)
-                .open(&to)
+                .open(to)
                 .map_err(what)?;
             io::copy(&mut file, &mut out).map_err(what)?;
+            Ok(Visit::Visited)
         } else if ft.is_symlink() {
             let target = fs
-                .read_link(&from)
-                .map_err(|e| format!("{}: {e}", shown(&from)))?;
-            std::os::unix::fs::symlink(OsStr::from_bytes(target.as_ref()), &to).map_err(what)?;
+                .read_link(from)
+                .map_err(|e| format!("{}: {e}", shown(from)))?;
+            std::os::unix::fs::symlink(OsStr::from_bytes(target.as_ref()), to).map_err(what)?;
+            Ok(Visit::Visited)
         } else {
             // Devices, FIFOs and sockets: the sandbox mounts its own /dev and /run.
-            continue;
+            Ok(Visit::Skip)
         }
-        finish(&to, &meta, ft.is_symlink())?;
-    }
-    Ok(())
+    };
+    let mut after =
+        |to: &Path, meta: &ext4_view::Metadata| finish(to, meta, meta.file_type().is_symlink());
+    walk_image(fs, src, dest, true, &mut visit, &mut after)
 }
 
 /// Owner, then mode (a `chown` clears setuid bits, so the mode comes after), then times.
@@ -447,7 +463,7 @@ mod tests {
         let copied = tmp.path().join("copied");
         fs::create_dir(&copied).unwrap();
         let fs = ext4_view::Ext4::load_from_path(&image).unwrap();
-        copy_dir(&fs, &ext4_view::PathBuf::new("/"), &copied, true).unwrap();
+        copy_dir(&fs, &ext4_view::PathBuf::new("/"), &copied).unwrap();
         check_tree(&src, &copied);
     }
 
