@@ -37,6 +37,13 @@ if [ "$(id -u)" = 0 ] && [ "$(stat -f -c %T /tmp)" = tmpfs ]; then
   echo "job: daemon homes on ${data_fs:-tmpfs (no ext4 for them)}"
 fi
 
+# L1's init brings up no interface, not even loopback: every connection to 127.0.0.1 (a port
+# forwarded to a microVM, as e2e_microvm's network check makes) would fail with "network is
+# unreachable" before it reached the daemon. A desktop's loopback is up; so is a direct run's.
+if [ -n "${BELLJAR_IN_L1:-}" ]; then
+  ip link set lo up || echo "job: cannot bring up lo: connections to 127.0.0.1 will fail"
+fi
+
 export BELLJAR_VMM="$work/bin/belljar-vmm"
 export BELLJAR_BOOT_TIMEOUT="${BELLJAR_BOOT_TIMEOUT:-120}"
 # Nested KVM fails the daemon's speed probe; the e2e tests ask for `--backend microvm`

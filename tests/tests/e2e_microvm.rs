@@ -17,6 +17,24 @@ use belljar_e2e::{
 };
 use belljar_vmm_api::control::VmState;
 
+/// A one-line HTTP server for the guest (perl is in the base image).
+const SERVER: &str = r#"$s=IO::Socket::INET->new(LocalPort=>8000,Listen=>5,ReuseAddr=>1) or die "listen: $!"; while($c=$s->accept){while(<$c>){last if /^\r?$/} print $c "HTTP/1.0 200 OK\r\n\r\nhello from the microvm\n"; close $c}"#;
+
+/// One request to a forwarded port on the host: the answer, or why there is none yet.
+fn get(host_port: u16) -> Result<String, String> {
+    use std::io::{Read, Write};
+    let mut c = std::net::TcpStream::connect(("127.0.0.1", host_port))
+        .map_err(|e| format!("connect: {e}"))?;
+    c.set_read_timeout(Some(Duration::from_secs(10)))
+        .map_err(|e| e.to_string())?;
+    c.write_all(b"GET / HTTP/1.0\r\n\r\n")
+        .map_err(|e| format!("write: {e}"))?;
+    let mut body = String::new();
+    c.read_to_string(&mut body)
+        .map_err(|e| format!("read: {e}"))?;
+    Ok(body)
+}
+
 /// `belljar create --backend microvm`; returns the id and how long it took.
 fn create(d: &Daemon) -> (String, Duration) {
     let t = Instant::now();
@@ -34,6 +52,22 @@ fn create(d: &Daemon) -> (String, Duration) {
     let id = stdout(&out).trim().to_string();
     assert!(id.starts_with("sbx_"), "create printed {id:?}");
     (id, took)
+}
+
+/// The VMM's device metrics of sandbox `id` (frames in and out of virtio-net), for failures.
+fn vmm_metrics(d: &Daemon, id: &str) -> String {
+    let sock = d
+        .home
+        .path()
+        .join("data/sandboxes")
+        .join(id)
+        .join("microvm/vmm.sock");
+    match belljar_vmm_api::client::ControlClient::connect(&sock, Duration::from_secs(5))
+        .and_then(|mut c| c.metrics())
+    {
+        Ok(m) => format!("{:?}", m.devices),
+        Err(e) => format!("{} unreadable: {e}", sock.display()),
+    }
 }
 
 fn json(out: &std::process::Output) -> serde_json::Value {
@@ -76,6 +110,64 @@ fn create_exec_files_and_stop() {
     // A microVM runs its own kernel (the project's guest kernel, not the host's).
     let host = std::fs::read_to_string("/proc/sys/kernel/osrelease").unwrap();
     assert!(!stdout(&out).contains(host.trim()), "{}", stdout(&out));
+
+    // The network through the frame socket: a server in the microVM answers on a port added
+    // while it runs (the handshake, the request and the answer cross virtio-net, the VMM's
+    // frame socket and the daemon's stack).
+    let out = d.cli([
+        "exec",
+        "--detach",
+        &id,
+        "--",
+        "perl",
+        "-MIO::Socket::INET",
+        "-e",
+        SERVER,
+    ]);
+    assert!(out.status.success(), "{}", stderr(&out));
+    let out = d.cli(["port", "add", &id, "8000"]);
+    assert!(out.status.success(), "{}", stderr(&out));
+    // `8000 -> http://127.0.0.1:N/`
+    let host_port: u16 = stdout(&out)
+        .trim()
+        .trim_end_matches('/')
+        .rsplit(':')
+        .next()
+        .and_then(|p| p.parse().ok())
+        .unwrap_or_else(|| panic!("port add printed {:?}", stdout(&out)));
+    let t = Instant::now();
+    let deadline = t + Duration::from_secs(120);
+    let body = loop {
+        let last = match get(host_port) {
+            Ok(body) if body.contains("hello from the microvm") => break body,
+            Ok(body) => format!("answered {body:?}"),
+            Err(e) => e,
+        };
+        if Instant::now() > deadline {
+            let guest = d.cli([
+                "exec",
+                &id,
+                "--",
+                "sh",
+                "-c",
+                "cat /proc/net/dev /proc/net/arp /proc/net/route /proc/net/tcp /proc/interrupts; ip addr; ps -ef | grep -c perl",
+            ]);
+            let flows = d.cli(["network", "flows", &id]);
+            let metrics = vmm_metrics(&d, &id);
+            panic!(
+                "the microVM's server on port {host_port} never answered ({last})\nguest:\n{}{}\nflows:\n{}{}\nVMM metrics: {metrics}\nlog:\n{}\nconsole:\n{}",
+                stdout(&guest),
+                stderr(&guest),
+                stdout(&flows),
+                stderr(&flows),
+                d.log(),
+                console(&d, &id)
+            );
+        }
+        std::thread::sleep(Duration::from_millis(500));
+    };
+    assert!(body.starts_with("HTTP/1.0 200"), "{body}");
+    eprintln!("microvm: forwarded port answered after {:?}", t.elapsed());
 
     // Files both ways: empty, binary, and 32 MiB (8192 of the guest's 4 KiB rx buffers up,
     // hundreds of credit windows and two HTTP/2 connection windows each way). 100 MiB took
