@@ -165,7 +165,15 @@ impl Network {
         });
         let (inbound, inbound_rx) = mpsc::channel(INBOUND_QUEUE);
         let stack = Stack::new(&options, shared.clone(), device.offloads_checksums())?;
-        let task = tokio::spawn(run(device, stack, inbound_rx));
+        let task = tokio::spawn(async move {
+            let ended = run(device, stack, inbound_rx).await;
+            // Nothing else would tell: the sandbox just has no network from here on.
+            if let Err(e) = &ended {
+                let cause = std::error::Error::source(e).map(ToString::to_string);
+                tracing::warn!(error = %e, ?cause, "the sandbox network stopped");
+            }
+            ended
+        });
         Ok(Self {
             shared,
             task,
