@@ -40,8 +40,12 @@ fi
 # L1's init brings up no interface, not even loopback: every connection to 127.0.0.1 (a port
 # forwarded to a microVM, as e2e_microvm's network check makes) would fail with "network is
 # unreachable" before it reached the daemon. A desktop's loopback is up; so is a direct run's.
+# e2e_microvm also has a microVM reach a server on the host, at an address that is not
+# loopback (a guest's 127.0.0.1 is its own): L1 has no other, so its loopback gets one from
+# the documentation range.
 if [ -n "${BELLJAR_IN_L1:-}" ]; then
   ip link set lo up || echo "job: cannot bring up lo: connections to 127.0.0.1 will fail"
+  ip addr add 192.0.2.1/32 dev lo || echo "job: cannot add 192.0.2.1 to lo"
 fi
 
 export BELLJAR_VMM="$work/bin/belljar-vmm"

@@ -111,6 +111,12 @@ impl Daemon {
         Self::start_with(StartedBy::Cli, &[])
     }
 
+    /// Starts the daemon through `belljar daemon start` with extra environment (it passes to
+    /// the daemon, and again on [`Daemon::restart`]).
+    pub fn start_via_cli_with_env(env: &[(&str, &str)]) -> Self {
+        Self::start_with(StartedBy::Cli, env)
+    }
+
     fn start_with(started_by: StartedBy, env: &[(&str, &str)]) -> Self {
         require_image("base");
         let home = tempfile::Builder::new()
@@ -171,7 +177,12 @@ impl Daemon {
                 });
             }
             StartedBy::Cli => {
-                let out = self.cli(["daemon", "start", "--port", "0"]);
+                let out = self
+                    .cli_command()
+                    .envs(self.env.iter().map(|(k, v)| (k, v)))
+                    .args(["daemon", "start", "--port", "0"])
+                    .output()
+                    .expect("run belljar");
                 assert!(
                     out.status.success(),
                     "belljar daemon start failed: {}\nlog:\n{}",

@@ -7,6 +7,7 @@
 //! `BELLJAR_TESTING_FORCE_MICROVM=1`, which lets the explicit `--backend microvm` used here
 //! through; on hardware KVM it changes nothing.
 
+use std::net::Ipv4Addr;
 use std::time::{Duration, Instant};
 
 use belljar_api::{CreateSandbox, CreateSnapshot, RunCommand, SandboxStatus, Source};
@@ -33,6 +34,42 @@ fn get(host_port: u16) -> Result<String, String> {
     c.read_to_string(&mut body)
         .map_err(|e| format!("read: {e}"))?;
     Ok(body)
+}
+
+/// The one name the test's DNS server knows.
+const HOST_NAME: &str = "host.belljar.test";
+
+/// A DNS server on 127.0.0.1 (the daemon's upstream) that answers [`HOST_NAME`] with `addr`
+/// and nothing else.
+fn dns_server(addr: Ipv4Addr) -> std::net::SocketAddr {
+    let sock = std::net::UdpSocket::bind("127.0.0.1:0").unwrap();
+    let at = sock.local_addr().unwrap();
+    std::thread::spawn(move || {
+        let mut buf = [0u8; 512];
+        while let Ok((n, from)) = sock.recv_from(&mut buf) {
+            let answer = belljar_network::testing::dns_answer(&buf[..n], |name| {
+                (name == HOST_NAME).then_some(addr)
+            });
+            if let Some(r) = answer {
+                let _ = sock.send_to(&r, from);
+            }
+        }
+    });
+    at
+}
+
+/// An IPv4 address of this host other than loopback (a guest's own 127.0.0.1 is its own):
+/// inside L1, the one `tests/microvm/job.sh` gives its loopback device.
+fn host_address() -> Ipv4Addr {
+    let out = std::process::Command::new("ip")
+        .args(["-4", "-o", "addr", "show"])
+        .output()
+        .expect("run ip");
+    stdout(&out)
+        .split_whitespace()
+        .filter_map(|w| w.split('/').next()?.parse::<Ipv4Addr>().ok())
+        .find(|a| !a.is_loopback() && !a.is_link_local() && !a.is_unspecified())
+        .unwrap_or_else(|| panic!("no IPv4 address besides loopback:\n{}", stdout(&out)))
 }
 
 /// `belljar create --backend microvm`; returns the id and how long it took.
@@ -78,7 +115,9 @@ fn json(out: &std::process::Output) -> serde_json::Value {
 #[test]
 #[ignore = "needs KVM, the guest kernel and the base image: run scripts/test-microvm.sh"]
 fn create_exec_files_and_stop() {
-    let d = Daemon::start_via_cli();
+    let host_ip = host_address();
+    let dns = dns_server(host_ip);
+    let d = Daemon::start_via_cli_with_env(&[("BELLJAR_DNS_SERVERS", &dns.to_string())]);
     let (id, create_took) = create(&d);
     let info = json(&d.cli(["info", "--json", &id]));
     assert_eq!(info["backend"], "microvm", "{info}");
@@ -168,6 +207,57 @@ fn create_exec_files_and_stop() {
     };
     assert!(body.starts_with("HTTP/1.0 200"), "{body}");
     eprintln!("microvm: forwarded port answered after {:?}", t.elapsed());
+
+    // Outbound: a name through the daemon's DNS (whose upstream is this test's server) and a
+    // TCP connection to a server on the host, which only an explicit `subnets.allow` entry
+    // opens (the host's own addresses are closed to sandboxes otherwise).
+    let server = std::net::TcpListener::bind((host_ip, 0)).unwrap();
+    let server_port = server.local_addr().unwrap().port();
+    std::thread::spawn(move || {
+        use std::io::Write;
+        for mut c in server.incoming().flatten() {
+            let _ = c.write_all(b"hello from the host\n");
+        }
+    });
+    let out = d.cli([
+        "network",
+        "set",
+        &id,
+        "--allow-domain",
+        HOST_NAME,
+        "--allow-cidr",
+        &format!("{host_ip}/32"),
+    ]);
+    assert!(out.status.success(), "{}", stderr(&out));
+    let client = format!(
+        r#"$s=IO::Socket::INET->new(PeerAddr=>"{HOST_NAME}",PeerPort=>{server_port},Timeout=>30) or die "connect: $@"; print <$s>"#
+    );
+    let t = Instant::now();
+    let out = d.cli([
+        "exec",
+        &id,
+        "--",
+        "perl",
+        "-MIO::Socket::INET",
+        "-e",
+        &client,
+    ]);
+    if !stdout(&out).contains("hello from the host") {
+        let flows = d.cli(["network", "flows", &id]);
+        panic!(
+            "the microVM did not reach {HOST_NAME} ({host_ip}:{server_port}): {}{}\nflows:\n{}{}\nVMM metrics: {}\nlog:\n{}",
+            stdout(&out),
+            stderr(&out),
+            stdout(&flows),
+            stderr(&flows),
+            vmm_metrics(&d, &id),
+            d.log()
+        );
+    }
+    eprintln!(
+        "microvm: a DNS lookup and a TCP exchange with the host took {:?}",
+        t.elapsed()
+    );
 
     // Files both ways: empty, binary, and 32 MiB (8192 of the guest's 4 KiB rx buffers up,
     // hundreds of credit windows and two HTTP/2 connection windows each way). 100 MiB took
