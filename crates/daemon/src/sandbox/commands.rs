@@ -166,11 +166,8 @@ impl Sandboxes {
         key: Option<&str>,
     ) -> Result<Recorded, SandboxError> {
         let cid = new_id("cmd");
+        // The log file itself comes with the command's first line of output (see `logs`).
         let log_path = self.inner.paths.command_log(id, &cid);
-        if let Some(dir) = log_path.parent() {
-            tokio::fs::create_dir_all(dir).await?;
-        }
-        tokio::fs::write(&log_path, b"").await?;
         let rec = CommandRecord {
             command: Command {
                 id: cid,
@@ -221,7 +218,11 @@ impl Sandboxes {
         {
             return Ok(None);
         }
-        tokio::fs::write(&lost.log_path, b"").await?;
+        // The retry's output starts a new log (made with its first line).
+        match tokio::fs::remove_file(&lost.log_path).await {
+            Err(e) if e.kind() != std::io::ErrorKind::NotFound => return Err(e.into()),
+            _ => {}
+        }
         let mut rec = lost.clone();
         rec.command.status = CommandStatus::Pending;
         rec.command.status_reason = None;
@@ -414,7 +415,7 @@ impl Sandboxes {
     }
 
     fn command_record(&self, id: &str, cid: &str) -> Result<CommandRecord, SandboxError> {
-        self.get(id)?;
+        self.record(id)?;
         if !is_id("cmd", cid) {
             return Err(SandboxError::CommandNotFound(cid.to_owned()));
         }

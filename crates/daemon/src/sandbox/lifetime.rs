@@ -78,13 +78,15 @@ impl Sandboxes {
     /// has `auto_resume`, and its idle clock starts again. Errors as for a sandbox that is
     /// not running otherwise.
     pub(super) async fn awake(&self, id: &str) -> Result<Sandbox, SandboxError> {
-        let s = self.get(id)?;
+        let s = self.record(id)?;
         if s.status == SandboxStatus::Paused && s.lifecycle.auto_resume {
             tracing::info!(sandbox = %id, "resuming a paused sandbox on use");
             self.resume(id).await?;
+            self.touch(id);
+            return self.running_record(id);
         }
         self.touch(id);
-        self.running(id)
+        super::must_run(s)
     }
 
     /// Follows a sandbox's idle timeout and hard TTL (called on every change of it).

@@ -4,7 +4,9 @@
 //! The file is the durable copy: a finished command's output survives a `kill -9` of the
 //! daemon, and a command that still runs is re-attached from the line after the last complete
 //! one in the file. Readers wait on a watch channel instead of polling, and only ever hand
-//! out complete lines.
+//! out complete lines. The file is made with the first line: a command without output (most
+//! of them, under load) costs no file, and a missing log reads as an empty one. Creating a
+//! file per command was the daemon's largest single cost with 1000 commands in flight.
 
 use std::collections::HashMap;
 use std::io;
@@ -74,7 +76,9 @@ pub const MAX_LOG_BYTES: u64 = 96 << 20;
 
 /// Appends agent output lines to a command's log file.
 pub struct LogWriter {
-    file: File,
+    path: PathBuf,
+    /// Opened (and created) with the first line, unless the file was already there.
+    file: Option<File>,
     state: Arc<watch::Sender<LogState>>,
     /// Bytes in the file.
     len: u64,
@@ -94,14 +98,19 @@ impl LogWriter {
         state: Arc<watch::Sender<LogState>>,
         limit: u64,
     ) -> io::Result<Self> {
-        let file = OpenOptions::new()
-            .create(true)
-            .append(true)
-            .custom_flags(nix::fcntl::OFlag::O_NOFOLLOW.bits())
-            .open(path)
-            .await?;
-        let len = file.metadata().await?.len();
+        // A log already there (a command re-attached after a restart) is opened now, so that
+        // its length counts against the limit; a link planted there fails here too.
+        let (file, len) = match tokio::fs::symlink_metadata(path).await {
+            Ok(_) => {
+                let file = open_for_append(path).await?;
+                let len = file.metadata().await?.len();
+                (Some(file), len)
+            }
+            Err(e) if e.kind() == io::ErrorKind::NotFound => (None, 0),
+            Err(e) => return Err(e),
+        };
         Ok(Self {
+            path: path.to_owned(),
             file,
             state,
             len,
@@ -125,8 +134,17 @@ impl LogWriter {
             self.dropped += line.bytes().len() as u64;
             return Ok(());
         }
-        self.file.write_all(&buf).await?;
-        self.file.flush().await?;
+        let file = match &mut self.file {
+            Some(file) => file,
+            None => {
+                if let Some(dir) = self.path.parent() {
+                    tokio::fs::create_dir_all(dir).await?;
+                }
+                self.file.insert(open_for_append(&self.path).await?)
+            }
+        };
+        file.write_all(&buf).await?;
+        file.flush().await?;
         self.len += buf.len() as u64;
         self.state.send_modify(|s| s.lines += 1);
         Ok(())
@@ -140,6 +158,16 @@ impl LogWriter {
     pub fn lines(&self) -> u64 {
         self.state.borrow().lines
     }
+}
+
+/// Opens (creating) a log to append to, never through a symbolic link.
+async fn open_for_append(path: &Path) -> io::Result<File> {
+    OpenOptions::new()
+        .create(true)
+        .append(true)
+        .custom_flags(nix::fcntl::OFlag::O_NOFOLLOW.bits())
+        .open(path)
+        .await
 }
 
 /// Makes a log file end at a line boundary (a `kill -9` mid-write can leave half a line) and
@@ -204,9 +232,6 @@ pub fn tail(
         state,
     };
     futures::stream::try_unfold(st, |mut st| async move {
-        if st.file.is_none() {
-            st.file = Some(File::open(&st.path).await?);
-        }
         let mut buf = vec![0u8; 64 * 1024];
         loop {
             // Seen before reading, so a line appended after the read is not missed.
@@ -214,8 +239,18 @@ pub fn tail(
                 Some(rx) => rx.borrow().done,
                 None => true,
             };
-            let file = st.file.as_mut().expect("opened above");
-            let n = file.read(&mut buf).await?;
+            if st.file.is_none() {
+                match File::open(&st.path).await {
+                    Ok(file) => st.file = Some(file),
+                    // No line yet (the file comes with the first one).
+                    Err(e) if e.kind() == io::ErrorKind::NotFound => {}
+                    Err(e) => return Err(e),
+                }
+            }
+            let n = match st.file.as_mut() {
+                Some(file) => file.read(&mut buf).await?,
+                None => 0,
+            };
             if n > 0 {
                 st.carry.extend_from_slice(&buf[..n]);
                 if let Some(end) = st.carry.iter().rposition(|&b| b == b'\n') {
@@ -289,6 +324,32 @@ mod tests {
         // Without follow, a reader gets what is there and ends.
         let now: Vec<Bytes> = tail(p, false, None).try_collect().await.unwrap();
         assert_eq!(now.concat().iter().filter(|&&b| b == b'\n').count(), 2);
+    }
+
+    #[tokio::test]
+    async fn the_file_comes_with_the_first_line() {
+        let dir = tempfile::tempdir().unwrap();
+        let p = dir.path().join("commands").join("c.ndjson");
+        let reg = LogRegistry::default();
+        let mut w = LogWriter::open(&p, reg.register("cmd_a", 0)).await.unwrap();
+        // A follower that starts before any output waits for the file instead of failing.
+        let reader = tokio::spawn(
+            tail(p.clone(), true, reg.subscribe("cmd_a"))
+                .map_ok(|b| b.to_vec())
+                .try_concat(),
+        );
+        assert!(!p.exists(), "no output, no file");
+        let empty: Vec<Bytes> = tail(p.clone(), false, None).try_collect().await.unwrap();
+        assert!(empty.is_empty());
+
+        w.append(&OutputLine::new(Out::Stdout, b"late\n", 1))
+            .await
+            .unwrap();
+        assert!(p.is_file());
+        reg.finish("cmd_a");
+        let all = reader.await.unwrap().unwrap();
+        let line: OutputLine = serde_json::from_slice(all.strip_suffix(b"\n").unwrap()).unwrap();
+        assert_eq!(line.data.as_deref(), Some("late\n"));
     }
 
     #[tokio::test]

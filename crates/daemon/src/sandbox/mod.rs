@@ -246,16 +246,24 @@ impl Sandboxes {
             .ok_or_else(|| SandboxError::NotFound(id.to_owned()))
     }
 
+    /// A sandbox's row without its network policy: for the daemon's own checks on busy paths
+    /// (every command asks several times), where reading and parsing the policy's file would
+    /// cost more than the row itself. What goes back to a client comes from [`Self::get`].
+    fn record(&self, id: &str) -> Result<Sandbox, SandboxError> {
+        self.inner
+            .store
+            .sandbox(id)?
+            .ok_or_else(|| SandboxError::NotFound(id.to_owned()))
+    }
+
     /// A sandbox that must be running.
     fn running(&self, id: &str) -> Result<Sandbox, SandboxError> {
-        let s = self.get(id)?;
-        if s.status != SandboxStatus::Running {
-            return Err(SandboxError::NotRunning {
-                id: s.id,
-                status: s.status.as_str(),
-            });
-        }
-        Ok(s)
+        must_run(self.get(id)?)
+    }
+
+    /// [`Self::running`] without the network policy (see [`Self::record`]).
+    fn running_record(&self, id: &str) -> Result<Sandbox, SandboxError> {
+        must_run(self.record(id)?)
     }
 
     /// Host memory still free for sandboxes, MiB.
@@ -318,7 +326,7 @@ impl Sandboxes {
 
     /// The log pumps' connection to a running sandbox's agent.
     async fn pump_agent(&self, id: &str) -> Result<AgentClient, SandboxError> {
-        let sandbox = self.running(id)?;
+        let sandbox = self.running_record(id)?;
         self.cached_agent(&sandbox, &self.inner.pump_agents).await
     }
 
@@ -370,6 +378,17 @@ impl Sandboxes {
             cache.lock().unwrap_or_else(|e| e.into_inner()).remove(id);
         }
     }
+}
+
+/// `s`, or the error for a sandbox that is not running.
+fn must_run(s: Sandbox) -> Result<Sandbox, SandboxError> {
+    if s.status != SandboxStatus::Running {
+        return Err(SandboxError::NotRunning {
+            id: s.id,
+            status: s.status.as_str(),
+        });
+    }
+    Ok(s)
 }
 
 async fn connect(addr: &AgentAddress) -> Result<AgentClient, ClientError> {

@@ -65,12 +65,15 @@ impl Store {
         id: &str,
         started_at: i64,
     ) -> Result<bool, StoreError> {
-        Ok(self.conn().execute(
-            "UPDATE commands SET status = 'pending', status_reason = NULL, finished_at = NULL, \
+        Ok(self
+            .conn()
+            .prepare_cached(
+                "UPDATE commands SET status = 'pending', status_reason = NULL, finished_at = NULL, \
              started_at = ?3 WHERE sandbox_id = ?1 AND id = ?2 AND status = 'lost' \
              AND agent_id IS NULL",
-            params![sandbox_id, id, started_at],
-        )? == 1)
+            )?
+            .execute(params![sandbox_id, id, started_at])?
+            == 1)
     }
 
     /// Removes a command that never started.
@@ -93,40 +96,39 @@ impl Store {
         );
         Ok(self
             .conn()
-            .query_row(&sql, [sandbox_id, key], row_to_command)
+            .prepare_cached(&sql)?
+            .query_row([sandbox_id, key], row_to_command)
             .optional()?)
     }
 
     fn write_command(&self, sql: &str, rec: &CommandRecord) -> Result<usize, StoreError> {
         let c = &rec.command;
-        Ok(self.conn().execute(
-            sql,
-            params![
-                c.id,
-                c.sandbox_id,
-                rec.agent_id,
-                serde_json::to_string(&c.argv)?,
-                c.cwd,
-                c.user,
-                c.pty,
-                enum_to_sql(&c.status),
-                c.exit_code,
-                c.signal,
-                c.started_at,
-                c.finished_at,
-                rec.log_path.to_string_lossy(),
-                rec.idempotency_key,
-                c.status_reason,
-                i64::try_from(c.output_truncated_bytes).unwrap_or(i64::MAX),
-            ],
-        )?)
+        Ok(self.conn().prepare_cached(sql)?.execute(params![
+            c.id,
+            c.sandbox_id,
+            rec.agent_id,
+            serde_json::to_string(&c.argv)?,
+            c.cwd,
+            c.user,
+            c.pty,
+            enum_to_sql(&c.status),
+            c.exit_code,
+            c.signal,
+            c.started_at,
+            c.finished_at,
+            rec.log_path.to_string_lossy(),
+            rec.idempotency_key,
+            c.status_reason,
+            i64::try_from(c.output_truncated_bytes).unwrap_or(i64::MAX),
+        ])?)
     }
 
     pub fn command(&self, sandbox_id: &str, id: &str) -> Result<Option<CommandRecord>, StoreError> {
         let sql = format!("SELECT {COLUMNS} FROM commands WHERE sandbox_id = ?1 AND id = ?2");
         Ok(self
             .conn()
-            .query_row(&sql, [sandbox_id, id], row_to_command)
+            .prepare_cached(&sql)?
+            .query_row([sandbox_id, id], row_to_command)
             .optional()?)
     }
 
@@ -154,7 +156,7 @@ impl Store {
 
     fn query_commands(&self, sql: &str, arg: &str) -> Result<Vec<CommandRecord>, StoreError> {
         let conn = self.conn();
-        let mut stmt = conn.prepare(sql)?;
+        let mut stmt = conn.prepare_cached(sql)?;
         let rows = stmt.query_map([arg], row_to_command)?;
         Ok(rows.collect::<Result<_, _>>()?)
     }

@@ -22,9 +22,9 @@ impl Store {
     pub fn append_event(&self, body: EventBody, ts: i64) -> Result<Event, StoreError> {
         let mut conn = self.conn();
         let tx = conn.transaction()?;
-        let seq: i64 = tx.query_row("SELECT COALESCE(MAX(seq), 0) + 1 FROM events", [], |r| {
-            r.get(0)
-        })?;
+        let seq: i64 = tx
+            .prepare_cached("SELECT COALESCE(MAX(seq), 0) + 1 FROM events")?
+            .query_row([], |r| r.get(0))?;
         let (event, sandbox_id) = match body {
             EventBody::Sandbox(s) => {
                 let id = s.id.clone();
@@ -68,10 +68,10 @@ impl Store {
                 )
             }
         };
-        tx.execute(
+        tx.prepare_cached(
             "INSERT INTO events (seq, ts, sandbox_id, body) VALUES (?1, ?2, ?3, ?4)",
-            params![seq, ts, sandbox_id, serde_json::to_string(&event)?],
-        )?;
+        )?
+        .execute(params![seq, ts, sandbox_id, serde_json::to_string(&event)?])?;
         if seq % 1000 == 0 {
             tx.execute("DELETE FROM events WHERE seq <= ?1", [seq - KEEP])?;
         }

@@ -43,6 +43,10 @@ pub enum StoreError {
     BadCursor,
 }
 
+/// Prepared statements kept per connection (rusqlite's default is 16; the store has more
+/// distinct statements than that on its busy paths).
+const STATEMENT_CACHE: usize = 64;
+
 /// A handle on the database; cheap to clone.
 #[derive(Clone)]
 pub struct Store {
@@ -69,6 +73,9 @@ impl Store {
         conn.pragma_update(None, "synchronous", "NORMAL")?;
         conn.pragma_update(None, "foreign_keys", "ON")?;
         conn.busy_timeout(std::time::Duration::from_secs(5))?;
+        // Every statement of the command path is prepared once and reused: parsing the SQL
+        // was a tenth of the daemon's CPU time with 1000 commands in flight.
+        conn.set_prepared_statement_cache_capacity(STATEMENT_CACHE);
         migrations::migrate(&mut conn)?;
         Ok(Self {
             conn: Arc::new(Mutex::new(conn)),

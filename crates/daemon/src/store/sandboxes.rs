@@ -60,7 +60,8 @@ impl Store {
         let sql = format!("SELECT {COLUMNS} FROM sandboxes WHERE id = ?1");
         Ok(self
             .conn()
-            .query_row(&sql, [id], row_to_sandbox)
+            .prepare_cached(&sql)?
+            .query_row([id], row_to_sandbox)
             .optional()?)
     }
 
