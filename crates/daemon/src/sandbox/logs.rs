@@ -171,7 +171,7 @@ async fn open_for_append(path: &Path) -> io::Result<File> {
 }
 
 /// Makes a log file end at a line boundary (a `kill -9` mid-write can leave half a line) and
-/// returns how many complete lines it holds. A missing file is created empty.
+/// returns how many complete lines it holds. A missing file holds none.
 pub fn repair(path: &Path) -> io::Result<u64> {
     use std::io::BufRead;
     use std::os::unix::fs::OpenOptionsExt;
@@ -182,10 +182,8 @@ pub fn repair(path: &Path) -> io::Result<u64> {
         .open(path)
     {
         Ok(f) => f,
-        Err(e) if e.kind() == io::ErrorKind::NotFound => {
-            std::fs::write(path, b"")?;
-            return Ok(0);
-        }
+        // No output yet: the writer makes the file with the first line.
+        Err(e) if e.kind() == io::ErrorKind::NotFound => return Ok(0),
         Err(e) => return Err(e),
     };
     // Streamed: a log may be as large as `MAX_LOG_BYTES`.
@@ -284,6 +282,7 @@ mod tests {
         let dir = tempfile::tempdir().unwrap();
         let p = dir.path().join("c.ndjson");
         assert_eq!(repair(&p).unwrap(), 0);
+        assert_eq!(repair(&dir.path().join("commands/none.ndjson")).unwrap(), 0);
         std::fs::write(&p, b"{\"a\":1}\n{\"b\":2}\n{\"c\":").unwrap();
         assert_eq!(repair(&p).unwrap(), 2);
         assert_eq!(std::fs::read(&p).unwrap(), b"{\"a\":1}\n{\"b\":2}\n");
