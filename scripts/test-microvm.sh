@@ -226,6 +226,8 @@ timing "L1 tools (cached by version)" "$(elapsed "$t")"
 console="$run_dir/console.log"
 run_l1() {
   rm -f "$run_dir/results/summary" "$run_dir/results/status"
+  # An earlier try's console stays beside (console.1.log, ...): a crash or a stall is in it.
+  [ ! -s "$console" ] || mv "$console" "${console%.log}.$((attempt - 1)).log"
   : > "$console"
   local t=$(date +%s.%N) rc=0
   timeout -k 10 "$limit" "${qemu[@]}" 2> "$run_dir/qemu.log" \
@@ -259,6 +261,10 @@ while :; do
   attempt=$((attempt + 1))
 done
 
+if [ -s "$run_dir/results/stalls.txt" ]; then
+  echo "a test went quiet; what its microVMs and daemon did then (tests/microvm/stall-watch.sh):" >&2
+  cat "$run_dir/results/stalls.txt" >&2
+fi
 status=$(cat "$run_dir/results/status" 2> /dev/null ||
   sed -n 's/^BELLJAR-L1-STATUS=\([0-9]*\).*/\1/p' "$console" | tail -1)
 if [ "${status:-x}" != 0 ]; then

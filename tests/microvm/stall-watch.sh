@@ -7,7 +7,8 @@
 #
 # Usage: stall-watch.sh OUT_FILE DATA_DIR [QUIET_SECONDS]  (runs until OUT_FILE's writer is
 # gone; job.sh starts it in the background next to each test executable and kills it after).
-# Output: lines starting `stall:` on stdout, at most once per quiet spell.
+# Output: lines starting `stall:` on stdout (and appended to $BELLJAR_RESULTS/stalls.txt),
+# at most once per quiet spell.
 set -uo pipefail
 out=$1 data=$2 quiet=${3:-300}
 
@@ -64,7 +65,8 @@ while [ -e "$out" ]; do
   else
     still=$((still + 20))
     if [ "$still" -ge "$quiet" ] && [ "$reported" = 0 ]; then
-      report
+      # Also into the results share: a run that then times out keeps it.
+      report 2>&1 | tee -a "${BELLJAR_RESULTS:-/dev/null}/stalls.txt"
       reported=1
     fi
   fi

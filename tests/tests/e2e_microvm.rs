@@ -554,14 +554,25 @@ fn a_live_snapshot_starts_a_microvm_with_its_files() {
         let source = Some(Source::Snapshot {
             snapshot_id: snap.id.clone(),
         });
+        // A directory snapshot: the guest's view of one directory (image, layers and its
+        // writes put together on the host while the VM is paused).
+        let t = Instant::now();
+        let dir = c
+            .snapshot_sandbox(&a.id, &snapshots::of_directory("/workspace/d"))
+            .await
+            .unwrap_or_else(|e| panic!("directory snapshot: {e}\nlog:\n{}", d.log()));
+        let dir_took = t.elapsed();
+        assert_eq!(vm_state(&d, &a.id), VmState::Running);
 
-        // A microVM from it sees the same files.
+        // A microVM from the live snapshot sees the same files, and mounts the directory
+        // snapshot copy-on-write where it was asked to.
         let t = Instant::now();
         let b = create_vm(
             &d,
             &c,
             CreateSandbox {
                 source: source.clone(),
+                mounts: Some(vec![snapshots::mount(&dir.id, "/data/d")]),
                 ..small()
             },
         )
@@ -574,11 +585,27 @@ fn a_live_snapshot_starts_a_microvm_with_its_files() {
             "console:\n{}",
             console(&d, &b.id)
         );
+        let (code, out) = sh(
+            &c,
+            &b.id,
+            "cat /data/d/kept.txt && echo w > /data/d/w && cat /data/d/w && \
+             grep -c ' /data/d overlay ' /proc/mounts",
+        )
+        .await;
+        assert_eq!(
+            (code, out.as_str()),
+            (0, "kept\nw\n1\n"),
+            "console:\n{}",
+            console(&d, &b.id)
+        );
+        // The source never saw the mount's write.
+        let (_, out) = sh(&c, &a.id, "ls /workspace/d").await;
+        assert_eq!(out, "kept.txt\n");
         // Not here: a namespace sandbox from it (L1 shares the image over 9p, which has no
         // idmapped mounts); the stopping snapshot and fork are in the next test.
         eprintln!(
-            "microvm: live snapshot {snapshot_took:?} (frozen {:?} ms), create from it to the first command {from_took:?}",
-            snap.frozen_ms
+            "microvm: live snapshot {snapshot_took:?} (frozen {:?} ms), directory snapshot {dir_took:?} (frozen {:?} ms), create from them to the first command {from_took:?}",
+            snap.frozen_ms, dir.frozen_ms
         );
     });
 }

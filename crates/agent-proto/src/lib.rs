@@ -60,6 +60,7 @@
 
 #[cfg(feature = "client")]
 pub mod client;
+pub mod mounts;
 pub mod net;
 pub mod query;
 

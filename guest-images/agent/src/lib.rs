@@ -9,6 +9,7 @@ pub mod fdio;
 pub mod files;
 pub mod listen;
 pub mod metrics;
+pub mod mounts;
 pub mod net;
 pub mod reaper;
 pub mod server;

@@ -34,13 +34,20 @@ pub enum SystemError {
         #[source]
         source: nix::Error,
     },
+    /// A file operation failed.
+    #[error("Cannot {what}")]
+    Io {
+        what: &'static str,
+        #[source]
+        source: std::io::Error,
+    },
 }
 
 fn sys(what: &'static str) -> impl FnOnce(nix::Error) -> SystemError {
     move |source| SystemError::Sys { what, source }
 }
 
-fn mount_fs(
+pub(crate) fn mount_fs(
     source: &str,
     target: &str,
     fstype: &str,
@@ -135,6 +142,9 @@ pub fn microvm_init(config: &Config) -> Result<(), SystemError> {
         MsFlags::empty(),
         Some(&data),
     )?;
+    if let Some(mounts) = &config.mounts {
+        crate::mounts::mount_all(&mounts.0, NEW_ROOT, LAYER)?;
+    }
     nix::unistd::chdir(NEW_ROOT).map_err(sys("enter the new root"))?;
     nix::unistd::pivot_root(".", ".").map_err(sys("pivot_root"))?;
     // The old root is stacked under the new one at "."; detaching it drops its mounts too.

@@ -158,7 +158,22 @@ impl BackendDriver for Microvm {
     }
 
     fn launch(&self, spec: &LaunchSpec) -> Result<Launched, BackendError> {
-        let lower_disks = microvm_layers::layer_disks(&spec.layers)?;
+        // Each snapshot mount takes one disk; the sandbox's own chain gets what is left.
+        let mounts = spec
+            .mounts
+            .iter()
+            .map(|m| {
+                Ok(vmm::VmMount {
+                    slot: m.slot,
+                    disk: microvm_layers::mount_disk(&m.layers)?,
+                    path: m.path.clone(),
+                })
+            })
+            .collect::<Result<Vec<_>, BackendError>>()?;
+        let lower_disks = microvm_layers::layer_disks_within(
+            &spec.layers,
+            microvm_layers::MAX_LAYER_DISKS.saturating_sub(mounts.len()),
+        )?;
         let err = |e: vmm::VmmError| BackendError::Microvm(Step::Launch, e);
         let vm = vmm::VmSpec {
             vmm: self.vmm.clone().ok_or_else(|| BackendError::Unavailable {
@@ -177,6 +192,7 @@ impl BackendDriver for Microvm {
             disk_mib: spec.disk_mib,
             agent_env: spec.agent_env.clone(),
             lower_disks,
+            mounts,
         };
         vmm::launch(&vm, crate::util::now_ms()).map_err(err)?;
         Ok(launched(&spec.state_dir))
@@ -249,6 +265,15 @@ impl BackendDriver for Microvm {
 
     fn capture(&self, state_dir: &Path, layers_dir: &Path) -> Result<CapturedLayer, BackendError> {
         microvm_layers::DiskCopy::take(state_dir)?.capture(layers_dir)
+    }
+
+    fn capture_dir(
+        &self,
+        state_dir: &Path,
+        path: &str,
+        layers_dir: &Path,
+    ) -> Result<CapturedLayer, BackendError> {
+        super::microvm_dirs::capture_dir(state_dir, path, layers_dir)
     }
 
     fn forced_for_testing(&self) -> Option<String> {

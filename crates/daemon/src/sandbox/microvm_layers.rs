@@ -32,6 +32,10 @@ pub const SYNC_TIMEOUT: Duration = Duration::from_secs(20);
 /// writable disks, vsock, rng and network.
 pub const MAX_LAYER_DISKS: usize = belljar_vmm_api::MAX_VIRTIO_DEVICES - 5;
 
+/// The most directory snapshots a microVM mounts (one disk each, from the layer disks'
+/// share, leaving the sandbox's own chain at least five).
+pub const MAX_MOUNTS: usize = MAX_LAYER_DISKS - 5;
+
 fn failed(what: impl std::fmt::Display) -> BackendError {
     BackendError::Snapshot(what.to_string())
 }
@@ -126,6 +130,17 @@ impl DiskCopy {
 
     /// Copies the disk's `upper` directory into `layers_dir/<digest>`.
     pub fn capture(self, layers_dir: &Path) -> Result<CapturedLayer, BackendError> {
+        let mnt = self.mount()?;
+        let c = belljar_namespace::layer::capture_upper(&mnt.path().join("upper"), layers_dir)
+            .map_err(|e| failed(error_chain(&e)))?;
+        Ok(CapturedLayer {
+            digest: c.digest,
+            size_bytes: c.size_bytes,
+        })
+    }
+
+    /// The copy, its journal replayed, mounted read-only (its `upper` is the guest's writes).
+    pub fn mount(&self) -> Result<ReadOnlyMount, BackendError> {
         let image = self.dir.path().join("layer.ext4");
         // 0: clean, 1: the journal was replayed (or errors corrected).
         run(
@@ -134,32 +149,74 @@ impl DiskCopy {
                 .arg(&image),
             |c| c <= 1,
         )?;
-        let mnt = self.dir.path().join("mnt");
-        std::fs::create_dir(&mnt).map_err(failed)?;
-        run(
-            Command::new("mount")
-                .args(["-t", "ext4", "-o", "ro,loop,nosuid,nodev,noexec"])
-                .arg(&image)
-                .arg(&mnt),
-            |c| c == 0,
-        )?;
-        let captured = belljar_namespace::layer::capture_upper(&mnt.join("upper"), layers_dir);
-        let _ = Command::new("umount").arg(&mnt).output();
-        let c = captured.map_err(|e| failed(error_chain(&e)))?;
-        Ok(CapturedLayer {
-            digest: c.digest,
-            size_bytes: c.size_bytes,
-        })
+        ReadOnlyMount::ext4(&image, &self.dir.path().join("mnt"), "")
+    }
+
+    /// The directory the copy lives in (removed with it).
+    pub fn dir(&self) -> &Path {
+        self.dir.path()
     }
 }
 
-/// The read-only ext4 disks of snapshot layer directories (topmost first), made where missing.
-/// They live next to the layers directory, named by digest; disks whose layer is gone are
-/// deleted on the way. A chain deeper than a microVM has devices for keeps its top layers as
-/// their own disks and merges the rest into one (see [`chain_disk`]).
-pub fn layer_disks(layers: &[PathBuf]) -> Result<Vec<PathBuf>, BackendError> {
-    let (own, merged) = if layers.len() > MAX_LAYER_DISKS {
-        layers.split_at(MAX_LAYER_DISKS - 1)
+/// A read-only mount on the host, unmounted when dropped.
+pub struct ReadOnlyMount {
+    path: PathBuf,
+}
+
+impl ReadOnlyMount {
+    /// Mounts ext4 image `image` at `at` (made), read-only through a loop device, with
+    /// `extra` mount options.
+    pub fn ext4(image: &Path, at: &Path, extra: &str) -> Result<Self, BackendError> {
+        std::fs::create_dir_all(at).map_err(failed)?;
+        run(
+            Command::new("mount")
+                .args(["-t", "ext4", "-o"])
+                .arg(format!("ro,loop,nosuid,nodev,noexec{extra}"))
+                .arg(image)
+                .arg(at),
+            |c| c == 0,
+        )?;
+        Ok(Self { path: at.into() })
+    }
+
+    /// Mounts a read-only overlay of `lowers` (topmost first) at `at` (made).
+    pub fn overlay(lowers: &[PathBuf], userxattr: bool, at: &Path) -> Result<Self, BackendError> {
+        std::fs::create_dir_all(at).map_err(failed)?;
+        let dirs: Vec<String> = lowers.iter().map(|l| l.display().to_string()).collect();
+        let mut options = format!("ro,nosuid,nodev,noexec,lowerdir={}", dirs.join(":"));
+        if userxattr {
+            options.push_str(",userxattr");
+        }
+        run(
+            Command::new("mount")
+                .args(["-t", "overlay", "overlay", "-o"])
+                .arg(options)
+                .arg(at),
+            |c| c == 0,
+        )?;
+        Ok(Self { path: at.into() })
+    }
+
+    pub fn path(&self) -> &Path {
+        &self.path
+    }
+}
+
+impl Drop for ReadOnlyMount {
+    fn drop(&mut self) {
+        let _ = Command::new("umount").arg(&self.path).output();
+    }
+}
+
+/// The read-only ext4 disks of snapshot layer directories (topmost first), made where
+/// missing, at most `budget` of them (at least one; a microVM's snapshot mounts take disks of
+/// their own). They live next to the layers directory, named by digest; disks whose layer is
+/// gone are deleted on the way. A chain deeper than the budget keeps its top layers as their
+/// own disks and merges the rest into one (see [`chain_disk`]).
+pub fn layer_disks_within(layers: &[PathBuf], budget: usize) -> Result<Vec<PathBuf>, BackendError> {
+    let budget = budget.clamp(1, MAX_LAYER_DISKS);
+    let (own, merged) = if layers.len() > budget {
+        layers.split_at(budget - 1)
     } else {
         (layers, &[][..])
     };
@@ -178,6 +235,16 @@ pub fn layer_disks(layers: &[PathBuf]) -> Result<Vec<PathBuf>, BackendError> {
         disks.push(chain_disk(merged)?);
     }
     Ok(disks)
+}
+
+/// The one read-only disk of a directory snapshot a microVM mounts: its layer's disk, or its
+/// layers (topmost first) merged into one.
+pub fn mount_disk(layers: &[PathBuf]) -> Result<PathBuf, BackendError> {
+    match layers {
+        [] => Err(failed("a snapshot mount without layers")),
+        [_] => Ok(layer_disks_within(layers, 1)?.remove(0)),
+        _ => chain_disk(layers),
+    }
 }
 
 /// A layer directory's parent (the layers directory) and name (its digest).
@@ -264,7 +331,7 @@ fn prune(cache: &Path, layers_dir: &Path) {
 
 /// `mkfs.ext4 -d` of one layer directory, under a temporary name until complete; a disk that
 /// turns out too small (ext4's own metadata is only estimated) is made again twice as big.
-fn make_disk(layer: &Path, disk: &Path) -> Result<(), BackendError> {
+pub(super) fn make_disk(layer: &Path, disk: &Path) -> Result<(), BackendError> {
     let (bytes, entries) = tree_size(layer).map_err(failed)?;
     // No journal and no reserved blocks: the disk is never written.
     let mut size = (bytes + bytes / 4 + (8 << 20)).next_multiple_of(1 << 20);

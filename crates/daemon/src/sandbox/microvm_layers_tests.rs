@@ -10,6 +10,10 @@ use rustix::fs::{FileType, Mode, XattrFlags};
 
 use super::*;
 
+fn layer_disks(layers: &[PathBuf]) -> Result<Vec<PathBuf>, BackendError> {
+    layer_disks_within(layers, MAX_LAYER_DISKS)
+}
+
 fn set_xattr(path: &Path, name: &str, value: &[u8]) {
     rustix::fs::lsetxattr(path, name, value, XattrFlags::empty())
         .unwrap_or_else(|e| panic!("setxattr {name}: {e}"));
@@ -236,6 +240,16 @@ fn a_chain_longer_than_the_vm_has_devices_merges_its_bottom_into_one_disk() {
     let made = std::fs::metadata(merged).unwrap().modified().unwrap();
     assert_eq!(layer_disks(&chain).unwrap(), disks);
     assert_eq!(std::fs::metadata(merged).unwrap().modified().unwrap(), made);
+
+    // Beside snapshot mounts the chain has fewer disks: more of it is merged, the same way.
+    let within = layer_disks_within(&chain, 2).unwrap();
+    assert_eq!(within[0], disks[0]);
+    assert_eq!(debugfs(&within[1], "cat /shared"), "new\n");
+    assert_eq!(debugfs(&within[1], "cat /f1"), "1\n");
+    // A mount's layers are one disk: its layer's own, or its layers merged.
+    assert_eq!(mount_disk(&chain[..1]).unwrap(), disks[0]);
+    assert_eq!(mount_disk(&chain[1..]).unwrap(), within[1]);
+    assert!(mount_disk(&[]).is_err());
 
     // A merged layer's snapshot was deleted: the chain's disk goes with the next launch.
     std::fs::remove_dir_all(&chain[bottom]).unwrap();

@@ -19,6 +19,7 @@ mod lifetime;
 mod live_mounts;
 mod logs;
 pub mod microvm;
+mod microvm_dirs;
 mod microvm_layers;
 mod monitor;
 pub mod namespace;

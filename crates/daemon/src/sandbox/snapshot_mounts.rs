@@ -44,13 +44,6 @@ impl Sandboxes {
         expiration_ms: Option<i64>,
     ) -> Result<Snapshot, SandboxError> {
         plain_path("path", &path)?;
-        if sandbox.backend != Backend::Namespace {
-            return Err(BackendError::Unsupported {
-                backend: sandbox.backend.into(),
-                what: "snapshot a directory",
-            }
-            .into());
-        }
         let layers_dir = self.layers_dir();
         let layer_lock = self.inner.snapshots.layers.lock().await;
         let inner_path = path.clone();
@@ -108,12 +101,12 @@ impl Sandboxes {
         if mounts.is_empty() {
             return Ok(());
         }
-        if sandbox.backend != Backend::Namespace {
-            return Err(BackendError::Unsupported {
-                backend: sandbox.backend.into(),
-                what: "mount snapshots",
-            }
-            .into());
+        let most = super::microvm_layers::MAX_MOUNTS;
+        if sandbox.backend == Backend::Microvm && mounts.len() > most {
+            // Each takes one of the microVM's few virtio devices.
+            return Err(SandboxError::BadRequest(format!(
+                "mounts: a microVM sandbox mounts at most {most} snapshots"
+            )));
         }
         for (i, m) in mounts.iter().enumerate() {
             mount_path(&format!("mounts[{i}].path"), &m.path)?;

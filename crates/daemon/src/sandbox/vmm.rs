@@ -11,6 +11,7 @@ use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
+use belljar_agent_proto::mounts::{GuestMount, GuestMounts, MOUNTS_ENV};
 use belljar_vmm_api::config::{DiskConfig, SerialConfig, VmConfig, VsockConfig};
 use belljar_vmm_api::{ControlClient, DEFAULT_CMDLINE, MAX_VCPUS};
 use serde::{Deserialize, Serialize};
@@ -66,6 +67,20 @@ pub struct VmSpec {
     /// Read-only ext4 disks of snapshot layers, topmost first: `/dev/vdc`, `/dev/vdd`, ...
     /// in the guest, which the agent stacks between its writable layer and the image.
     pub lower_disks: Vec<PathBuf>,
+    /// Directory snapshots the agent mounts at boot, each from one read-only disk listed
+    /// after the layer disks.
+    pub mounts: Vec<VmMount>,
+}
+
+/// A directory snapshot mounted in the microVM.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct VmMount {
+    /// Names the mount's upper directory on the writable layer (stable across starts).
+    pub slot: usize,
+    /// The snapshot's layers as one read-only ext4 disk.
+    pub disk: PathBuf,
+    /// Absolute path in the sandbox.
+    pub path: String,
 }
 
 /// The live VMM process, as recorded in `vmm.json`.
@@ -128,6 +143,25 @@ pub fn config(spec: &VmSpec, now_ms: i64) -> Result<VmConfig, VmmError> {
                 id: format!("lower{i}"),
             }),
     );
+    if !spec.mounts.is_empty() {
+        let first = spec.lower_disks.len();
+        let mounts = spec
+            .mounts
+            .iter()
+            .enumerate()
+            .map(|(i, m)| GuestMount {
+                slot: m.slot,
+                devices: vec![PathBuf::from(guest_disk(first + i))],
+                path: m.path.clone(),
+            })
+            .collect();
+        agent_env.push((MOUNTS_ENV.into(), GuestMounts(mounts).to_string()));
+        disks.extend(spec.mounts.iter().map(|m| DiskConfig {
+            path: m.disk.clone(),
+            read_only: true,
+            id: format!("mount{}", m.slot),
+        }));
+    }
     let config = VmConfig {
         kernel: Some(spec.kernel.clone()),
         cmdline: agent_env
@@ -170,10 +204,16 @@ pub const LOWER_DEVICES_ENV: &str = "BELLJAR_LOWER_DEVICES";
 /// The guest's names of `count` layer disks after the root (`vda`) and writable (`vdb`) ones:
 /// virtio-blk disks are named in the order the VM config lists them.
 pub fn lower_devices(count: usize) -> String {
-    (0..count)
-        .map(|i| format!("/dev/vd{}", char::from(b'c' + i as u8)))
-        .collect::<Vec<_>>()
-        .join(",")
+    (0..count).map(guest_disk).collect::<Vec<_>>().join(",")
+}
+
+/// The guest's name of the `n`th read-only disk after the root and writable ones (a microVM
+/// has far fewer than the 24 letters left).
+fn guest_disk(n: usize) -> String {
+    format!(
+        "/dev/vd{}",
+        char::from(b'c'.saturating_add(u8::try_from(n).unwrap_or(u8::MAX)))
+    )
 }
 
 /// Field 22 (starttime) of `/proc/<pid>/stat`, for a live (not zombie, not dead) process.
@@ -331,6 +371,7 @@ mod tests {
             disk_mib: 4096,
             agent_env: vec![("BELLJAR_OUTPUT_LIMIT".into(), "4096".into())],
             lower_disks: vec![],
+            mounts: vec![],
         };
         let c = config(&spec, 42).unwrap();
         assert!(c.disks[0].read_only);
@@ -363,6 +404,7 @@ mod tests {
             disk_mib: 1024,
             agent_env: vec![],
             lower_disks: vec!["/l/top.ext4".into(), "/l/bottom.ext4".into()],
+            mounts: vec![],
         };
         let c = config(&spec, 1).unwrap();
         let disks: Vec<_> = c
@@ -389,13 +431,49 @@ mod tests {
             !config(
                 &VmSpec {
                     lower_disks: vec![],
-                    ..spec
+                    mounts: vec![],
+                    ..spec.clone()
                 },
                 1
             )
             .unwrap()
             .cmdline
             .contains("BELLJAR_LOWER_DEVICES")
+        );
+
+        // Snapshot mounts: one disk each after the layer disks, named to the agent with its
+        // slot and path (a space cannot cut the kernel command line).
+        let c = config(
+            &VmSpec {
+                mounts: vec![
+                    VmMount {
+                        slot: 2,
+                        disk: "/l/m2.ext4".into(),
+                        path: "/srv/my data".into(),
+                    },
+                    VmMount {
+                        slot: 0,
+                        disk: "/l/m0.ext4".into(),
+                        path: "/m".into(),
+                    },
+                ],
+                ..spec
+            },
+            1,
+        )
+        .unwrap();
+        let ids: Vec<_> = c.disks.iter().map(|d| d.id.as_str()).collect();
+        assert_eq!(
+            ids,
+            ["root", "layer", "lower0", "lower1", "mount2", "mount0"]
+        );
+        assert!(c.disks[4..].iter().all(|d| d.read_only));
+        assert!(
+            c.cmdline.contains(
+                " BELLJAR_LOWER_DEVICES=/dev/vdc,/dev/vdd BELLJAR_MOUNTS=2:/dev/vde:/srv/my%20data,0:/dev/vdf:/m"
+            ),
+            "{}",
+            c.cmdline
         );
     }
 
@@ -421,6 +499,7 @@ mod tests {
             disk_mib: 4096,
             agent_env: vec![],
             lower_disks: vec![],
+            mounts: vec![],
         };
         let e = config(&spec, 0).unwrap_err();
         assert!(
@@ -488,6 +567,7 @@ mod tests {
             disk_mib: 128,
             agent_env: vec![],
             lower_disks: vec![],
+            mounts: vec![],
         };
         let proc = launch(&spec, 0).unwrap();
         std::thread::sleep(Duration::from_millis(500));

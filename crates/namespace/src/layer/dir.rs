@@ -43,7 +43,7 @@ pub enum DirError {
 /// Copies directory `path` of the running sandbox in `state_dir` into `layers_dir/<digest>`.
 /// The sandbox must be frozen.
 pub fn capture_dir(state_dir: &Path, path: &str, layers_dir: &Path) -> Result<Captured, DirError> {
-    let rel = relative(path)?;
+    relative(path)?;
     let st = State::load(state_dir)?.ok_or(DirError::NotRunning)?;
     if !st.is_alive() {
         return Err(DirError::NotRunning);
@@ -53,8 +53,33 @@ pub fn capture_dir(state_dir: &Path, path: &str, layers_dir: &Path) -> Result<Ca
     } else {
         Shift::Block(st.root_uid)
     };
-    let root = format!("/proc/{}/root", st.pid);
-    let root = open(libc::AT_FDCWD, Path::new(&root), 0, libc::O_DIRECTORY)
+    capture_below(
+        Path::new(&format!("/proc/{}/root", st.pid)),
+        path,
+        layers_dir,
+        shift,
+    )
+}
+
+/// Copies directory `path` of the tree at `root` (a microVM's filesystem as the guest sees
+/// it, assembled read-only on the host) into `layers_dir/<digest>`, owners as they are.
+pub fn capture_dir_of_tree(
+    root: &Path,
+    path: &str,
+    layers_dir: &Path,
+) -> Result<Captured, DirError> {
+    capture_below(root, path, layers_dir, Shift::Keep)
+}
+
+/// `path` resolved inside `root` (a link cannot lead out of it), copied with owners shifted.
+fn capture_below(
+    root: &Path,
+    path: &str,
+    layers_dir: &Path,
+    shift: Shift,
+) -> Result<Captured, DirError> {
+    let rel = relative(path)?;
+    let root = open(libc::AT_FDCWD, root, 0, libc::O_DIRECTORY)
         .map_err(|e| DirError::Open(e, "/".into()))?;
     let dir = open(
         root.as_raw_fd(),

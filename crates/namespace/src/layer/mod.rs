@@ -37,7 +37,7 @@ mod dir;
 mod squash;
 pub(crate) mod xattr;
 
-pub use dir::{DirError, capture_dir};
+pub use dir::{DirError, capture_dir, capture_dir_of_tree};
 pub use squash::squash;
 
 use xattr::{get_xattr, list_xattrs, set_times, set_xattr};
