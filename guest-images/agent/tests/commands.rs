@@ -32,47 +32,6 @@ async fn streams_stdout_and_stderr_and_reports_the_exit_code() {
     assert!(info.finished_at.unwrap() >= info.started_at);
 }
 
-/// A command starts as if exec'd from a fresh process: no blocked signals, no signal the
-/// agent ignores or handles for itself (SIGPIPE included), a session of its own, and a program
-/// found through the command's own PATH.
-#[tokio::test]
-async fn commands_start_with_clean_signals_and_their_own_session() {
-    let agent = Agent::start().await;
-    let mut start = argv(&[
-        "sh",
-        "-c",
-        "grep -E '^Sig(Blk|Ign)' /proc/self/status; \
-         test $(ps -o sid= -p $$) = $$ && echo leader; my-tool",
-    ]);
-    let dir = tempfile::tempdir().unwrap();
-    let tool = dir.path().join("my-tool");
-    std::fs::write(&tool, "echo found-in-path\n").unwrap();
-    std::fs::set_permissions(&tool, std::os::unix::fs::PermissionsExt::from_mode(0o755)).unwrap();
-    start.env.insert(
-        "PATH".into(),
-        format!("{}:/usr/bin:/bin", dir.path().display()),
-    );
-    let (info, lines) = agent.run(start).await;
-    let (out, err) = split(&lines);
-    let out = String::from_utf8(out).unwrap();
-    assert_eq!(
-        info.exit_code,
-        Some(0),
-        "{out} {}",
-        String::from_utf8_lossy(&err)
-    );
-    let mask = |name: &str| {
-        let line = out.lines().find(|l| l.starts_with(name)).unwrap();
-        u64::from_str_radix(line[name.len()..].trim(), 16).unwrap()
-    };
-    assert_eq!(mask("SigBlk:"), 0, "{out}");
-    // Signals 1 to 31 (32 and 33 are glibc's own, which no program sets through libc).
-    assert_eq!(mask("SigIgn:") & 0x7fff_ffff, 0, "{out}");
-    assert!(out.contains("leader\n"), "{out}");
-    // A script without `#!` runs with the shell, as `execvp` runs it.
-    assert!(out.ends_with("found-in-path\n"), "{out}");
-}
-
 #[tokio::test]
 async fn sets_env_cwd_and_user_defaults() {
     let agent = Agent::start().await;
