@@ -14,6 +14,8 @@
 # BELLJAR_MICROVM_REFRESH=1 (look for newer QEMU/kernel packages), BELLJAR_MICROVM_JOB (another
 # job script with job.sh's inputs and outputs, e.g. a stress loop), BELLJAR_MICROVM_RUN (the
 # run directory, default $BELLJAR_MICROVM_CACHE/run: give concurrent runs their own),
+# BELLJAR_MICROVM_HANG (seconds without any QEMU CPU time after which an L1 try counts as hung
+# and is retried, default 120),
 # BELLJAR_MICROVM_FILTER (a test-name filter for every test executable, no spaces), BELLJAR_CACHE (images,
 # guest kernel), BELLJAR_MICROVM_CACHE (default $BELLJAR_CACHE/microvm-harness).
 # Output: progress and timings on stderr, the job's output, and a last line
@@ -224,20 +226,40 @@ timing "L1 tools (cached by version)" "$(elapsed "$t")"
   printf 'JOB_ENV="%s"\n' "${job_env[*]}"
 } > "$run_dir/results/job.env"
 console="$run_dir/console.log"
+hang_limit="${BELLJAR_MICROVM_HANG:-120}"
 run_l1() {
   rm -f "$run_dir/results/summary" "$run_dir/results/status"
   # An earlier try's console stays beside (console.1.log, ...): a crash or a stall is in it.
   [ ! -s "$console" ] || mv "$console" "${console%.log}.$((attempt - 1)).log"
   : > "$console"
-  local t=$(date +%s.%N) rc=0
+  local t=$(date +%s.%N) rc=0 runner qpid="" cpu last=-1 still=0 hung=0
   timeout -k 10 "$limit" "${qemu[@]}" 2> "$run_dir/qemu.log" \
     -accel tcg,thread=multi -M q35 -cpu EPYC,+svm,+npt -smp 2 -m 3072 \
     -kernel "$l1_kernel" -initrd "$initrd" \
     -append "console=ttyS0 panic=-1 mitigations=off loglevel=4 transparent_hugepage=never" \
     -display none -vga none -nic none -audio none -no-reboot -monitor none -serial "file:$console" \
     -virtfs local,path=/,mount_tag=hostroot,security_model=none,readonly=on,multidevs=remap \
-    -virtfs "local,path=$run_dir/results,mount_tag=results,security_model=none" || rc=$?
+    -virtfs "local,path=$run_dir/results,mount_tag=results,security_model=none" &
+  runner=$!
+  # A hung L1 (seen under TCG's nested SVM: every vCPU halted, no timer ever firing again, so
+  # nothing in L1 runs, not even the job's stall watcher) shows as a QEMU that uses no CPU at
+  # all. A busy or idle L1 always uses some: its timer ticks are emulated. Such a try is ended
+  # at once and counts as a crash, instead of waiting out the whole limit.
+  while kill -0 "$runner" 2> /dev/null; do
+    sleep 5
+    [ -n "$qpid" ] || qpid=$(pgrep -P "$runner" | head -1 || true)
+    [ -n "$qpid" ] || continue
+    cpu=$(awk '{ print $14 + $15 }' "/proc/$qpid/stat" 2> /dev/null) || continue
+    if [ "$cpu" = "$last" ]; then still=$((still + 5)); else still=0 last=$cpu; fi
+    if [ "$still" -ge "$hang_limit" ] && [ "$hung" = 0 ]; then
+      echo "L1 hung: QEMU used no CPU for ${still}s (every vCPU halted); ending this try" >&2
+      hung=1
+      kill "$qpid" 2> /dev/null || true
+    fi
+  done
+  wait "$runner" || rc=$?
   timing "L1 run (boot + job)" "$(elapsed "$t")"
+  [ "$hung" = 0 ] || return 2
   grep -o 'belljar-l1: chroot ready after [0-9.]*s' "$console" | sed 's/.*after /timing: L1 boot to chroot (guest uptime) /' >&2 || true
   grep -v "TCG doesn't support requested feature" "$run_dir/qemu.log" >&2 || true
   if [ "$rc" = 124 ] || [ "$rc" = 137 ]; then
