@@ -7,8 +7,6 @@
 
 use std::path::{Path, PathBuf};
 
-use belljar_vmm_api::config::VmConfig;
-
 use super::backend::{BackendError, CapturedLayer};
 use super::microvm_layers::{DiskCopy, ReadOnlyMount};
 
@@ -19,10 +17,8 @@ pub fn capture_dir(
     layers_dir: &Path,
 ) -> Result<CapturedLayer, BackendError> {
     let failed = |what: String| BackendError::Snapshot(what);
-    let raw = std::fs::read(state_dir.join("vm.json"))
+    let config = super::vmm::read_config(state_dir)
         .map_err(|e| failed(format!("the microVM's config: {e}")))?;
-    let config: VmConfig =
-        serde_json::from_slice(&raw).map_err(|e| failed(format!("the microVM's config: {e}")))?;
     let disk = |id: &str| config.disks.iter().find(|d| d.id == id).map(|d| &d.path);
     let root = disk("root").ok_or_else(|| failed("the microVM has no root disk".into()))?;
     // Topmost first, as the daemon lists them (`lower0`, `lower1`, ...).
@@ -54,7 +50,7 @@ pub fn capture_dir(
 #[cfg(test)]
 mod tests {
     use super::*;
-    use belljar_vmm_api::config::DiskConfig;
+    use belljar_vmm_api::config::{DiskConfig, VmConfig};
 
     fn write(path: &Path, text: &str) {
         std::fs::create_dir_all(path.parent().unwrap()).unwrap();
@@ -117,7 +113,7 @@ mod tests {
             ],
             ..Default::default()
         };
-        std::fs::write(state.join("vm.json"), serde_json::to_vec(&config).unwrap()).unwrap();
+        std::fs::write(state.join("vm.json"), config.to_json()).unwrap();
 
         let layers = t.join("layers");
         std::fs::create_dir_all(&layers).unwrap();

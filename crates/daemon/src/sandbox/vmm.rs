@@ -197,6 +197,16 @@ pub fn config(spec: &VmSpec, now_ms: i64) -> Result<VmConfig, VmmError> {
     Ok(config)
 }
 
+/// The VMM's config in a sandbox's state directory, as [`launch`] wrote it.
+const CONFIG_FILE: &str = "vm.json";
+
+/// Reads back the config [`launch`] wrote for the microVM in `state_dir`.
+pub fn read_config(state_dir: &Path) -> Result<VmConfig, String> {
+    let path = state_dir.join(CONFIG_FILE);
+    let text = std::fs::read_to_string(&path).map_err(|e| format!("{}: {e}", path.display()))?;
+    VmConfig::from_json(&path.display().to_string(), &text).map_err(|e| e.to_string())
+}
+
 /// The agent's setting that names the snapshot layers' disks (`/dev/vdc,/dev/vdd`, topmost
 /// first); the agent mounts each read-only and stacks them under its writable layer.
 pub const LOWER_DEVICES_ENV: &str = "BELLJAR_LOWER_DEVICES";
@@ -232,7 +242,7 @@ pub fn launch(spec: &VmSpec, now_ms: i64) -> Result<VmmProcess, VmmError> {
     }
     let config = config(spec, now_ms)?;
     make_layer(&dir.join("layer.ext4"), spec.disk_mib)?;
-    let config_path = dir.join("vm.json");
+    let config_path = dir.join(CONFIG_FILE);
     std::fs::write(&config_path, config.to_json()).map_err(io_err("Cannot write the VM config"))?;
     let log =
         std::fs::File::create(dir.join("vmm.log")).map_err(io_err("Cannot create vmm.log"))?;
