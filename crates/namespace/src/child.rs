@@ -303,11 +303,20 @@ fn pid1(plan: &Plan, err_fd: RawFd) -> ! {
             err_fd,
             "keep the agent socket",
         );
-        // Dispositions and the mask survive execve; the daemon may ignore SIGPIPE or block
-        // signals for its runtime.
-        for sig in 1..32 {
+        // Dispositions and the mask survive execve; the daemon may ignore SIGPIPE (or SIGHUP
+        // under `nohup`, or a real-time signal) or block signals for its runtime. Every
+        // signal up to the kernel's 64, through the raw syscall because glibc's `signal`
+        // refuses its own 32 and 33; a zeroed kernel `struct sigaction` is SIG_DFL.
+        let default = [0usize; 4];
+        for sig in 1..=64 {
             if sig != libc::SIGKILL && sig != libc::SIGSTOP {
-                libc::signal(sig, libc::SIG_DFL);
+                libc::syscall(
+                    libc::SYS_rt_sigaction,
+                    sig,
+                    default.as_ptr(),
+                    std::ptr::null_mut::<c_void>(),
+                    8usize,
+                );
             }
         }
         let mut empty: libc::sigset_t = std::mem::zeroed();

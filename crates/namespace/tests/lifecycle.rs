@@ -485,3 +485,45 @@ fn many_sandboxes_launched_from_many_threads_at_once() {
         belljar_namespace::destroy(&s.state_dir).unwrap();
     }
 }
+
+/// A daemon may ignore signals (SIGHUP under `nohup`, a real-time one for a library) or block
+/// them in the thread that launches; both survive `fork` and `execve`, and the sandbox's PID 1
+/// (and through it every command) must start with none of them.
+#[test]
+fn the_sandbox_starts_with_no_signal_of_the_daemon_ignored_or_blocked() {
+    const RT: i32 = 34;
+    // SAFETY: setting dispositions to SIG_IGN (process-wide: harmless to the other tests here,
+    // which never rely on these signals) and blocking signals in this test's own thread.
+    unsafe {
+        assert_ne!(libc::signal(libc::SIGHUP, libc::SIG_IGN), libc::SIG_ERR);
+        assert_ne!(libc::signal(RT, libc::SIG_IGN), libc::SIG_ERR);
+        let mut set: libc::sigset_t = std::mem::zeroed();
+        libc::sigemptyset(&mut set);
+        libc::sigaddset(&mut set, libc::SIGUSR1);
+        libc::sigaddset(&mut set, RT + 1);
+        assert_eq!(
+            libc::pthread_sigmask(libc::SIG_BLOCK, &set, std::ptr::null_mut()),
+            0
+        );
+    }
+    let tmp = tmpdir();
+    let spec = spec(tmp.path(), "signals", Limits::default());
+    let _guard = Guard(spec.state_dir.clone());
+    let running = belljar_namespace::launch(&spec).expect("launch");
+    belljar_namespace::wait_ready(&running.socket, T).unwrap();
+    let out = sh(&running.socket, "grep -E '^Sig(Ign|Blk):' /proc/1/status");
+    let field = |name: &str| {
+        let line = out.text.lines().find_map(|l| l.strip_prefix(name));
+        u64::from_str_radix(line.expect(&out.text).trim(), 16).unwrap()
+    };
+    let bit = |sig: i32| 1u64 << (sig - 1);
+    // The stand-in is a Rust program, which ignores SIGPIPE for itself: only ours count.
+    assert_eq!(
+        field("SigIgn:") & (bit(libc::SIGHUP) | bit(RT)),
+        0,
+        "{}",
+        out.text
+    );
+    assert_eq!(field("SigBlk:"), 0, "{}", out.text);
+    belljar_namespace::destroy(&spec.state_dir).unwrap();
+}

@@ -1,7 +1,7 @@
 //! Forking a command: its own session and process group, a controlling terminal when it runs
-//! on a PTY, the requested user's uid, gid and groups, and a clean environment. Everything the
-//! child does between fork and exec is a raw async-signal-safe syscall on memory prepared
-//! before the fork.
+//! on a PTY, every signal at its default disposition and none blocked, the requested user's
+//! uid, gid and groups, and a clean environment. Everything the child does between fork and
+//! exec is a raw async-signal-safe syscall on memory prepared before the fork.
 
 use std::ffi::CString;
 use std::io;
@@ -49,6 +49,58 @@ pub fn winsize(size: PtySize) -> Winsize {
     }
 }
 
+/// The kernel's highest signal number (`_NSIG`, 64 on every Linux architecture we build for).
+const LAST_SIGNAL: libc::c_int = 64;
+
+/// Sets every signal to its default disposition and empties the signal mask, in a forked
+/// child before `execve`. Both survive `execve` (only handlers are reset by it), and the agent
+/// may have been given ignored or blocked signals by whatever started it (a daemon under
+/// `nohup` ignores SIGHUP; glibc, Rust and tokio block or ignore some for themselves), which
+/// a command must not inherit: `kill -INT` and a broken pipe have to act on it.
+///
+/// # Safety
+/// Only between fork and exec: it changes the calling process's signal state.
+unsafe fn reset_signals() -> io::Result<()> {
+    // A kernel `struct sigaction` with SIG_DFL (0) as its handler, no flags and an empty mask.
+    // The raw syscall, because glibc's `sigaction` refuses the two real-time signals it keeps
+    // for itself (32 and 33), which an ancestor may still have set to SIG_IGN.
+    let default = [0usize; 4];
+    for sig in 1..=LAST_SIGNAL {
+        if sig == libc::SIGKILL || sig == libc::SIGSTOP {
+            continue;
+        }
+        // SAFETY: rt_sigaction with a valid, zeroed action of the kernel's size and no old
+        // action to write back; `sigsetsize` is the kernel's (8 bytes).
+        if unsafe {
+            libc::syscall(
+                libc::SYS_rt_sigaction,
+                sig,
+                default.as_ptr(),
+                std::ptr::null_mut::<libc::c_void>(),
+                8usize,
+            )
+        } != 0
+        {
+            return Err(io::Error::last_os_error());
+        }
+    }
+    let empty = [0u64; 1];
+    // SAFETY: rt_sigprocmask with a valid 8-byte empty set and no old set to write back.
+    if unsafe {
+        libc::syscall(
+            libc::SYS_rt_sigprocmask,
+            libc::SIG_SETMASK,
+            empty.as_ptr(),
+            std::ptr::null_mut::<libc::c_void>(),
+            8usize,
+        )
+    } != 0
+    {
+        return Err(io::Error::last_os_error());
+    }
+    Ok(())
+}
+
 /// Forks and execs `spec`. Errors from `exec` (no such program) and from the setup in the
 /// child come back as the `io::Error` of the failing call.
 pub fn spawn(spec: &Spec<'_>) -> io::Result<Spawned> {
@@ -87,6 +139,7 @@ pub fn spawn(spec: &Spec<'_>) -> io::Result<Spawned> {
         // SAFETY: only async-signal-safe syscalls on memory (`groups`, `cwd`) that was
         // allocated before the fork and is not touched by anyone else in the child.
         unsafe {
+            reset_signals()?;
             if libc::setsid() < 0 {
                 return Err(io::Error::last_os_error());
             }

@@ -30,6 +30,23 @@ impl Agent {
 
     /// Starts the agent under `wrapper` (e.g. `unshare ...`) in `mode`.
     pub async fn start_wrapped(wrapper: &[&str], mode: &str, extra: &[&str]) -> Self {
+        Self::launch(wrapper, mode, extra, &[], &[]).await
+    }
+
+    /// Starts the agent with the signals `ignored` set to SIG_IGN and `blocked` in its signal
+    /// mask, as a parent (a daemon under `nohup`, a runtime that blocks signals) may pass them
+    /// down: both survive `execve`.
+    pub async fn start_with_inherited_signals(ignored: &[i32], blocked: &[i32]) -> Self {
+        Self::launch(&[], "plain", &[], ignored, blocked).await
+    }
+
+    async fn launch(
+        wrapper: &[&str],
+        mode: &str,
+        extra: &[&str],
+        ignored: &[i32],
+        blocked: &[i32],
+    ) -> Self {
         let dir = tempfile::tempdir().unwrap();
         let socket = dir.path().join("agent.sock");
         std::fs::create_dir(dir.path().join("files")).unwrap();
@@ -42,8 +59,7 @@ impl Agent {
             }
             None => Command::new(program),
         };
-        let child = cmd
-            .arg("--mode")
+        cmd.arg("--mode")
             .arg(mode)
             .arg("--listen")
             .arg(format!("unix:{}", socket.display()))
@@ -53,9 +69,39 @@ impl Agent {
             .env("BELLJAR_LOG", "warn")
             .stdin(Stdio::null())
             // Its own process group, so that dropping the harness also ends a wrapped agent.
-            .process_group(0)
-            .spawn()
-            .unwrap();
+            .process_group(0);
+        let (ignored, blocked) = (ignored.to_vec(), blocked.to_vec());
+        // SAFETY: the closure makes only async-signal-safe calls (rt_sigaction through a raw
+        // syscall, so that glibc's reserved signals can be set too, and sigprocmask) on memory
+        // allocated before the fork.
+        unsafe {
+            cmd.pre_exec(move || {
+                // A zeroed kernel `struct sigaction` with the handler set to SIG_IGN.
+                let ignore: [usize; 4] = [libc::SIG_IGN, 0, 0, 0];
+                for &sig in &ignored {
+                    if libc::syscall(
+                        libc::SYS_rt_sigaction,
+                        sig,
+                        ignore.as_ptr(),
+                        std::ptr::null_mut::<libc::c_void>(),
+                        8usize,
+                    ) != 0
+                    {
+                        return Err(std::io::Error::last_os_error());
+                    }
+                }
+                let mut mask: libc::sigset_t = std::mem::zeroed();
+                libc::sigemptyset(&mut mask);
+                for &sig in &blocked {
+                    libc::sigaddset(&mut mask, sig);
+                }
+                if libc::sigprocmask(libc::SIG_BLOCK, &mask, std::ptr::null_mut()) != 0 {
+                    return Err(std::io::Error::last_os_error());
+                }
+                Ok(())
+            });
+        }
+        let child = cmd.spawn().unwrap();
         let deadline = Instant::now() + Duration::from_secs(20);
         let client = loop {
             if let Ok(client) = AgentClient::connect_unix(&socket).await
