@@ -1,5 +1,6 @@
 #!/usr/bin/env bash
-# Installs everything Belljar needs on a Debian 12 machine (run as root, or with sudo available):
+# Installs everything Belljar needs on a Debian 12 machine, run as root or as an ordinary user
+# with sudo (used only for missing Debian packages and the image build, which needs root):
 # Debian packages, the UI's npm packages, the Rust binaries (the CLI, `belljar`, on PATH), and
 # the guest kernel and images.
 # Every step is idempotent and cached, so a second run takes seconds.
@@ -71,8 +72,16 @@ cargo build --workspace --bins --quiet
 
 # README's commands use `belljar` bare. A link, not a copy: the CLI finds belljard (and belljard
 # the agent and the VMM) beside its real path, and a rebuild updates what the link runs.
-# /usr/local/bin is on the PATH of every Debian user and of root; BELLJAR_BIN_DIR picks another.
-bin_dir="${BELLJAR_BIN_DIR:-/usr/local/bin}"
+# root's goes in /usr/local/bin, on every Debian user's PATH; an ordinary user's in
+# ~/.local/bin, on that user's PATH (Debian's ~/.profile adds it once it exists), so that it
+# needs no sudo and never replaces a link another user's `belljar` runs (a link into someone
+# else's home fails with "Permission denied"). BELLJAR_BIN_DIR picks another directory.
+if [ "$(id -u)" -eq 0 ]; then
+  bin_dir="${BELLJAR_BIN_DIR:-/usr/local/bin}"
+else
+  bin_dir="${BELLJAR_BIN_DIR:-$HOME/.local/bin}"
+  mkdir -p "$bin_dir"
+fi
 cli="$(cd "$CARGO_TARGET_DIR" && pwd)/debug/belljar"
 if [ "$(readlink "$bin_dir/belljar" 2>/dev/null)" != "$cli" ]; then
   step "linking $bin_dir/belljar -> $cli"
@@ -80,6 +89,16 @@ if [ "$(readlink "$bin_dir/belljar" 2>/dev/null)" != "$cli" ]; then
   [ -w "$bin_dir" ] || sudo_cmd="sudo"
   $sudo_cmd ln -sfn "$cli" "$bin_dir/belljar"
 fi
+case ":$PATH:" in
+  *":$bin_dir:"*) ;;
+  *) step "$bin_dir is not on your PATH yet: log in again, or run: export PATH=\"$bin_dir:\$PATH\"" ;;
+esac
 
+# BELLJAR_IMAGES names the images to build (default: base python3.13 node24); `base` alone
+# saves ~2.7 GB and minutes when the other runtimes are not wanted.
 step "building the guest kernel, agent and images (cached under $BELLJAR_CACHE)"
-guest-images/build-all.sh
+if [ -n "${BELLJAR_IMAGES:-}" ]; then
+  guest-images/build-all.sh --images "$BELLJAR_IMAGES"
+else
+  guest-images/build-all.sh
+fi
