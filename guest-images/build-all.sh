@@ -59,10 +59,11 @@ say "building the guest kernel"
 kernel="$("$here/kernel/build.sh" | tail -n 1)"
 printf 'kernel %s\n' "$kernel"
 
-# debootstrap, chroot and device nodes need root.
+# debootstrap, chroot and device nodes need root. An ordinary user's PATH on Debian has no
+# sbin directories, where debootstrap, chroot and mkfs.ext4 live, so they are added to it.
 as_root=()
 if [[ $(id -u) != 0 ]]; then
-    as_root=(sudo env "BELLJAR_CACHE=$BELLJAR_CACHE" "PATH=$PATH")
+    as_root=(sudo env "BELLJAR_CACHE=$BELLJAR_CACHE" "PATH=/usr/local/sbin:/usr/sbin:/sbin:$PATH")
 fi
 for image in "${images[@]}"; do
     say "building the $image image"

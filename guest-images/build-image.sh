@@ -89,6 +89,12 @@ fi
     exit 1
 }
 [[ $(id -u) == 0 ]] || { echo "error: building images needs root (debootstrap, chroot, device nodes)" >&2; exit 1; }
+# The image stage's tools must be on PATH, or it fails far from the cause (a missing
+# mkfs.ext4 read as "did not fit" four times): root's PATH has the sbin directories, an
+# ordinary user's, passed through `sudo env`, had none.
+for tool in mkfs.ext4 e2fsck; do
+    command -v "$tool" >/dev/null || { echo "error: $tool is not on PATH ($PATH)" >&2; exit 1; }
+done
 
 # ---------------------------------------------------------------- progress --
 
