@@ -155,8 +155,10 @@ pub fn cgroup(h: &Hierarchies, subtree_writable: bool, rootless: bool) -> Findin
         .filter(|w| !mounted.contains(w))
         .collect();
     let data = json!({ "version": "v1", "controllers": mounted, "missing": missing });
-    // The daemon writes v1 limits only as root; v2 delegation is the rootless way.
-    let unified = "sudo grubby --update-kernel=ALL --args=systemd.unified_cgroup_hierarchy=1 (or add it to GRUB_CMDLINE_LINUX), then reboot";
+    // The daemon writes v1 limits only as root; v2 delegation is the rootless way. Debian (the
+    // platform Belljar is set up on) boots through GRUB's /etc/default/grub and has no
+    // `grubby`; the option goes last on the command line, where it overrides an earlier `=0`.
+    let unified = "sudo sed -i '/^GRUB_CMDLINE_LINUX_DEFAULT=/s/\"$/ systemd.unified_cgroup_hierarchy=1\"/' /etc/default/grub && sudo update-grub, then reboot (with grubby: sudo grubby --update-kernel=ALL --args=systemd.unified_cgroup_hierarchy=1)";
     if rootless {
         return finding(
             "cgroup",

@@ -111,8 +111,16 @@ fn cgroup_v1_lists_mounted_controllers() {
         f.facts["controllers"],
         serde_json::json!(["cpu", "freezer", "memory", "pids"])
     );
-    // Rootless on v1: the daemon cannot write limits.
-    assert_eq!(cgroup(&all, false, true).status, Status::Warning);
+    // Rootless on v1: the daemon cannot write limits. The fix is Debian's (GRUB's
+    // /etc/default/grub and update-grub; `grubby` is not packaged there).
+    let rootless = cgroup(&all, false, true);
+    assert_eq!(rootless.status, Status::Warning);
+    let fix = rootless.fix.unwrap();
+    assert!(
+        fix.starts_with("sudo sed -i '/^GRUB_CMDLINE_LINUX_DEFAULT=/")
+            && fix.contains(" /etc/default/grub && sudo update-grub, then reboot"),
+        "{fix}"
+    );
 
     let dir = tempfile::tempdir().unwrap();
     let some = v1_fixture(dir.path(), &["memory"]);
