@@ -4,7 +4,7 @@
 use std::fmt::Write;
 use std::time::{SystemTime, UNIX_EPOCH};
 
-use belljar_api::{Command, Image, Info, Sandbox};
+use belljar_api::{Command, Image, Info, LimitsReport, Sandbox};
 
 use crate::duration::format_ms;
 
@@ -126,10 +126,27 @@ pub fn sandbox(s: &Sandbox, now: i64) -> String {
             s.vcpus, s.memory_mib, s.disk_mib
         ),
     );
-    let limits = [
-        ("memory", &s.limits.memory),
-        ("cpu", &s.limits.cpu),
-        ("pids", &s.limits.pids),
+    kv("limits", limits(&s.limits));
+    kv("created", ago(s.created_at, now));
+    kv("timeout", format_ms(s.timeout_ms));
+    kv("expires", expires(s, now));
+    if !s.tags.is_empty() {
+        kv("tags", tags(s));
+    }
+    if !s.env.is_empty() {
+        kv("env", s.env.keys().cloned().collect::<Vec<_>>().join(", "));
+    }
+    out
+}
+
+/// Each limit of `info`'s `limits:` line, enforced or not and why; the disk too, which a
+/// rootless sandbox never has (the API said so and the line left it out).
+fn limits(l: &LimitsReport) -> String {
+    [
+        ("memory", &l.memory),
+        ("cpu", &l.cpu),
+        ("pids", &l.pids),
+        ("disk", &l.disk),
     ]
     .iter()
     .map(|(n, l)| {
@@ -148,18 +165,7 @@ pub fn sandbox(s: &Sandbox, now: i64) -> String {
         )
     })
     .collect::<Vec<_>>()
-    .join("; ");
-    kv("limits", limits);
-    kv("created", ago(s.created_at, now));
-    kv("timeout", format_ms(s.timeout_ms));
-    kv("expires", expires(s, now));
-    if !s.tags.is_empty() {
-        kv("tags", tags(s));
-    }
-    if !s.env.is_empty() {
-        kv("env", s.env.keys().cloned().collect::<Vec<_>>().join(", "));
-    }
-    out
+    .join("; ")
 }
 
 /// The `belljar images` table.
@@ -248,6 +254,7 @@ pub fn commands(list: &[Command], now: i64) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use belljar_api::LimitState;
 
     #[test]
     fn table_aligns_columns() {
@@ -261,6 +268,25 @@ mod tests {
         assert_eq!(
             t,
             "ID        STATUS\nsbx_1     running\nsbx_long  stopped\n"
+        );
+    }
+
+    #[test]
+    fn limits_line_names_every_limit_with_its_reason() {
+        let state = |enforced: bool, detail: &str| LimitState {
+            enforced,
+            detail: detail.into(),
+        };
+        let line = limits(&LimitsReport {
+            memory: state(true, "cgroup v2"),
+            cpu: state(false, "cgroup v1 groups are root's"),
+            pids: state(true, ""),
+            disk: state(false, "rootless"),
+        });
+        assert_eq!(
+            line,
+            "memory enforced (cgroup v2); cpu not enforced (cgroup v1 groups are root's); \
+             pids enforced; disk not enforced (rootless)"
         );
     }
 
