@@ -344,7 +344,9 @@ else
     else
         tmp="$images/$name/.tmp-$digest"
         log="$images/$name/.build-$digest.log"
-        rm -rf "$tmp"
+        # Under the lock no other build of NAME runs, so every .tmp-* is a failed build's
+        # leftover (~0.5-1.5 GB each; a later build of another digest never reused them).
+        rm -rf "$images/$name"/.tmp-*
         mkdir -p "$tmp"
         : >"$log"
         install_agent() {

@@ -17,5 +17,5 @@ fi
 
 step "starting the daemon"
 "$bin/belljar" daemon start
-step "open this address in a browser (the token in it works once):"
+step "open this address in a browser within a minute (its token works once; \`belljar ui\` makes a new one):"
 "$bin/belljar" ui --no-open

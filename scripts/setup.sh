@@ -11,6 +11,15 @@ cd "$here"
 # shellcheck source=scripts/env.sh
 . "$here/scripts/env.sh"
 
+# Rust and Node.js are checked, not installed: Debian 12's rustc (1.63) predates edition 2024,
+# and Node.js 20 is the one the UI is built and tested with here (Debian 12 ships 18).
+for tool in cargo npm; do
+  command -v "$tool" >/dev/null || {
+    echo "error: $tool is not on PATH: install Rust (stable, through rustup) and Node.js 20 with npm first (README, Set-up and run)" >&2
+    exit 1
+  }
+done
+
 packages=(
   # guest kernel and images
   linux-source bc flex bison libelf-dev libssl-dev cpio xz-utils e2fsprogs debootstrap
