@@ -433,9 +433,13 @@ pub fn disk(dirs: &[DiskFacts], rootless: bool) -> Finding {
     } else {
         Status::Ok
     };
-    let fix = (status != Status::Ok).then_some(
-        "export BELLJAR_CACHE=/a/directory/on/a/larger/disk (or free space on that file system)",
-    );
+    // Each directory has its own variable: BELLJAR_CACHE moves the images, not the data
+    // (sandboxes' writes, the database), which follows BELLJAR_HOME.
+    let fix = (status != Status::Ok).then_some(if low.what == "data" {
+        "export BELLJAR_HOME=/a/directory/on/a/larger/disk (or free space on that file system)"
+    } else {
+        "export BELLJAR_CACHE=/a/directory/on/a/larger/disk (or free space on that file system)"
+    });
     finding("disk", status, found, fix, data)
 }
 

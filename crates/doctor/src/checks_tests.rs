@@ -256,6 +256,15 @@ fn disk_space_thresholds() {
     );
     assert!(f.fix.unwrap().contains("BELLJAR_CACHE"));
     assert_eq!(f.facts["sandbox_disk_limit"]["enforced"], true);
+    // Low on the data directory: BELLJAR_CACHE would not move it (it said so to a user whose
+    // home was short of space); BELLJAR_HOME does.
+    let data = DiskFacts {
+        what: "data",
+        ..at(DISK_WARN - 1)
+    };
+    let f = disk(&[at(DISK_WARN), data], true);
+    assert_eq!(f.status, Status::Warning);
+    assert!(f.fix.unwrap().starts_with("export BELLJAR_HOME="));
 }
 
 /// Rootless, the disk finding says the sandboxes' disk limit is not enforced and why (the
