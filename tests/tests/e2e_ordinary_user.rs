@@ -192,7 +192,11 @@ fn processes_of(uid: u32) -> Vec<i32> {
     dir.flatten()
         .filter_map(|e| {
             let pid: i32 = e.file_name().to_str()?.parse().ok()?;
-            (e.metadata().ok()?.uid() == uid).then_some(pid)
+            // A zombie has ended already; where PID 1 does not reap orphans (this build
+            // machine's), the daemon's stays a zombie of the user for good.
+            let stat = std::fs::read_to_string(e.path().join("stat")).ok()?;
+            let state = stat.rsplit_once(") ")?.1.chars().next()?;
+            (e.metadata().ok()?.uid() == uid && state != 'Z').then_some(pid)
         })
         .collect()
 }
