@@ -12,7 +12,8 @@
 # Usage: scripts/test-microvm.sh [--nested|--direct]
 # Environment: BELLJAR_MICROVM_TIMEOUT (seconds for the whole L1 run, default 900),
 # BELLJAR_MICROVM_TRIES (L1 tries when one crashes or hangs, default 3 with QEMU 10) and
-# BELLJAR_MICROVM_BUDGET (seconds for all tries, default tries x timeout),
+# BELLJAR_MICROVM_BUDGET (seconds for all tries, default tries x timeout; a try gets what is
+# left of it, and starts only while BELLJAR_MICROVM_MIN_TRY seconds, default 240, are left),
 # BELLJAR_MICROVM_REFRESH=1 (look for newer QEMU/kernel packages), BELLJAR_MICROVM_JOB (another
 # job script with job.sh's inputs and outputs, e.g. a stress loop), BELLJAR_MICROVM_RUN (the
 # run directory, default $BELLJAR_MICROVM_CACHE/run: give concurrent runs their own),
@@ -234,8 +235,8 @@ run_l1() {
   # An earlier try's console stays beside (console.1.log, ...): a crash or a stall is in it.
   [ ! -s "$console" ] || mv "$console" "${console%.log}.$((attempt - 1)).log"
   : > "$console"
-  local t=$(date +%s.%N) rc=0 runner qpid="" cpu last=-1 still=0 hung=0
-  timeout -k 10 "$limit" "${qemu[@]}" 2> "$run_dir/qemu.log" \
+  local try_limit=$1 t=$(date +%s.%N) rc=0 runner qpid="" cpu last=-1 still=0 hung=0
+  timeout -k 10 "$try_limit" "${qemu[@]}" 2> "$run_dir/qemu.log" \
     -accel tcg,thread=multi -M q35 -cpu EPYC,+svm,+npt -smp 2 -m 3072 \
     -kernel "$l1_kernel" -initrd "$initrd" \
     -append "console=ttyS0 panic=-1 mitigations=off loglevel=4 transparent_hugepage=never" \
@@ -261,38 +262,44 @@ run_l1() {
   done
   wait "$runner" || rc=$?
   timing "L1 run (boot + job)" "$(elapsed "$t")"
-  [ "$hung" = 0 ] || return 2
   grep -o 'belljar-l1: chroot ready after [0-9.]*s' "$console" | sed 's/.*after /timing: L1 boot to chroot (guest uptime) /' >&2 || true
   grep -v "TCG doesn't support requested feature" "$run_dir/qemu.log" >&2 || true
+  # The job's output (interleaved with L1's kernel messages) from the console, whether or not
+  # the try finished: the tests a crashed try passed are not run again (tests/microvm/progress.sh).
+  sed -n '/belljar-l1: chroot ready/,$p' "$console"
+  [ "$hung" = 0 ] || return 2
   if [ "$rc" = 124 ] || [ "$rc" = 137 ]; then
-    echo "L1 run timed out after ${limit}s (BELLJAR_MICROVM_TIMEOUT)" >&2
+    echo "L1 run timed out after ${try_limit}s (BELLJAR_MICROVM_TIMEOUT, or what was left of BELLJAR_MICROVM_BUDGET)" >&2
     return 2
   fi
-  # The job's output (interleaved with L1's kernel messages) from the console.
-  sed -n '/belljar-l1: chroot ready/,$p' "$console"
   grep -q '^BELLJAR-L1-STATUS=' "$console" || return 2
   return 0
 }
 
 # Crashes and hangs of L1 come in runs under TCG (three in a row in one clean-clone run on
 # 2026-11-24, each a try): with the hang cut short (above) most failed tries cost a minute or
-# two, so more tries fit in a time budget for all of them; a new try starts only while a whole
-# one still fits in it.
+# two, and a new try runs only the tests no earlier one finished (tests/microvm/progress.sh),
+# so every try makes progress. All tries share a time budget: each gets what is left of it (at
+# most the timeout), and a new one starts only while BELLJAR_MICROVM_MIN_TRY seconds are left.
 tries="${BELLJAR_MICROVM_TRIES:-$tries}"
 budget="${BELLJAR_MICROVM_BUDGET:-$((tries * limit))}"
+min_try="${BELLJAR_MICROVM_MIN_TRY:-240}"
 first_try=$(date +%s)
 attempt=1
 while :; do
-  step "microVM tests: L1 run $attempt of at most $tries (timeout ${limit}s, console $console)"
+  left=$((budget - ($(date +%s) - first_try)))
+  try_limit=$((left < limit ? left : limit))
+  step "microVM tests: L1 run $attempt of at most $tries (timeout ${try_limit}s, console $console)"
   crashed=0
-  run_l1 || crashed=1
+  run_l1 "$try_limit" || crashed=1
   if [ "$crashed" = 0 ] || [ "$attempt" -ge "$tries" ]; then break; fi
-  if [ $(($(date +%s) - first_try + limit)) -gt "$budget" ]; then
+  if [ $((budget - ($(date +%s) - first_try))) -lt "$min_try" ]; then
     echo "no time for another L1 try within BELLJAR_MICROVM_BUDGET=${budget}s" >&2
     break
   fi
   echo "L1 ended without a job status (a nested crash of L1's kernel?); console tail:" >&2
   tail -n 30 "$console" >&2
+  echo "progress so far: $(cat "$run_dir/results/progress" 2> /dev/null | grep -cE '^(passed|failed) ') tests finished" >&2
   attempt=$((attempt + 1))
 done
 

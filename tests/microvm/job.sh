@@ -8,7 +8,9 @@
 # BELLJAR_CACHE, BELLJAR_KERNEL, BELLJAR_RESULTS (a writable directory), BELLJAR_MICROVM_FILTER
 # (optional: only the tests whose names contain it). Output: the tests'
 # output on stdout; `summary` (one line with passed/failed counts) and `status` in
-# BELLJAR_RESULTS. Exit status 0 only when every test passed and at least one ran.
+# BELLJAR_RESULTS, and `progress` there, which a later run of the job (after L1 crashed) reads
+# to run only the tests not yet finished (tests/microvm/progress.sh). Exit status 0 only when
+# every test passed and at least one ran.
 set -uo pipefail
 : "${BELLJAR_JOB_BIN:?}" "${BELLJAR_JOB_TESTS:?}" "${BELLJAR_RESULTS:?}" "${BELLJAR_KERNEL:?}"
 now() { date +%s.%N; }
@@ -59,9 +61,9 @@ export RUST_BACKTRACE=1
 
 # Runs one test executable in its own process group (killed afterwards: a VMM a failed test
 # left running must neither keep the output open nor the next run waiting); extra arguments
-# go to the test harness. Sets rc, p and f (passed and failed counts) from `out`.
+# go to the test harness. Sets rc.
 run_tests() {
-  local exe=$1 out=$2 pid tailer watcher line
+  local exe=$1 out=$2 pid tailer watcher
   shift 2
   : > "$out"
   setsid "$exe" --ignored --test-threads=1 --nocapture "$@" > "$out" 2>&1 &
@@ -76,41 +78,31 @@ run_tests() {
   kill -KILL -- "-$pid" 2> /dev/null || true
   kill "$watcher" 2> /dev/null || true
   wait "$tailer" "$watcher" 2> /dev/null || true
-  line=$(grep -E '^test result:' "$out" | tail -1)
-  p=$(sed -nE 's/.* ([0-9]+) passed.*/\1/p' <<< "$line")
-  f=$(sed -nE 's/.* ([0-9]+) failed.*/\1/p' <<< "$line")
-  if [ -z "$line" ]; then f=1; fi # a crash before the summary counts as a failure
 }
 
-passed=0 failed=0 retried="" status=0
+. "$(dirname "$0")/progress.sh"
 for t in "${tests[@]}"; do
   exe="$work/bin/deps/$(basename "$t")"
   name=$(basename "$t" | sed 's/-[0-9a-f]*$//')
   t0=$(now)
   echo "job: ==> $name"
-  out="$work/$name.out"
-  # The kvm group member's test is the rootless job's (tests/microvm/rootless.sh).
+  # Each test runs alone (tests/microvm/progress.sh). The kvm group member's test is the
+  # rootless job's (tests/microvm/rootless.sh).
   # shellcheck disable=SC2086 # an empty filter is no argument
-  run_tests "$exe" "$out" --skip a_kvm_group_member_creates_execs_and_deletes ${BELLJAR_MICROVM_FILTER:-}
-  # A nested microVM occasionally fails to come up (a failure seen once in ~40 boots, cause
-  # not yet found; the failed test prints the guest's console). Each failed test runs once
-  # more, alone, and is reported by name; a second failure fails the job.
-  names=$(awk '/^failures:$/ { n++; next } n == 2 && /^    [a-z_0-9:]+$/ { print $1 }' "$out")
-  if [ "$rc" != 0 ] && [ -n "$names" ] && [ "${f:-0}" = "$(wc -l <<< "$names")" ]; then
-    first_p=${p:-0}
-    echo "job: $name: RETRYING after a failure: $(tr '\n' ' ' <<< "$names")"
-    # shellcheck disable=SC2086 # one argument per test name
-    run_tests "$exe" "$work/$name.retry.out" --exact $names
-    if [ "$rc" = 0 ]; then retried="$retried $(tr '\n' ' ' <<< "$names")"; fi
-    p=$((first_p + ${p:-0}))
+  names=$("$exe" --ignored --list --skip a_kvm_group_member_creates_execs_and_deletes \
+    ${BELLJAR_MICROVM_FILTER:-} 2> /dev/null | sed -n 's/: test$//p')
+  if [ -z "$names" ] && [ -z "${BELLJAR_MICROVM_FILTER:-}" ]; then
+    echo "job: $name lists no tests"
+    echo "failed $name::--list" >> "$progress"
   fi
-  passed=$((passed + ${p:-0})) failed=$((failed + ${f:-0}))
-  [ "$rc" = 0 ] || status=1
-  echo "job: $name: ${p:-0} passed, ${f:-0} failed in $(since "$t0")s (exit $rc)"
+  for test in $names; do
+    progress_run run_tests "$exe" "$name::$test" "$test" "$work/$name.out"
+  done
+  echo "job: $name: $(wc -w <<< "$names") tests in $(since "$t0")s"
 done
-[ "$passed" -gt 0 ] || status=1
-summary="microvm job: $passed passed, $failed failed in $(since "$start")s"
-[ -z "$retried" ] || summary="$summary; passed only when retried:$retried"
+status=0
+progress_status || status=1
+summary="microvm job: $(progress_counts) in $(since "$start")s"
 echo "$summary"
 echo "$summary" > "$BELLJAR_RESULTS/summary"
 echo "$status" > "$BELLJAR_RESULTS/status"

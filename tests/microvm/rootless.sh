@@ -140,38 +140,43 @@ if [ -x "$BELLJAR_JOB_BIN/belljar-ns" ]; then
   fi
 fi
 
-passed=0 failed=0 status=0
+. "$(dirname "$0")/progress.sh"
 # Hard links survive the user's copy (belljar_namespace::usertree): one inode, two names.
-copy=$(find "$work/home/.cache/belljar-rootless" -maxdepth 2 -name rootfs -type d | head -1)
-links=$(stat -c %i "$copy/usr/bin/perl" "$copy/usr/bin/perl5.40.1" 2> /dev/null | sort -u | wc -l)
-if [ -n "$copy" ] && [ "$links" = 1 ]; then
-  say "hard links kept in the user's copy: perl and perl5.40.1 are inode $(stat -c %i "$copy/usr/bin/perl")"
-  passed=$((passed + 1))
-else
-  say "hard links lost in the user's copy ${copy:-(none)}: perl and perl5.40.1 are $links inodes"
-  failed=$((failed + 1)) status=1
+if [ -z "$(progress_outcome rootless::hard_links)" ]; then
+  copy=$(find "$work/home/.cache/belljar-rootless" -maxdepth 2 -name rootfs -type d | head -1)
+  links=$(stat -c %i "$copy/usr/bin/perl" "$copy/usr/bin/perl5.40.1" 2> /dev/null | sort -u | wc -l)
+  if [ -n "$copy" ] && [ "$links" = 1 ]; then
+    say "hard links kept in the user's copy: perl and perl5.40.1 are inode $(stat -c %i "$copy/usr/bin/perl")"
+    echo "passed rootless::hard_links" >> "$progress"
+  else
+    say "hard links lost in the user's copy ${copy:-(none)}: perl and perl5.40.1 are $links inodes"
+    echo "failed rootless::hard_links" >> "$progress"
+  fi
 fi
+# Runs one test as the user (progress_run's runner): sets rc, prints the output.
+as_user_test() {
+  local exe=$1 out=$2
+  shift 2
+  (cd "$work/home" && as_user "$exe" --include-ignored --test-threads=1 --nocapture "$@") > "$out" 2>&1
+  rc=$?
+  cat "$out"
+}
 for t in "${tests[@]}"; do
   exe="$work/bin/deps/$(basename "$t")"
   name=$(basename "$t" | sed 's/-[0-9a-f]*$//')
   t0=$(now)
-  out="$work/$name.out"
-  # shellcheck disable=SC2046 # one argument per test name
-  (cd "$work/home" && as_user "$exe" --include-ignored --test-threads=1 --nocapture --exact $(selection "$name")) > "$out" 2>&1
-  rc=$?
-  cat "$out"
-  line=$(grep -E '^test result:' "$out" | tail -1)
-  p=$(sed -nE 's/.* ([0-9]+) passed.*/\1/p' <<< "$line")
-  f=$(sed -nE 's/.* ([0-9]+) failed.*/\1/p' <<< "$line")
-  [ -n "$line" ] || f=1
-  passed=$((passed + ${p:-0})) failed=$((failed + ${f:-0}))
-  [ "$rc" = 0 ] || status=1
-  say "$name: ${p:-0} passed, ${f:-0} failed in $(since "$t0")s (exit $rc)"
+  # Each test alone, run again once if it fails, and not at all if an earlier L1 try finished
+  # it (tests/microvm/progress.sh).
+  for test in $(selection "$name"); do
+    progress_run as_user_test "$exe" "$name::$test" "$test" "$work/$name.out"
+  done
+  say "$name: done in $(since "$t0")s"
   # L1 has no udev, so /dev/net/tun is root's 0600 and the doctor rightly warns (its fix:
   # 0666, what udev sets on desktops). After that check the host is made like a desktop, so
   # that the rootless sandboxes that follow get their network (e2e_ports).
   # Likewise doctor says to join the kvm group; the user joins it (what `usermod -aG kvm`
   # does, written in place: the file is a bind mount) for the microVM test that follows.
+  # Every L1 try starts from a fresh L1, so this runs even when an earlier try ran doctor.
   if [ "$name" = doctor ]; then
     chmod 0666 /dev/net/tun
     sed "s/^\(kvm:[^:]*:[^:]*:\)\(.*\)$/\1\2${user}/; s/^\(kvm:[^:]*:[^:]*:.\+\)${user}$/\1,${user}/" "$etc/group" > "$work/group.new" &&
@@ -179,16 +184,17 @@ for t in "${tests[@]}"; do
     say "joined kvm: $(grep '^kvm:' /etc/group)"
   fi
 done
-[ "$passed" -gt 0 ] || status=1
 # Never write outside Belljar's own groups: the delegated subtree holds only the session and
 # belljar/ (the sandboxes' parent), and belljar/ is empty once every sandbox is gone.
 others=$(cd "$service" && find . -mindepth 1 -maxdepth 1 -type d ! -name session.scope ! -name belljar)
 leftover=$(cd "$service" && find belljar -mindepth 1 -maxdepth 1 -type d 2> /dev/null)
 if [ -n "$others$leftover" ]; then
   say "unexpected groups under $service: $others $leftover"
-  status=1 failed=$((failed + 1))
+  echo "failed rootless::only_its_own_groups" >> "$progress"
 fi
-summary="rootless job: $passed passed, $failed failed in $(since "$start")s"
+status=0
+progress_status || status=1
+summary="rootless job: $(progress_counts) in $(since "$start")s"
 echo "$summary"
 echo "$summary" > "$BELLJAR_RESULTS/summary"
 echo "$status" > "$BELLJAR_RESULTS/status"

@@ -770,8 +770,9 @@ fn a_kvm_group_member_creates_execs_and_deletes() {
     let first_took = t.elapsed();
     assert!(
         out.status.success(),
-        "{}\nconsole:\n{}",
+        "{}\nlog:\n{}\nconsole:\n{}",
         stderr(&out),
+        d.log(),
         console(&d, &id)
     );
     let host = std::fs::read_to_string("/proc/sys/kernel/osrelease").unwrap();

@@ -276,10 +276,13 @@ fn run(config: &VmConfig, restore: Option<&std::path::Path>) -> Result<ExitReaso
 
 fn main() -> ExitCode {
     let args = Args::parse();
+    // `info` by default: the VMM logs at that level only the few events of a VM's life (a
+    // restore, and why it ended: reset by the i8042, a triple fault, halt, power-off), which
+    // vmm.log must hold when a sandbox dies unexpectedly.
     tracing_subscriber::fmt()
         .with_env_filter(
             tracing_subscriber::EnvFilter::try_from_default_env()
-                .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("warn")),
+                .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info")),
         )
         .with_writer(std::io::stderr)
         .init();

@@ -431,7 +431,12 @@ impl Vcpu for KvmVcpu {
                     VcpuExit::Io
                 }
                 KvmExit::Hlt => VcpuExit::Halt,
-                KvmExit::Shutdown => VcpuExit::Reset,
+                KvmExit::Shutdown => {
+                    // A triple fault: unlike a reset the guest asked for, nothing in its
+                    // console says why (on AMD the VMCB, and so the registers, are reset too).
+                    tracing::warn!(vcpu = self.id, "guest triple fault (KVM_EXIT_SHUTDOWN)");
+                    VcpuExit::Reset
+                }
                 KvmExit::SystemEvent(kind, _) if kind == KVM_SYSTEM_EVENT_RESET => VcpuExit::Reset,
                 KvmExit::SystemEvent(kind, _) if kind == KVM_SYSTEM_EVENT_SHUTDOWN => {
                     VcpuExit::Shutdown
