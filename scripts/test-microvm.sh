@@ -19,7 +19,9 @@
 # run directory, default $BELLJAR_MICROVM_CACHE/run: give concurrent runs their own),
 # BELLJAR_MICROVM_HANG (seconds without any QEMU CPU time after which an L1 try counts as hung
 # and is retried, default 120),
-# BELLJAR_MICROVM_FILTER (a test-name filter for every test executable, no spaces), BELLJAR_CACHE (images,
+# BELLJAR_MICROVM_FILTER (a test-name filter for every test executable, no spaces),
+# BELLJAR_STALL_QUIET (seconds without test output before tests/microvm/stall-watch.sh reports
+# what the microVMs and daemons do, default 300), BELLJAR_CACHE (images,
 # guest kernel), BELLJAR_MICROVM_CACHE (default $BELLJAR_CACHE/microvm-harness).
 # Output: progress and timings on stderr, the job's output, and a last line
 # `microvm job: N passed, M failed ...`; exit status 0 only when every test passed.
@@ -100,7 +102,8 @@ staged_rootless=$(stage "$rootless_tests")
 cp -a "$fixtures" "$run_dir/fixtures"
 job_env=(BELLJAR_JOB_BIN="$run_dir/bin" BELLJAR_JOB_TESTS="$staged" BELLJAR_CACHE="$BELLJAR_CACHE"
   BELLJAR_KERNEL="$guest_kernel" BELLJAR_ROOTLESS_TESTS="$staged_rootless"
-  BELLJAR_FIXTURES="$run_dir/fixtures" BELLJAR_MICROVM_FILTER="${BELLJAR_MICROVM_FILTER:-}")
+  BELLJAR_FIXTURES="$run_dir/fixtures" BELLJAR_MICROVM_FILTER="${BELLJAR_MICROVM_FILTER:-}"
+  BELLJAR_STALL_QUIET="${BELLJAR_STALL_QUIET:-300}")
 
 finish() {
   local status=$1 summary
@@ -297,8 +300,10 @@ while :; do
     echo "no time for another L1 try within BELLJAR_MICROVM_BUDGET=${budget}s" >&2
     break
   fi
-  echo "L1 ended without a job status (a nested crash of L1's kernel?); console tail:" >&2
-  tail -n 30 "$console" >&2
+  echo "L1 ended without a job status (a nested crash of L1's kernel?)" >&2
+  # The job's output, printed above, ends with the console's tail; before the job began,
+  # only the console says what happened.
+  grep -q 'belljar-l1: chroot ready' "$console" || tail -n 30 "$console" >&2
   echo "progress so far: $(cat "$run_dir/results/progress" 2> /dev/null | grep -cE '^(passed|failed) ') tests finished" >&2
   attempt=$((attempt + 1))
 done

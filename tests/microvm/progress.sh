@@ -7,17 +7,18 @@
 # $BELLJAR_RESULTS/progress (the host's run directory, over 9p): a later try runs only the
 # tests no earlier try finished.
 #
-# The file holds one line per event: `start KEY` (a run of the test began), `passed KEY`,
-# `failed KEY` (it failed twice in a row), `retried KEY` (it passed only on its second run).
-# A test whose runs were cut short by three crashes counts as failed: the crash may be its own.
+# The file holds one line per event: `start KEY` (a run of the test began), `fail KEY` (that
+# run failed), and the outcome: `passed KEY`, `failed KEY`, and `retried KEY` before `passed
+# KEY` when it passed only on a later run. A start without a fail or an outcome after it is
+# a run that an L1 crash cut short; three of them fail the test (the crash may be its own).
 
 : "${BELLJAR_RESULTS:?}"
 progress="$BELLJAR_RESULTS/progress"
 touch "$progress"
 progress_earlier=$(grep -cE '^(passed|failed) ' "$progress")
 
-# How many runs a crash may cut short before the test counts as failed.
-progress_max_starts=3
+# How many runs L1 crashes may cut short before the test counts as failed.
+progress_max_cut=3
 
 # The recorded outcome of KEY: passed, failed or nothing.
 progress_outcome() {
@@ -25,40 +26,46 @@ progress_outcome() {
 }
 
 # progress_run RUNNER EXE KEY TEST OUT: runs TEST of EXE through `RUNNER EXE OUT --exact TEST`
-# (which must set `rc`), unless an earlier try finished it; a failure runs once more (a nested
-# microVM occasionally fails to come up; the failed run prints the guest's console and the
-# daemon's log). Records the outcome and prints one line about it.
+# (which must set `rc`), unless an earlier try finished it. A test passes on its first
+# passing run and fails after two failed runs (a nested microVM occasionally fails to come up;
+# a failed run prints the guest's console and the daemon's log), or after three runs that L1
+# crashes cut short. Records the outcome and prints one line about it.
 progress_run() {
-  local runner=$1 exe=$2 key=$3 test=$4 out=$5 outcome starts run
+  local runner=$1 exe=$2 key=$3 test=$4 out=$5 outcome starts fails
   outcome=$(progress_outcome "$key")
   if [ -n "$outcome" ]; then
     echo "progress: $key: $outcome in an earlier L1 try"
     return
   fi
-  for run in 1 2; do
+  while :; do
     starts=$(grep -cxF "start $key" "$progress")
-    if [ "$starts" -ge "$progress_max_starts" ]; then
-      echo "progress: $key: $starts runs were cut short by L1 crashes; counted as failed"
+    fails=$(grep -cxF "fail $key" "$progress")
+    if [ "$fails" -ge 2 ]; then
       echo "failed $key" >> "$progress"
+      echo "progress: $key: FAILED twice"
+      return
+    fi
+    if [ $((starts - fails)) -ge "$progress_max_cut" ]; then
+      echo "failed $key" >> "$progress"
+      echo "progress: $key: $((starts - fails)) runs were cut short by L1 crashes; counted as failed"
       return
     fi
     echo "start $key" >> "$progress"
     rc=0
     "$runner" "$exe" "$out" --exact "$test"
     if [ "$rc" = 0 ] && grep -qE '^test result: ok\. 1 passed' "$out"; then
-      if [ "$run" = 1 ]; then
+      if [ "$starts" = 0 ]; then
         echo "passed $key" >> "$progress"
         echo "progress: $key: passed"
       else
         printf 'retried %s\npassed %s\n' "$key" "$key" >> "$progress"
-        echo "progress: $key: passed on its second run"
+        echo "progress: $key: passed on run $((starts + 1))"
       fi
       return
     fi
-    [ "$run" = 2 ] || echo "progress: $key: RETRYING after a failure (exit $rc)"
+    echo "fail $key" >> "$progress"
+    echo "progress: $key: run $((starts + 1)) failed (exit $rc)"
   done
-  echo "failed $key" >> "$progress"
-  echo "progress: $key: FAILED twice"
 }
 
 # One line for the summary: "N passed, M failed", the tests finished by earlier tries and those
