@@ -336,7 +336,8 @@ async fn run(args: &Args, client: &Client, home: &Path) -> Result<()> {
     report("exec true, streamed (CLI path: start+logs+wait)", samples);
 
     if args.inflight > 0 {
-        load::report(client, &args.image, args.sandboxes, args.inflight).await?;
+        let daemon = Paths::under_home(home).pid();
+        load::report(client, daemon, &args.image, args.sandboxes, args.inflight).await?;
     }
 
     let (write, read) = files(client, &s.id, args.file_mib).await?;
