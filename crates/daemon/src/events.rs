@@ -56,6 +56,21 @@ impl Events {
         }
     }
 
+    /// Records a change together with its event (`write` gets the event's timestamp and
+    /// commits both in one transaction, see `Store::promote_command_with_event`), then
+    /// broadcasts the event. What `write` returns besides the event is passed back.
+    pub fn record<T>(
+        &self,
+        write: impl FnOnce(i64) -> Result<(T, Option<Event>), StoreError>,
+    ) -> Result<T, StoreError> {
+        let _order = self.order.lock().unwrap_or_else(|e| e.into_inner());
+        let (value, event) = write(now_ms())?;
+        if let Some(event) = event {
+            let _ = self.tx.send(event);
+        }
+        Ok(value)
+    }
+
     /// Events after `since` (or only new ones when `None`), then live ones, in order.
     pub fn stream(
         &self,

@@ -80,7 +80,7 @@ impl Sandboxes {
             }
             let lines = super::logs::repair(&rec.log_path)?;
             let state = self.inner.logs.register(&rec.command.id, lines);
-            self.spawn_pump(rec, state);
+            self.spawn_pump(rec, state, false);
         }
         Ok(())
     }

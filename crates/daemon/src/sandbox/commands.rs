@@ -62,7 +62,12 @@ impl Sandboxes {
         if detached {
             return Ok(rec.command);
         }
-        self.wait_command(id, &rec.command.id).await
+        // The record was just read or written: no need to look it up before waiting.
+        self.wait_logged(&rec.command.id).await;
+        match self.inner.store.command(id, &rec.command.id)? {
+            Some(rec) => Ok(rec.command),
+            None => self.command(id, &rec.command.id),
+        }
     }
 
     /// Records the command as `pending`, then asks the agent to start it under the record's
@@ -143,16 +148,18 @@ impl Sandboxes {
         rec.command.pty = info.pty;
         rec.command.status = CommandStatus::Running;
         rec.command.started_at = info.started_at;
-        if !self.inner.store.promote_command(&rec)? {
+        let store = &self.inner.store;
+        let promoted = self
+            .inner
+            .events
+            .record(|ts| store.promote_command_with_event(&rec, ts))?;
+        if !promoted {
             // The sandbox ended (and the command was settled as lost) while the agent answered.
             self.inner.logs.finish(&cid);
             let settled = self.command_record(id, &cid)?;
             return Ok((settled, agent));
         }
-        self.inner
-            .events
-            .emit(EventBody::Command(Box::new(rec.command.clone())));
-        self.spawn_pump(rec.clone(), state);
+        self.spawn_pump(rec.clone(), state, true);
         Ok((rec, agent))
     }
 
@@ -296,15 +303,27 @@ impl Sandboxes {
     }
 
     /// Follows the command's output into its log until it ends, then records how it ended.
-    pub(super) fn spawn_pump(&self, rec: CommandRecord, state: Arc<watch::Sender<LogState>>) {
+    /// `new_log`: the command was just recorded, so its log cannot exist yet (see
+    /// [`LogWriter::new_log`]); else (re-attached after a restart) it is looked for.
+    pub(super) fn spawn_pump(
+        &self,
+        rec: CommandRecord,
+        state: Arc<watch::Sender<LogState>>,
+        new_log: bool,
+    ) {
         let this = self.clone();
-        tokio::spawn(async move { this.pump(rec, state).await });
+        tokio::spawn(async move { this.pump(rec, state, new_log).await });
     }
 
-    async fn pump(&self, rec: CommandRecord, state: Arc<watch::Sender<LogState>>) {
+    async fn pump(&self, rec: CommandRecord, state: Arc<watch::Sender<LogState>>, new_log: bool) {
         let sid = rec.command.sandbox_id.clone();
         let cid = rec.command.id.clone();
-        let outcome = match (&rec.agent_id, LogWriter::open(&rec.log_path, state).await) {
+        let writer = if new_log {
+            Ok(LogWriter::new_log(&rec.log_path, state))
+        } else {
+            LogWriter::open(&rec.log_path, state).await
+        };
+        let outcome = match (&rec.agent_id, writer) {
             (Some(agent_id), Ok(mut writer)) => self.follow(&sid, agent_id, &mut writer).await,
             (_, Err(e)) => {
                 tracing::warn!(command = %cid, error = %e, "cannot open the command log");
@@ -406,12 +425,18 @@ impl Sandboxes {
                 rec.command.finished_at = Some(now_ms());
             }
         }
-        if let Err(e) = self.inner.store.put_command(&rec) {
-            tracing::warn!(command = %cid, error = %e, "cannot record the end of a command");
-        }
-        self.inner
+        let store = &self.inner.store;
+        let recorded = self
+            .inner
             .events
-            .emit(EventBody::Command(Box::new(rec.command)));
+            .record(|ts| Ok(((), store.put_command_with_event(&rec, ts)?)));
+        if let Err(e) = recorded {
+            tracing::warn!(command = %cid, error = %e, "cannot record the end of a command");
+            // The event still tells followers how it ended, as before.
+            self.inner
+                .events
+                .emit(EventBody::Command(Box::new(rec.command)));
+        }
     }
 
     fn command_record(&self, id: &str, cid: &str) -> Result<CommandRecord, SandboxError> {
@@ -444,6 +469,12 @@ impl Sandboxes {
     /// Waits until the command has ended and its output is all in the log.
     pub async fn wait_command(&self, id: &str, cid: &str) -> Result<Command, SandboxError> {
         self.command_record(id, cid)?;
+        self.wait_logged(cid).await;
+        self.command(id, cid)
+    }
+
+    /// Waits until nothing appends to the command's log any more (its end is recorded).
+    async fn wait_logged(&self, cid: &str) {
         if let Some(mut rx) = self.inner.logs.subscribe(cid) {
             while !rx.borrow_and_update().done {
                 if rx.changed().await.is_err() {
@@ -451,7 +482,6 @@ impl Sandboxes {
                 }
             }
         }
-        self.command(id, cid)
     }
 
     /// Sends a signal (default `TERM`); answers once the command ended, or after 2 s.

@@ -92,6 +92,21 @@ impl LogWriter {
         Self::with_limit(path, state, MAX_LOG_BYTES).await
     }
 
+    /// The writer of a command just recorded, whose log cannot exist yet (a new id, or a
+    /// revived command whose old log was removed): it skips looking for one, a blocking-pool
+    /// round trip per command. The file is still made with the first line, never through a
+    /// link.
+    pub fn new_log(path: &Path, state: Arc<watch::Sender<LogState>>) -> Self {
+        Self {
+            path: path.to_owned(),
+            file: None,
+            state,
+            len: 0,
+            limit: MAX_LOG_BYTES,
+            dropped: 0,
+        }
+    }
+
     /// A writer that drops lines once the file would pass `limit` bytes.
     pub async fn with_limit(
         path: &Path,

@@ -2,10 +2,10 @@
 
 use std::path::PathBuf;
 
-use belljar_api::{Command, CommandStatus};
+use belljar_api::{Command, CommandStatus, Event};
 use rusqlite::{OptionalExtension, Row, params};
 
-use super::{Store, StoreError, enum_col, enum_to_sql, json_col};
+use super::{EventBody, Store, StoreError, enum_col, enum_to_sql, json_col};
 
 const VALUES: &str = "?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, ?11, ?12, ?13, ?14, ?15, ?16";
 
@@ -101,9 +101,78 @@ impl Store {
             .optional()?)
     }
 
+    /// [`Store::promote_command`] and, when it promoted the row, the command's event, in one
+    /// transaction: one commit instead of two on every command's start.
+    pub fn promote_command_with_event(
+        &self,
+        rec: &CommandRecord,
+        ts: i64,
+    ) -> Result<(bool, Option<Event>), StoreError> {
+        let sql = format!(
+            "INSERT INTO commands ({COLUMNS}) VALUES ({VALUES}) \
+             ON CONFLICT (id) DO UPDATE SET {} WHERE status = 'pending'",
+            super::sandboxes::update_set(COLUMNS)
+        );
+        self.write_command_with_event(&sql, rec, ts)
+    }
+
+    /// [`Store::put_command`] and the command's event, in one transaction (a command's end).
+    pub fn put_command_with_event(
+        &self,
+        rec: &CommandRecord,
+        ts: i64,
+    ) -> Result<Option<Event>, StoreError> {
+        let sql = format!(
+            "INSERT INTO commands ({COLUMNS}) VALUES ({VALUES}) \
+             ON CONFLICT (id) DO UPDATE SET {}",
+            super::sandboxes::update_set(COLUMNS)
+        );
+        Ok(self.write_command_with_event(&sql, rec, ts)?.1)
+    }
+
+    /// Writes the row with `sql`; when a row changed, appends the command's event in the same
+    /// transaction. An event that cannot be recorded does not undo the change (as with
+    /// [`crate::events::Events::emit`]): it is left out and logged.
+    fn write_command_with_event(
+        &self,
+        sql: &str,
+        rec: &CommandRecord,
+        ts: i64,
+    ) -> Result<(bool, Option<Event>), StoreError> {
+        let mut conn = self.conn();
+        let mut tx = conn.transaction()?;
+        if Self::write_command_on(&tx, sql, rec)? != 1 {
+            return Ok((false, None));
+        }
+        let mut sp = tx.savepoint()?;
+        let body = EventBody::Command(Box::new(rec.command.clone()));
+        let event = match super::events::append_event_in(&sp, body, ts) {
+            Ok(event) => {
+                sp.commit()?;
+                Some(event)
+            }
+            Err(e) => {
+                tracing::warn!(command = %rec.command.id, error = %e, "cannot record an event");
+                sp.rollback()?;
+                drop(sp);
+                None
+            }
+        };
+        tx.commit()?;
+        Ok((true, event))
+    }
+
     fn write_command(&self, sql: &str, rec: &CommandRecord) -> Result<usize, StoreError> {
+        Self::write_command_on(&self.conn(), sql, rec)
+    }
+
+    fn write_command_on(
+        conn: &rusqlite::Connection,
+        sql: &str,
+        rec: &CommandRecord,
+    ) -> Result<usize, StoreError> {
         let c = &rec.command;
-        Ok(self.conn().prepare_cached(sql)?.execute(params![
+        Ok(conn.prepare_cached(sql)?.execute(params![
             c.id,
             c.sandbox_id,
             rec.agent_id,
@@ -301,5 +370,37 @@ mod tests {
         assert!(!store.revive_command("sbx_a", "cmd_a", 9).unwrap());
         store.delete_command("sbx_a", "cmd_d").unwrap();
         assert!(store.command("sbx_a", "cmd_d").unwrap().is_none());
+    }
+
+    #[test]
+    fn a_change_and_its_event_are_committed_together() {
+        let store = Store::open_in_memory().unwrap();
+        store.put_sandbox(&sample("sbx_a", 1)).unwrap();
+        let pending = cmd("cmd_a", 1, CommandStatus::Pending);
+        assert!(store.insert_command(&pending).unwrap());
+        let statements = store.statements();
+        let running = cmd("cmd_a", 1, CommandStatus::Running);
+        let (promoted, event) = store.promote_command_with_event(&running, 7).unwrap();
+        // One use of the connection (one transaction) for both.
+        assert_eq!(store.statements(), statements + 1);
+        assert!(promoted);
+        let event = event.unwrap();
+        assert!(matches!(
+            &event,
+            Event::Command { seq: 1, ts: 7, command } if command.status == CommandStatus::Running
+        ));
+        assert_eq!(store.command("sbx_a", "cmd_a").unwrap().unwrap(), running);
+        assert_eq!(store.events_since(0, 10).unwrap(), vec![event]);
+
+        // A row that is no longer pending is not promoted, and no event is recorded.
+        let (promoted, event) = store.promote_command_with_event(&running, 8).unwrap();
+        assert!(!promoted && event.is_none());
+        assert_eq!(store.last_event_seq().unwrap(), 1);
+
+        let exited = cmd("cmd_a", 1, CommandStatus::Exited);
+        let event = store.put_command_with_event(&exited, 9).unwrap().unwrap();
+        assert!(matches!(event, Event::Command { seq: 2, .. }));
+        assert_eq!(store.command("sbx_a", "cmd_a").unwrap().unwrap(), exited);
+        assert_eq!(store.last_event_seq().unwrap(), 2);
     }
 }

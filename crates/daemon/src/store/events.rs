@@ -22,59 +22,7 @@ impl Store {
     pub fn append_event(&self, body: EventBody, ts: i64) -> Result<Event, StoreError> {
         let mut conn = self.conn();
         let tx = conn.transaction()?;
-        let seq: i64 = tx
-            .prepare_cached("SELECT COALESCE(MAX(seq), 0) + 1 FROM events")?
-            .query_row([], |r| r.get(0))?;
-        let (event, sandbox_id) = match body {
-            EventBody::Sandbox(s) => {
-                let id = s.id.clone();
-                (
-                    Event::Sandbox {
-                        seq: seq as u64,
-                        ts,
-                        sandbox: s,
-                    },
-                    id,
-                )
-            }
-            EventBody::SandboxDeleted(id) => (
-                Event::SandboxDeleted {
-                    seq: seq as u64,
-                    ts,
-                    sandbox_id: id.clone(),
-                },
-                id,
-            ),
-            EventBody::Snapshot(snapshot) => {
-                let id = snapshot.source_sandbox_id.clone();
-                (
-                    Event::Snapshot {
-                        seq: seq as u64,
-                        ts,
-                        snapshot,
-                    },
-                    id,
-                )
-            }
-            EventBody::Command(c) => {
-                let id = c.sandbox_id.clone();
-                (
-                    Event::Command {
-                        seq: seq as u64,
-                        ts,
-                        command: c,
-                    },
-                    id,
-                )
-            }
-        };
-        tx.prepare_cached(
-            "INSERT INTO events (seq, ts, sandbox_id, body) VALUES (?1, ?2, ?3, ?4)",
-        )?
-        .execute(params![seq, ts, sandbox_id, serde_json::to_string(&event)?])?;
-        if seq % 1000 == 0 {
-            tx.execute("DELETE FROM events WHERE seq <= ?1", [seq - KEEP])?;
-        }
+        let event = append_event_in(&tx, body, ts)?;
         tx.commit()?;
         Ok(event)
     }
@@ -99,6 +47,67 @@ impl Store {
                 .query_row("SELECT COALESCE(MAX(seq), 0) FROM events", [], |r| r.get(0))?;
         Ok(seq as u64)
     }
+}
+
+/// Appends `body` as the next event on `tx`, a connection inside a transaction or savepoint
+/// (so that a change and its event can be committed together).
+pub(super) fn append_event_in(
+    tx: &rusqlite::Connection,
+    body: EventBody,
+    ts: i64,
+) -> Result<Event, StoreError> {
+    let seq: i64 = tx
+        .prepare_cached("SELECT COALESCE(MAX(seq), 0) + 1 FROM events")?
+        .query_row([], |r| r.get(0))?;
+    let (event, sandbox_id) = match body {
+        EventBody::Sandbox(s) => {
+            let id = s.id.clone();
+            (
+                Event::Sandbox {
+                    seq: seq as u64,
+                    ts,
+                    sandbox: s,
+                },
+                id,
+            )
+        }
+        EventBody::SandboxDeleted(id) => (
+            Event::SandboxDeleted {
+                seq: seq as u64,
+                ts,
+                sandbox_id: id.clone(),
+            },
+            id,
+        ),
+        EventBody::Snapshot(snapshot) => {
+            let id = snapshot.source_sandbox_id.clone();
+            (
+                Event::Snapshot {
+                    seq: seq as u64,
+                    ts,
+                    snapshot,
+                },
+                id,
+            )
+        }
+        EventBody::Command(c) => {
+            let id = c.sandbox_id.clone();
+            (
+                Event::Command {
+                    seq: seq as u64,
+                    ts,
+                    command: c,
+                },
+                id,
+            )
+        }
+    };
+    tx.prepare_cached("INSERT INTO events (seq, ts, sandbox_id, body) VALUES (?1, ?2, ?3, ?4)")?
+        .execute(params![seq, ts, sandbox_id, serde_json::to_string(&event)?])?;
+    if seq % 1000 == 0 {
+        tx.execute("DELETE FROM events WHERE seq <= ?1", [seq - KEEP])?;
+    }
+    Ok(event)
 }
 
 #[cfg(test)]
