@@ -69,7 +69,7 @@ fi
 step "microVM tests (scripts/test-microvm.sh: nested KVM in a QEMU-TCG guest here)"
 # Up to 8 L1 tries within 30 minutes: L1 crashes and hangs under TCG come in runs, most
 # failed tries end within two minutes, and a new try runs only the tests no earlier one
-# finished (README, microVM tests). With the rootless job's 20, CI's 90 minutes hold.
+# finished (README, microVM tests). With the rootless job's 15, CI's 90 minutes hold.
 BELLJAR_MICROVM_TIMEOUT="${BELLJAR_MICROVM_TIMEOUT:-960}" BELLJAR_MICROVM_TRIES=8 \
   BELLJAR_MICROVM_BUDGET="${BELLJAR_MICROVM_BUDGET:-1800}" scripts/test-microvm.sh
 
@@ -78,5 +78,5 @@ step "rootless tests (tests/microvm/rootless.sh: an ordinary user on delegated c
 BELLJAR_MICROVM_JOB="$here/tests/microvm/rootless.sh" \
   BELLJAR_MICROVM_RUN="${BELLJAR_MICROVM_CACHE:-$BELLJAR_CACHE/microvm-harness}/run-rootless" \
   BELLJAR_MICROVM_TIMEOUT="${BELLJAR_ROOTLESS_TIMEOUT:-600}" BELLJAR_MICROVM_TRIES=8 \
-  BELLJAR_MICROVM_BUDGET="${BELLJAR_ROOTLESS_BUDGET:-1200}" scripts/test-microvm.sh --nested
+  BELLJAR_MICROVM_BUDGET="${BELLJAR_ROOTLESS_BUDGET:-900}" scripts/test-microvm.sh --nested
 

@@ -14,7 +14,7 @@ use vm_memory::{Bytes, GuestAddress};
 use crate::boot::{self, EntryPoint};
 use crate::bus::IoBus;
 use crate::config::{BootMode, VmConfig};
-use crate::devices::legacy::{I8042, PowerOff};
+use crate::devices::legacy::{I8042, PowerOff, Rtc};
 use crate::devices::serial::{Serial, SerialOutput};
 use crate::devices::virtio::VirtioDevice;
 use crate::devices::virtio::block::{Block, BlockConfig};
@@ -301,6 +301,11 @@ pub(crate) fn assemble(
         u64::from(I8042_PORT),
         I8042::LEN,
         Arc::new(Mutex::new(I8042::new(exit.clone()))),
+    )?;
+    io.pio.insert(
+        u64::from(RTC_PORT),
+        Rtc::LEN,
+        Arc::new(Mutex::new(Rtc::new())),
     )?;
     io.pio.insert(
         u64::from(POWER_OFF_PORT),

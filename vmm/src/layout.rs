@@ -26,6 +26,8 @@ pub const SERIAL_PORT: u16 = 0x3f8;
 pub const SERIAL_IRQ: u32 = 4;
 /// i8042 data port; the command port is `I8042_PORT + 4`.
 pub const I8042_PORT: u16 = 0x60;
+/// The CMOS real-time clock: index at 0x70, data at 0x71.
+pub const RTC_PORT: u16 = 0x70;
 /// Belljar's power-off port: a one-byte write ends the VM with `ExitReason::PowerOff`. x86
 /// without ACPI has no power-off device, so the guest agent (PID 1, with `ioperm`) writes here
 /// after syncing its disks. The same number is `belljar_agent_proto::POWER_OFF_PORT`.
