@@ -445,28 +445,40 @@ fn validate_env(
     Ok(())
 }
 
-/// The last lines a sandbox printed before it ended (the microVM's serial console, the
-/// namespace agent's log), for the reason of a failed start. Both files are written by the
-/// host (the VMM, the daemon's redirect), never reached by the guest; read without following
-/// a link all the same, and bounded.
+/// The last lines a dead sandbox left, for the reason of a failed start: its console (or the
+/// namespace agent's log), then, for a microVM, the VMM's own log, which says why the VM ended
+/// (a reset through the i8042, a triple fault). The host writes all three (the VMM, the
+/// daemon's redirect), never the guest; they are read without following a link all the same,
+/// and bounded.
 fn output_tail(state_dir: &std::path::Path) -> Option<String> {
+    let mut tail = ["console.log", "agent.log"]
+        .iter()
+        .find_map(|name| file_tail(&state_dir.join(name), 15))
+        .unwrap_or_default();
+    if let Some(vmm) = file_tail(&state_dir.join("vmm.log"), 5) {
+        tail += &format!("\nvmm.log:\n{vmm}");
+    }
+    (!tail.trim().is_empty()).then_some(tail)
+}
+
+/// The last `lines` lines of the file at `path` (from its last 2 KiB; never through a
+/// symlink), or None when it is missing or blank.
+fn file_tail(path: &std::path::Path, lines: usize) -> Option<String> {
     use std::io::{Read, Seek, SeekFrom};
     use std::os::unix::fs::OpenOptionsExt;
     const TAIL: u64 = 2048;
-    let mut file = ["console.log", "agent.log"].iter().find_map(|name| {
-        std::fs::OpenOptions::new()
-            .read(true)
-            .custom_flags(nix::fcntl::OFlag::O_NOFOLLOW.bits())
-            .open(state_dir.join(name))
-            .ok()
-    })?;
+    let mut file = std::fs::OpenOptions::new()
+        .read(true)
+        .custom_flags(nix::fcntl::OFlag::O_NOFOLLOW.bits())
+        .open(path)
+        .ok()?;
     let len = file.metadata().ok()?.len();
     file.seek(SeekFrom::Start(len.saturating_sub(TAIL))).ok()?;
     let mut bytes = Vec::new();
     file.take(TAIL).read_to_end(&mut bytes).ok()?;
     let text = String::from_utf8_lossy(&bytes);
-    let lines: Vec<&str> = text.lines().collect();
-    let tail = lines[lines.len().saturating_sub(15)..].join("\n");
+    let all: Vec<&str> = text.lines().collect();
+    let tail = all[all.len().saturating_sub(lines)..].join("\n");
     (!tail.trim().is_empty()).then_some(tail)
 }
 
@@ -555,6 +567,11 @@ mod tests {
             "booting\nKernel panic - not syncing: Attempted to kill init!\n",
         )
         .unwrap();
+        std::fs::write(
+            dir.path().join("vmm.log"),
+            "WARN guest triple fault (KVM_EXIT_SHUTDOWN)\nINFO guest reset\n",
+        )
+        .unwrap();
         let addr = AgentAddress::HybridVsock {
             socket: dir.path().join("vsock.sock"), // nothing listens
             port: 1024,
@@ -568,6 +585,13 @@ mod tests {
             panic!("{outcome:?}")
         };
         assert!(reason.contains("Attempted to kill init"), "{reason}");
+        // The VMM's word on why the VM ended comes after the console's.
+        assert!(
+            reason.ends_with(
+                "vmm.log:\nWARN guest triple fault (KVM_EXIT_SHUTDOWN)\nINFO guest reset"
+            ),
+            "{reason}"
+        );
         assert!(started.elapsed() < Duration::from_secs(10));
     }
 }
