@@ -72,10 +72,9 @@ impl Rtc {
 
     /// An RTC that tells `clock`'s time (for tests).
     pub fn with_clock(clock: Clock) -> Self {
+        // Registers A, C and D read as constants (below); B is the guest's to set.
         let mut ram = [0; 128];
-        ram[usize::from(STATUS_A)] = A_DEFAULT;
         ram[usize::from(STATUS_B)] = B_24H;
-        ram[usize::from(STATUS_D)] = D_VALID;
         Rtc {
             index: 0,
             ram,
@@ -83,7 +82,20 @@ impl Rtc {
         }
     }
 
-    fn read_register(&mut self, reg: u8) -> u8 {
+    fn read_register(&self, reg: u8) -> u8 {
+        match reg {
+            SECONDS | MINUTES | HOURS | WEEKDAY | DAY | MONTH | YEAR | CENTURY => self.time(reg),
+            STATUS_A => A_DEFAULT,
+            // Reading C clears its flags; none are ever raised.
+            STATUS_C => 0,
+            STATUS_D => D_VALID,
+            r => self.ram[usize::from(r)],
+        }
+    }
+
+    /// A time register, read from the clock only when one is asked for (the guest polls
+    /// register A far more often), in the format register B sets.
+    fn time(&self, reg: u8) -> u8 {
         let b = self.ram[usize::from(STATUS_B)];
         let encode = |v: i64| -> u8 {
             // Every value here is below 100.
@@ -116,12 +128,7 @@ impl Rtc {
             DAY => encode(day),
             MONTH => encode(month),
             YEAR => encode(year % 100),
-            CENTURY => encode(year / 100),
-            STATUS_A => A_DEFAULT,
-            // Reading C clears its flags; none are ever raised.
-            STATUS_C => 0,
-            STATUS_D => D_VALID,
-            r => self.ram[usize::from(r)],
+            _ => encode(year / 100),
         }
     }
 
