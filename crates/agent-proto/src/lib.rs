@@ -13,7 +13,7 @@
 //! | GET | `/v1/health` | | [`AgentInfo`] |
 //! | POST | `/v1/commands` | [`StartCommand`] | [`CommandInfo`] |
 //! | GET | `/v1/commands` | | `Vec<CommandInfo>` |
-//! | GET | `/v1/commands/{id}` | `?wait=true` blocks until exit | [`CommandInfo`] |
+//! | GET | `/v1/commands/{id}` | `?wait=true` blocks until exit and complete output | [`CommandInfo`] |
 //! | GET | `/v1/commands/{id}/output` | `?follow=true&skip=N` | NDJSON of [`OutputLine`] |
 //! | POST | `/v1/commands/{id}/stdin` | raw bytes, streamed; `?close=true` closes stdin at body end | 204 |
 //! | POST | `/v1/commands/{id}/signal` | [`SignalRequest`] | 204 |

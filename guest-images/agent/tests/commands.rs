@@ -8,7 +8,7 @@ use std::time::{Duration, Instant};
 use belljar_agent_proto::{
     CommandStatus, PtySize, StartCommand, Stream, client::body_from_bytes, codes,
 };
-use common::{Agent, argv, split};
+use common::{Agent, argv, split, wait_then_read};
 use futures::TryStreamExt;
 
 #[tokio::test]
@@ -207,16 +207,8 @@ async fn streams_stdin_and_closes_it() {
         .write_stdin(&started.id, body_from_bytes(chunk), true)
         .await
         .unwrap();
-    let info = agent.client.wait_command(&started.id).await.unwrap();
+    let (info, lines) = wait_then_read(&agent.client, &started.id).await;
     assert_eq!(info.exit_code, Some(0));
-    let lines: Vec<_> = agent
-        .client
-        .output(&started.id, 0, false)
-        .await
-        .unwrap()
-        .try_collect()
-        .await
-        .unwrap();
     assert_eq!(
         String::from_utf8(split(&lines).0)
             .unwrap()
@@ -388,6 +380,53 @@ async fn output_ends_even_when_a_background_process_keeps_the_pipe() {
     assert_eq!(info.exit_code, Some(0));
     assert_eq!(out, "started\n");
     assert!(t.elapsed() < Duration::from_secs(10), "{:?}", t.elapsed());
+}
+
+/// A wait that reports the exit answers only once the output is complete: a command that
+/// writes and exits at once, waited for and then read (not followed), shows all it wrote.
+/// Many at a time, so that the agent is busy when the commands exit.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_waited_command_has_all_its_output() {
+    let agent = Agent::start().await;
+    let line = "x".repeat(3000);
+    for round in 0..10 {
+        let runs = (0..40).map(|i| {
+            let client = agent.client.clone();
+            let line = line.clone();
+            async move {
+                let script = format!("echo {round}-{i}-{line}; echo {i} >&2");
+                let started = client
+                    .start_command(&argv(&["/bin/sh", "-c", &script]))
+                    .await
+                    .unwrap();
+                let (info, lines) = wait_then_read(&client, &started.id).await;
+                assert_eq!(info.exit_code, Some(0));
+                let (out, err) = split(&lines);
+                let (want_out, want_err) = (format!("{round}-{i}-{line}\n"), format!("{i}\n"));
+                assert!(
+                    out == want_out.as_bytes() && err == want_err.as_bytes(),
+                    "{}: {} of {} bytes on stdout, {} of {} on stderr",
+                    started.id,
+                    out.len(),
+                    want_out.len(),
+                    err.len(),
+                    want_err.len()
+                );
+            }
+        });
+        futures::future::join_all(runs).await;
+    }
+    // A background process that keeps the pipe open holds the wait only for the drain grace.
+    let started = agent
+        .client
+        .start_command(&argv(&["/bin/sh", "-c", "sleep 30 & echo started"]))
+        .await
+        .unwrap();
+    let t = Instant::now();
+    let (info, lines) = wait_then_read(&agent.client, &started.id).await;
+    assert_eq!(info.exit_code, Some(0));
+    assert!(t.elapsed() < Duration::from_secs(10), "{:?}", t.elapsed());
+    assert_eq!(split(&lines).0, b"started\n");
 }
 
 #[tokio::test]

@@ -310,7 +310,8 @@ impl AgentClient {
         self.json(Method::GET, &path, None::<&()>).await
     }
 
-    /// `GET /v1/commands/{id}?wait=true`: blocks until the command exits.
+    /// `GET /v1/commands/{id}?wait=true`: blocks until the command exits and its output is
+    /// complete, so that reading the output afterwards finds all of it.
     pub async fn wait_command(&self, id: &str) -> Result<CommandInfo, ClientError> {
         let path = format!("/v1/commands/{}?wait=true", query::encode(id));
         // A long poll: no deadline on the answer, only a bound on its size.

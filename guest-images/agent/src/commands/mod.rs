@@ -290,12 +290,16 @@ impl Commands {
         all.iter().map(|c| c.info()).collect()
     }
 
-    /// The command now, or once it has exited when `wait` is set.
+    /// The command now, or, when `wait` is set, once it has exited and its output is
+    /// complete: its pipes reached EOF (or stayed quiet for [`DRAIN_GRACE`] after the exit)
+    /// and every byte read is in the output file. A client that waits and then reads the
+    /// output must find all of it, however fast the command exited.
     pub async fn info(&self, id: &str, wait: bool) -> Result<CommandInfo, AgentError> {
         let command = self.get(id)?;
         if wait {
             let mut exit = command.exit.subscribe();
             let _ = exit.wait_for(Option::is_some).await;
+            command.log.closed().await;
         }
         Ok(command.info())
     }

@@ -71,6 +71,11 @@ impl OutputLog {
         *self.progress.borrow()
     }
 
+    /// Resolves once no more output will come and all that was read is in the file.
+    pub async fn closed(&self) {
+        let _ = self.progress.subscribe().wait_for(|p| p.closed).await;
+    }
+
     /// Writes chunks from `rx` until every sender is gone, keeping at most `limit` raw bytes.
     /// The log is closed once `rx` ends and `done` resolves (the command has exited).
     pub async fn write_from(

@@ -187,6 +187,19 @@ pub fn argv(args: &[&str]) -> StartCommand {
     }
 }
 
+/// Waits for a command, then reads (without following) all of its output.
+pub async fn wait_then_read(client: &AgentClient, id: &str) -> (CommandInfo, Vec<OutputLine>) {
+    let info = client.wait_command(id).await.unwrap();
+    let lines = client
+        .output(id, 0, false)
+        .await
+        .unwrap()
+        .try_collect()
+        .await
+        .unwrap();
+    (info, lines)
+}
+
 /// Concatenated stdout and stderr bytes.
 pub fn split(lines: &[OutputLine]) -> (Vec<u8>, Vec<u8>) {
     let (mut out, mut err) = (Vec::new(), Vec::new());
