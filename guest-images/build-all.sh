@@ -59,15 +59,29 @@ say "building the guest kernel"
 kernel="$("$here/kernel/build.sh" | tail -n 1)"
 printf 'kernel %s\n' "$kernel"
 
-# debootstrap, chroot and device nodes need root. An ordinary user's PATH on Debian has no
-# sbin directories, where debootstrap, chroot and mkfs.ext4 live, so they are added to it.
-as_root=()
-if [[ $(id -u) != 0 ]]; then
-    as_root=(sudo env "BELLJAR_CACHE=$BELLJAR_CACHE" "PATH=/usr/local/sbin:/usr/sbin:/sbin:$PATH")
-fi
+# debootstrap, chroot and device nodes need root, so only images that are not current are
+# built, through sudo for an ordinary user (scripts/lib/root.sh: one password prompt that
+# says what it is for). An ordinary user's PATH on Debian has no sbin directories, where
+# debootstrap, chroot and mkfs.ext4 live, so they are added to it.
+# shellcheck source=scripts/lib/root.sh
+. "$repo/scripts/lib/root.sh"
+todo=()
 for image in "${images[@]}"; do
+    if dir="$("$here/build-image.sh" "$image" --agent "$agent" --current)"; then
+        printf 'image %s %s\n' "$image" "$dir"
+    else
+        todo+=("$image")
+    fi
+done
+if ((${#todo[@]})); then
+    # Asked here, in this shell, so that sudo's ticket is kept fresh for all of them.
+    as_root "build the guest images ${todo[*]} (debootstrap, chroot)" true
+fi
+for image in "${todo[@]}"; do
     say "building the $image image"
-    dir="$("${as_root[@]}" "$here/build-image.sh" "$image" --agent "$agent" | tail -n 1)"
+    dir="$(as_root "build the $image guest image" \
+        env "BELLJAR_CACHE=$BELLJAR_CACHE" "PATH=/usr/local/sbin:/usr/sbin:/sbin:$PATH" \
+        "$here/build-image.sh" "$image" --agent "$agent" | tail -n 1)"
     printf 'image %s %s\n' "$image" "$dir"
 done
 

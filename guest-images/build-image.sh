@@ -1,9 +1,12 @@
 #!/usr/bin/env bash
 # Builds a Belljar guest image from guest-images/recipes/NAME and caches it.
 #
-# Usage: guest-images/build-image.sh NAME [--agent PATH] [--prune]
-#   --prune  afterwards delete NAME's other digest directories (only safe when
-#            no sandbox still uses an older image)
+# Usage: guest-images/build-image.sh NAME [--agent PATH] [--prune | --current]
+#   --prune    afterwards delete NAME's other digest directories (only safe when
+#              no sandbox still uses an older image)
+#   --current  build nothing: print the digest directory and exit 0 when NAME
+#              is built and current for this recipe and agent, else exit 1
+#              (needs no root, so a caller asks for root only when it must)
 #
 # Outputs under $CACHE/images/NAME/DIGEST/:
 #   rootfs/        the root directory tree (namespace backend)
@@ -37,7 +40,7 @@ stages="$images/.stages"
 source "$here/lib/rootfs.sh"
 
 usage() {
-    echo "usage: $0 NAME [--agent PATH] [--prune]" >&2
+    echo "usage: $0 NAME [--agent PATH] [--prune | --current]" >&2
     echo "images: $(cd "$here/recipes" && ls -1 | tr '\n' ' ')" >&2
     exit 2
 }
@@ -45,6 +48,7 @@ usage() {
 name=""
 agent="${BELLJAR_AGENT:-}"
 prune=0
+current_only=0
 while (($#)); do
     case "$1" in
     --agent)
@@ -58,6 +62,10 @@ while (($#)); do
         ;;
     --prune)
         prune=1
+        shift
+        ;;
+    --current)
+        current_only=1
         shift
         ;;
     -h | --help) usage ;;
@@ -88,13 +96,6 @@ fi
     echo "error: agent binary $agent not found; build it with guest-images/build-all.sh or pass --agent PATH" >&2
     exit 1
 }
-[[ $(id -u) == 0 ]] || { echo "error: building images needs root (debootstrap, chroot, device nodes)" >&2; exit 1; }
-# The image stage's tools must be on PATH, or it fails far from the cause (a missing
-# mkfs.ext4 read as "did not fit" four times): root's PATH has the sbin directories, an
-# ordinary user's, passed through `sudo env`, had none.
-for tool in mkfs.ext4 e2fsck; do
-    command -v "$tool" >/dev/null || { echo "error: $tool is not on PATH ($PATH)" >&2; exit 1; }
-done
 
 # ---------------------------------------------------------------- progress --
 
@@ -320,17 +321,39 @@ make_ext4() {
     return 1
 }
 
+agent_sha="$(sha256sum "$agent" | cut -d' ' -f1)"
+# image_digest TREE_KEY: the image stage's key (the tree, the agent and this script).
+image_digest() {
+    {
+        printf 'tree %s\nagent %s\n' "$1" "$agent_sha"
+        sha256sum "${BASH_SOURCE[0]}" | cut -d' ' -f1
+    } | sha
+}
+
+if ((current_only)); then
+    key="$(tree_key "$name")"
+    digest="$(image_digest "$key")"
+    [[ -d "$stages/$name/$key/tree" && -f "$images/$name/$digest/manifest.json" &&
+        "$(readlink "$images/$name/current" 2>/dev/null)" == "$digest" ]] || exit 1
+    printf '%s\n' "$images/$name/$digest"
+    exit 0
+fi
+
+[[ $(id -u) == 0 ]] || { echo "error: building images needs root (debootstrap, chroot, device nodes)" >&2; exit 1; }
+# The image stage's tools must be on PATH, or it fails far from the cause (a missing
+# mkfs.ext4 read as "did not fit" four times): root's PATH has the sbin directories, an
+# ordinary user's, passed through `sudo env`, had none.
+for tool in mkfs.ext4 e2fsck; do
+    command -v "$tool" >/dev/null || { echo "error: $tool is not on PATH ($PATH)" >&2; exit 1; }
+done
+
 start=$SECONDS
 tree="$(ensure_tree "$name")"
 tree_key_value="$(basename "$(dirname "$tree")")"
-agent_sha="$(sha256sum "$agent" | cut -d' ' -f1)"
 if readelf -l "$agent" 2>/dev/null | grep -q 'Requesting program interpreter'; then
     note "$name" "warning: $agent is dynamically linked; the image expects a static agent"
 fi
-digest="$({
-    printf 'tree %s\nagent %s\n' "$tree_key_value" "$agent_sha"
-    sha256sum "${BASH_SOURCE[0]}" | cut -d' ' -f1
-} | sha)"
+digest="$(image_digest "$tree_key_value")"
 out="$images/$name/$digest"
 
 if [[ -f "$out/manifest.json" ]]; then

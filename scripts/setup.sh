@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # Installs everything Belljar needs on a Debian 12 machine, run as root or as an ordinary user
-# with sudo (used only for missing Debian packages and the image build, which needs root):
+# with sudo (used only for missing Debian packages and the image build, which needs root; a
+# password is asked for once, saying what for: scripts/lib/root.sh):
 # Debian packages, the UI's npm packages, the Rust binaries (the CLI, `belljar`, on PATH), and
 # the guest kernel and images.
 # Every step is idempotent and cached, so a second run takes seconds.
@@ -10,15 +11,26 @@ cd "$here"
 
 # shellcheck source=scripts/env.sh
 . "$here/scripts/env.sh"
+# shellcheck source=scripts/lib/root.sh
+. "$here/scripts/lib/root.sh"
 
-# Rust and Node.js are checked, not installed: Debian 12's rustc (1.63) predates edition 2024,
-# and Node.js 20 is the one the UI is built and tested with here (Debian 12 ships 18).
-for tool in cargo npm; do
-  command -v "$tool" >/dev/null || {
-    echo "error: $tool is not on PATH: install Rust (stable, through rustup) and Node.js 20 with npm first (README, Set-up and run)" >&2
+# Rust is checked, not installed: Debian 12's rustc (1.63) predates edition 2024. Node.js 18
+# (Debian 12's `nodejs` and `npm`, installed below when there is no npm) or later builds the UI
+# and runs its tests.
+command -v cargo >/dev/null || {
+  echo "error: cargo is not on PATH: install Rust (stable, through rustup) first (README, Set-up and run)" >&2
+  exit 1
+}
+node_packages=()
+if command -v npm >/dev/null; then
+  node_major=$(node -p 'process.versions.node.split(".")[0]' 2>/dev/null || echo 0)
+  [ "$node_major" -ge 18 ] || {
+    echo "error: Node.js $(node --version 2>/dev/null || echo '(none)') is too old: the UI needs 18 or later (Debian 12's nodejs)" >&2
     exit 1
   }
-done
+else
+  node_packages=(nodejs npm)
+fi
 
 packages=(
   # guest kernel and images
@@ -34,6 +46,8 @@ packages=(
   chromium xvfb webkit2gtk-driver
   # API fuzzing (tests/api-fuzz)
   python3-venv
+  # the UI's build and tests, when there is no npm yet
+  "${node_packages[@]}"
 )
 
 missing=()
@@ -42,10 +56,9 @@ for p in "${packages[@]}"; do
 done
 if [ ${#missing[@]} -gt 0 ]; then
   step "installing Debian packages: ${missing[*]}"
-  sudo_cmd=""
-  [ "$(id -u)" -eq 0 ] || sudo_cmd="sudo"
-  $sudo_cmd apt-get update -q
-  DEBIAN_FRONTEND=noninteractive $sudo_cmd apt-get install -y -q "${missing[@]}"
+  # `env`: sudo drops the caller's environment, DEBIAN_FRONTEND with it.
+  as_root "install Debian packages" apt-get update -q
+  as_root "install Debian packages" env DEBIAN_FRONTEND=noninteractive apt-get install -y -q "${missing[@]}"
 fi
 
 step "installing npm packages"
@@ -94,9 +107,11 @@ fi
 cli="$(cd "$CARGO_TARGET_DIR" && pwd)/debug/belljar"
 if [ "$(readlink "$bin_dir/belljar" 2>/dev/null)" != "$cli" ]; then
   step "linking $bin_dir/belljar -> $cli"
-  sudo_cmd=""
-  [ -w "$bin_dir" ] || sudo_cmd="sudo"
-  $sudo_cmd ln -sfn "$cli" "$bin_dir/belljar"
+  if [ -w "$bin_dir" ]; then
+    ln -sfn "$cli" "$bin_dir/belljar"
+  else
+    as_root "link belljar into $bin_dir" ln -sfn "$cli" "$bin_dir/belljar"
+  fi
 fi
 case ":$PATH:" in
   *":$bin_dir:"*) ;;
