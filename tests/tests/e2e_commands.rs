@@ -304,3 +304,56 @@ async fn concurrent_requests_with_one_key_run_the_command_once_and_all_wait_for_
     let err = run_keyed(&c, &s.id, "two words", &req).await.unwrap_err();
     assert_eq!(err.code(), "bad_request", "{err}");
 }
+
+/// A command that writes and exits at once has all its output in its log as soon as a wait
+/// reports its exit, whether the run waited or a detached command was waited for; many at a
+/// time, so that the agent and the daemon are busy when the commands exit.
+#[tokio::test(flavor = "multi_thread")]
+async fn a_waited_command_has_all_its_output() {
+    let d = Daemon::start();
+    let c = d.unix();
+    let s = d.create(&c, CreateSandbox::default()).await;
+    let line = "y".repeat(3000);
+    for round in 0..5 {
+        let runs = (0..40).map(|i| {
+            let (c, id, line) = (c.clone(), s.id.clone(), line.clone());
+            tokio::spawn(async move {
+                let req = RunCommand {
+                    argv: vec![
+                        "sh".into(),
+                        "-c".into(),
+                        format!("echo {round}-{i}-{line}; echo {i} >&2"),
+                    ],
+                    detached: i % 2 == 0,
+                    ..Default::default()
+                };
+                let cmd = c.run_command(&id, &req).await.unwrap();
+                let done = if req.detached {
+                    wait(&c, &id, &cmd.id).await
+                } else {
+                    cmd
+                };
+                assert_eq!(done.exit_code, Some(0), "{done:?}");
+                let mut lines = c.command_logs(&id, &done.id, false).await.unwrap();
+                let (mut out, mut err) = (Vec::new(), Vec::new());
+                while let Some(l) = lines.next().await.unwrap() {
+                    match l.stream {
+                        belljar_api::Stream::Stdout => out.extend(log_bytes(&l)),
+                        belljar_api::Stream::Stderr => err.extend(log_bytes(&l)),
+                    }
+                }
+                let (want_out, want_err) = (format!("{round}-{i}-{line}\n"), format!("{i}\n"));
+                assert!(
+                    out == want_out.as_bytes() && err == want_err.as_bytes(),
+                    "{}: {} of {} bytes on stdout, {} of {} on stderr",
+                    done.id,
+                    out.len(),
+                    want_out.len(),
+                    err.len(),
+                    want_err.len()
+                );
+            })
+        });
+        futures_join(runs.collect()).await;
+    }
+}
