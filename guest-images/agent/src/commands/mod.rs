@@ -174,8 +174,7 @@ impl Commands {
 
         let seq = self.next.fetch_add(1, Ordering::Relaxed);
         let id = format!("cmd-{seq}");
-        let log = OutputLog::create(self.dir.join(format!("{id}.ndjson")))
-            .map_err(|e| AgentError::Internal(e.to_string()))?;
+        let log = OutputLog::new(self.dir.join(format!("{id}.ndjson")));
         let spec = spawn::Spec {
             argv: &req.argv,
             cwd: &cwd,

@@ -1,7 +1,9 @@
 //! A command's output, kept on disk as NDJSON [`OutputLine`]s so that memory stays constant
 //! whatever a command prints, and so that a client that connects later can read it again from
 //! any line and follow it live. The file is bounded; bytes beyond the bound are counted, not
-//! kept.
+//! kept. It is made with the first line of output: most commands print little or nothing, and
+//! creating (then opening twice) a file per command was a large share of the agent's time
+//! with many commands in flight; a command without output has no file and reads as empty.
 
 use std::io;
 use std::path::{Path, PathBuf};
@@ -32,17 +34,6 @@ pub struct Chunk {
     pub ts: i64,
 }
 
-#[derive(Debug, thiserror::Error)]
-pub enum OutputError {
-    /// The output file cannot be created or written.
-    #[error("Cannot write command output to {path}")]
-    Write {
-        path: String,
-        #[source]
-        source: io::Error,
-    },
-}
-
 /// The on-disk output of one command.
 #[derive(Debug)]
 pub struct OutputLog {
@@ -51,16 +42,13 @@ pub struct OutputLog {
 }
 
 impl OutputLog {
-    /// Creates the (empty) output file.
-    pub fn create(path: PathBuf) -> Result<Self, OutputError> {
-        std::fs::File::create(&path).map_err(|source| OutputError::Write {
-            path: path.display().to_string(),
-            source,
-        })?;
-        Ok(Self {
+    /// The output of a command, kept at `path` once there is any. A file already at `path`
+    /// (left by an earlier agent with the same state directory) is replaced by the first line.
+    pub fn new(path: PathBuf) -> Self {
+        Self {
             path,
             progress: watch::Sender::new(Progress::default()),
-        })
+        }
     }
 
     pub fn path(&self) -> &Path {
@@ -85,10 +73,7 @@ impl OutputLog {
         done: impl Future<Output = ()>,
     ) {
         let result = async {
-            let mut file = tokio::fs::OpenOptions::new()
-                .append(true)
-                .open(&self.path)
-                .await?;
+            let mut file = None;
             while let Some(chunk) = rx.recv().await {
                 let p = self.progress();
                 let room = limit.saturating_sub(p.kept) as usize;
@@ -99,6 +84,17 @@ impl OutputLog {
                     let line = OutputLine::new(chunk.stream, &chunk.data[..keep], chunk.ts);
                     let mut json = serde_json::to_vec(&line).map_err(io::Error::other)?;
                     json.push(b'\n');
+                    let file = match &mut file {
+                        Some(file) => file,
+                        None => file.insert(
+                            tokio::fs::OpenOptions::new()
+                                .write(true)
+                                .create(true)
+                                .truncate(true)
+                                .open(&self.path)
+                                .await?,
+                        ),
+                    };
                     file.write_all(&json).await?;
                     file.flush().await?;
                     committed = json.len() as u64;
@@ -133,7 +129,8 @@ impl OutputLog {
         tx: mpsc::Sender<io::Result<Bytes>>,
     ) -> io::Result<()> {
         let mut progress = self.progress.subscribe();
-        let mut file = tokio::fs::File::open(&self.path).await?;
+        // Opened once there is something to read: before that the file may not exist.
+        let mut file = None;
         let mut offset = 0u64;
         let mut skipped = 0u64;
         let mut buf = vec![0u8; 64 * 1024];
@@ -141,6 +138,10 @@ impl OutputLog {
             let p = *progress.borrow_and_update();
             if offset < p.committed {
                 let want = ((p.committed - offset) as usize).min(buf.len());
+                let file = match &mut file {
+                    Some(file) => file,
+                    None => file.insert(tokio::fs::File::open(&self.path).await?),
+                };
                 file.seek(io::SeekFrom::Start(offset)).await?;
                 file.read_exact(&mut buf[..want]).await?;
                 offset += want as u64;
@@ -202,9 +203,44 @@ mod tests {
     }
 
     #[tokio::test]
+    async fn a_command_without_output_has_no_file_and_reads_as_empty() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("c.ndjson");
+        let log = std::sync::Arc::new(OutputLog::new(path.clone()));
+        let (tx, rx) = mpsc::channel::<Chunk>(4);
+        let (exited_tx, exited_rx) = tokio::sync::oneshot::channel::<()>();
+        let writer = {
+            let log = log.clone();
+            tokio::spawn(async move {
+                let done = async move {
+                    let _ = exited_rx.await;
+                };
+                log.write_from(rx, 10, done).await
+            })
+        };
+        // A follower that came before the end waits for it, without a file to open.
+        let (btx, mut brx) = mpsc::channel(4);
+        let follower = {
+            let log = log.clone();
+            tokio::spawn(async move { log.read_into(0, true, btx).await })
+        };
+        drop(tx);
+        exited_tx.send(()).unwrap();
+        writer.await.unwrap();
+        follower.await.unwrap().unwrap();
+        assert!(brx.recv().await.is_none());
+        assert!(log.progress().closed);
+        assert!(!path.exists());
+        let (btx, mut brx) = mpsc::channel(4);
+        log.read_into(0, false, btx).await.unwrap();
+        assert!(brx.recv().await.is_none());
+    }
+
+    #[tokio::test]
     async fn keeps_output_bounded_and_reads_from_a_line() {
         let dir = tempfile::tempdir().unwrap();
-        let log = std::sync::Arc::new(OutputLog::create(dir.path().join("c.ndjson")).unwrap());
+        let path = dir.path().join("c.ndjson");
+        let log = std::sync::Arc::new(OutputLog::new(path.clone()));
         let (tx, rx) = mpsc::channel(4);
         let writer = {
             let log = log.clone();
@@ -222,6 +258,7 @@ mod tests {
         writer.await.unwrap();
         let p = log.progress();
         assert_eq!((p.kept, p.dropped, p.closed), (10, 2, true));
+        assert!(path.exists());
 
         let (btx, mut brx) = mpsc::channel(4);
         log.read_into(1, true, btx).await.unwrap();
