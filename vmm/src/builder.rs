@@ -101,7 +101,7 @@ pub struct Vmm {
 }
 
 /// The stateful devices, kept for snapshots. The i8042 and the power-off port hold no state
-/// worth saving (they only end the VM).
+/// worth saving (the i8042's configuration byte matters only to Linux's boot-time probe).
 pub(crate) struct SavedDevices {
     pub serial: Arc<Mutex<Serial>>,
     pub transports: Vec<Arc<Mutex<MmioTransport>>>,

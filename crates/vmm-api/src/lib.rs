@@ -37,7 +37,8 @@ pub const MAX_VIRTIO_DEVICES: usize = 19;
 /// agent's settings and the VMM appends its `virtio_mmio.device=` entries.
 ///
 /// `pci=off`: virtio-mmio only, no PCI probing. The `i8042.*` parameters stop Linux from
-/// probing for an AUX port, a multiplexer and a keyboard that the VMM's minimal i8042 (there
-/// only for the reset line) does not have, which costs over a second of boot.
+/// probing for an AUX port, a multiplexer and a keyboard that the VMM's i8042 (there for the
+/// reset line; it answers the controller's own probe) does not have, which costs over a
+/// second of boot.
 pub const DEFAULT_CMDLINE: &str =
-    "console=ttyS0 reboot=k panic=1 pci=off nomodule i8042.noaux i8042.nomux i8042.dumbkbd";
+    "console=ttyS0 reboot=k panic=1 pci=off nomodule i8042.noaux i8042.nomux i8042.nokbd";
