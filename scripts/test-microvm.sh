@@ -288,15 +288,16 @@ tries="${BELLJAR_MICROVM_TRIES:-$tries}"
 budget="${BELLJAR_MICROVM_BUDGET:-$((tries * limit))}"
 min_try="${BELLJAR_MICROVM_MIN_TRY:-240}"
 first_try=$(date +%s)
+budget_left() { echo $((budget - ($(date +%s) - first_try))); }
 attempt=1
 while :; do
-  left=$((budget - ($(date +%s) - first_try)))
+  left=$(budget_left)
   try_limit=$((left < limit ? left : limit))
   step "microVM tests: L1 run $attempt of at most $tries (timeout ${try_limit}s, console $console)"
   crashed=0
   run_l1 "$try_limit" || crashed=1
   if [ "$crashed" = 0 ] || [ "$attempt" -ge "$tries" ]; then break; fi
-  if [ $((budget - ($(date +%s) - first_try))) -lt "$min_try" ]; then
+  if [ "$(budget_left)" -lt "$min_try" ]; then
     echo "no time for another L1 try within BELLJAR_MICROVM_BUDGET=${budget}s" >&2
     break
   fi

@@ -71,7 +71,7 @@ run_tests() {
   tail -n +1 -f --pid="$pid" "$out" &
   tailer=$!
   # A test that goes quiet gets a report of what its microVMs and daemon are doing.
-  bash "$(dirname "$0")/stall-watch.sh" "$out" "${TMPDIR:-/tmp}" "${BELLJAR_STALL_QUIET:-300}" &
+  bash "$(dirname "$0")/stall-watch.sh" "$out" "${TMPDIR:-/tmp}" "$BELLJAR_STALL_QUIET" &
   watcher=$!
   rc=0
   wait "$pid" || rc=$?

@@ -25,6 +25,12 @@ progress_outcome() {
   awk -v k="$1" '($1 == "passed" || $1 == "failed") && $2 == k { s = $1 } END { print s }' "$progress"
 }
 
+# progress_record KEY passed|failed: records the outcome of a check the job makes itself (not
+# a test executable's test), unless an earlier try recorded one.
+progress_record() {
+  [ -n "$(progress_outcome "$1")" ] || echo "$2 $1" >> "$progress"
+}
+
 # progress_run RUNNER EXE KEY TEST OUT: runs TEST of EXE through `RUNNER EXE OUT --exact TEST`
 # (which must set `rc`), unless an earlier try finished it. A test passes on its first
 # passing run and fails after two failed runs (a nested microVM occasionally fails to come up;

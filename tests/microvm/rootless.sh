@@ -147,10 +147,10 @@ if [ -z "$(progress_outcome rootless::hard_links)" ]; then
   links=$(stat -c %i "$copy/usr/bin/perl" "$copy/usr/bin/perl5.40.1" 2> /dev/null | sort -u | wc -l)
   if [ -n "$copy" ] && [ "$links" = 1 ]; then
     say "hard links kept in the user's copy: perl and perl5.40.1 are inode $(stat -c %i "$copy/usr/bin/perl")"
-    echo "passed rootless::hard_links" >> "$progress"
+    progress_record rootless::hard_links passed
   else
     say "hard links lost in the user's copy ${copy:-(none)}: perl and perl5.40.1 are $links inodes"
-    echo "failed rootless::hard_links" >> "$progress"
+    progress_record rootless::hard_links failed
   fi
 fi
 # Runs one test as the user (progress_run's runner): sets rc, prints the output.
@@ -190,7 +190,7 @@ others=$(cd "$service" && find . -mindepth 1 -maxdepth 1 -type d ! -name session
 leftover=$(cd "$service" && find belljar -mindepth 1 -maxdepth 1 -type d 2> /dev/null)
 if [ -n "$others$leftover" ]; then
   say "unexpected groups under $service: $others $leftover"
-  echo "failed rootless::only_its_own_groups" >> "$progress"
+  progress_record rootless::only_its_own_groups failed
 fi
 status=0
 progress_status || status=1
