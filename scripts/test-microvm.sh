@@ -21,7 +21,8 @@
 # and is retried, default 120),
 # BELLJAR_MICROVM_FILTER (a test-name filter for every test executable, no spaces),
 # BELLJAR_STALL_QUIET (seconds without test output before tests/microvm/stall-watch.sh reports
-# what the microVMs and daemons do, default 300), BELLJAR_CACHE (images,
+# what the microVMs and daemons do, default 300), BELLJAR_KVM_TRACE=1 (L1's KVM traces its
+# guests' exits; the trace's tail is saved after a failed test, see job.sh), BELLJAR_CACHE (images,
 # guest kernel), BELLJAR_MICROVM_CACHE (default $BELLJAR_CACHE/microvm-harness).
 # Output: progress and timings on stderr, the job's output, and a last line
 # `microvm job: N passed, M failed ...`; exit status 0 only when every test passed.
@@ -103,7 +104,7 @@ cp -a "$fixtures" "$run_dir/fixtures"
 job_env=(BELLJAR_JOB_BIN="$run_dir/bin" BELLJAR_JOB_TESTS="$staged" BELLJAR_CACHE="$BELLJAR_CACHE"
   BELLJAR_KERNEL="$guest_kernel" BELLJAR_ROOTLESS_TESTS="$staged_rootless"
   BELLJAR_FIXTURES="$run_dir/fixtures" BELLJAR_MICROVM_FILTER="${BELLJAR_MICROVM_FILTER:-}"
-  BELLJAR_STALL_QUIET="${BELLJAR_STALL_QUIET:-300}")
+  BELLJAR_STALL_QUIET="${BELLJAR_STALL_QUIET:-300}" BELLJAR_KVM_TRACE="${BELLJAR_KVM_TRACE:-}")
 
 finish() {
   local status=$1 summary

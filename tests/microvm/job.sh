@@ -59,6 +59,25 @@ export BELLJAR_TESTING_FORCE_MICROVM=1
 export BELLJAR_READY_TIMEOUT="${BELLJAR_READY_TIMEOUT:-180s}"
 export RUST_BACKTRACE=1
 
+# BELLJAR_KVM_TRACE=1: L1's KVM records every exit and injected exception of its guests in
+# the trace ring (the last ~15 MiB), saved to the results after a failed run: what a guest
+# did before it triple-faulted or stalled (the VMM sees only KVM_EXIT_SHUTDOWN, with the
+# registers already reset).
+kvm_trace=""
+if [ -n "${BELLJAR_KVM_TRACE:-}" ]; then
+  kvm_trace=/sys/kernel/tracing
+  [ -e "$kvm_trace/trace" ] || mount -t tracefs tracefs "$kvm_trace" || kvm_trace=""
+  if [ -n "$kvm_trace" ]; then
+    echo 8192 > "$kvm_trace/buffer_size_kb"
+    for e in kvm_exit kvm_inj_exception kvm_page_fault kvm_pio kvm_mmio kvm_userspace_exit; do
+      echo 1 > "$kvm_trace/events/kvm/$e/enable" || echo "job: no trace event kvm:$e"
+    done
+    echo "job: tracing L1's KVM events"
+  else
+    echo "job: no tracefs: BELLJAR_KVM_TRACE ignored"
+  fi
+fi
+
 # Runs one test executable in its own process group (killed afterwards: a VMM a failed test
 # left running must neither keep the output open nor the next run waiting); extra arguments
 # go to the test harness. Sets rc.
@@ -66,6 +85,7 @@ run_tests() {
   local exe=$1 out=$2 pid tailer watcher
   shift 2
   : > "$out"
+  [ -z "$kvm_trace" ] || : > "$kvm_trace/trace"
   setsid "$exe" --ignored --test-threads=1 --nocapture "$@" > "$out" 2>&1 &
   pid=$!
   tail -n +1 -f --pid="$pid" "$out" &
@@ -78,6 +98,12 @@ run_tests() {
   kill -KILL -- "-$pid" 2> /dev/null || true
   kill "$watcher" 2> /dev/null || true
   wait "$tailer" "$watcher" 2> /dev/null || true
+  if [ -n "$kvm_trace" ] && [ "$rc" != 0 ]; then
+    local saved
+    saved="$BELLJAR_RESULTS/kvm-trace-$(basename "$out" .out)-$(date +%s).txt"
+    tail -n 30000 "$kvm_trace/trace" > "$saved"
+    echo "job: the KVM trace's last events are in $saved"
+  fi
 }
 
 . "$(dirname "$0")/progress.sh"
@@ -101,7 +127,7 @@ for t in "${tests[@]}"; do
     "${skip_nested[@]}" ${BELLJAR_MICROVM_FILTER:-} 2> /dev/null | sed -n 's/: test$//p')
   if [ -z "$names" ] && [ -z "${BELLJAR_MICROVM_FILTER:-}" ]; then
     echo "job: $name lists no tests"
-    echo "failed $name::--list" >> "$progress"
+    progress_record "$name::--list" failed
   fi
   for test in $names; do
     progress_run run_tests "$exe" "$name::$test" "$test" "$work/$name.out"
