@@ -313,3 +313,61 @@ async fn the_cli_mounts_lists_and_unmounts() {
     let out = d.cli(["unmount", &b.id, "/w"]);
     assert!(stderr(&out).contains("(not_found)"), "{}", stderr(&out));
 }
+
+/// A persistent sandbox comes back from a stop with what it wrote under its mounts (one
+/// given at create, one mounted while it ran), mounted at the same paths.
+#[tokio::test(flavor = "multi_thread")]
+async fn a_persistent_sandbox_keeps_its_writes_under_mounts_across_stop_and_start() {
+    let d = Daemon::start();
+    let c = d.unix();
+    let a = d.create(&c, CreateSandbox::default()).await;
+    sh_ok(&c, &a.id, "mkdir -p /srv/p && echo base > /srv/p/f").await;
+    let snap = c
+        .snapshot_sandbox(&a.id, &snapshots::of_directory("/srv/p"))
+        .await
+        .unwrap();
+
+    let b = d
+        .create(
+            &c,
+            CreateSandbox {
+                persistent: Some(true),
+                mounts: Some(vec![snapshots::mount(&snap.id, "/at-create")]),
+                ..Default::default()
+            },
+        )
+        .await;
+    c.mount_snapshot(&b.id, &snapshots::mount(&snap.id, "/while-running"))
+        .await
+        .unwrap();
+    let writes = "set -e; for m in /at-create /while-running; do echo changed > $m/f; \
+                  echo new > $m/new; done; echo own > /root/own";
+    sh_ok(&c, &b.id, writes).await;
+    let show = "cat /at-create/f /at-create/new /while-running/f /while-running/new /root/own";
+    let want = sh_ok(&c, &b.id, show).await;
+    assert_eq!(want, "changed\nnew\nchanged\nnew\nown\n");
+
+    c.stop_sandbox(&b.id).await.unwrap();
+    let started = c.start_sandbox(&b.id).await.unwrap();
+    assert_eq!(started.id, b.id);
+    assert_eq!(
+        mounted_paths(&c, &b.id).await,
+        ["/at-create", "/while-running"],
+        "the mounts come back at their paths"
+    );
+    assert_eq!(sh_ok(&c, &b.id, show).await, want, "the writes under the mounts are kept");
+    // The snapshot itself is unchanged: another sandbox mounting it sees the original.
+    let e = d
+        .create(
+            &c,
+            CreateSandbox {
+                mounts: Some(vec![snapshots::mount(&snap.id, "/m")]),
+                ..Default::default()
+            },
+        )
+        .await;
+    assert_eq!(sh_ok(&c, &e.id, "cat /m/f; ls /m").await, "base\nf\n");
+    for id in [&a.id, &b.id, &e.id] {
+        c.delete_sandbox(id).await.unwrap();
+    }
+}

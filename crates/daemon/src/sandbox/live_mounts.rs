@@ -148,15 +148,30 @@ impl Sandboxes {
                     .collect::<Result<Vec<_>, _>>()
             })
             .await?;
-        let captured = captured?;
+        let made = self.record_mount_captures(&s, held, captured?, Some(frozen_ms))?;
+        drop(layer_lock);
+        self.emit_snapshots(&made)?;
+        Ok(made)
+    }
+
+    /// Records each captured mount layer (in `held`'s order) as a directory snapshot of the
+    /// sandbox: the layer on top of what the mount held, parented by the snapshot it mounted,
+    /// at the mount's path. Returns them as mounts at the same paths. The caller holds the
+    /// layers lock and emits the snapshots' events once it is released.
+    pub(super) fn record_mount_captures(
+        &self,
+        s: &Sandbox,
+        held: Vec<crate::store::HeldMount>,
+        captured: Vec<super::backend::CapturedLayer>,
+        frozen_ms: Option<u64>,
+    ) -> Result<Vec<SnapshotMount>, SandboxError> {
         let expiration_ms = self
             .inner
             .store
-            .sandbox_layers(id)?
+            .sandbox_layers(&s.id)?
             .and_then(|h| h.snapshot_expiration_ms)
             .unwrap_or(belljar_api::DEFAULT_EXPIRATION_MS);
         let mut out = Vec::new();
-        let mut made = Vec::new();
         for (m, layer) in held.into_iter().zip(captured) {
             let now = now_ms();
             let mut layers = vec![layer.digest];
@@ -166,31 +181,34 @@ impl Sandboxes {
                     id: new_id("snap"),
                     status: SnapshotStatus::Created,
                     status_reason: None,
-                    source_sandbox_id: id.clone(),
+                    source_sandbox_id: s.id.clone(),
                     parent: Some(m.snapshot_id),
                     image: s.image.clone(),
                     size_bytes: layer.size_bytes,
                     depth: layers.len() as u32,
                     created_at: now,
                     expires_at: (expiration_ms > 0).then(|| now.saturating_add(expiration_ms)),
-                    frozen_ms: Some(frozen_ms),
+                    frozen_ms,
                     path: Some(m.path.clone()),
                 },
                 layers,
                 expiration_ms,
             };
             self.inner.store.insert_snapshot(&row, layer.size_bytes)?;
-            made.push(row.snapshot.id.clone());
             out.push(SnapshotMount {
                 snapshot_id: row.snapshot.id,
                 path: m.path,
             });
         }
-        drop(layer_lock);
-        for snap in made {
-            self.emit_snapshot(self.get_snapshot(&snap)?);
-        }
         Ok(out)
+    }
+
+    /// Emits the snapshot events of mounts' new snapshots.
+    pub(super) fn emit_snapshots(&self, made: &[SnapshotMount]) -> Result<(), SandboxError> {
+        for m in made {
+            self.emit_snapshot(self.get_snapshot(&m.snapshot_id)?);
+        }
+        Ok(())
     }
 }
 

@@ -12,7 +12,7 @@
 //! snapshot (`DELETE /v1/snapshots/{id}`) is the explicit way to discard that session: the
 //! next start resumes from the last created snapshot.
 
-use belljar_api::{Sandbox, SandboxStatus};
+use belljar_api::{Sandbox, SandboxStatus, SnapshotMount};
 
 use super::{SandboxError, Sandboxes, admission};
 use crate::util::now_ms;
@@ -31,6 +31,9 @@ impl Sandboxes {
         let dir = self.state_dir(&s.id);
         let layers_dir = self.layers_dir();
         let layer_lock = self.inner.snapshots.layers.lock().await;
+        // The mounts first: should the daemon die before the sandbox's own snapshot, the next
+        // stop captures them again from the same writable layers, which changes nothing.
+        let mounts = self.persist_mounts(s).await;
         let captured = self
             .blocking_backend(s, move |b| b.capture(&dir, &layers_dir))
             .await;
@@ -41,6 +44,49 @@ impl Sandboxes {
             Ok(snap) => tracing::info!(sandbox = %s.id, snapshot = %snap.id, "persisted"),
             Err(e) => tracing::warn!(sandbox = %s.id, error = %e, "persistent snapshot failed"),
         }
+        if let Err(e) = self.emit_snapshots(&mounts) {
+            tracing::warn!(sandbox = %s.id, error = %e, "cannot announce a mount's snapshot");
+        }
+    }
+
+    /// Keeps what a stopped persistent sandbox wrote under its snapshot mounts: each mount's
+    /// writable layer becomes a directory snapshot of the sandbox on top of what it mounted,
+    /// and the mount moves onto it, so the next start mounts it with those writes. Where the
+    /// backend cannot capture a mount (microVMs), the mounts stay as they were and a warning
+    /// says their writes are lost. Called with the layers lock held; returns the snapshots
+    /// made, for their events.
+    async fn persist_mounts(&self, s: &Sandbox) -> Vec<SnapshotMount> {
+        let kept = async {
+            let held = self.inner.store.sandbox_mounts(&s.id)?;
+            if held.is_empty() {
+                return Ok(Vec::new());
+            }
+            let slots = crate::store::mount_slots(&held);
+            let (dir, layers_dir, each) = (self.state_dir(&s.id), self.layers_dir(), slots.clone());
+            let captured = self
+                .blocking_backend(s, move |b| {
+                    each.iter()
+                        .map(|slot| b.capture_mount(&dir, *slot, &layers_dir))
+                        .collect::<Result<Vec<_>, _>>()
+                })
+                .await?;
+            let made = self.record_mount_captures(s, held, captured, None)?;
+            let moves: Vec<(usize, String)> = slots
+                .into_iter()
+                .zip(made.iter().map(|m| m.snapshot_id.clone()))
+                .collect();
+            let freed = self
+                .inner
+                .store
+                .replace_mounts(&s.id, &moves)?
+                .map_err(super::snapshot_mounts::refused_error)?;
+            self.remove_layers(&freed);
+            Ok::<_, SandboxError>(made)
+        };
+        kept.await.unwrap_or_else(|e| {
+            tracing::warn!(sandbox = %s.id, error = %e, "the writes under the sandbox's snapshot mounts are not kept");
+            Vec::new()
+        })
     }
 
     /// Starts a stopped persistent sandbox again from its latest snapshot (a no-op on a

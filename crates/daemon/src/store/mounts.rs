@@ -143,6 +143,38 @@ impl Store {
         Ok(Some((mount, freed)))
     }
 
+    /// Moves each of the sandbox's mounts named by its slot onto another directory snapshot
+    /// (one that holds the mount's writes on top of what it mounted, for a persistent sandbox's
+    /// next start), at the same path and slot; returns the layers no one holds any more.
+    pub fn replace_mounts(
+        &self,
+        sandbox_id: &str,
+        replacements: &[(usize, String)],
+    ) -> Result<Result<Vec<String>, MountRefused>, StoreError> {
+        let mut conn = self.conn();
+        let tx = conn.transaction()?;
+        let mut held = held_in(&tx, sandbox_id)?;
+        for (i, m) in held.iter_mut().enumerate() {
+            m.slot.get_or_insert(i);
+        }
+        let mut freed = Vec::new();
+        for (slot, snapshot_id) in replacements {
+            let Some(m) = held.iter_mut().find(|m| m.slot == Some(*slot)) else {
+                continue;
+            };
+            let layers = match mount_layers_of(&tx, snapshot_id)? {
+                Ok(layers) => layers,
+                Err(refused) => return Ok(Err(refused)),
+            };
+            let old = std::mem::replace(&mut m.layers, layers);
+            m.snapshot_id = snapshot_id.clone();
+            freed.extend(super::layers::release(&tx, &old)?);
+        }
+        write_held(&tx, sandbox_id, &held)?;
+        tx.commit()?;
+        Ok(Ok(freed))
+    }
+
     /// The mounts a sandbox holds, in the order they are mounted.
     pub fn sandbox_mounts(&self, sandbox_id: &str) -> Result<Vec<HeldMount>, StoreError> {
         let mounts: Option<Option<String>> = self
