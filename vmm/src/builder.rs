@@ -356,8 +356,8 @@ pub(crate) fn assemble(
     let mut transports = Vec::new();
     for (i, (name, dev)) in devices.into_iter().enumerate() {
         let addr = VIRTIO_MMIO_BASE + i as u64 * VIRTIO_MMIO_SIZE;
-        // `VmConfig::validate` caps the devices at MAX_VIRTIO_DEVICES (19), so it fits.
-        let irq = VIRTIO_IRQ_BASE + u32::try_from(i).expect("few devices");
+        // `VmConfig::validate` caps the devices at MAX_VIRTIO_DEVICES, which the lines allow.
+        let irq = virtio_irq(i).expect("no more devices than interrupt lines");
         metrics.devices.push((
             name.clone(),
             dev.lock().unwrap_or_else(|e| e.into_inner()).metrics(),

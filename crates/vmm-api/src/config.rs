@@ -463,7 +463,7 @@ mod tests {
         ];
         assert!(matches!(
             c.validate(),
-            Err(Error::TooManyDevices(20, MAX_VIRTIO_DEVICES))
+            Err(Error::TooManyDevices(n, MAX_VIRTIO_DEVICES)) if n == MAX_VIRTIO_DEVICES + 1
         ));
         let mut c = with_kernel(&dir);
         c.disks.push(DiskConfig {

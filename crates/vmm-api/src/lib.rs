@@ -30,8 +30,8 @@ pub use exit::ExitReason;
 pub const MAX_VCPUS: u8 = 32;
 
 /// Most virtio-mmio devices one VM can have: one legacy interrupt line each, IOAPIC pins 5
-/// to 23 (0-4 are the PIT, keyboard, cascade, COM2 and COM1).
-pub const MAX_VIRTIO_DEVICES: usize = 19;
+/// to 23 but 8 (0-4 are the PIT, keyboard, cascade, COM2 and COM1; 8 is the CMOS clock's).
+pub const MAX_VIRTIO_DEVICES: usize = 18;
 
 /// The kernel command line for a Belljar guest, before the daemon adds the root disk and the
 /// agent's settings and the VMM appends its `virtio_mmio.device=` entries.
