@@ -114,17 +114,9 @@ for t in "${tests[@]}"; do
   echo "job: ==> $name"
   # Each test runs alone (tests/microvm/progress.sh). The kvm group member's test is the
   # rootless job's (tests/microvm/rootless.sh).
-  # In L1, the fork test runs only when asked for by name (BELLJAR_MICROVM_FILTER=fork): under
-  # TCG's nested SVM its fork's guest stalled mid-boot past the 180 s ready limit in both runs
-  # of the 2026-11-25 clean-clone run (it passed on its third run the night before, and at the
-  # first try in CI the day before); cause not found, see README.
-  skip_nested=()
-  if [ -n "${BELLJAR_IN_L1:-}" ] && [ -z "${BELLJAR_MICROVM_FILTER:-}" ]; then
-    skip_nested=(--skip fork_stopping_snapshot_and_persistence_on_microvm)
-  fi
   # shellcheck disable=SC2086 # an empty filter is no argument
   names=$("$exe" --ignored --list --skip a_kvm_group_member_creates_execs_and_deletes \
-    "${skip_nested[@]}" ${BELLJAR_MICROVM_FILTER:-} 2> /dev/null | sed -n 's/: test$//p')
+    ${BELLJAR_MICROVM_FILTER:-} 2> /dev/null | sed -n 's/: test$//p')
   if [ -z "$names" ] && [ -z "${BELLJAR_MICROVM_FILTER:-}" ]; then
     echo "job: $name lists no tests"
     progress_record "$name::--list" failed
