@@ -355,7 +355,11 @@ async fn a_persistent_sandbox_keeps_its_writes_under_mounts_across_stop_and_star
         ["/at-create", "/while-running"],
         "the mounts come back at their paths"
     );
-    assert_eq!(sh_ok(&c, &b.id, show).await, want, "the writes under the mounts are kept");
+    assert_eq!(
+        sh_ok(&c, &b.id, show).await,
+        want,
+        "the writes under the mounts are kept"
+    );
     // The snapshot itself is unchanged: another sandbox mounting it sees the original.
     let e = d
         .create(

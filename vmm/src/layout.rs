@@ -22,8 +22,7 @@ pub const IRQ_MAX: u32 = 23;
 pub const RTC_IRQ: u32 = 8;
 // The contract's device limit is what these interrupt lines allow: all from the first virtio
 // line to the last pin but the clock's.
-const _: () =
-    assert!((IRQ_MAX - VIRTIO_IRQ_BASE) as usize == belljar_vmm_api::MAX_VIRTIO_DEVICES);
+const _: () = assert!((IRQ_MAX - VIRTIO_IRQ_BASE) as usize == belljar_vmm_api::MAX_VIRTIO_DEVICES);
 
 /// The interrupt line of the `index`th virtio device: the pins from [`VIRTIO_IRQ_BASE`] up,
 /// [`RTC_IRQ`] left out. `None` past [`IRQ_MAX`].
