@@ -1,9 +1,10 @@
 //! Snapshot requests and checks the snapshot suites share (live and directory snapshots,
 //! mounts, the layers the daemon holds).
 
-use belljar_api::{CreateSnapshot, SnapshotMount};
+use belljar_api::{CreateSandbox, CreateSnapshot, Sandbox, Snapshot, SnapshotMount};
+use belljar_client::Client;
 
-use crate::Daemon;
+use crate::{Daemon, sh_ok};
 
 /// A live snapshot: the sandbox keeps running.
 pub fn live() -> CreateSnapshot {
@@ -34,4 +35,20 @@ pub fn layer_count(d: &Daemon) -> usize {
     std::fs::read_dir(d.paths.data.join("layers"))
         .map(|r| r.count())
         .unwrap_or(0)
+}
+
+/// A new sandbox that ran `script`, and a snapshot of its directory `path`.
+pub async fn directory_of_new_sandbox(
+    d: &Daemon,
+    c: &Client,
+    script: &str,
+    path: &str,
+) -> (Sandbox, Snapshot) {
+    let a = d.create(c, CreateSandbox::default()).await;
+    sh_ok(c, &a.id, script).await;
+    let snap = c
+        .snapshot_sandbox(&a.id, &of_directory(path))
+        .await
+        .unwrap_or_else(|e| panic!("directory snapshot of {path}: {e}"));
+    (a, snap)
 }

@@ -206,17 +206,13 @@ async fn bad_mounts_into_a_running_sandbox_are_refused_and_hold_nothing() {
 async fn a_fork_carries_its_sources_mounts_with_their_writes() {
     let d = Daemon::start();
     let c = d.unix();
-    let a = d.create(&c, CreateSandbox::default()).await;
-    sh_ok(
+    let (a, snap) = snapshots::directory_of_new_sandbox(
+        &d,
         &c,
-        &a.id,
         "mkdir -p /srv/d && echo 1 > /srv/d/f && echo 2 > /srv/d/g",
+        "/srv/d",
     )
     .await;
-    let snap = c
-        .snapshot_sandbox(&a.id, &snapshots::of_directory("/srv/d"))
-        .await
-        .unwrap();
     // One mount given at create, one mounted while running; writes under both and beside.
     let b = d
         .create(
@@ -288,12 +284,13 @@ async fn a_fork_carries_its_sources_mounts_with_their_writes() {
 async fn the_cli_mounts_lists_and_unmounts() {
     let d = Daemon::start();
     let c = d.unix();
-    let a = d.create(&c, CreateSandbox::default()).await;
-    sh_ok(&c, &a.id, "mkdir -p /srv/d && echo cli > /srv/d/f").await;
-    let snap = c
-        .snapshot_sandbox(&a.id, &snapshots::of_directory("/srv/d"))
-        .await
-        .unwrap();
+    let (_a, snap) = snapshots::directory_of_new_sandbox(
+        &d,
+        &c,
+        "mkdir -p /srv/d && echo cli > /srv/d/f",
+        "/srv/d",
+    )
+    .await;
     let b = d.create(&c, CreateSandbox::default()).await;
     let out = d.cli(["mount", &b.id, &snap.id, "/w"]);
     assert!(out.status.success(), "{}", stderr(&out));
@@ -320,12 +317,13 @@ async fn the_cli_mounts_lists_and_unmounts() {
 async fn a_persistent_sandbox_keeps_its_writes_under_mounts_across_stop_and_start() {
     let d = Daemon::start();
     let c = d.unix();
-    let a = d.create(&c, CreateSandbox::default()).await;
-    sh_ok(&c, &a.id, "mkdir -p /srv/p && echo base > /srv/p/f").await;
-    let snap = c
-        .snapshot_sandbox(&a.id, &snapshots::of_directory("/srv/p"))
-        .await
-        .unwrap();
+    let (a, snap) = snapshots::directory_of_new_sandbox(
+        &d,
+        &c,
+        "mkdir -p /srv/p && echo base > /srv/p/f",
+        "/srv/p",
+    )
+    .await;
 
     let b = d
         .create(
