@@ -65,9 +65,7 @@ impl Sandboxes {
             let (dir, layers_dir, each) = (self.state_dir(&s.id), self.layers_dir(), slots.clone());
             let captured = self
                 .blocking_backend(s, move |b| {
-                    each.iter()
-                        .map(|slot| b.capture_mount(&dir, *slot, &layers_dir))
-                        .collect::<Result<Vec<_>, _>>()
+                    super::live_mounts::capture_mounts(b, &dir, &each, &layers_dir)
                 })
                 .await?;
             let made = self.record_mount_captures(s, held, captured, None)?;

@@ -104,10 +104,6 @@ impl Store {
             Err(refused) => return Ok(Err(refused)),
         };
         let slot = slots(&held).into_iter().max().map_or(0, |s| s + 1);
-        // Rows written before slots keep their positions as slots.
-        for (i, m) in held.iter_mut().enumerate() {
-            m.slot.get_or_insert(i);
-        }
         let mount = HeldMount {
             snapshot_id: snapshot_id.to_owned(),
             path: path.to_owned(),
@@ -130,9 +126,6 @@ impl Store {
         let mut conn = self.conn();
         let tx = conn.transaction()?;
         let mut held = held_in(&tx, sandbox_id)?;
-        for (i, m) in held.iter_mut().enumerate() {
-            m.slot.get_or_insert(i);
-        }
         let Some(at) = held.iter().position(|m| m.path == path) else {
             return Ok(None);
         };
@@ -154,9 +147,6 @@ impl Store {
         let mut conn = self.conn();
         let tx = conn.transaction()?;
         let mut held = held_in(&tx, sandbox_id)?;
-        for (i, m) in held.iter_mut().enumerate() {
-            m.slot.get_or_insert(i);
-        }
         let mut freed = Vec::new();
         for (slot, snapshot_id) in replacements {
             let Some(m) = held.iter_mut().find(|m| m.slot == Some(*slot)) else {
@@ -221,6 +211,8 @@ fn mount_layers_of(
     Ok(Ok(row.layers))
 }
 
+/// The sandbox's mounts, each with its slot (rows written before slots keep their positions
+/// as slots).
 fn held_in(tx: &rusqlite::Transaction<'_>, sandbox_id: &str) -> Result<Vec<HeldMount>, StoreError> {
     let json: Option<Option<String>> = tx
         .query_row(
@@ -229,10 +221,14 @@ fn held_in(tx: &rusqlite::Transaction<'_>, sandbox_id: &str) -> Result<Vec<HeldM
             |r| r.get(0),
         )
         .optional()?;
-    Ok(match json.flatten() {
+    let mut held: Vec<HeldMount> = match json.flatten() {
         Some(json) => serde_json::from_str(&json)?,
         None => Vec::new(),
-    })
+    };
+    for (i, m) in held.iter_mut().enumerate() {
+        m.slot.get_or_insert(i);
+    }
+    Ok(held)
 }
 
 /// Writes a sandbox's mounts (making its layers row when it has none yet).
