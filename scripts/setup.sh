@@ -90,6 +90,7 @@ step "building the web UI"
 (cd ui && npm run build --silent)
 
 step "building the Rust binaries"
+trim_cargo_target
 cargo build --workspace --bins --quiet
 
 # README's commands use `belljar` bare. A link, not a copy: the CLI finds belljard (and belljard
