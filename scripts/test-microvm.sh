@@ -65,7 +65,7 @@ test_exe() {
   cargo test --quiet -p "$1" --test "$2" --no-run --message-format=json |
     jq -r 'select(.reason == "compiler-artifact" and .profile.test and .executable != null) | .executable'
 }
-tests="$(test_exe belljar-vmm linux_boot):$(test_exe belljar-e2e e2e_microvm)"
+tests="$(test_exe belljar-vmm linux_boot):$(test_exe belljar-e2e e2e_microvm):$(test_exe belljar-e2e e2e_microvm_snapshots):$(test_exe belljar-e2e e2e_network)"
 # The rootless job (tests/microvm/rootless.sh, run in its own L1 boot by scripts/test.sh): its
 # test executables (e2e_microvm last: its test needs the kvm group doctor tells the user to
 # join), belljar-ns and the namespace crate's busybox fixtures (L1 has no compiler).
@@ -165,8 +165,9 @@ busybox_version=$(dpkg-query -W -f='${Version}' busybox-static 2> /dev/null || /
 # Modules: KVM with nested SVM and 9p for the job, overlay and tun for the rootless job's
 # namespace sandboxes and `belljar doctor`, loop and ext4 (with the crc32c its checksums need,
 # which nothing in L1 would load on demand) for reading a microVM's writable
-# disk into a snapshot layer.
-l1_modules="kvm-amd 9p 9pnet_virtio virtio_pci overlay tun loop ext4 crc32c_generic"
+# disk into a snapshot layer, and veth for e2e_network's private test internet (two network
+# namespaces joined by a veth pair).
+l1_modules="kvm-amd 9p 9pnet_virtio virtio_pci overlay tun loop ext4 crc32c_generic veth"
 key=$( { echo "$l1_kernel_version"; echo "$busybox_version"; echo "$l1_modules"; cat tests/microvm/l1-init.sh; } | sha256sum | cut -c1-16)
 initrd="$mv_cache/initramfs-$key.cpio.gz"
 if [ ! -f "$initrd" ]; then

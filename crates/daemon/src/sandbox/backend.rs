@@ -175,14 +175,14 @@ pub trait BackendDriver: Send + Sync {
             what: "snapshot a directory",
         })
     }
-    /// Copies the sandbox's writes under its snapshot mount `slot` into
-    /// `layers_dir/<digest>`; the sandbox must be stopped or frozen.
-    fn capture_mount(
+    /// Copies the sandbox's writes under each of its snapshot mounts `slots` into
+    /// `layers_dir/<digest>`, in the order of `slots`; the sandbox must be stopped or frozen.
+    fn capture_mounts(
         &self,
         _state_dir: &Path,
-        _slot: usize,
+        _slots: &[usize],
         _layers_dir: &Path,
-    ) -> Result<CapturedLayer, BackendError> {
+    ) -> Result<Vec<CapturedLayer>, BackendError> {
         Err(BackendError::Unsupported {
             backend: self.kind().into(),
             what: "snapshot mounts",

@@ -141,9 +141,7 @@ impl Sandboxes {
         let layers_dir = self.layers_dir();
         let layer_lock = self.inner.snapshots.layers.lock().await;
         let (captured, frozen_ms) = self
-            .while_frozen(&s, move |b, dir| {
-                capture_mounts(b, dir, &slots, &layers_dir)
-            })
+            .while_frozen(&s, move |b, dir| b.capture_mounts(dir, &slots, &layers_dir))
             .await?;
         let made = self.record_mount_captures(&s, held, captured?, Some(frozen_ms))?;
         drop(layer_lock);
@@ -207,19 +205,6 @@ impl Sandboxes {
         }
         Ok(())
     }
-}
-
-/// Copies the writable layer of each of a sandbox's mounts (by slot, in order).
-pub(super) fn capture_mounts(
-    b: &dyn super::backend::BackendDriver,
-    state_dir: &std::path::Path,
-    slots: &[usize],
-    layers_dir: &std::path::Path,
-) -> Result<Vec<super::backend::CapturedLayer>, BackendError> {
-    slots
-        .iter()
-        .map(|slot| b.capture_mount(state_dir, *slot, layers_dir))
-        .collect()
 }
 
 /// A backend's mount failure as the user's error where it is one.

@@ -267,6 +267,20 @@ impl BackendDriver for Microvm {
         microvm_layers::DiskCopy::take(state_dir)?.capture(layers_dir)
     }
 
+    /// One copy of the writable disk serves every mount: each one's writes are its
+    /// `mounts/<slot>/upper` there (the agent's overlay for it).
+    fn capture_mounts(
+        &self,
+        state_dir: &Path,
+        slots: &[usize],
+        layers_dir: &Path,
+    ) -> Result<Vec<CapturedLayer>, BackendError> {
+        if slots.is_empty() {
+            return Ok(Vec::new());
+        }
+        microvm_layers::DiskCopy::take(state_dir)?.capture_mounts(slots, layers_dir)
+    }
+
     fn capture_dir(
         &self,
         state_dir: &Path,

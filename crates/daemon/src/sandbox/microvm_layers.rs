@@ -95,6 +95,15 @@ fn run(cmd: &mut Command, ok: impl Fn(i32) -> bool) -> Result<(), BackendError> 
     }
 }
 
+fn capture_upper(upper: &Path, layers_dir: &Path) -> Result<CapturedLayer, BackendError> {
+    let c = belljar_namespace::layer::capture_upper(upper, layers_dir)
+        .map_err(|e| failed(error_chain(&e)))?;
+    Ok(CapturedLayer {
+        digest: c.digest,
+        size_bytes: c.size_bytes,
+    })
+}
+
 /// A copy of the microVM's writable disk, made while the VM is paused or stopped: the part of
 /// a capture that must see the disk unchanging. Deleted when dropped.
 pub struct DiskCopy {
@@ -131,12 +140,28 @@ impl DiskCopy {
     /// Copies the disk's `upper` directory into `layers_dir/<digest>`.
     pub fn capture(self, layers_dir: &Path) -> Result<CapturedLayer, BackendError> {
         let mnt = self.mount()?;
-        let c = belljar_namespace::layer::capture_upper(&mnt.path().join("upper"), layers_dir)
-            .map_err(|e| failed(error_chain(&e)))?;
-        Ok(CapturedLayer {
-            digest: c.digest,
-            size_bytes: c.size_bytes,
-        })
+        capture_upper(&mnt.path().join("upper"), layers_dir)
+    }
+
+    /// Copies the upper directory of each snapshot mount (`mounts/<slot>/upper`, made by the
+    /// agent at boot) into `layers_dir/<digest>`, in the order of `slots`.
+    pub fn capture_mounts(
+        self,
+        slots: &[usize],
+        layers_dir: &Path,
+    ) -> Result<Vec<CapturedLayer>, BackendError> {
+        let mnt = self.mount()?;
+        slots
+            .iter()
+            .map(|slot| {
+                let upper = mnt
+                    .path()
+                    .join("mounts")
+                    .join(slot.to_string())
+                    .join("upper");
+                capture_upper(&upper, layers_dir)
+            })
+            .collect()
     }
 
     /// The copy, its journal replayed, mounted read-only (its `upper` is the guest's writes).
@@ -354,6 +379,19 @@ pub(super) fn make_disk(layer: &Path, disk: &Path) -> Result<(), BackendError> {
                         .arg(inodes.to_string())
                         .arg("-d")
                         .arg(layer)
+                        .arg(&tmp),
+                    |c| c == 0,
+                )
+            })
+            .and_then(|()| {
+                // mkfs makes `lost+found`, which is no part of the layer: a mount's disk would
+                // show it in the mounted directory.
+                if layer.join("lost+found").symlink_metadata().is_ok() {
+                    return Ok(());
+                }
+                run(
+                    Command::new("debugfs")
+                        .args(["-w", "-R", "rmdir lost+found"])
                         .arg(&tmp),
                     |c| c == 0,
                 )

@@ -179,6 +179,12 @@ fn a_layer_becomes_a_cached_read_only_disk() {
     assert!(stat.contains("Type: character special"), "{stat}");
     let ea = debugfs(disk, "ea_get /opt user.overlay.opaque");
     assert!(ea.contains("user.overlay.opaque (1) = \"y\""), "{ea}");
+    // Only the layer's own entries: no `lost+found` of mkfs's (a mount would show it).
+    let root = debugfs(disk, "ls /");
+    let names: Vec<&str> = (root.split_whitespace())
+        .filter(|w| !w.starts_with('(') && w.parse::<u64>().is_err())
+        .collect();
+    assert_eq!(names, [".", "..", "etc", "opt"], "{root}");
 
     // Cached: the second launch finds the same file, untouched.
     let made = std::fs::metadata(disk).unwrap().modified().unwrap();

@@ -155,18 +155,23 @@ impl BackendDriver for Namespace {
             .map_err(|e| BackendError::Snapshot(error_chain(&e)))
     }
 
-    fn capture_mount(
+    fn capture_mounts(
         &self,
         state_dir: &Path,
-        slot: usize,
+        slots: &[usize],
         layers_dir: &Path,
-    ) -> Result<CapturedLayer, BackendError> {
-        ns::layer::capture_mount(state_dir, slot, layers_dir)
-            .map(|c| CapturedLayer {
-                digest: c.digest,
-                size_bytes: c.size_bytes,
+    ) -> Result<Vec<CapturedLayer>, BackendError> {
+        slots
+            .iter()
+            .map(|slot| {
+                ns::layer::capture_mount(state_dir, *slot, layers_dir)
+                    .map(|c| CapturedLayer {
+                        digest: c.digest,
+                        size_bytes: c.size_bytes,
+                    })
+                    .map_err(|e| BackendError::Snapshot(error_chain(&e)))
             })
-            .map_err(|e| BackendError::Snapshot(error_chain(&e)))
+            .collect()
     }
 
     fn mount_live(&self, state_dir: &Path, mount: &MountSpec) -> Result<(), BackendError> {

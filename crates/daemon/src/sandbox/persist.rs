@@ -52,8 +52,8 @@ impl Sandboxes {
     /// Keeps what a stopped persistent sandbox wrote under its snapshot mounts: each mount's
     /// writable layer becomes a directory snapshot of the sandbox on top of what it mounted,
     /// and the mount moves onto it, so the next start mounts it with those writes. Where the
-    /// backend cannot capture a mount (microVMs), the mounts stay as they were and a warning
-    /// says their writes are lost. Called with the layers lock held; returns the snapshots
+    /// capture fails (a microVM's disk is read through a loop mount, which needs root), the
+    /// mounts stay as they were and a warning says their writes are lost. Called with the layers lock held; returns the snapshots
     /// made, for their events.
     async fn persist_mounts(&self, s: &Sandbox) -> Vec<SnapshotMount> {
         let kept = async {
@@ -64,9 +64,7 @@ impl Sandboxes {
             let slots = crate::store::mount_slots(&held);
             let (dir, layers_dir, each) = (self.state_dir(&s.id), self.layers_dir(), slots.clone());
             let captured = self
-                .blocking_backend(s, move |b| {
-                    super::live_mounts::capture_mounts(b, &dir, &each, &layers_dir)
-                })
+                .blocking_backend(s, move |b| b.capture_mounts(&dir, &each, &layers_dir))
                 .await?;
             let made = self.record_mount_captures(s, held, captured, None)?;
             let moves: Vec<(usize, String)> = slots
