@@ -167,18 +167,7 @@ impl Store {
 
     /// The mounts a sandbox holds, in the order they are mounted.
     pub fn sandbox_mounts(&self, sandbox_id: &str) -> Result<Vec<HeldMount>, StoreError> {
-        let mounts: Option<Option<String>> = self
-            .conn()
-            .query_row(
-                "SELECT mounts FROM sandbox_layers WHERE sandbox_id = ?1",
-                [sandbox_id],
-                |r| r.get(0),
-            )
-            .optional()?;
-        Ok(match mounts.flatten() {
-            Some(json) => serde_json::from_str(&json)?,
-            None => Vec::new(),
-        })
+        held_in(&self.conn(), sandbox_id)
     }
 }
 
@@ -213,8 +202,8 @@ fn mount_layers_of(
 
 /// The sandbox's mounts, each with its slot (rows written before slots keep their positions
 /// as slots).
-fn held_in(tx: &rusqlite::Transaction<'_>, sandbox_id: &str) -> Result<Vec<HeldMount>, StoreError> {
-    let json: Option<Option<String>> = tx
+fn held_in(conn: &rusqlite::Connection, sandbox_id: &str) -> Result<Vec<HeldMount>, StoreError> {
+    let json: Option<Option<String>> = conn
         .query_row(
             "SELECT mounts FROM sandbox_layers WHERE sandbox_id = ?1",
             [sandbox_id],
