@@ -6,7 +6,7 @@
 //!
 //! Needs root and the `base` image (as every e2e test).
 
-use belljar_api::{CreateSandbox, ForkSandbox, ListSnapshotsQuery};
+use belljar_api::{CreateSandbox, Event, ForkSandbox, ListSnapshotsQuery, SnapshotMount};
 use belljar_client::Client;
 use belljar_e2e::{Daemon, sh_ok, snapshots, stderr, stdout};
 
@@ -18,14 +18,37 @@ fn listing(dir: &str) -> String {
     )
 }
 
+/// The paths of a sandbox's mounts, as `GET …/mounts` lists them; the sandbox object lists
+/// the same.
 async fn mounted_paths(c: &Client, id: &str) -> Vec<String> {
-    c.sandbox_mounts(id)
-        .await
-        .unwrap()
-        .mounts
-        .into_iter()
-        .map(|m| m.path)
-        .collect()
+    let paths = |mounts: Vec<SnapshotMount>| mounts.into_iter().map(|m| m.path).collect();
+    let listed: Vec<String> = paths(c.sandbox_mounts(id).await.unwrap().mounts);
+    let shown: Vec<String> = paths(c.sandbox(id).await.unwrap().mounts.unwrap_or_default());
+    assert_eq!(shown, listed, "the sandbox object names its mounts");
+    listed
+}
+
+/// Waits for an event of sandbox `id` whose mounts are at `want`.
+async fn event_with_mounts(c: &Client, id: &str, want: &[&str]) {
+    let mut events = c.events(Some(0)).await.unwrap();
+    let seen = tokio::time::timeout(std::time::Duration::from_secs(20), async {
+        while let Some(e) = events.next().await.unwrap() {
+            if let Event::Sandbox { sandbox, .. } = e
+                && sandbox.id == id
+                && sandbox
+                    .mounts
+                    .unwrap_or_default()
+                    .iter()
+                    .map(|m| m.path.as_str())
+                    .eq(want.iter().copied())
+            {
+                return;
+            }
+        }
+        panic!("the event stream ended");
+    })
+    .await;
+    assert!(seen.is_ok(), "no event of {id} with mounts at {want:?}");
 }
 
 #[tokio::test(flavor = "multi_thread")]
@@ -101,6 +124,8 @@ async fn a_directory_snapshot_mounts_into_a_running_sandbox_and_unmounts() {
     assert_eq!(sh_ok(&c, &b.id, "ls /data").await, "old\n");
     assert_eq!(sh_ok(&c, &b.id, "cat /data/old").await, "before\n");
     assert_eq!(mounted_paths(&c, &b.id).await, ["/mnt/new/deep"]);
+    event_with_mounts(&c, &b.id, &["/data", "/mnt/new/deep"]).await;
+    event_with_mounts(&c, &b.id, &["/mnt/new/deep"]).await;
     let err = c.unmount_snapshot(&b.id, "/data").await.unwrap_err();
     assert_eq!(err.code(), "not_found", "{err}");
     assert_eq!(sh_ok(&c, &b.id, &listing("/mnt/new/deep")).await, want);

@@ -340,6 +340,8 @@ try {
     if (JSON.stringify(mounts.mounts) !== JSON.stringify([{ snapshot_id: dir.id, path: "/workspace" }])) {
       throw new Error(`mounts ${JSON.stringify(mounts)}`);
     }
+    // The sandbox that mounts it is a branch of the directory snapshot, with its path.
+    await dirPoint.locator(".branch", { hasText: "mounts it at /workspace" }).locator(`a[href="#/sandbox/${mounted.id}"]`).waitFor({ timeout: 30_000 });
     await api.call("DELETE", `/v1/sandboxes/${mounted.id}`);
   });
 

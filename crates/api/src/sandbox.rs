@@ -316,6 +316,10 @@ pub struct Sandbox {
     #[serde(default, skip_serializing_if = "Option::is_none")]
     #[ts(optional)]
     pub network_policy: Option<crate::NetworkPolicy>,
+    /// The directory snapshots it mounts, in the order they were mounted (absent when none).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[ts(optional)]
+    pub mounts: Option<Vec<crate::SnapshotMount>>,
     /// Persistence, idle pause, hard TTL and auto-resume.
     #[serde(flatten)]
     pub lifecycle: SandboxLifecycle,

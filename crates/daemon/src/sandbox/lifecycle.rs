@@ -134,6 +134,7 @@ impl Sandboxes {
             expires_at: None,
             limits: LimitsReport::default(),
             network_policy: None,
+            mounts: None,
             lifecycle: SandboxLifecycle {
                 persistent: req.persistent.unwrap_or(false),
                 idle_timeout_ms: req.idle_timeout_ms,
@@ -228,7 +229,7 @@ impl Sandboxes {
         if let Some(c) = claimed {
             c.keep();
         }
-        Ok(self.with_network(sandbox))
+        Ok(self.for_client(sandbox))
     }
 
     /// Launches `sandbox`'s processes in a new state directory, on `layers` (topmost first)
@@ -348,9 +349,10 @@ impl Sandboxes {
     pub(super) fn save(&self, sandbox: &Sandbox) -> Result<(), SandboxError> {
         self.inner.store.put_sandbox(sandbox)?;
         self.track(sandbox);
+        let announced = self.with_mounts(sandbox.clone());
         self.inner
             .events
-            .emit(EventBody::Sandbox(Box::new(sandbox.clone())));
+            .emit(EventBody::Sandbox(Box::new(announced)));
         Ok(())
     }
 
@@ -372,7 +374,7 @@ impl Sandboxes {
             sandboxes: page
                 .sandboxes
                 .into_iter()
-                .map(|s| self.with_network(s))
+                .map(|s| self.for_client(s))
                 .collect(),
             next_cursor: page.next_cursor,
         })
@@ -383,6 +385,11 @@ impl Sandboxes {
         validate_tags(req.tags.as_ref())?;
         let lock = self.lock_for(id);
         let _guard = lock.lock().await;
+        self.get(id)?;
+        // The policy first, so that the sandbox's event carries the new one.
+        if let Some(policy) = &req.network_policy {
+            self.replace_network_policy(id, policy)?;
+        }
         let mut s = self.get(id)?;
         if let Some(tags) = req.tags {
             s.tags = tags;
@@ -390,11 +397,8 @@ impl Sandboxes {
         if let Some(name) = req.name {
             s.name = (!name.is_empty()).then_some(name);
         }
-        if let Some(policy) = &req.network_policy {
-            self.replace_network_policy(id, policy)?;
-        }
         self.save(&s)?;
-        Ok(self.with_network(s))
+        Ok(self.for_client(s))
     }
 
     /// Adds time to a running sandbox.

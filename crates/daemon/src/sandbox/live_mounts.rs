@@ -30,10 +30,7 @@ impl Sandboxes {
             .store
             .sandbox_mounts(id)?
             .into_iter()
-            .map(|m| SnapshotMount {
-                snapshot_id: m.snapshot_id,
-                path: m.path,
-            })
+            .map(Into::into)
             .collect();
         Ok(SandboxMounts { mounts })
     }
@@ -81,6 +78,7 @@ impl Sandboxes {
             return Err(mount_error(e, &req.path));
         }
         self.touch(id);
+        self.announce(id)?;
         tracing::info!(sandbox = %id, snapshot = %req.snapshot_id, path = %req.path, "mounted");
         Ok(req)
     }
@@ -110,6 +108,7 @@ impl Sandboxes {
         if let Some((_, freed)) = self.inner.store.remove_mount(id, path)? {
             self.remove_layers(&freed);
         }
+        self.announce(id)?;
         tracing::info!(sandbox = %id, path = %path, "unmounted");
         Ok(())
     }

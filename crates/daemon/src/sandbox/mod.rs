@@ -243,8 +243,33 @@ impl Sandboxes {
         self.inner
             .store
             .sandbox(id)?
-            .map(|s| self.with_network(s))
+            .map(|s| self.for_client(s))
             .ok_or_else(|| SandboxError::NotFound(id.to_owned()))
+    }
+
+    /// A sandbox as clients see it: its row, its policy (secrets redacted) and its mounts.
+    fn for_client(&self, s: Sandbox) -> Sandbox {
+        self.with_mounts(self.with_network(s))
+    }
+
+    /// Fills in the directory snapshots the sandbox mounts.
+    fn with_mounts(&self, mut s: Sandbox) -> Sandbox {
+        match self.inner.store.sandbox_mounts(&s.id) {
+            Ok(held) => {
+                s.mounts = (!held.is_empty()).then(|| held.into_iter().map(Into::into).collect())
+            }
+            Err(e) => {
+                tracing::warn!(sandbox = %s.id, error = %e, "cannot read the sandbox's mounts")
+            }
+        }
+        s
+    }
+
+    /// Tells subscribers of a change that is not in the sandbox's row (its mounts).
+    fn announce(&self, id: &str) -> Result<(), SandboxError> {
+        let s = self.with_mounts(self.record(id)?);
+        (self.inner.events).emit(crate::store::EventBody::Sandbox(Box::new(s)));
+        Ok(())
     }
 
     /// A sandbox's row without its network policy: for the daemon's own checks on busy paths

@@ -345,6 +345,7 @@ impl Sandboxes {
             expires_at: None,
             limits: LimitsReport::default(),
             network_policy: None,
+            mounts: None,
             lifecycle: SandboxLifecycle {
                 persistent: false,
                 idle_timeout_ms: None,

@@ -25,6 +25,15 @@ pub struct HeldMount {
     pub slot: Option<usize>,
 }
 
+impl From<HeldMount> for belljar_api::SnapshotMount {
+    fn from(m: HeldMount) -> Self {
+        Self {
+            snapshot_id: m.snapshot_id,
+            path: m.path,
+        }
+    }
+}
+
 /// The slots of a sandbox's mounts, in order.
 pub fn slots(held: &[HeldMount]) -> Vec<usize> {
     held.iter()

@@ -213,6 +213,7 @@ fn row_to_sandbox(r: &Row<'_>) -> rusqlite::Result<Sandbox> {
         expires_at: r.get(17)?,
         limits: json_col(18, &r.get::<_, String>(18)?)?,
         network_policy: None,
+        mounts: None,
         lifecycle: r
             .get::<_, Option<String>>(19)?
             .map(|l| json_col(19, &l))
@@ -251,6 +252,7 @@ pub(crate) mod tests {
             expires_at: Some(created_at + 300_000),
             limits: LimitsReport::default(),
             network_policy: None,
+            mounts: None,
             lifecycle: Default::default(),
         }
     }

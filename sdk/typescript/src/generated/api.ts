@@ -145,6 +145,10 @@ expires_at?: number, limits: LimitsReport,
  */
 network_policy?: NetworkPolicy, 
 /**
+ * The directory snapshots it mounts, in the order they were mounted (absent when none).
+ */
+mounts?: Array<SnapshotMount>, 
+/**
  * Stopping snapshots it, and `start` resumes it from its latest snapshot.
  */
 persistent: boolean, 
