@@ -168,7 +168,13 @@ async fn kill_9_while_commands_start_leaves_a_record_for_every_command_that_ran(
         let cmd = by_number
             .get(i)
             .unwrap_or_else(|| panic!("command {i} ran but has no record\nlog:\n{}", d.log()));
-        assert_eq!(wait(&c, &s.id, &cmd.id).await.status, CommandStatus::Exited);
+        let done = wait(&c, &s.id, &cmd.id).await;
+        assert_eq!(
+            done.status,
+            CommandStatus::Exited,
+            "command {i} ran but is recorded {done:?}\nlog:\n{}",
+            d.log()
+        );
     }
     assert_eq!(
         counts.len(),

@@ -382,6 +382,64 @@ async fn output_ends_even_when_a_background_process_keeps_the_pipe() {
     assert!(t.elapsed() < Duration::from_secs(10), "{:?}", t.elapsed());
 }
 
+/// A background process that keeps the pipe open and writes more often than the drain grace
+/// holds a wait only for the agent's drain limit (5 s after the exit), not for as long as it
+/// writes. Without the limit this wait never answered.
+#[tokio::test]
+async fn a_wait_answers_while_a_background_process_keeps_writing() {
+    let agent = Agent::start().await;
+    let script = "(while :; do echo tick; sleep 0.3; done) & echo started";
+    let started = agent
+        .client
+        .start_command(&argv(&["/bin/sh", "-c", script]))
+        .await
+        .unwrap();
+    let t = Instant::now();
+    let (info, lines) = tokio::time::timeout(
+        Duration::from_secs(60),
+        wait_then_read(&agent.client, &started.id),
+    )
+    .await
+    .expect("the wait answers while the background process still writes");
+    assert_eq!(info.exit_code, Some(0));
+    let out = String::from_utf8(split(&lines).0).unwrap();
+    assert!(out.contains("started\n"), "{out}");
+    // Reading went on after the exit (the ticks came) and then stopped.
+    assert!(out.matches("tick").count() >= 5, "{out}");
+    assert!(t.elapsed() < Duration::from_secs(30), "{:?}", t.elapsed());
+}
+
+/// Programs are found through the command's own PATH, and a file without `#!` runs with the
+/// shell, as `execvp` would run them; the command leads a session of its own.
+#[tokio::test]
+async fn programs_are_found_through_the_commands_own_path() {
+    let agent = Agent::start().await;
+    let dir = tempfile::tempdir().unwrap();
+    let tool = dir.path().join("my-tool");
+    std::fs::write(&tool, "echo found-in-path\n").unwrap();
+    std::fs::set_permissions(&tool, std::os::unix::fs::PermissionsExt::from_mode(0o755)).unwrap();
+    let mut start = argv(&["my-tool"]);
+    start.env.insert(
+        "PATH".into(),
+        format!("/nonexistent:{}:/usr/bin:/bin", dir.path().display()),
+    );
+    let (info, lines) = agent.run(start).await;
+    assert_eq!(info.exit_code, Some(0));
+    assert_eq!(split(&lines).0, b"found-in-path\n");
+
+    let (info, out, _) = agent
+        .sh("test \"$(cut -d' ' -f6 /proc/$$/stat)\" = $$ && echo leader")
+        .await;
+    assert_eq!((info.exit_code, out.as_str()), (Some(0), "leader\n"));
+
+    let mut missing = argv(&["my-tool"]);
+    missing.env.insert("PATH".into(), "/nonexistent:/usr/bin".into());
+    assert_eq!(
+        code(agent.client.start_command(&missing).await).as_deref(),
+        Some(codes::EXEC_FAILED)
+    );
+}
+
 /// A wait that reports the exit answers only once the output is complete: a command that
 /// writes and exits at once, waited for and then read (not followed), shows all it wrote.
 /// Many at a time, so that the agent is busy when the commands exit.

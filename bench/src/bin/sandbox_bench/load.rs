@@ -2,7 +2,8 @@
 //! all started together, as an agent fleet or a test runner would. Reports the rate at which
 //! they complete and the latency each one saw, and the CPU time each command cost the daemon,
 //! the agents and the commands themselves: on a machine shared with other work the rate moves
-//! with the load, the CPU time per command much less.
+//! with the load, the CPU time per command much less. Its peer is the same number of `true`
+//! processes started at once by one process on the host, no sandbox: the floor.
 
 use std::time::{Duration, Instant};
 
@@ -128,7 +129,56 @@ pub async fn report(
         took.as_secs_f64()
     );
     print_cpu(before, after, inflight);
+
+    let own = |s: &procfs_core::process::Stat| (s.utime + s.stime, (s.cutime + s.cstime).max(0));
+    let before = own_stat().map(|s| own(&s)).unwrap_or_default();
+    let (took, latencies) = bare_spawns(inflight).await?;
+    let after = own_stat().map(|s| own(&s)).unwrap_or_default();
+    crate::report(
+        &format!("{inflight} × `true` spawned at once, no sandbox"),
+        latencies,
+    );
+    let bare = inflight as f64 / took.as_secs_f64();
+    let per = |a: u64, b: u64| {
+        b.saturating_sub(a) as f64 / TICKS_PER_SECOND * 1000.0 / inflight as f64
+    };
+    println!(
+        "{:<48} {bare:>8.0} execs/s   Belljar / this {:.1}x the time   CPU per `true`: spawner {:.2} ms, `true` {:.2} ms",
+        "  throughput",
+        bare / rate,
+        per(before.0, after.0),
+        per(before.1 as u64, after.1 as u64),
+    );
     Ok(())
+}
+
+fn own_stat() -> Option<procfs_core::process::Stat> {
+    use procfs_core::FromRead;
+    procfs_core::process::Stat::from_file("/proc/self/stat").ok()
+}
+
+/// The peer of the in-flight row, and its floor: the same number of `true` processes started
+/// at once on the host by this one process (std's spawn, `posix_spawn`), with no sandbox, API
+/// or record: what starting and ending the program itself costs on this machine now.
+async fn bare_spawns(n: usize) -> Result<(Duration, Vec<Duration>)> {
+    let start = Instant::now();
+    let mut tasks = JoinSet::new();
+    for _ in 0..n {
+        tasks.spawn(async move {
+            let t = Instant::now();
+            let status = tokio::process::Command::new("true")
+                .stdin(std::process::Stdio::null())
+                .status()
+                .await?;
+            anyhow::ensure!(status.success(), "`true` exited with {status}");
+            Ok::<_, anyhow::Error>(t.elapsed())
+        });
+    }
+    let mut latencies = Vec::with_capacity(n);
+    while let Some(done) = tasks.join_next().await {
+        latencies.push(done??);
+    }
+    Ok((start.elapsed(), latencies))
 }
 
 async fn in_flight(

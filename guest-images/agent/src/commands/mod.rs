@@ -1,6 +1,7 @@
 //! Commands run in the sandbox: starting them as the right user with pipes or a PTY, pumping
 //! their output to disk as it comes, stdin, signals, resizes, and waiting for their exit.
 
+mod child;
 pub mod output;
 pub mod spawn;
 
@@ -29,6 +30,12 @@ use output::{Chunk, OutputLog, utf8_cut};
 /// How long output is still read after a command exited when nothing more arrives: a
 /// background process that kept the pipe open must not hold the stream open forever.
 const DRAIN_GRACE: Duration = Duration::from_secs(2);
+
+/// How long output is read after a command exited at most, however often more arrives: a
+/// background process that keeps the pipe open and writes more often than [`DRAIN_GRACE`]
+/// must not keep a wait from answering. What the command itself wrote before it exited is in
+/// the pipe already and is read at once.
+const DRAIN_LIMIT: Duration = Duration::from_secs(5);
 
 /// The PATH commands get unless they set their own.
 pub const DEFAULT_PATH: &str = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin";
@@ -290,9 +297,10 @@ impl Commands {
     }
 
     /// The command now, or, when `wait` is set, once it has exited and its output is
-    /// complete: its pipes reached EOF (or stayed quiet for [`DRAIN_GRACE`] after the exit)
-    /// and every byte read is in the output file. A client that waits and then reads the
-    /// output must find all of it, however fast the command exited.
+    /// complete: its pipes reached EOF (or, after the exit, stayed quiet for [`DRAIN_GRACE`]
+    /// or were read for [`DRAIN_LIMIT`]) and every byte read is in the output file. A client
+    /// that waits and then reads the output must find all of it, however fast the command
+    /// exited.
     pub async fn info(&self, id: &str, wait: bool) -> Result<CommandInfo, AgentError> {
         let command = self.get(id)?;
         if wait {
@@ -401,8 +409,9 @@ impl Commands {
     }
 }
 
-/// Reads `fd` until EOF (or until the command exited and the pipe stayed quiet for
-/// [`DRAIN_GRACE`]), sending chunks that never end inside a UTF-8 sequence.
+/// Reads `fd` until EOF, or once the command exited until the pipe stayed quiet for
+/// [`DRAIN_GRACE`] or [`DRAIN_LIMIT`] has passed, sending chunks that never end inside a
+/// UTF-8 sequence.
 async fn pump(
     mut fd: FdStream,
     stream: Stream,
@@ -411,11 +420,18 @@ async fn pump(
 ) {
     let mut buf = vec![0u8; 32 * 1024];
     let mut carry = 0;
-    let mut exited = false;
+    // When reading stops at the latest, once the command has exited.
+    let mut drain_until = None;
     loop {
-        exited |= exit.borrow().is_some();
-        let read = if exited {
-            match tokio::time::timeout(DRAIN_GRACE, fd.read(&mut buf[carry..])).await {
+        if drain_until.is_none() && exit.borrow().is_some() {
+            drain_until = Some(tokio::time::Instant::now() + DRAIN_LIMIT);
+        }
+        let read = if let Some(until) = drain_until {
+            let left = until.saturating_duration_since(tokio::time::Instant::now());
+            if left.is_zero() {
+                break;
+            }
+            match tokio::time::timeout(left.min(DRAIN_GRACE), fd.read(&mut buf[carry..])).await {
                 Ok(r) => r,
                 Err(_) => break,
             }
@@ -423,7 +439,9 @@ async fn pump(
             tokio::select! {
                 r = fd.read(&mut buf[carry..]) => r,
                 changed = exit.changed() => {
-                    exited |= changed.is_err();
+                    if changed.is_err() {
+                        drain_until = Some(tokio::time::Instant::now() + DRAIN_LIMIT);
+                    }
                     continue;
                 }
             }
