@@ -433,7 +433,9 @@ async fn programs_are_found_through_the_commands_own_path() {
     assert_eq!((info.exit_code, out.as_str()), (Some(0), "leader\n"));
 
     let mut missing = argv(&["my-tool"]);
-    missing.env.insert("PATH".into(), "/nonexistent:/usr/bin".into());
+    missing
+        .env
+        .insert("PATH".into(), "/nonexistent:/usr/bin".into());
     assert_eq!(
         code(agent.client.start_command(&missing).await).as_deref(),
         Some(codes::EXEC_FAILED)

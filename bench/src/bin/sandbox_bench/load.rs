@@ -139,9 +139,8 @@ pub async fn report(
         latencies,
     );
     let bare = inflight as f64 / took.as_secs_f64();
-    let per = |a: u64, b: u64| {
-        b.saturating_sub(a) as f64 / TICKS_PER_SECOND * 1000.0 / inflight as f64
-    };
+    let per =
+        |a: u64, b: u64| b.saturating_sub(a) as f64 / TICKS_PER_SECOND * 1000.0 / inflight as f64;
     println!(
         "{:<48} {bare:>8.0} execs/s   Belljar / this {:.1}x the time   CPU per `true`: spawner {:.2} ms, `true` {:.2} ms",
         "  throughput",
