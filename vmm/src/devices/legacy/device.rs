@@ -12,6 +12,9 @@ const STATUS_OBF: u8 = 0x01;
 const STATUS_SYS: u8 = 0x04;
 /// Status register: the last byte written went to the command port.
 const STATUS_CMD: u8 = 0x08;
+/// Status register: the keyboard is not inhibited (no key lock; Linux warns "Keylock active"
+/// at boot when this bit is clear).
+const STATUS_UNLOCKED: u8 = 0x10;
 
 /// The controller configuration byte at power-on: keyboard interrupt on, system flag,
 /// mouse port disabled, scancode translation (what PC firmware leaves).
@@ -61,7 +64,7 @@ impl I8042 {
         I8042 {
             exit,
             ctr: CTR_AT_RESET,
-            status: STATUS_SYS,
+            status: STATUS_SYS | STATUS_UNLOCKED,
             output: 0,
             pending: Pending::None,
         }
@@ -193,6 +196,11 @@ mod tests {
             read(&mut dev, 4) & STATUS_OBF,
             0,
             "nothing to flush at power-on"
+        );
+        assert_eq!(
+            read(&mut dev, 4) & STATUS_UNLOCKED,
+            STATUS_UNLOCKED,
+            "no key lock"
         );
 
         dev.write(4, &[0xaa]);
