@@ -22,19 +22,20 @@
 //!         sudo target/release/net_bench [--rounds 3] [--mib 256] [--connects 200] [--idle 50]`
 
 mod dns;
+mod world;
 
 use std::io::{Read, Write};
-use std::net::{Ipv4Addr, Shutdown, SocketAddr, TcpListener, TcpStream, UdpSocket};
+use std::net::{Ipv4Addr, Shutdown, SocketAddr, TcpStream};
 use std::os::fd::OwnedFd;
 use std::process::{Child, Command, Stdio};
-use std::sync::atomic::{AtomicU32, Ordering};
 use std::time::{Duration, Instant};
 
 use anyhow::{Context, Result, bail, ensure};
 use belljar_network::config::{GATEWAY_V4, GUEST_V4, NetConfig, PREFIX_V4, TAP_MTU};
 use belljar_network::{DnsUpstream, Network, NetworkPolicy, Options, TapDevice, tap};
 use clap::Parser;
-use nix::sched::{CloneFlags, setns};
+
+use world::{Netns, World};
 
 /// The host namespace's address on the bench's private link.
 const HOST_IP: Ipv4Addr = Ipv4Addr::new(203, 0, 113, 1);
@@ -77,165 +78,6 @@ struct Args {
         default_value = "belljar,pasta,slirp4netns"
     )]
     peers: Vec<String>,
-}
-
-fn ip(args: &[&str]) -> Result<()> {
-    let out = Command::new("ip").args(args).output().context("run ip")?;
-    ensure!(
-        out.status.success(),
-        "ip {args:?}: {}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-    Ok(())
-}
-
-/// A network namespace the bench made; deleted on drop.
-struct Netns {
-    name: String,
-}
-
-impl Netns {
-    fn new(role: &str) -> Result<Self> {
-        static N: AtomicU32 = AtomicU32::new(0);
-        let name = format!(
-            "bjb-{role}-{}-{}",
-            std::process::id(),
-            N.fetch_add(1, Ordering::Relaxed)
-        );
-        ip(&["netns", "add", &name])?;
-        let ns = Self { name };
-        ns.ip(&["link", "set", "lo", "up"])?;
-        Ok(ns)
-    }
-
-    fn path(&self) -> String {
-        format!("/run/netns/{}", self.name)
-    }
-
-    fn ip(&self, args: &[&str]) -> Result<()> {
-        let mut all = vec!["-n", &self.name];
-        all.extend_from_slice(args);
-        ip(&all)
-    }
-
-    /// Runs `f` on a thread inside this namespace and waits for it.
-    fn run<T: Send + 'static>(&self, f: impl FnOnce() -> T + Send + 'static) -> Result<T> {
-        let path = self.path();
-        std::thread::spawn(move || {
-            let ns = std::fs::File::open(path)?;
-            setns(ns, CloneFlags::CLONE_NEWNET)?;
-            Ok::<_, anyhow::Error>(f())
-        })
-        .join()
-        .map_err(|_| anyhow::anyhow!("a thread in {} panicked", self.name))?
-    }
-
-    /// A command inside this namespace.
-    fn command(&self, program: &str) -> Command {
-        let mut c = Command::new("ip");
-        c.args(["netns", "exec", &self.name, program]);
-        c
-    }
-
-    /// Whether `dev` has an IPv4 address yet.
-    fn has_v4(&self, dev: &str) -> bool {
-        Command::new("ip")
-            .args(["-n", &self.name, "-4", "-o", "addr", "show", "dev", dev])
-            .output()
-            .is_ok_and(|o| o.status.success() && !o.stdout.is_empty())
-    }
-}
-
-impl Drop for Netns {
-    fn drop(&mut self) {
-        let _ = std::fs::remove_dir_all(format!("/etc/netns/{}", self.name));
-        let _ = Command::new("ip")
-            .args(["netns", "del", &self.name])
-            .status();
-    }
-}
-
-/// The host namespace, the server's namespace behind a veth, and the servers.
-struct World {
-    host: Netns,
-    _server: Netns,
-}
-
-impl World {
-    fn new(mib: usize) -> Result<Self> {
-        let host = Netns::new("h")?;
-        let server = Netns::new("s")?;
-        ip(&[
-            "link",
-            "add",
-            "h0",
-            "netns",
-            &host.name,
-            "type",
-            "veth",
-            "peer",
-            "name",
-            "s0",
-            "netns",
-            &server.name,
-        ])?;
-        host.ip(&["addr", "add", &format!("{HOST_IP}/24"), "dev", "h0"])?;
-        host.ip(&["link", "set", "h0", "up"])?;
-        // pasta and slirp4netns leave by the default route; it stays inside the bench's link.
-        host.ip(&["route", "add", "default", "via", &SERVER_IP.to_string()])?;
-        // The host's resolver, for the peers' DNS forwarders (`ip netns exec` mounts it).
-        let etc = format!("/etc/netns/{}", host.name);
-        std::fs::create_dir_all(&etc)?;
-        std::fs::write(
-            format!("{etc}/resolv.conf"),
-            format!("nameserver {SERVER_IP}\n"),
-        )?;
-        server.ip(&["addr", "add", &format!("{SERVER_IP}/24"), "dev", "s0"])?;
-        server.ip(&["link", "set", "s0", "up"])?;
-        let bind = |port| server.run(move || TcpListener::bind((SERVER_IP, port)));
-        let sink = bind(SINK_PORT)??;
-        let source = bind(SOURCE_PORT)??;
-        let echo = bind(ECHO_PORT)??;
-        let names = server.run(|| UdpSocket::bind((SERVER_IP, 53)))??;
-        dns::serve(names, SERVER_IP);
-        serve(sink, |mut c| {
-            std::io::copy(&mut c, &mut std::io::sink())?;
-            c.write_all(b"k")
-        });
-        serve(source, move |mut c| {
-            let buf = vec![0x5a; 1 << 20];
-            for _ in 0..mib {
-                c.write_all(&buf)?;
-            }
-            Ok(())
-        });
-        serve(echo, |mut c| {
-            c.set_nodelay(true)?;
-            let mut buf = [0; 4096];
-            loop {
-                match c.read(&mut buf)? {
-                    0 => return Ok(()),
-                    n => c.write_all(&buf[..n])?,
-                }
-            }
-        });
-        Ok(Self {
-            host,
-            _server: server,
-        })
-    }
-}
-
-/// Serves each connection on its own thread.
-fn serve(
-    listener: TcpListener,
-    f: impl Fn(TcpStream) -> std::io::Result<()> + Send + Sync + Copy + 'static,
-) {
-    std::thread::spawn(move || {
-        for conn in listener.incoming().flatten() {
-            std::thread::spawn(move || f(conn));
-        }
-    });
 }
 
 /// One peer's sandbox namespace, with its stack running.
@@ -347,7 +189,7 @@ fn pasta(world: &World) -> Result<Sandbox> {
         ns,
         _stack: Stack::Process(child),
     };
-    ready(&sandbox, "eth0")?;
+    ready(&mut sandbox, "eth0")?;
     sandbox.mtu = mtu_of(&sandbox.ns, "eth0");
     Ok(sandbox)
 }
@@ -370,20 +212,26 @@ fn slirp4netns(world: &World) -> Result<Sandbox> {
         .stderr(Stdio::null())
         .spawn()
         .context("start slirp4netns")?;
-    let sandbox = Sandbox {
+    let mut sandbox = Sandbox {
         mtu: 65520,
         resolver: SocketAddr::from((SLIRP_DNS, 53)),
         ns,
         _stack: Stack::Process(child),
     };
-    ready(&sandbox, "tap0")?;
+    ready(&mut sandbox, "tap0")?;
     Ok(sandbox)
 }
 
-/// Waits until the peer has configured `dev` (neither tells us otherwise when joined by path).
-fn ready(s: &Sandbox, dev: &str) -> Result<()> {
+/// Waits until the peer has configured `dev` (neither tells us otherwise when joined by path);
+/// a peer that ended first (not installed: `ip netns exec` found no such program) is named.
+fn ready(s: &mut Sandbox, dev: &str) -> Result<()> {
     let end = Instant::now() + READY_DEADLINE;
     while !s.ns.has_v4(dev) {
+        if let Stack::Process(child) = &mut s._stack
+            && let Some(status) = child.try_wait()?
+        {
+            bail!("it ended ({status}) before configuring {dev}: is it installed?");
+        }
         if Instant::now() > end {
             bail!(
                 "{dev} in {} got no address in {READY_DEADLINE:?}",
