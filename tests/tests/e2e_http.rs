@@ -4,8 +4,9 @@
 use std::time::Duration;
 
 use belljar_api::{
-    Command, CommandStatus, CreateSandbox, Event, FileKind, LogLine, MoveRequest, PtySize,
-    RunCommand, Sandbox, SandboxStatus, Stream, TerminalMessage, WatchEvent,
+    Command, CommandStatus, CreateSandbox, Event, FileKind, LogLine, MoveRequest, NetworkMode,
+    NetworkPolicy, PtySize, RunCommand, Sandbox, SandboxStatus, Stream, TerminalMessage,
+    WatchEvent,
 };
 use belljar_client::routes::{self, with_query};
 use belljar_client::{self as client, Client, ClientError, Lines, TerminalOptions, log_bytes};
@@ -306,6 +307,23 @@ async fn events_and_watch_stream() {
     })
     .await
     .expect("no running event for the new sandbox");
+    // A sandbox's event carries what GET answers, its network policy too: the app's Network
+    // tab shows the policy from these events.
+    let deny = NetworkPolicy::Mode(NetworkMode::DenyAll);
+    c.set_network_policy(&sid, &deny).await.unwrap();
+    tokio::time::timeout(Duration::from_secs(30), async {
+        loop {
+            let e = events.next().await.unwrap().expect("events stream ended");
+            if let Event::Sandbox { sandbox, .. } = e
+                && sandbox.id == sid
+                && sandbox.network_policy.as_ref() == Some(&deny)
+            {
+                break;
+            }
+        }
+    })
+    .await
+    .expect("no event for the new policy");
     let cmd = sh(&c, &s.id, "true").await;
     tokio::time::timeout(Duration::from_secs(30), async {
         loop {
