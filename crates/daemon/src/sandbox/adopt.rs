@@ -13,6 +13,12 @@ use crate::store::{CommandRecord, EventBody};
 /// How long adoption waits for an agent to list its commands.
 const AGENT_LIST_TIMEOUT: Duration = Duration::from_secs(5);
 
+/// How often, how long without change and how long at most adoption lists an agent's
+/// commands again while some pending ones are unknown to it (see `settled_agent_commands`).
+const RELIST_EVERY: Duration = Duration::from_millis(200);
+const RELIST_QUIET: Duration = Duration::from_secs(1);
+const RELIST_FOR: Duration = Duration::from_secs(5);
+
 impl Sandboxes {
     /// At start: re-attaches to sandboxes that still run and settles those that ended while
     /// the daemon was away.
@@ -62,13 +68,15 @@ impl Sandboxes {
     /// output of its running commands again, from the first line not yet stored.
     async fn reattach(&self, s: &Sandbox) -> Result<(), SandboxError> {
         let unfinished = self.inner.store.unfinished_commands(&s.id)?;
-        let known = if unfinished
+        let pending: Vec<&str> = unfinished
             .iter()
-            .any(|r| r.command.status == CommandStatus::Pending)
-        {
-            Some(self.agent_commands(s).await)
-        } else {
+            .filter(|r| r.command.status == CommandStatus::Pending)
+            .map(|r| r.command.id.as_str())
+            .collect();
+        let known = if pending.is_empty() {
             None
+        } else {
+            Some(self.settled_agent_commands(s, &pending).await)
         };
         for mut rec in unfinished {
             if rec.command.status == CommandStatus::Pending {
@@ -83,6 +91,41 @@ impl Sandboxes {
             self.spawn_pump(rec, state, false);
         }
         Ok(())
+    }
+
+    /// The commands the sandbox's agent knows once it knows every `pending` one or its list
+    /// has stopped growing: starts the dead daemon sent may still be queued in the agent, and
+    /// run after a first listing (seen with 120 starts in flight at a `kill -9`). Listed again
+    /// every [`RELIST_EVERY`] until the list is unchanged for [`RELIST_QUIET`], at most
+    /// [`RELIST_FOR`]. Not a fence: a start queued longer than that still runs unrecorded.
+    async fn settled_agent_commands(
+        &self,
+        s: &Sandbox,
+        pending: &[&str],
+    ) -> Result<Vec<CommandInfo>, String> {
+        let all_known = |list: &[CommandInfo]| {
+            pending
+                .iter()
+                .all(|id| list.iter().any(|c| c.client_id.as_deref() == Some(*id)))
+        };
+        let deadline = tokio::time::Instant::now() + RELIST_FOR;
+        let mut list = self.agent_commands(s).await?;
+        let mut unchanged_since = tokio::time::Instant::now();
+        while !all_known(&list)
+            && unchanged_since.elapsed() < RELIST_QUIET
+            && tokio::time::Instant::now() < deadline
+        {
+            tokio::time::sleep(RELIST_EVERY).await;
+            // A failed listing keeps the last one: it answered for every command it names.
+            let Ok(again) = self.agent_commands(s).await else {
+                break;
+            };
+            if again.len() != list.len() {
+                unchanged_since = tokio::time::Instant::now();
+            }
+            list = again;
+        }
+        Ok(list)
     }
 
     /// The commands the sandbox's agent knows, within [`AGENT_LIST_TIMEOUT`].
