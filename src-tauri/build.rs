@@ -8,6 +8,7 @@ const COMMANDS: &[&str] = &[
     "set_tray",
     "open_terminal_window",
     "read_dropped_file",
+    "open_url",
 ];
 
 fn main() {

@@ -1,5 +1,6 @@
 //! The app's Tauri commands: only what a page in a browser cannot do (find or start the daemon,
-//! the tray, windows, dropped files). Each one is thin: it calls one function and maps the error.
+//! the tray, windows, dropped files, links to the user's browser). Each one is thin: it calls
+//! one function and maps the error.
 
 use std::path::PathBuf;
 use std::time::Duration;
@@ -7,10 +8,11 @@ use std::time::Duration;
 use serde::Serialize;
 use tauri::{AppHandle, Manager, State, WebviewUrl, WebviewWindowBuilder};
 
+use crate::AppState;
+use crate::browser::BrowserError;
 use crate::daemon::{Connection, DaemonError};
 use crate::drop::DropError;
-use crate::tray::{TrayError, TrayState};
-use crate::{AppState, TRAY_ID};
+use crate::tray::{TRAY_ID, TrayError, TrayState};
 
 /// How long the UI waits for a daemon the app has just started.
 pub(crate) const DAEMON_START_TIMEOUT: Duration = Duration::from_secs(30);
@@ -23,6 +25,8 @@ pub enum CommandError {
     Drop(#[from] DropError),
     #[error(transparent)]
     Tray(#[from] TrayError),
+    #[error(transparent)]
+    Browser(#[from] BrowserError),
     /// A window could not be opened.
     #[error("Cannot open a window: {0}")]
     Window(#[from] tauri::Error),
@@ -40,6 +44,8 @@ impl CommandError {
             Self::Daemon(_) => "daemon_config",
             Self::Drop(DropError::NotDropped(_)) => "forbidden",
             Self::Drop(_) => "io",
+            Self::Browser(BrowserError::NotWeb(_)) => "bad_request",
+            Self::Browser(_) => "no_browser",
             Self::Tray(_) | Self::Window(_) => "internal",
         }
     }
@@ -104,6 +110,15 @@ pub fn set_tray(app: AppHandle, tray: TrayState) -> Result<(), CommandError> {
 #[tauri::command]
 pub fn open_terminal_window(app: AppHandle, sandbox_id: String) -> Result<(), CommandError> {
     crate::open_terminal_window(&app, &sandbox_id)
+}
+
+/// Opens an `http`/`https` address in the user's browser (the webview opens no new window).
+#[tauri::command]
+pub async fn open_url(url: String) -> Result<(), CommandError> {
+    tauri::async_runtime::spawn_blocking(move || crate::browser::open(&url))
+        .await
+        .map_err(|e| DaemonError::Spawn(e.to_string()))?
+        .map_err(CommandError::from)
 }
 
 /// The bytes of a file that was dropped onto a window.

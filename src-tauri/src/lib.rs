@@ -1,9 +1,11 @@
 //! Belljar's desktop shell: one window with the web UI, a tray, terminal windows, native file
-//! drop, and the bundled daemon started when none runs. Everything about sandboxes goes through
-//! the daemon's API from the web UI; the Rust side only does what a page cannot.
+//! drop, links opened in the user's browser, and the bundled daemon started when none runs.
+//! Everything about sandboxes goes through the daemon's API from the web UI; the Rust side only
+//! does what a page cannot.
 
 #![forbid(unsafe_code)]
 
+pub mod browser;
 pub mod commands;
 pub mod daemon;
 pub mod drop;
@@ -11,10 +13,9 @@ pub mod startup;
 pub mod tray;
 
 use std::sync::Arc;
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 
 use belljar_client::ready::ReadySocket;
-use tauri::tray::TrayIconBuilder;
 use tauri::{AppHandle, DragDropEvent, Emitter, Manager, WindowEvent};
 use tauri_plugin_shell::ShellExt;
 use tauri_plugin_shell::process::CommandEvent;
@@ -23,10 +24,7 @@ use crate::commands::CommandError;
 use crate::daemon::DaemonPaths;
 use crate::drop::DropRegistry;
 use crate::startup::Startup;
-use crate::tray::{TrayAction, TrayState};
-
-/// The id of the app's one tray icon.
-pub const TRAY_ID: &str = "belljar";
+use crate::tray::TrayAction;
 
 /// Events the Rust side sends to the main window's page.
 pub mod events {
@@ -49,6 +47,9 @@ pub struct AppState {
     pub startup: Arc<Startup>,
     pub drops: DropRegistry,
     windows: AtomicU64,
+    /// Whether the tray icon is there. Without it, closing the main window quits the app, as
+    /// hiding it would leave no way back to it.
+    tray: AtomicBool,
 }
 
 /// Runs the app until the user quits.
@@ -67,6 +68,7 @@ pub fn run() {
             startup: Arc::default(),
             drops: DropRegistry::default(),
             windows: AtomicU64::new(0),
+            tray: AtomicBool::new(false),
         })
         .invoke_handler(tauri::generate_handler![
             commands::daemon_connection,
@@ -74,25 +76,19 @@ pub fn run() {
             commands::set_tray,
             commands::open_terminal_window,
             commands::read_dropped_file,
+            commands::open_url,
         ])
         .setup(|app| {
             start_daemon_if_needed(app.handle());
-            let menu = tray::build_menu(app.handle(), &TrayState::default())?;
-            let mut builder = TrayIconBuilder::with_id(TRAY_ID)
-                .tooltip("Belljar")
-                .menu(&menu)
-                .on_menu_event(|app, event| on_tray(app, event.id().as_ref()));
-            if let Ok(icon) =
-                tauri::image::Image::from_bytes(include_bytes!("../../icons/tray@2x.png"))
-            {
-                builder = builder.icon(icon);
-            }
-            builder.build(app)?;
+            install_tray(app.handle());
             Ok(())
         })
         .on_window_event(|window, event| match event {
-            // Closing the main window keeps the app in the tray; Quit ends it.
-            WindowEvent::CloseRequested { api, .. } if window.label() == "main" => {
+            // Closing the main window keeps the app in the tray, if there is one; Quit ends it.
+            WindowEvent::CloseRequested { api, .. }
+                if window.label() == "main"
+                    && window.state::<AppState>().tray.load(Ordering::Relaxed) =>
+            {
                 api.prevent_close();
                 let _ = window.hide();
             }
@@ -169,6 +165,19 @@ fn start_daemon_if_needed(app: &AppHandle) {
             eprintln!("belljar-app: cannot start the bundled belljard: {e}");
             startup.finish(Err(format!("cannot start the bundled belljard: {e}")));
         }
+    }
+}
+
+/// The tray is a convenience: a desktop without a status area, or one whose icon cannot be
+/// made, still gets the window, with a warning on standard error.
+fn install_tray(app: &AppHandle) {
+    let state = app.state::<AppState>();
+    let image_dir = state.paths.runtime_dir().join("tray-icon");
+    match tray::install(app, &image_dir, on_tray) {
+        Ok(_) => state.tray.store(true, Ordering::Relaxed),
+        Err(e) => eprintln!(
+            "belljar-app: warning: running without a tray icon ({e}); closing the window quits the app"
+        ),
     }
 }
 

@@ -5,15 +5,24 @@
 //! stream anyway, tells it what to show (`set_tray`), and actions that need the API are handed
 //! back to the UI as events. Only window handling happens here.
 
+use std::path::Path;
+
 use serde::{Deserialize, Serialize};
 use tauri::menu::{Menu, MenuItem, PredefinedMenuItem, Submenu};
+use tauri::tray::{TrayIcon, TrayIconBuilder};
 use tauri::{AppHandle, Runtime};
+
+/// The id of the app's one tray icon.
+pub const TRAY_ID: &str = "belljar";
 
 #[derive(Debug, thiserror::Error)]
 pub enum TrayError {
     /// Tauri refused to build the menu.
     #[error("Cannot build the tray menu: {0}")]
     Menu(#[from] tauri::Error),
+    /// The desktop's tray took no icon (its image file could not be written, for one).
+    #[error("Cannot make the tray icon: {0}")]
+    Icon(#[source] tauri::Error),
 }
 
 /// What the tray shows, as sent by the UI.
@@ -77,6 +86,28 @@ impl TrayAction {
             _ => None,
         }
     }
+}
+
+/// Puts the app's icon, with an empty menu until the UI sends one, in the desktop's tray;
+/// `on_menu` gets the id of each item clicked. The icon's image is a file the status area
+/// reads, written to `image_dir`: the app's private runtime directory, not the tray library's
+/// default, which without `XDG_RUNTIME_DIR` is a `/tmp/tray-icon` that the first user of the
+/// machine owns and every other user then fails to write.
+pub fn install<R: Runtime>(
+    app: &AppHandle<R>,
+    image_dir: &Path,
+    on_menu: fn(&AppHandle<R>, &str),
+) -> Result<TrayIcon<R>, TrayError> {
+    let menu = build_menu(app, &TrayState::default())?;
+    let mut builder = TrayIconBuilder::with_id(TRAY_ID)
+        .tooltip("Belljar")
+        .menu(&menu)
+        .temp_dir_path(image_dir)
+        .on_menu_event(move |app, event| on_menu(app, event.id().as_ref()));
+    if let Ok(icon) = tauri::image::Image::from_bytes(include_bytes!("../../icons/tray@2x.png")) {
+        builder = builder.icon(icon);
+    }
+    builder.build(app).map_err(TrayError::Icon)
 }
 
 /// Builds the tray menu for a state.

@@ -5,45 +5,26 @@
 // through the API appears), opens a terminal tab and runs a command; saves a screenshot.
 // Run under a display: `xvfb-run -a node app.test.mjs` (run.sh does).
 
-import { spawn, spawnSync } from "node:child_process";
+import { spawnSync } from "node:child_process";
 import { chmodSync, existsSync, mkdirSync, readFileSync, readlinkSync, realpathSync, statSync, writeFileSync, createWriteStream } from "node:fs";
 import { join } from "node:path";
-import { Steps, apiOn, freshHome, screenshots, startDaemon, stopPid, until, sleep } from "./harness.mjs";
+import { Steps, apiOn, freshHome, recordingOpener, screenshots, startDaemon, stopPid, until, sleep } from "./harness.mjs";
 import { installedApp, unmetDependencies } from "./installed.mjs";
+import { startDriver, tauriDriverExe, webDriver } from "./webdriver.mjs";
 
 const DRIVER_PORT = Number(process.env.TAURI_DRIVER_PORT || 4444);
 const steps = new Steps("app");
 const h = freshHome("belljar-app-");
 const api = apiOn(h.socket);
 const log = createWriteStream(join(h.home, "app.log"));
+const opener = recordingOpener(join(h.home, "opener"));
 let driver;
-let session;
 let sandboxId;
 const extra = [];
 let restarted;
 let app;
 
-/** A W3C WebDriver command. */
-async function wd(method, path, body) {
-  const res = await fetch(`http://127.0.0.1:${DRIVER_PORT}${path}`, {
-    method,
-    headers: { "Content-Type": "application/json" },
-    body: body === undefined ? undefined : JSON.stringify(body),
-  });
-  const json = await res.json().catch(() => ({}));
-  if (!res.ok) throw new Error(`${method} ${path}: ${res.status} ${JSON.stringify(json).slice(0, 400)}`);
-  return json.value;
-}
-const s = (path) => `/session/${session}${path}`;
-const ELEMENT = "element-6066-11e4-a4bb-d93f9b5bd54e";
-const exec = (script, args = []) => wd("POST", s("/execute/sync"), { script, args });
-async function find(css) {
-  const el = await wd("POST", s("/element"), { using: "css selector", value: css });
-  const id = el?.[ELEMENT] ?? Object.values(el ?? {})[0];
-  if (!id) throw new Error(`no element ${css}: ${JSON.stringify(el)}`);
-  return id;
-}
-const text = () => exec("return document.body.innerText");
+const { wd, s, exec, find, text, launch, quit } = webDriver(DRIVER_PORT);
 
 try {
   await steps.step("the installed package: a desktop entry whose program, icon and dependencies are there", async () => {
@@ -53,6 +34,9 @@ try {
     app = installedApp(realpathSync(prefix));
     const unmet = unmetDependencies(deb);
     if (unmet.length) throw new Error(`the .deb depends on what is not installed: ${unmet.join(", ")}`);
+    // The Open links of forwarded ports go to the user's browser through xdg-open.
+    const recommends = spawnSync("dpkg-deb", ["-f", deb, "Recommends"], { encoding: "utf8" }).stdout;
+    if (!/\bxdg-utils\b/.test(recommends)) throw new Error(`the .deb does not recommend xdg-utils: ${JSON.stringify(recommends)}`);
     console.log(`      ${app.desktopFile}: Exec=${app.entry.get("Exec")} -> ${app.exe}`);
   });
 
@@ -99,23 +83,17 @@ try {
       ...process.env,
       BELLJAR_HOME: h.home,
       BELLJAR_PORT: "0",
+      PATH: `${opener.dir}:${process.env.PATH}`,
       // WebKitGTK's sandbox needs user namespaces the test machine may not give it.
       WEBKIT_DISABLE_SANDBOX_THIS_IS_DANGEROUS: "1",
       WEBKIT_DISABLE_COMPOSITING_MODE: "1",
       LIBGL_ALWAYS_SOFTWARE: "1",
     };
-    const exe = process.env.TAURI_DRIVER || join(process.env.CARGO_HOME || join(process.env.HOME, ".cargo"), "bin/tauri-driver");
-    driver = spawn(exe, ["--port", String(DRIVER_PORT)], { env, stdio: ["ignore", "pipe", "pipe"] });
-    driver.stdout.on("data", (d) => log.write(d));
-    driver.stderr.on("data", (d) => log.write(d));
-    await until("tauri-driver to listen", async () => (await fetch(`http://127.0.0.1:${DRIVER_PORT}/status`)).ok, 15_000);
+    driver = await startDriver([tauriDriverExe(), "--port", String(DRIVER_PORT)], env, DRIVER_PORT, log);
   });
 
   await steps.step("launch the app from its desktop entry; it starts the packaged belljard", async () => {
-    const created = await wd("POST", "/session", {
-      capabilities: { alwaysMatch: { "tauri:options": { application: app.exe, args: app.args } } },
-    });
-    session = created.sessionId;
+    await launch(app.exe, app.args);
     await until("the app's daemon to write its port", () => existsSync(h.portFile), 30_000);
     // The daemon is the package's own sidecar, next to the app, not a belljard from elsewhere.
     const daemonExe = readlinkSync(`/proc/${readFileSync(h.pidFile, "utf8").trim()}/exe`);
@@ -160,11 +138,10 @@ try {
     writeFileSync(join(screenshots, "app-terminal.png"), Buffer.from(png, "base64"));
   });
 
-  await steps.step("the Network tab's Open link reaches the sandbox's server through its forwarded port", async () => {
-    // The link opens a new browser window (target=_blank), which the app's webview does not
-    // follow: the shell sets no new-window handler, so WebKitGTK creates none. What the app
-    // must get right is the link itself: the test reads its href from the app's page and
-    // asks that address, and the sandbox's server answers.
+  await steps.step("the Network tab's Open link hands the forwarded port to the user's browser", async () => {
+    // The webview follows no target=_blank link; the app passes the address to xdg-open. The
+    // xdg-open on the app's PATH here (opener below) records what it was given instead of
+    // starting a browser, and the test asks that address: the sandbox's server answers.
     await api.json("POST", `/v1/sandboxes/${sandboxId}/commands`, {
       argv: ["perl", "-MIO::Socket::INET", "-e",
         '$s=IO::Socket::INET->new(LocalPort=>8000,Listen=>5,ReuseAddr=>1) or die; while($c=$s->accept){while(<$c>){last if /^\\r?$/} print $c "HTTP/1.0 200 OK\\r\\nContent-Type: text/plain\\r\\n\\r\\nhello from the sandbox\\n"; close $c}'],
@@ -175,8 +152,13 @@ try {
     const href = await until("the Open link of port 8000", async () => exec(
       "return document.querySelector(\"a[aria-label='Open port 8000']\")?.getAttribute('href') ?? null"), 30_000);
     if (href !== mapped.url) throw new Error(`the app links ${href}, the daemon maps ${mapped.url}`);
-    await until("the sandbox's server behind the link", async () =>
-      (await fetch(href).then((r) => r.text(), () => "")).includes("hello from the sandbox"), 20_000);
+    const page = await exec("return location.href");
+    await wd("POST", s(`/element/${await find("a[aria-label='Open port 8000']")}/click`), {});
+    const opened = await until("xdg-open to be called", () => existsSync(opener.record) && readFileSync(opener.record, "utf8"), 20_000);
+    if (opened !== `${mapped.url}\n`) throw new Error(`xdg-open was given ${JSON.stringify(opened)}, not ${mapped.url}`);
+    if ((await exec("return location.href")) !== page) throw new Error("the app's window followed the link itself");
+    await until("the sandbox's server behind the opened address", async () =>
+      (await fetch(opened.trim()).then((r) => r.text(), () => "")).includes("hello from the sandbox"), 20_000);
     await api.call("DELETE", `/v1/sandboxes/${sandboxId}/ports/8000`);
     // The terminals again, as the steps below expect.
     await wd("POST", s(`/element/${await find("button[aria-label='Close Network']")}/click`), {});
@@ -236,7 +218,7 @@ try {
 
 } finally {
   for (const id of [sandboxId, ...extra].filter(Boolean)) await api.call("DELETE", `/v1/sandboxes/${id}`).catch(() => {});
-  if (session) await wd("DELETE", `/session/${session}`).catch(() => {});
+  await quit();
   if (driver) await stopPid(driver.pid);
   // The app's daemon outlives the app by design; this test started it, so it stops it.
   if (existsSync(h.pidFile)) await stopPid(Number(readFileSync(h.pidFile, "utf8").trim()));

@@ -3,7 +3,7 @@
 // passes and failures and saves screenshots to docs/screenshots/.
 
 import { spawn } from "node:child_process";
-import { existsSync, mkdirSync, mkdtempSync, readFileSync, rmSync } from "node:fs";
+import { chmodSync, existsSync, mkdirSync, mkdtempSync, readFileSync, rmSync, writeFileSync } from "node:fs";
 import http from "node:http";
 import { tmpdir } from "node:os";
 import { dirname, join, resolve } from "node:path";
@@ -83,6 +83,19 @@ export async function startDaemon(h, log) {
   }, 30_000);
   const port = Number(readFileSync(h.portFile, "utf8").trim());
   return { child, port, stop: () => stopPid(child.pid) };
+}
+
+/**
+ * An `xdg-open` in `dir` (put it first on the app's PATH) that writes the address it was
+ * given to `record` and opens nothing: what the app would have shown in the user's browser.
+ */
+export function recordingOpener(dir) {
+  mkdirSync(dir, { recursive: true, mode: 0o755 });
+  const record = join(dir, "opened");
+  const script = join(dir, "xdg-open");
+  writeFileSync(script, `#!/bin/sh\nprintf '%s\\n' "$*" > '${record}.tmp' && mv '${record}.tmp' '${record}'\n`);
+  chmodSync(script, 0o755);
+  return { dir, record };
 }
 
 /** SIGTERM, then SIGKILL if it lingers. */

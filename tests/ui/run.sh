@@ -1,8 +1,9 @@
 #!/usr/bin/env bash
 # Belljar's UI tests: the UI's unit tests, then builds what the others need (the web UI, belljard and the agent, the desktop
 # app's .deb with its sidecar (scripts/app-deb.sh, cached by its inputs), tauri-driver), then
-# runs the Playwright test in Debian's Chromium and the WebDriver test of the app as users get
-# it: the .deb unpacked into a clean prefix, started through its desktop entry under Xvfb.
+# runs the Playwright test in Debian's Chromium and the WebDriver tests of the app as users get
+# it: the .deb unpacked into a clean prefix, started through its desktop entry under Xvfb, by
+# the caller and (as root only) by an ordinary account the test makes.
 # Exits non-zero on any failure; the last line is "N passed, M failed".
 #
 # Needs (Debian): chromium xvfb webkit2gtk-driver libwebkit2gtk-4.1-dev libgtk-3-dev
@@ -93,6 +94,15 @@ if [[ " $which " == *" app "* ]]; then
   xvfb_pid=$!
   for _ in $(seq 50); do [ -e "/tmp/.X11-unix/X$n" ] && break; sleep 0.1; done
   DISPLAY=":$n" run node app.test.mjs
+  # The same package run by an ordinary account (made and removed by the test, which needs root).
+  if [ "$(id -u)" -eq 0 ]; then
+    DISPLAY=":$n" run node app-user.test.mjs
+  elif [ "${CI:-}" = true ]; then
+    echo "  ✗ app as a user: needs root to make its account" >&2
+    failed=$((failed + 1))
+  else
+    say "skipped: the app as an ordinary user (app-user.test.mjs) needs root to make its account"
+  fi
   kill "$xvfb_pid" 2>/dev/null
   wait "$xvfb_pid" 2>/dev/null
   rm -rf "$BELLJAR_APP_PREFIX"

@@ -10,7 +10,13 @@ import type { ErrorBody, ErrorCode } from "../generated/api";
 
 /** Codes that do not come from the daemon: the desktop app's own failures (src-tauri's
  *  `CommandError::code`), an answer that is not the daemon's JSON, or a bare HTTP status. */
-export type ClientErrorCode = "daemon_unavailable" | "daemon_config" | "io" | "bad_answer" | `http_${number}`;
+export type ClientErrorCode =
+  | "daemon_unavailable"
+  | "daemon_config"
+  | "io"
+  | "no_browser"
+  | "bad_answer"
+  | `http_${number}`;
 
 /** An error answered by the daemon (or the app), with its stable code. */
 export class ApiError extends Error {
@@ -61,6 +67,12 @@ export interface Client {
   reset(): void;
   /** Opens a window (or tab) with one terminal on a sandbox. */
   openTerminalWindow(sandboxId: string): Promise<void>;
+  /**
+   * Opens a link's address in the user's browser: in the app, which follows no
+   * `target=_blank` link, through the desktop (`xdg-open`); in a browser it returns null and
+   * the link's own click does it.
+   */
+  openInBrowser(url: string): Promise<void> | null;
   /** Tells the tray what to show; nothing in a browser. */
   setTray(state: TrayState): void;
   /** Native file drops (app only); returns an unsubscribe function. */
@@ -114,6 +126,9 @@ class BrowserClient implements Client {
   reset(): void {}
   async openTerminalWindow(sandboxId: string): Promise<void> {
     window.open(`${location.pathname}#/terminal/${encodeURIComponent(sandboxId)}`, "_blank");
+  }
+  openInBrowser(): null {
+    return null;
   }
   setTray(): void {}
   onNativeDrop(): () => void {
@@ -232,6 +247,12 @@ class TauriClient implements Client {
   async openTerminalWindow(sandboxId: string): Promise<void> {
     const { invoke } = await this.core();
     await invoke("open_terminal_window", { sandboxId }).catch((e) => {
+      throw toApiError(e);
+    });
+  }
+  async openInBrowser(url: string): Promise<void> {
+    const { invoke } = await this.core();
+    await invoke("open_url", { url }).catch((e) => {
       throw toApiError(e);
     });
   }
