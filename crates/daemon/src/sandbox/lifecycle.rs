@@ -349,7 +349,8 @@ impl Sandboxes {
     pub(super) fn save(&self, sandbox: &Sandbox) -> Result<(), SandboxError> {
         self.inner.store.put_sandbox(sandbox)?;
         self.track(sandbox);
-        let announced = self.with_mounts(sandbox.clone());
+        // As GET shows it: a save of a bare record (pause, stop) must not drop the policy.
+        let announced = self.for_client(sandbox.clone());
         self.inner
             .events
             .emit(EventBody::Sandbox(Box::new(announced)));
