@@ -203,6 +203,8 @@ pub struct SubidFacts {
     pub subgid: Option<(u32, u32)>,
     /// `newuidmap` and `newgidmap` are on `PATH`.
     pub helpers: bool,
+    /// The first subordinate id past everyone's ranges: where a new range overlaps no one's.
+    pub next_free: u64,
 }
 
 impl SubidFacts {
@@ -223,6 +225,7 @@ impl SubidFacts {
             user,
             helpers: belljar_namespace::idmap::which("newuidmap")
                 && belljar_namespace::idmap::which("newgidmap"),
+            next_free: belljar_namespace::idmap::next_free_subid(&root.join("etc")),
         }
     }
 }
@@ -245,9 +248,11 @@ pub fn subids(f: &SubidFacts) -> Finding {
         );
     }
     let user = f.user.as_deref().unwrap_or("$USER");
+    // A range of its own, past everyone's (a fixed one may be another user's).
+    let (start, end) = (f.next_free, f.next_free + 65535);
+    let add = format!("--add-subuids {start}-{end} --add-subgids {start}-{end} {user}");
     let (Some(u), Some(g)) = (f.subuid, f.subgid) else {
-        let fix =
-            format!("sudo usermod --add-subuids 100000-165535 --add-subgids 100000-165535 {user}");
+        let fix = format!("sudo usermod {add}");
         return Finding {
             fix: Some(fix),
             ..finding(
@@ -272,8 +277,15 @@ pub fn subids(f: &SubidFacts) -> Finding {
     }
     let count = u.1.min(g.1);
     if count < 65535 {
-        let fix =
-            format!("sudo usermod --add-subuids 100000-165535 --add-subgids 100000-165535 {user}");
+        // The short range is dropped: sandboxes use a user's first range only.
+        let last = |(s, c): (u32, u32)| u64::from(s) + u64::from(c) - 1;
+        let fix = format!(
+            "sudo usermod --del-subuids {}-{} --del-subgids {}-{} {add}",
+            u.0,
+            last(u),
+            g.0,
+            last(g)
+        );
         return Finding {
             fix: Some(fix),
             ..finding(

@@ -163,7 +163,14 @@ fn subordinate_ids_are_read_from_the_files() {
     // Rootless sandboxes refuse to start without a range (idmap::Error::NoSubids).
     assert_eq!(f.status, Status::Problem);
     assert!(f.found.contains("subids_missing"), "{}", f.found);
-    assert!(f.fix.unwrap().contains("--add-subgids"));
+    // The new range goes after every range already given (the user's own subuid here).
+    assert_eq!(
+        f.fix.as_deref(),
+        Some(
+            format!("sudo usermod --add-subuids 165536-231071 --add-subgids 165536-231071 {name}")
+                .as_str()
+        )
+    );
 
     fs::write(
         dir.path().join("etc/subgid"),
@@ -186,9 +193,14 @@ fn subordinate_ids_are_read_from_the_files() {
     assert_eq!(subids(&no_tools).status, Status::Problem);
     let small = SubidFacts {
         subuid: Some((100000, 1000)),
+        next_free: 300000,
         ..facts.clone()
     };
     assert_eq!(subids(&small).status, Status::Warning);
+    assert_eq!(
+        subids(&small).fix.as_deref(),
+        Some(format!("sudo usermod --del-subuids 100000-100999 --del-subgids 100000-165535 --add-subuids 300000-365535 --add-subgids 300000-365535 {name}").as_str())
+    );
     let root = SubidFacts {
         rootless: false,
         subuid: None,

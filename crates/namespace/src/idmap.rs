@@ -42,9 +42,13 @@ pub enum Error {
     /// Rootless without a subordinate id range: a sandbox could not have its `belljar` user.
     #[error(
         "No subordinate ids for {user} ({missing}): rootless sandboxes need 65536 of them. \
-         Add them with: sudo usermod --add-subuids 100000-165535 --add-subgids 100000-165535 {user}"
+         Add them with: {fix}"
     )]
-    NoSubids { user: String, missing: String },
+    NoSubids {
+        user: String,
+        missing: String,
+        fix: String,
+    },
     /// Rootless without the setuid helpers that write a multi-id map.
     #[error(
         "newuidmap and newgidmap are missing: rootless sandboxes need them to map subordinate \
@@ -130,8 +134,10 @@ impl IdMap {
                     .map(|(_, f)| format!("{}", etc.join(f).display()))
                     .collect::<Vec<_>>()
                     .join(", ");
+                let user = name.unwrap_or_else(|| uid.to_string());
                 return Err(Error::NoSubids {
-                    user: name.unwrap_or_else(|| uid.to_string()),
+                    fix: add_subids_command(etc, &user),
+                    user,
                     missing: format!("no entry in {missing}"),
                 });
             }
@@ -314,6 +320,33 @@ pub fn parse_subid(text: &str, name: Option<&str>, uid: u32) -> Option<(u32, u32
     })
 }
 
+/// The first id past every range of the `/etc/subuid`- and `/etc/subgid`-style files in `etc`
+/// (100000 when they are empty or missing): where a new user's 65536 ids overlap no one's.
+pub fn next_free_subid(etc: &Path) -> u64 {
+    ["subuid", "subgid"]
+        .iter()
+        .filter_map(|f| fs::read_to_string(etc.join(f)).ok())
+        .flat_map(|text| {
+            text.lines()
+                .filter_map(|l| {
+                    let mut f = l.trim().split(':').skip(1);
+                    let start: u64 = f.next()?.parse().ok()?;
+                    let count: u64 = f.next()?.parse().ok()?;
+                    Some(start + count)
+                })
+                .collect::<Vec<_>>()
+        })
+        .fold(100_000, u64::max)
+}
+
+/// The command that gives `user` 65536 subordinate uids and gids of its own, after every
+/// range already given (a fixed range such as 100000-165535 may be another user's).
+pub fn add_subids_command(etc: &Path, user: &str) -> String {
+    let start = next_free_subid(etc);
+    let end = start + 65535;
+    format!("sudo usermod --add-subuids {start}-{end} --add-subgids {start}-{end} {user}")
+}
+
 /// Whether `tool` is an executable file in a `PATH` directory (`newuidmap`, `newgidmap`).
 pub fn which(tool: &str) -> bool {
     std::env::var_os("PATH")
@@ -324,6 +357,23 @@ pub fn which(tool: &str) -> bool {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_new_users_ids_go_after_everyone_elses() {
+        let etc = tempfile::tempdir().unwrap();
+        assert_eq!(next_free_subid(etc.path()), 100_000);
+        fs::write(etc.path().join("subuid"), "a:100000:65536\nb:300000:1000\n").unwrap();
+        fs::write(
+            etc.path().join("subgid"),
+            "a:100000:65536\nc:400000:65536\nbad line\n",
+        )
+        .unwrap();
+        assert_eq!(next_free_subid(etc.path()), 465_536);
+        assert_eq!(
+            add_subids_command(etc.path(), "d"),
+            "sudo usermod --add-subuids 465536-531071 --add-subgids 465536-531071 d"
+        );
+    }
 
     #[test]
     fn subid_by_name_or_uid() {
@@ -342,7 +392,10 @@ mod tests {
         let err = IdMap::rootless_from(etc.path(), true).unwrap_err();
         assert_eq!(err.code(), "subids_missing");
         let text = err.to_string();
-        assert!(text.contains("sudo usermod --add-subuids"), "{text}");
+        assert!(
+            text.contains("sudo usermod --add-subuids 100000-165535 --add-subgids 100000-165535"),
+            "{text}"
+        );
         assert!(text.contains("subuid, "), "{text}");
         let me = Uid::current().as_raw();
         fs::write(etc.path().join("subuid"), format!("{me}:100000:65536\n")).unwrap();
