@@ -112,6 +112,11 @@ mod tests {
         }
     }
 
+    /// Held by each test that writes a script and runs it: a fork by another test's spawn
+    /// while the script is still open for writing keeps a copy of that descriptor until the
+    /// child execs, and running the script then fails with ETXTBSY ("Text file busy").
+    static SCRIPTS: std::sync::Mutex<()> = std::sync::Mutex::new(());
+
     /// A script standing in for `xdg-open`: records its arguments, then exits with `code`.
     fn opener(dir: &std::path::Path, code: i32) -> (String, std::path::PathBuf) {
         let script = dir.join(format!("opener-{code}"));
@@ -130,6 +135,7 @@ mod tests {
 
     #[test]
     fn the_opener_gets_the_address_as_its_one_argument() {
+        let _one_at_a_time = SCRIPTS.lock().unwrap_or_else(|e| e.into_inner());
         let dir = tempfile::tempdir().unwrap();
         let (script, record) = opener(dir.path(), 0);
         open_with(&script, "http://127.0.0.1:8000/a b").unwrap_err();
@@ -143,6 +149,7 @@ mod tests {
 
     #[test]
     fn a_failing_or_missing_opener_is_an_error() {
+        let _one_at_a_time = SCRIPTS.lock().unwrap_or_else(|e| e.into_inner());
         let dir = tempfile::tempdir().unwrap();
         let (script, _) = opener(dir.path(), 3);
         let err = open_with(&script, "http://127.0.0.1:1/").unwrap_err();
