@@ -249,8 +249,7 @@ pub fn subids(f: &SubidFacts) -> Finding {
     }
     let user = f.user.as_deref().unwrap_or("$USER");
     // A range of its own, past everyone's (a fixed one may be another user's).
-    let (start, end) = (f.next_free, f.next_free + 65535);
-    let add = format!("--add-subuids {start}-{end} --add-subgids {start}-{end} {user}");
+    let add = belljar_namespace::idmap::add_subids_args(f.next_free, user);
     let (Some(u), Some(g)) = (f.subuid, f.subgid) else {
         let fix = format!("sudo usermod {add}");
         return Finding {

@@ -326,7 +326,7 @@ pub fn next_free_subid(etc: &Path) -> u64 {
     ["subuid", "subgid"]
         .iter()
         .filter_map(|f| fs::read_to_string(etc.join(f)).ok())
-        .flat_map(|text| {
+        .map(|text| {
             text.lines()
                 .filter_map(|l| {
                     let mut f = l.trim().split(':').skip(1);
@@ -334,17 +334,25 @@ pub fn next_free_subid(etc: &Path) -> u64 {
                     let count: u64 = f.next()?.parse().ok()?;
                     Some(start + count)
                 })
-                .collect::<Vec<_>>()
+                .max()
+                .unwrap_or(0)
         })
         .fold(100_000, u64::max)
+}
+
+/// `usermod`'s arguments that give `user` 65536 subordinate uids and gids from `start`.
+pub fn add_subids_args(start: u64, user: &str) -> String {
+    let end = start + 65535;
+    format!("--add-subuids {start}-{end} --add-subgids {start}-{end} {user}")
 }
 
 /// The command that gives `user` 65536 subordinate uids and gids of its own, after every
 /// range already given (a fixed range such as 100000-165535 may be another user's).
 pub fn add_subids_command(etc: &Path, user: &str) -> String {
-    let start = next_free_subid(etc);
-    let end = start + 65535;
-    format!("sudo usermod --add-subuids {start}-{end} --add-subgids {start}-{end} {user}")
+    format!(
+        "sudo usermod {}",
+        add_subids_args(next_free_subid(etc), user)
+    )
 }
 
 /// Whether `tool` is an executable file in a `PATH` directory (`newuidmap`, `newgidmap`).

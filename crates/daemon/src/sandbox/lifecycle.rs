@@ -349,11 +349,7 @@ impl Sandboxes {
     pub(super) fn save(&self, sandbox: &Sandbox) -> Result<(), SandboxError> {
         self.inner.store.put_sandbox(sandbox)?;
         self.track(sandbox);
-        // As GET shows it: a save of a bare record (pause, stop) must not drop the policy.
-        let announced = self.for_client(sandbox.clone());
-        self.inner
-            .events
-            .emit(EventBody::Sandbox(Box::new(announced)));
+        self.emit_sandbox(sandbox.clone());
         Ok(())
     }
 
@@ -386,12 +382,12 @@ impl Sandboxes {
         validate_tags(req.tags.as_ref())?;
         let lock = self.lock_for(id);
         let _guard = lock.lock().await;
-        self.get(id)?;
+        self.record(id)?;
         // The policy first, so that the sandbox's event carries the new one.
         if let Some(policy) = &req.network_policy {
             self.replace_network_policy(id, policy)?;
         }
-        let mut s = self.get(id)?;
+        let mut s = self.record(id)?;
         if let Some(tags) = req.tags {
             s.tags = tags;
         }

@@ -267,9 +267,15 @@ impl Sandboxes {
 
     /// Tells subscribers of a change that is not in the sandbox's row (its mounts).
     fn announce(&self, id: &str) -> Result<(), SandboxError> {
-        let s = self.with_mounts(self.record(id)?);
-        (self.inner.events).emit(crate::store::EventBody::Sandbox(Box::new(s)));
+        self.emit_sandbox(self.record(id)?);
         Ok(())
+    }
+
+    /// Emits a sandbox event showing it as GET does: a bare record (pause, stop, a mount)
+    /// must not drop its policy or its mounts from subscribers' view.
+    fn emit_sandbox(&self, s: Sandbox) {
+        let shown = self.for_client(s);
+        (self.inner.events).emit(crate::store::EventBody::Sandbox(Box::new(shown)));
     }
 
     /// A sandbox's row without its network policy: for the daemon's own checks on busy paths
