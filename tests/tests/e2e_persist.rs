@@ -16,6 +16,11 @@ use belljar_client::Client;
 use belljar_e2e::events::{status_of, wait_event};
 use belljar_e2e::{Daemon, sh_ok, stderr, stdout};
 
+/// The options of the overlay at a sandbox's `/`, as its kernel shows them.
+async fn root_overlay(c: &Client, id: &str) -> String {
+    sh_ok(c, id, "awk '$5 == \"/\"' /proc/self/mountinfo").await
+}
+
 async fn created_snapshots(c: &Client, id: &str) -> Vec<belljar_api::Snapshot> {
     c.list_snapshots(&ListSnapshotsQuery {
         sandbox_id: Some(id.into()),
@@ -132,6 +137,9 @@ async fn a_timeout_snapshots_a_persistent_sandbox_and_others_cannot_start_again(
         )
         .await;
     sh_ok(&c, &short.id, "echo soon > /workspace/f").await;
+    // A persistent sandbox's writable layer keeps its syncs; a disposable one's skips them
+    // (a `volatile` overlay).
+    assert!(!root_overlay(&c, &short.id).await.contains("volatile"));
     let stopped = wait_event(
         &mut events,
         60,
@@ -148,6 +156,7 @@ async fn a_timeout_snapshots_a_persistent_sandbox_and_others_cannot_start_again(
 
     // Not persistent: stopping loses its files, and it cannot be started again.
     let plain = d.create(&c, CreateSandbox::default()).await;
+    assert!(root_overlay(&c, &plain.id).await.contains("volatile"));
     c.stop_sandbox(&plain.id).await.unwrap();
     assert!(created_snapshots(&c, &plain.id).await.is_empty());
     let err = c.start_sandbox(&plain.id).await.unwrap_err();

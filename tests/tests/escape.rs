@@ -120,6 +120,7 @@ impl Sandbox {
             limits,
             env: vec![],
             mounts: vec![],
+            durable: false,
         };
         eprintln!("{id}: agent {}", spec.agent.display());
         let running = belljar_namespace::launch(&spec).expect("launch");

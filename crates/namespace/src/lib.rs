@@ -134,6 +134,9 @@ pub struct SandboxSpec {
     pub env: Vec<(String, String)>,
     /// Directory snapshots mounted at paths of the sandbox (see [`snapshot_mounts`]).
     pub mounts: Vec<LayerMount>,
+    /// Whether the writable layers keep the sandbox's syncs (a persistent sandbox's, whose
+    /// files outlive it); otherwise they are `volatile` overlays that skip every sync.
+    pub durable: bool,
 }
 
 /// Resource limits; `None` means unlimited.

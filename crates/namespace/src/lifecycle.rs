@@ -82,6 +82,12 @@ pub enum Error {
     NotReady { path: PathBuf, waited: Duration },
     #[error(transparent)]
     Disk(#[from] disk::Error),
+    #[error(
+        "The writable layer in {} was a volatile overlay (no syncs) when the host went down: \
+         its files may be torn, so it is not mounted again; delete the sandbox",
+        path.display()
+    )]
+    TornLayer { path: PathBuf },
     #[error(transparent)]
     UserTree(#[from] crate::usertree::Error),
 }
@@ -118,8 +124,33 @@ pub fn launch(spec: &SandboxSpec) -> Result<Running, Error> {
         None => crate::LimitStatus::NotRequested,
     };
     let ids = (root_uid, root_gid);
+    if let Err(e) = settle_volatile(&fs_dir, previous.as_ref()) {
+        disk::unmount(&fs_dir);
+        return Err(e);
+    }
     prepare_and_start(spec, &fs_dir, &map, rootless, ids, disk_status).inspect_err(|_| {
         disk::unmount(&fs_dir);
+    })
+}
+
+/// A `volatile` overlay (see [`mounts::overlay_data`]) leaves a marker in its work directory
+/// that makes the kernel refuse to mount that layer again. A relaunch on the same layer in the
+/// same boot may: nothing was lost, and the marker goes. After a host crash it may not.
+fn settle_volatile(fs_dir: &Path, previous: Option<&State>) -> Result<(), Error> {
+    let marker = fs_dir.join("work/work/incompat/volatile");
+    if fs::symlink_metadata(&marker).is_err() {
+        return Ok(());
+    }
+    let now = state::boot_id();
+    let same_boot = now.is_some() && previous.and_then(|p| p.boot_id.clone()) == now;
+    if !same_boot {
+        return Err(Error::TornLayer {
+            path: fs_dir.join("upper"),
+        });
+    }
+    fs::remove_dir_all(&marker).map_err(|source| Error::Remove {
+        path: marker,
+        source,
     })
 }
 
@@ -184,6 +215,7 @@ fn prepare_and_start(
             limits: limits.clone(),
             root_uid,
             rootless,
+            boot_id: state::boot_id(),
         };
         st.save(dir)?;
         Ok(pid)
@@ -289,7 +321,12 @@ fn start(
             target: c(&format!("layer{i}")),
         });
     }
-    let mut plan = mounts::mount_plan(&lower, map.maps_gid(5), spec.limits.memory_bytes);
+    let mut plan = mounts::mount_plan(
+        &lower,
+        map.maps_gid(5),
+        spec.limits.memory_bytes,
+        spec.durable,
+    );
     // Snapshot mounts go over the root overlay (the plan's first step), before the pivot.
     let mount_trees = if rootless {
         Vec::new()
@@ -298,7 +335,7 @@ fn start(
     };
     plan.splice(
         1..1,
-        crate::snapshot_mounts::steps(&spec.mounts, &mount_trees),
+        crate::snapshot_mounts::steps(&spec.mounts, &mount_trees, spec.durable),
     );
     steps.extend(plan);
     steps.push(Step::HostsEntry {

@@ -164,7 +164,7 @@ pub(crate) fn trees(
 
 /// PID 1's steps for the mounts, to run once the root overlay is at `merged` (before the
 /// pivot): attach each layer tree, make the missing components of the path, mount.
-pub(crate) fn steps(mounts: &[LayerMount], trees: &[Vec<OwnedFd>]) -> Vec<Step> {
+pub(crate) fn steps(mounts: &[LayerMount], trees: &[Vec<OwnedFd>], durable: bool) -> Vec<Step> {
     let mut steps = Vec::new();
     for (m, trees) in mounts
         .iter()
@@ -195,11 +195,11 @@ pub(crate) fn steps(mounts: &[LayerMount], trees: &[Vec<OwnedFd>]) -> Vec<Step> 
                 mode: 0o755,
             });
         }
-        let data = format!(
-            "lowerdir={},upperdir={},workdir={},userxattr",
-            lowers.join(":"),
-            dir(n, "upper"),
-            dir(n, "work")
+        let data = crate::mounts::overlay_data(
+            &lowers.join(":"),
+            &dir(n, "upper"),
+            &dir(n, "work"),
+            durable,
         );
         steps.push(Step::Mount {
             source: Some(c("overlay")),

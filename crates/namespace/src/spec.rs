@@ -103,6 +103,7 @@ mod tests {
             limits: Default::default(),
             env: vec![],
             mounts: vec![],
+            durable: false,
         };
         assert!(matches!(validate(&spec), Err(Error::Spec(_))));
         let ok = SandboxSpec {

@@ -60,6 +60,17 @@ pub(crate) struct State {
     pub root_uid: u32,
     /// The id block (as root) or the invoking user (rootless).
     pub rootless: bool,
+    /// The host's boot when PID 1 started (`/proc/sys/kernel/random/boot_id`): a relaunch
+    /// on the same writable layer in the same boot knows that no host crash came between.
+    #[serde(default)]
+    pub boot_id: Option<String>,
+}
+
+/// This boot of the host, as the kernel names it.
+pub(crate) fn boot_id() -> Option<String> {
+    fs::read_to_string("/proc/sys/kernel/random/boot_id")
+        .ok()
+        .map(|s| s.trim().to_owned())
 }
 
 impl State {

@@ -25,6 +25,7 @@ fn spec(tmp: &Path, id: &str, limits: Limits) -> SandboxSpec {
         limits,
         env: vec![("BELLJAR_TEST".into(), "1".into())],
         mounts: vec![],
+        durable: false,
     }
 }
 
@@ -196,13 +197,27 @@ fn survives_the_death_of_the_launching_process_and_is_adopted() {
     belljar_namespace::destroy(&spec.state_dir).unwrap();
 }
 
+/// The source and options of the overlay at the sandbox's `/`, as its kernel shows them.
+fn root_overlay_options(socket: &Path) -> String {
+    // The fields after " - " are the type, the source and the superblock's options.
+    let out = sh(
+        socket,
+        "awk '$5 == \"/\"' /proc/1/mountinfo | sed 's/.* - overlay //'",
+    );
+    assert_eq!(out.code, 0, "{}", out.text);
+    out.text
+}
+
 #[test]
 fn exit_from_inside_is_seen_and_relaunch_keeps_the_writable_layer() {
     let tmp = tmpdir();
-    let spec = spec(tmp.path(), "relaunch", Limits::default());
+    let mut spec = spec(tmp.path(), "relaunch", Limits::default());
     let _guard = Guard(spec.state_dir.clone());
     let running = belljar_namespace::launch(&spec).unwrap();
     belljar_namespace::wait_ready(&running.socket, T).unwrap();
+    // A disposable sandbox's writable layer skips syncs.
+    let options = root_overlay_options(&running.socket);
+    assert!(options.contains("volatile"), "{options:?}");
     assert!(matches!(
         belljar_namespace::launch(&spec),
         Err(belljar_namespace::Error::AlreadyRunning(pid)) if pid == running.pid
@@ -226,8 +241,16 @@ fn exit_from_inside_is_seen_and_relaunch_keeps_the_writable_layer() {
     assert!(watch.wait(Some(T)), "PID 1 exited");
     assert!(belljar_namespace::adopt(&spec.state_dir).unwrap().is_none());
     belljar_namespace::stop(&spec.state_dir, Duration::from_secs(1)).unwrap();
+    // The volatile overlay's marker does not keep the layer from being mounted again in the
+    // same boot, now durable (as a persistent sandbox's is).
+    spec.durable = true;
     let again = belljar_namespace::launch(&spec).unwrap();
     belljar_namespace::wait_ready(&again.socket, T).unwrap();
+    let options = root_overlay_options(&again.socket);
+    assert!(
+        options.contains("userxattr") && !options.contains("volatile"),
+        "{options}"
+    );
     assert_eq!(
         again.root_uid, running.root_uid,
         "same id block for the same layer"
@@ -526,4 +549,30 @@ fn the_sandbox_starts_with_no_signal_of_the_daemon_ignored_or_blocked() {
     );
     assert_eq!(field("SigBlk:"), 0, "{}", out.text);
     belljar_namespace::destroy(&spec.state_dir).unwrap();
+}
+
+#[test]
+fn a_volatile_layer_is_not_mounted_again_after_the_host_went_down() {
+    let tmp = tmpdir();
+    let spec = spec(tmp.path(), "torn", Limits::default());
+    let _guard = Guard(spec.state_dir.clone());
+    let running = belljar_namespace::launch(&spec).unwrap();
+    belljar_namespace::wait_ready(&running.socket, T).unwrap();
+    belljar_namespace::stop(&spec.state_dir, Duration::from_secs(1)).unwrap();
+    // As after a reboot: the state names another boot than this one.
+    let path = spec.state_dir.join("sandbox.json");
+    let mut state: serde_json::Value =
+        serde_json::from_slice(&std::fs::read(&path).unwrap()).unwrap();
+    assert!(state["boot_id"].is_string(), "{state}");
+    state["boot_id"] = "00000000-0000-0000-0000-000000000000".into();
+    std::fs::write(&path, state.to_string()).unwrap();
+    match belljar_namespace::launch(&spec) {
+        Err(e @ belljar_namespace::Error::TornLayer { .. }) => {
+            assert!(e.to_string().contains("delete the sandbox"), "{e}")
+        }
+        other => panic!("expected TornLayer, got {other:?}"),
+    }
+    // The disk the launch mounted to look is unmounted again, so the sandbox can go.
+    belljar_namespace::destroy(&spec.state_dir).unwrap();
+    assert!(!spec.state_dir.exists());
 }

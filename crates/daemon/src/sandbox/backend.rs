@@ -102,6 +102,9 @@ pub struct LaunchSpec {
     pub layers: Vec<PathBuf>,
     /// Directory snapshots mounted at paths of the sandbox.
     pub mounts: Vec<MountSpec>,
+    /// Whether the sandbox's writes must keep their syncs (a persistent sandbox: its files
+    /// outlive it); a disposable one skips them where the backend can.
+    pub durable: bool,
 }
 
 /// A directory snapshot mounted at a path of the sandbox (copy-on-write).

@@ -260,6 +260,7 @@ impl Sandboxes {
                 .collect(),
             layers,
             mounts: self.launch_mounts(&sandbox.id)?,
+            durable: sandbox.lifecycle.persistent,
         };
         std::fs::create_dir_all(&state_dir)?;
         let t = Instant::now();

@@ -92,6 +92,7 @@ impl BackendDriver for Namespace {
             },
             env: spec.agent_env.clone(),
             mounts: spec.mounts.iter().map(layer_mount).collect(),
+            durable: spec.durable,
         };
         ns::launch(&spec)
             .map(|r| launched(&r))

@@ -51,6 +51,7 @@ fn main() -> Result<()> {
                 limits,
                 env: vec![],
                 mounts: vec![],
+                durable: true,
             };
             let running = belljar_namespace::launch(&spec)?;
             println!("{}", serde_json::to_string(&running)?);
@@ -122,6 +123,7 @@ fn bench(n: usize, rootfs: PathBuf, agent: PathBuf, work: PathBuf) -> Result<()>
             },
             env: vec![],
             mounts: vec![],
+            durable: false,
         };
         let start = Instant::now();
         let running = belljar_namespace::launch(&spec)?;
