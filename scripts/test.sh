@@ -10,6 +10,14 @@ here=$(cd "$(dirname "$0")/.." && pwd)
 cd "$here"
 . "$here/scripts/env.sh"
 
+# Root's suite, as CI runs it: some of its tests make accounts and network namespaces, switch
+# uids or mount sized disks, and the v1 limits need root. Said here, not after half an hour of
+# building; an ordinary user's run is the rootless job in L1 (below).
+if [ "$(id -u)" -ne 0 ]; then
+  echo "error: scripts/test.sh runs as root, as CI does (its tests make accounts and network namespaces, switch uids and mount disks); the ordinary user's tests run in the rootless job in L1 (README, Tests)" >&2
+  exit 1
+fi
+
 "$here/scripts/setup.sh"
 
 step "belljar on PATH, as README's commands use it"

@@ -328,6 +328,20 @@ fn an_ordinary_user_runs_belljar_from_its_home() {
     // The web UI's one-time address answers: the token is exchanged for a session cookie.
     let url = user.belljar_ok(&["ui", "--no-open"]);
     assert_eq!(ui_status(url.trim()), 303, "{url}");
+
+    // Only root builds images (debootstrap, chroot): the user's daemon refuses at once and
+    // names the command that builds one into the user's own cache with sudo.
+    let out = user.belljar(&["images", "build", "base"]);
+    let err = String::from_utf8_lossy(&out.stderr);
+    let sudo = format!(
+        "sudo env BELLJAR_CACHE={} ",
+        user.stage.path().join("cache").display()
+    );
+    assert!(!out.status.success(), "{err}");
+    assert!(
+        err.contains("(forbidden)") && err.contains(&sudo) && err.contains("build-image.sh base`"),
+        "{err}"
+    );
 }
 
 /// The status of a GET of `url` (`http://127.0.0.1:PORT/path?query`).

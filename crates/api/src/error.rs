@@ -62,7 +62,8 @@ pub enum ErrorCode {
     BadRequest,
     /// 401: no or wrong bearer token.
     Unauthorized,
-    /// 403: a foreign `Origin` or a non-loopback `Host`.
+    /// 403: a foreign `Origin` or a non-loopback `Host`; an image build asked of a daemon that
+    /// is not root.
     Forbidden,
     /// 404: no such sandbox, command, image or file.
     NotFound,

@@ -32,9 +32,16 @@ pub enum ImageError {
     /// No recipe and no built image of that name.
     #[error("Unknown image {0:?}")]
     Unknown(String),
-    /// The image exists as a recipe but is not built.
-    #[error("Image {name} is not built; run `belljar images build {name}`")]
-    NotBuilt { name: String },
+    /// The image exists as a recipe but is not built; `build` is the command that builds it
+    /// for this daemon ([`Images::build_command`]).
+    #[error("Image {name} is not built; run `{build}`")]
+    NotBuilt { name: String, build: String },
+    /// This daemon is not root, and only root can build an image (debootstrap, chroot and
+    /// device nodes); `build` is the command that does it with sudo.
+    #[error(
+        "Building image {name} needs root (debootstrap, chroot, device nodes), and this daemon runs as an ordinary user: run `{build}`"
+    )]
+    NeedsRoot { name: String, build: String },
     /// A build of the image is already running.
     #[error("Image {0} is already being built")]
     Busy(String),
@@ -68,6 +75,8 @@ pub struct Images {
     guest_images: PathBuf,
     store: Store,
     building: Arc<Mutex<HashSet<String>>>,
+    /// Whether this daemon runs as root, the only user that can build an image.
+    root: bool,
 }
 
 /// Image names are recipe directory names: lowercase letters, digits, `.`, `-`.
@@ -88,7 +97,21 @@ impl Images {
             guest_images,
             store,
             building: Default::default(),
+            root: nix::unistd::Uid::effective().is_root(),
         }
+    }
+
+    /// The command that builds image `name` for this daemon: through the API as root; for an
+    /// ordinary user's daemon, the build script with sudo, writing into this daemon's cache
+    /// (the script finds the static agent that the set-up built, or the one a package ships
+    /// beside it).
+    pub fn build_command(&self, name: &str) -> String {
+        build_command(
+            self.root,
+            &self.paths.cache,
+            &self.guest_images.join("build-image.sh"),
+            name,
+        )
     }
 
     /// The built image `name`.
@@ -102,6 +125,7 @@ impl Images {
             if self.recipe(name).is_dir() || KNOWN.contains(&name) {
                 return Err(ImageError::NotBuilt {
                     name: name.to_owned(),
+                    build: self.build_command(name),
                 });
             }
             return Err(ImageError::Unknown(name.to_owned()));
@@ -186,6 +210,14 @@ impl Images {
         if !valid_name(name) {
             return Err(ImageError::BadName(name.to_owned()));
         }
+        // Before the recipe is looked at: an ordinary user's daemon may not be able to read
+        // the build tree, and whatever it holds, this daemon cannot build.
+        if !self.root && (KNOWN.contains(&name) || self.recipe(name).is_dir()) {
+            return Err(ImageError::NeedsRoot {
+                name: name.to_owned(),
+                build: self.build_command(name),
+            });
+        }
         if !self.recipe(name).is_dir() {
             return Err(ImageError::Unknown(name.to_owned()));
         }
@@ -269,6 +301,29 @@ impl Images {
     }
 }
 
+/// See [`Images::build_command`].
+fn build_command(root: bool, cache: &Path, script: &Path, name: &str) -> String {
+    if root {
+        return format!("belljar images build {name}");
+    }
+    let cache = format!("BELLJAR_CACHE={}", cache.display());
+    format!(
+        "sudo env {} {} {name}",
+        shell_word(&cache),
+        shell_word(&script.display().to_string())
+    )
+}
+
+/// `s` as one word of a POSIX shell: as it is when that is safe, else single-quoted.
+fn shell_word(s: &str) -> String {
+    let plain = |c: char| c.is_ascii_alphanumeric() || "/._+-=:@,".contains(c);
+    if !s.is_empty() && s.chars().all(plain) {
+        s.to_owned()
+    } else {
+        format!("'{}'", s.replace('\'', "'\\''"))
+    }
+}
+
 async fn forward_lines(
     lines: Option<tokio::io::Lines<BufReader<tokio::process::ChildStdout>>>,
     tx: mpsc::Sender<ImageBuildEvent>,
@@ -317,6 +372,28 @@ mod tests {
         std::fs::create_dir_all(gi.join("recipes/base")).unwrap();
         let images = Images::new(paths, gi, Store::open_in_memory().unwrap());
         (dir, images)
+    }
+
+    #[test]
+    fn names_the_build_command_for_root_and_for_an_ordinary_user() {
+        let script = Path::new("/src/guest-images/build-image.sh");
+        assert_eq!(
+            build_command(true, Path::new("/c"), script, "node24"),
+            "belljar images build node24"
+        );
+        assert_eq!(
+            build_command(
+                false,
+                Path::new("/home/ann/.cache/belljar"),
+                script,
+                "node24"
+            ),
+            "sudo env BELLJAR_CACHE=/home/ann/.cache/belljar /src/guest-images/build-image.sh node24"
+        );
+        assert_eq!(
+            build_command(false, Path::new("/home/a b/it's"), script, "base"),
+            "sudo env 'BELLJAR_CACHE=/home/a b/it'\\''s' /src/guest-images/build-image.sh base"
+        );
     }
 
     #[test]

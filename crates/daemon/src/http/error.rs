@@ -88,6 +88,7 @@ fn image_code(e: &ImageError) -> ErrorCode {
         ImageError::BadName(_) => ErrorCode::BadRequest,
         ImageError::Unknown(_) | ImageError::NotBuilt { .. } => ErrorCode::ImageNotAvailable,
         ImageError::Busy(_) => ErrorCode::Conflict,
+        ImageError::NeedsRoot { .. } => ErrorCode::Forbidden,
         ImageError::NoScript(_) => ErrorCode::Internal,
     }
 }
@@ -265,9 +266,18 @@ mod tests {
         check(
             ApiError::Image(ImageError::NotBuilt {
                 name: "base".into(),
+                build: "belljar images build base".into(),
             }),
             400,
             "image_not_available",
+        );
+        check(
+            ApiError::Image(ImageError::NeedsRoot {
+                name: "base".into(),
+                build: "sudo env BELLJAR_CACHE=/c /g/build-image.sh base".into(),
+            }),
+            403,
+            "forbidden",
         );
     }
 }

@@ -68,7 +68,8 @@ pub enum Errors {
     /// `unauthorized`: no or a wrong bearer token or session cookie (TCP only).
     #[response(status = 401)]
     Unauthorized(#[to_schema] ErrorBody),
-    /// `forbidden`: a foreign `Origin` or a non-loopback `Host`; or the agent's
+    /// `forbidden`: a foreign `Origin` or a non-loopback `Host`; an image build asked of a
+    /// daemon that is not root (the message names the command that builds it); or the agent's
     /// `permission_denied`.
     #[response(status = 403)]
     Forbidden(#[to_schema] ErrorBody),
