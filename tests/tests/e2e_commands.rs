@@ -10,7 +10,7 @@ use std::time::Duration;
 
 use belljar_api::{BackendChoice, Command, CommandStatus, CreateSandbox, RunCommand};
 use belljar_client::{Client, ClientError, log_bytes};
-use belljar_e2e::{Daemon, stderr, stdout};
+use belljar_e2e::{Daemon, run, stderr, stdout};
 
 /// Commands started at once in the kill test.
 const IN_FLIGHT: usize = 120;
@@ -362,4 +362,27 @@ async fn a_waited_command_has_all_its_output() {
         });
         futures_join(runs.collect()).await;
     }
+}
+
+/// The agent keeps `/etc/passwd` and `/etc/group` between starts; a change made in the
+/// sandbox must still reach the next command.
+#[tokio::test(flavor = "multi_thread")]
+async fn users_and_groups_changed_in_the_sandbox_reach_the_next_command() {
+    let d = Daemon::start();
+    let c = d.unix();
+    let s = d.create(&c, CreateSandbox::default()).await;
+    let show = ["sh", "-c", "id -Gn; echo $HOME"];
+    let (code, before) = run(&c, &s.id, &show, false).await;
+    assert_eq!(code, 0, "{before}");
+    assert!(!before.contains("sandboxers") && !before.ends_with("/srv/home\n"));
+    // As root: a group with the user in it (appended), and the user's home moved (`sed -i`
+    // writes a new file and renames it over the old one).
+    let change = r"echo sandboxers:x:4242:belljar >> /etc/group && mkdir -p /srv/home &&
+        sed -i 's#^\(belljar:[^:]*:[^:]*:[^:]*:[^:]*:\)[^:]*#\1/srv/home#' /etc/passwd";
+    let (code, out) = run(&c, &s.id, &["sh", "-c", change], true).await;
+    assert_eq!(code, 0, "{out}");
+    let (code, after) = run(&c, &s.id, &show, false).await;
+    assert_eq!(code, 0, "{after}");
+    assert!(after.contains("sandboxers"), "{after}");
+    assert!(after.ends_with("/srv/home\n"), "{after}");
 }

@@ -11,8 +11,8 @@
 //! | method | path | request | response |
 //! |---|---|---|---|
 //! | GET | `/v1/health` | | [`AgentInfo`] |
-//! | POST | `/v1/commands` | [`StartCommand`] | [`CommandInfo`] |
-//! | GET | `/v1/commands` | | `Vec<CommandInfo>` |
+//! | POST | `/v1/commands` | [`StartCommand`] | [`CommandInfo`]; with `?follow=true`, NDJSON of [`Followed`] |
+//! | GET | `/v1/commands` | `?fence=N` refuses starts of any other epoch from now on | `Vec<CommandInfo>` |
 //! | GET | `/v1/commands/{id}` | `?wait=true` blocks until exit and complete output | [`CommandInfo`] |
 //! | GET | `/v1/commands/{id}/output` | `?follow=true&skip=N` | NDJSON of [`OutputLine`] |
 //! | POST | `/v1/commands/{id}/stdin` | raw bytes, streamed; `?close=true` closes stdin at body end | 204 |
@@ -112,6 +112,8 @@ pub mod codes {
     pub const COMMAND_FINISHED: &str = "command_finished";
     pub const EXEC_FAILED: &str = "exec_failed";
     pub const UNKNOWN_USER: &str = "unknown_user";
+    /// A start of another epoch than the agent was last listed with (`StartCommand::epoch`).
+    pub const STALE_START: &str = "stale_start";
     /// A FIFO, socket or device where a regular file is needed.
     pub const NOT_A_REGULAR_FILE: &str = "not_a_regular_file";
     /// The file or mount is in use (`EBUSY`, `ETXTBSY`).
@@ -176,7 +178,19 @@ pub struct StartCommand {
     /// another: a client that lost the answer (or restarted) can ask again safely.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub client_id: Option<String>,
+    /// The epoch of the daemon that sends the start (one per daemon run). Once listed with
+    /// `GET /v1/commands?fence=N`, an agent refuses starts of any other epoch with
+    /// `stale_start`: a start that a dead daemon sent and the agent had not yet read cannot
+    /// run after the restarted daemon listed the commands. A daemon refused so for its own
+    /// epoch (an agent restored from a snapshot keeps the fence of its past) fences again
+    /// with its own and asks once more.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub epoch: Option<u64>,
 }
+
+/// The header with which an agent that knows fences answers `GET /v1/commands?fence=N`: the
+/// only epoch it now accepts starts of. An older agent ignores `fence` and sends no header.
+pub const FENCE_HEADER: &str = "belljar-fence";
 
 /// The longest [`StartCommand::client_id`] the agent accepts.
 pub const MAX_CLIENT_ID_LEN: usize = 128;
@@ -221,6 +235,33 @@ pub struct CommandInfo {
 pub enum Stream {
     Stdout,
     Stderr,
+}
+
+/// One NDJSON line of `POST /v1/commands?follow=true`: the command's start, its output, and
+/// its end, so that one request carries a command's whole life. An agent older than this
+/// answers such a start with a plain [`CommandInfo`] (`application/json`), and the client
+/// then follows the output and waits with their own requests.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(untagged)]
+pub enum Followed {
+    /// First: the command as started (what the start answers without `follow`).
+    Started(FollowedStart),
+    /// Last: the command once it has exited and its output is complete (`?wait=true`).
+    Ended(FollowedEnd),
+    /// Between: a line of output, as `/output` sends it.
+    Output(OutputLine),
+}
+
+/// The first line of a followed start.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct FollowedStart {
+    pub started: CommandInfo,
+}
+
+/// The last line of a followed start.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct FollowedEnd {
+    pub ended: CommandInfo,
 }
 
 /// One NDJSON line of command output.

@@ -113,10 +113,19 @@ pub fn run(data: &[u8]) {
         let Ok(client) = AgentClient::handshake(client_io).await else {
             return;
         };
-        let result: Result<(), ClientError> = match call % 10 {
+        let result: Result<(), ClientError> = match call % 12 {
             0 => client.health().await.map(drop),
             1 => client.command("c1").await.map(drop),
             2 => client.list_commands().await.map(drop),
+            10 => client.list_commands_fenced(7).await.map(drop),
+            11 => {
+                let start = belljar_agent_proto::StartCommand::default();
+                match client.start_following(&start).await {
+                    Ok((_, Some(life))) => drain(Ok(life), drop).await,
+                    Ok((_, None)) => Ok(()),
+                    Err(e) => Err(e),
+                }
+            }
             3 => {
                 drain(client.output("c1", 0, true).await, |line| {
                     let _ = line.bytes();

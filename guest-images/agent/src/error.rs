@@ -44,6 +44,9 @@ pub enum AgentError {
     /// The program could not be started.
     #[error("Cannot execute {program}: {reason}")]
     ExecFailed { program: String, reason: String },
+    /// A start from another daemon than the last listing's (see `StartCommand::epoch`).
+    #[error("Start refused: epoch {epoch} is not the fenced {fence}")]
+    StaleStart { epoch: u64, fence: u64 },
     /// No such user in /etc/passwd.
     #[error("Unknown user: {0}")]
     UnknownUser(String),
@@ -81,6 +84,7 @@ impl AgentError {
             AgentError::CommandFinished(_) => codes::COMMAND_FINISHED,
             AgentError::ExecFailed { .. } => codes::EXEC_FAILED,
             AgentError::UnknownUser(_) => codes::UNKNOWN_USER,
+            AgentError::StaleStart { .. } => codes::STALE_START,
             AgentError::NotARegularFile(_) => codes::NOT_A_REGULAR_FILE,
             AgentError::Busy(_) => codes::BUSY,
             AgentError::FileTooLarge(_) => codes::FILE_TOO_LARGE,
@@ -104,6 +108,7 @@ impl AgentError {
             AgentError::Exists(_)
             | AgentError::NotEmpty(_)
             | AgentError::CommandFinished(_)
+            | AgentError::StaleStart { .. }
             | AgentError::Busy(_) => StatusCode::CONFLICT,
             AgentError::FileTooLarge(_) => StatusCode::PAYLOAD_TOO_LARGE,
             AgentError::TryAgain(_) => StatusCode::SERVICE_UNAVAILABLE,

@@ -7,8 +7,8 @@ use std::io;
 use std::sync::Arc;
 
 use belljar_agent_proto::{
-    AgentInfo, ErrorBody, ErrorDetail, MkdirRequest, MoveRequest, PtySize, RemoveRequest,
-    ShutdownAction, ShutdownRequest, SignalRequest, StartCommand, query,
+    AgentInfo, ErrorBody, ErrorDetail, FENCE_HEADER, MkdirRequest, MoveRequest, PtySize,
+    RemoveRequest, ShutdownAction, ShutdownRequest, SignalRequest, StartCommand, query,
 };
 use bytes::Bytes;
 use futures::{Stream, TryStreamExt};
@@ -76,10 +76,30 @@ async fn route(app: Arc<App>, req: Request<Incoming>) -> Result<Response<ResBody
             started_at: app.started_at,
         }),
         (Method::POST, ["v1", "commands"]) => {
+            let follow = flag(&q, "follow")?;
             let start: StartCommand = read_json(req).await?;
-            json(&app.commands.start(start)?)
+            let started = app.commands.start(start)?;
+            if follow {
+                let lines = app.commands.follow(started)?;
+                return Ok(stream(lines, "application/x-ndjson", None));
+            }
+            json(&started)
         }
-        (Method::GET, ["v1", "commands"]) => json(&app.commands.list()),
+        (Method::GET, ["v1", "commands"]) => {
+            let fence = match q.get("fence") {
+                Some(f) => Some(
+                    f.parse()
+                        .map_err(|_| AgentError::BadRequest(format!("bad fence {f}")))?,
+                ),
+                None => None,
+            };
+            let (list, fence) = app.commands.list(fence);
+            let mut resp = json(&list)?;
+            if let Some(fence) = fence {
+                resp.headers_mut().insert(FENCE_HEADER, fence.into());
+            }
+            Ok(resp)
+        }
         (Method::GET, ["v1", "commands", id]) => {
             json(&app.commands.info(id, flag(&q, "wait")?).await?)
         }

@@ -1,9 +1,12 @@
 //! Users and groups from /etc/passwd and /etc/group, parsed by hand: the agent is linked
 //! statically, where glibc's NSS lookups do not work.
 
+use std::collections::HashMap;
 use std::fs;
 use std::io;
-use std::path::Path;
+use std::os::unix::fs::MetadataExt;
+use std::path::{Path, PathBuf};
+use std::sync::{Arc, LazyLock, Mutex};
 
 /// A user as commands and files need it.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -34,7 +37,7 @@ pub enum UsersError {
 /// Looks `name` up in `<etc>/passwd` and `<etc>/group`.
 pub fn lookup_in(etc: &Path, name: &str) -> Result<User, UsersError> {
     let passwd = read(&etc.join("passwd"))?;
-    let group = read(&etc.join("group")).unwrap_or_default();
+    let group = read(&etc.join("group")).unwrap_or_else(|_| "".into());
     find(&passwd, &group, |fields| fields[0] == name)
         .ok_or_else(|| UsersError::Unknown(name.to_owned()))
 }
@@ -42,7 +45,7 @@ pub fn lookup_in(etc: &Path, name: &str) -> Result<User, UsersError> {
 /// Looks up the user with `uid` in `<etc>/passwd` and `<etc>/group`.
 pub fn lookup_uid_in(etc: &Path, uid: u32) -> Result<User, UsersError> {
     let passwd = read(&etc.join("passwd"))?;
-    let group = read(&etc.join("group")).unwrap_or_default();
+    let group = read(&etc.join("group")).unwrap_or_else(|_| "".into());
     find(&passwd, &group, |fields| fields[2].parse() == Ok(uid))
         .ok_or_else(|| UsersError::Unknown(uid.to_string()))
 }
@@ -93,11 +96,52 @@ fn synthesized(uid: u32) -> User {
     }
 }
 
-fn read(path: &Path) -> Result<String, UsersError> {
-    fs::read_to_string(path).map_err(|source| UsersError::Read {
+/// What identifies a version of a file: when any of it changes, the file is read again.
+#[derive(Clone, Copy, PartialEq, Eq)]
+struct Stamp {
+    dev: u64,
+    ino: u64,
+    mtime: (i64, i64),
+    ctime: (i64, i64),
+    size: u64,
+}
+
+impl Stamp {
+    fn of(meta: &fs::Metadata) -> Self {
+        Self {
+            dev: meta.dev(),
+            ino: meta.ino(),
+            mtime: (meta.mtime(), meta.mtime_nsec()),
+            ctime: (meta.ctime(), meta.ctime_nsec()),
+            size: meta.size(),
+        }
+    }
+}
+
+/// The passwd and group files as last read, by path: every command's start looks its user
+/// up, and a `stat` is much cheaper than reading and closing both files each time. A file
+/// replaced (new inode, as `useradd` does), appended to, or written at another time is read
+/// again.
+static FILES: LazyLock<Mutex<HashMap<PathBuf, (Stamp, Arc<str>)>>> =
+    LazyLock::new(Default::default);
+
+fn read(path: &Path) -> Result<Arc<str>, UsersError> {
+    let failed = |source| UsersError::Read {
         path: path.display().to_string(),
         source,
-    })
+    };
+    // Stamped before reading: a change during the read gives a new stamp, so the next
+    // lookup reads the file again.
+    let stamp = Stamp::of(&fs::metadata(path).map_err(failed)?);
+    let mut files = FILES.lock().unwrap_or_else(|e| e.into_inner());
+    if let Some((cached, text)) = files.get(path)
+        && *cached == stamp
+    {
+        return Ok(text.clone());
+    }
+    let text: Arc<str> = fs::read_to_string(path).map_err(failed)?.into();
+    files.insert(path.to_owned(), (stamp, text.clone()));
+    Ok(text)
 }
 
 fn find(passwd: &str, group: &str, matches: impl Fn(&[&str]) -> bool) -> Option<User> {
@@ -168,5 +212,33 @@ mod tests {
             lookup_in(dir.path(), "x"),
             Err(UsersError::Unknown(_))
         ));
+    }
+
+    #[test]
+    fn users_added_or_changed_after_a_lookup_are_seen() {
+        let dir = tempfile::tempdir().unwrap();
+        let (passwd, group) = (dir.path().join("passwd"), dir.path().join("group"));
+        fs::write(&passwd, PASSWD).unwrap();
+        fs::write(&group, GROUP).unwrap();
+        assert!(lookup_in(dir.path(), "alice").is_err());
+        // Appended, as `echo >> /etc/passwd` does.
+        let mut more = fs::OpenOptions::new().append(true).open(&passwd).unwrap();
+        io::Write::write_all(&mut more, b"alice:x:1001:1001::/home/alice:/bin/sh\n").unwrap();
+        assert_eq!(lookup_in(dir.path(), "alice").unwrap().uid, 1001);
+        // Replaced by a file of the same size, as `useradd` and `usermod` do (a new file
+        // renamed over the old one).
+        let edited = dir.path().join("passwd+");
+        fs::write(
+            &edited,
+            fs::read_to_string(&passwd)
+                .unwrap()
+                .replace("1001:1001", "1002:1002"),
+        )
+        .unwrap();
+        fs::rename(&edited, &passwd).unwrap();
+        assert_eq!(lookup_uid_in(dir.path(), 1002).unwrap().name, "alice");
+        // A group gained the user.
+        fs::write(&group, format!("{GROUP}dev:x:500:alice\n")).unwrap();
+        assert_eq!(lookup_in(dir.path(), "alice").unwrap().groups, [1002, 500]);
     }
 }

@@ -3,6 +3,7 @@
 //! vsock socket), typed calls for the JSON routes and streams for the byte and NDJSON routes.
 //! The file routes are in [`files`].
 
+mod commands;
 mod files;
 
 use std::io;
@@ -24,9 +25,9 @@ use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt};
 use tokio::net::UnixStream;
 
 use crate::{
-    AgentInfo, CommandInfo, ErrorBody, FileEntry, FileListPage, Metrics, MkdirRequest, MoveRequest,
-    OutputLine, PtySize, RemoveRequest, ShutdownAction, ShutdownRequest, SignalRequest,
-    StartCommand, WatchEvent, query,
+    AgentInfo, CommandInfo, ErrorBody, FileEntry, FileListPage, Followed, Metrics, MkdirRequest,
+    MoveRequest, OutputLine, PtySize, RemoveRequest, ShutdownAction, ShutdownRequest,
+    SignalRequest, StartCommand, WatchEvent, query,
 };
 
 /// The body type of every request the client sends.
@@ -80,6 +81,9 @@ pub enum ClientError {
     /// The hybrid vsock socket refused the connection.
     #[error("Hybrid vsock handshake failed: {0}")]
     Handshake(String),
+    /// The agent's answer is not what the route promises.
+    #[error("Unexpected answer from the agent: {0}")]
+    Protocol(&'static str),
     /// An NDJSON line exceeded the client's bound.
     #[error("NDJSON line too long")]
     LineTooLong,
@@ -292,88 +296,6 @@ impl AgentClient {
     /// `GET /v1/health`.
     pub async fn health(&self) -> Result<AgentInfo, ClientError> {
         self.json(Method::GET, "/v1/health", None::<&()>).await
-    }
-
-    /// `POST /v1/commands`: starts a command and returns at once.
-    pub async fn start_command(&self, start: &StartCommand) -> Result<CommandInfo, ClientError> {
-        self.json(Method::POST, "/v1/commands", Some(start)).await
-    }
-
-    /// `GET /v1/commands`.
-    pub async fn list_commands(&self) -> Result<Vec<CommandInfo>, ClientError> {
-        self.json(Method::GET, "/v1/commands", None::<&()>).await
-    }
-
-    /// `GET /v1/commands/{id}`.
-    pub async fn command(&self, id: &str) -> Result<CommandInfo, ClientError> {
-        let path = format!("/v1/commands/{}", query::encode(id));
-        self.json(Method::GET, &path, None::<&()>).await
-    }
-
-    /// `GET /v1/commands/{id}?wait=true`: blocks until the command exits and its output is
-    /// complete, so that reading the output afterwards finds all of it.
-    pub async fn wait_command(&self, id: &str) -> Result<CommandInfo, ClientError> {
-        let path = format!("/v1/commands/{}?wait=true", query::encode(id));
-        // A long poll: no deadline on the answer, only a bound on its size.
-        let resp = self
-            .send_untimed(Method::GET, &path, None, empty_body())
-            .await?;
-        json_body(resp).await
-    }
-
-    /// `GET /v1/commands/{id}/output`: the output from line `skip`, followed until the command
-    /// ends when `follow` is set.
-    pub async fn output(
-        &self,
-        id: &str,
-        skip: u64,
-        follow: bool,
-    ) -> Result<JsonStream<OutputLine>, ClientError> {
-        let skip = skip.to_string();
-        let path = format!(
-            "/v1/commands/{}/output{}",
-            query::encode(id),
-            query::build(&[
-                ("follow", if follow { "true" } else { "false" }),
-                ("skip", &skip)
-            ])
-        );
-        let resp = self.send(Method::GET, &path, None, empty_body()).await?;
-        Ok(ndjson(body_stream(resp)))
-    }
-
-    /// `POST /v1/commands/{id}/stdin`: streams `body` to the command's stdin, closing it at the
-    /// end when `close` is set.
-    pub async fn write_stdin(
-        &self,
-        id: &str,
-        body: RequestBody,
-        close: bool,
-    ) -> Result<(), ClientError> {
-        let path = format!(
-            "/v1/commands/{}/stdin{}",
-            query::encode(id),
-            query::build(&[("close", if close { "true" } else { "false" })])
-        );
-        let resp = self
-            .send_untimed(Method::POST, &path, Some("application/octet-stream"), body)
-            .await?;
-        within(self.timeout, drain(resp)).await
-    }
-
-    /// `POST /v1/commands/{id}/signal`.
-    pub async fn signal(&self, id: &str, signal: &str) -> Result<(), ClientError> {
-        let path = format!("/v1/commands/{}/signal", query::encode(id));
-        let body = SignalRequest {
-            signal: signal.to_owned(),
-        };
-        self.no_content(Method::POST, &path, &body).await
-    }
-
-    /// `POST /v1/commands/{id}/resize`.
-    pub async fn resize(&self, id: &str, size: PtySize) -> Result<(), ClientError> {
-        let path = format!("/v1/commands/{}/resize", query::encode(id));
-        self.no_content(Method::POST, &path, &size).await
     }
 
     /// `GET /v1/metrics`.

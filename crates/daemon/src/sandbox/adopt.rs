@@ -88,16 +88,19 @@ impl Sandboxes {
             }
             let lines = super::logs::repair(&rec.log_path)?;
             let state = self.inner.logs.register(&rec.command.id, lines);
-            self.spawn_pump(rec, state, false);
+            self.spawn_pump(rec, state, false, None);
         }
         Ok(())
     }
 
-    /// The commands the sandbox's agent knows once it knows every `pending` one or its list
-    /// has stopped growing: starts the dead daemon sent may still be queued in the agent, and
-    /// run after a first listing (seen with 120 starts in flight at a `kill -9`). Listed again
-    /// every [`RELIST_EVERY`] until the list is unchanged for [`RELIST_QUIET`], at most
-    /// [`RELIST_FOR`]. Not a fence: a start queued longer than that still runs unrecorded.
+    /// The commands the sandbox's agent knows, final for every `pending` one. Starts the dead
+    /// daemon sent may still be queued in the agent, and run after a first listing (seen with
+    /// 120 starts in flight at a `kill -9`). The listing carries this daemon's epoch, after
+    /// which the agent refuses every start of another (`StartCommand::epoch`), so one
+    /// listing is final. An agent too old to fence is listed again every [`RELIST_EVERY`]
+    /// until it knows every pending command or its list is unchanged for [`RELIST_QUIET`], at
+    /// most [`RELIST_FOR`]; that is a wait, not a fence: a start queued longer still runs
+    /// unrecorded.
     async fn settled_agent_commands(
         &self,
         s: &Sandbox,
@@ -109,7 +112,10 @@ impl Sandboxes {
                 .all(|id| list.iter().any(|c| c.client_id.as_deref() == Some(*id)))
         };
         let deadline = tokio::time::Instant::now() + RELIST_FOR;
-        let mut list = self.agent_commands(s).await?;
+        let (mut list, fence) = self.agent_commands(s).await?;
+        if fence == Some(self.inner.epoch) {
+            return Ok(list);
+        }
         let mut unchanged_since = tokio::time::Instant::now();
         while !all_known(&list)
             && unchanged_since.elapsed() < RELIST_QUIET
@@ -117,7 +123,7 @@ impl Sandboxes {
         {
             tokio::time::sleep(RELIST_EVERY).await;
             // A failed listing keeps the last one: it answered for every command it names.
-            let Ok(again) = self.agent_commands(s).await else {
+            let Ok((again, _)) = self.agent_commands(s).await else {
                 break;
             };
             if again.len() != list.len() {
@@ -128,12 +134,13 @@ impl Sandboxes {
         Ok(list)
     }
 
-    /// The commands the sandbox's agent knows, within [`AGENT_LIST_TIMEOUT`].
-    async fn agent_commands(&self, s: &Sandbox) -> Result<Vec<CommandInfo>, String> {
+    /// The commands the sandbox's agent knows, within [`AGENT_LIST_TIMEOUT`], and the fence
+    /// it now holds (`None` from an agent too old to fence).
+    async fn agent_commands(&self, s: &Sandbox) -> Result<(Vec<CommandInfo>, Option<u64>), String> {
         let list = async {
             let agent = self.agent(s).await?;
             agent
-                .list_commands()
+                .list_commands_fenced(self.inner.epoch)
                 .await
                 .map_err(|e| self.agent_error(&s.id, e))
         };

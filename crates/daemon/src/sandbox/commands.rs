@@ -1,5 +1,5 @@
 //! Commands in a sandbox: start them through the agent, keep their output in the log file,
-//! record how they ended, and signal, feed and resize them.
+//! record how they ended (the pump, in `pump`), and signal, feed and resize them.
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -9,15 +9,16 @@ use belljar_agent_proto::{
     CommandInfo, DEFAULT_CWD, DEFAULT_USER, PtySize as AgentPty, StartCommand, codes as agent_codes,
 };
 use belljar_api::{
-    Command, CommandStatus, KillCommand, PtySize, RunCommand, SandboxStatus, valid_idempotency_key,
+    Command, CommandStatus, KillCommand, PtySize, RunCommand, valid_idempotency_key,
 };
 use bytes::Bytes;
-use futures::{Stream, StreamExt};
+use futures::Stream;
 use tokio::sync::watch;
 
-use super::logs::{self, LogState, LogWriter};
+use super::logs::{self, LogState};
+use super::pump::Life;
 use super::{SandboxError, Sandboxes};
-use crate::store::{CommandRecord, EventBody};
+use crate::store::{CommandRecord, Store};
 use crate::util::{is_id, new_id, now_ms};
 
 /// What recording a new command found.
@@ -133,9 +134,11 @@ impl Sandboxes {
             }),
             stdin: req.stdin,
             client_id: Some(cid.clone()),
+            epoch: Some(self.inner.epoch),
         };
-        let info = match self.ask_start(id, agent.clone(), &start).await {
-            Ok(info) => info,
+        // On the pumps' connection: a followed start's answer lasts as long as the command.
+        let (info, life) = match self.ask_start(id, &start).await {
+            Ok(started) => started,
             Err(e) => {
                 self.unstarted(&rec, &e).await;
                 return Err(e);
@@ -148,18 +151,19 @@ impl Sandboxes {
         rec.command.pty = info.pty;
         rec.command.status = CommandStatus::Running;
         rec.command.started_at = info.started_at;
-        let store = &self.inner.store;
+        let running = rec.clone();
         let promoted = self
             .inner
             .events
-            .record(|ts| store.promote_command_with_event(&rec, ts))?;
+            .record_grouped(move |c, ts| Store::promote_command_with_event_on(c, &running, ts))
+            .await?;
         if !promoted {
             // The sandbox ended (and the command was settled as lost) while the agent answered.
             self.inner.logs.finish(&cid);
             let settled = self.command_record(id, &cid)?;
             return Ok((settled, agent));
         }
-        self.spawn_pump(rec.clone(), state, true);
+        self.spawn_pump(rec.clone(), state, true, life);
         Ok((rec, agent))
     }
 
@@ -196,7 +200,12 @@ impl Sandboxes {
             idempotency_key: key.map(str::to_owned),
         };
         let state = self.inner.logs.register(&rec.command.id, 0);
-        let inserted = self.inner.store.insert_command(&rec);
+        let pending = rec.clone();
+        let inserted = self
+            .inner
+            .events
+            .record_grouped(move |c, _| Ok((Store::insert_command_on(c, &pending)?, None)))
+            .await;
         if matches!(inserted, Ok(true)) {
             return Ok(Recorded::New(rec, state));
         }
@@ -258,24 +267,34 @@ impl Sandboxes {
         Ok(Some(existing))
     }
 
-    /// Asks the agent to start the command; when the answer is lost in transport, asks once
-    /// more on a new connection. The agent knows the command by its client id, so asking
-    /// again never starts it twice.
+    /// Asks the agent to start the command, with the rest of its life on the same request
+    /// when the agent can (see [`AgentClient::start_following`]); when the answer is lost in
+    /// transport, asks once more on a new connection. The agent knows the command by its
+    /// client id, so asking again never starts it twice.
     async fn ask_start(
         &self,
         id: &str,
-        agent: AgentClient,
         start: &StartCommand,
-    ) -> Result<CommandInfo, SandboxError> {
-        match agent.start_command(start).await {
-            Ok(info) => Ok(info),
+    ) -> Result<(CommandInfo, Option<Life>), SandboxError> {
+        let agent = self.pump_agent(id).await?;
+        match agent.start_following(start).await {
+            Ok(started) => Ok(started),
+            Err(ClientError::Api { code, .. }) if code == agent_codes::STALE_START => {
+                // Fenced by another daemon's epoch: an agent restored from a snapshot keeps
+                // the fence of its past. Only this daemon talks to it now: fence it with ours.
+                let again = async {
+                    agent.list_commands_fenced(self.inner.epoch).await?;
+                    agent.start_following(start).await
+                };
+                again.await.map_err(|e| self.agent_error(id, e))
+            }
             Err(e @ ClientError::Api { .. }) => Err(SandboxError::Agent(e)),
             Err(e) => {
                 tracing::debug!(sandbox = %id, error = %e, "asking the agent again");
                 let _ = self.agent_error(id, e);
-                let agent = self.agent_of(id).await?;
+                let agent = self.pump_agent(id).await?;
                 agent
-                    .start_command(start)
+                    .start_following(start)
                     .await
                     .map_err(|e| self.agent_error(id, e))
             }
@@ -300,143 +319,6 @@ impl Sandboxes {
             );
         }
         self.inner.logs.finish(cid);
-    }
-
-    /// Follows the command's output into its log until it ends, then records how it ended.
-    /// `new_log`: the command was just recorded, so its log cannot exist yet (see
-    /// [`LogWriter::new_log`]); else (re-attached after a restart) it is looked for.
-    pub(super) fn spawn_pump(
-        &self,
-        rec: CommandRecord,
-        state: Arc<watch::Sender<LogState>>,
-        new_log: bool,
-    ) {
-        let this = self.clone();
-        tokio::spawn(async move { this.pump(rec, state, new_log).await });
-    }
-
-    async fn pump(&self, rec: CommandRecord, state: Arc<watch::Sender<LogState>>, new_log: bool) {
-        let sid = rec.command.sandbox_id.clone();
-        let cid = rec.command.id.clone();
-        let writer = if new_log {
-            Ok(LogWriter::new_log(&rec.log_path, state))
-        } else {
-            LogWriter::open(&rec.log_path, state).await
-        };
-        let outcome = match (&rec.agent_id, writer) {
-            (Some(agent_id), Ok(mut writer)) => self.follow(&sid, agent_id, &mut writer).await,
-            (_, Err(e)) => {
-                tracing::warn!(command = %cid, error = %e, "cannot open the command log");
-                None
-            }
-            (None, _) => None,
-        };
-        self.record_end(
-            &sid,
-            &cid,
-            outcome,
-            "the command's output could not be followed to its end",
-        );
-        self.inner.logs.finish(&cid);
-    }
-
-    /// Appends output until the agent's stream ends, reconnecting while the sandbox runs;
-    /// the command's final state, or `None` when it was lost.
-    async fn follow(
-        &self,
-        sid: &str,
-        agent_id: &str,
-        writer: &mut LogWriter,
-    ) -> Option<CommandInfo> {
-        let mut failures = 0;
-        loop {
-            let result = async {
-                let agent = self.pump_agent(sid).await?;
-                let mut lines = agent
-                    .output(agent_id, writer.lines(), true)
-                    .await
-                    .map_err(|e| self.agent_error(sid, e))?;
-                while let Some(line) = lines.next().await {
-                    let line = line.map_err(|e| self.agent_error(sid, e))?;
-                    writer.append(&line).await?;
-                }
-                agent
-                    .wait_command(agent_id)
-                    .await
-                    .map_err(|e| self.agent_error(sid, e))
-            }
-            .await;
-            match result {
-                Ok(mut info) => {
-                    // What the host dropped counts as truncated too, whatever the agent says.
-                    info.output_truncated_bytes =
-                        info.output_truncated_bytes.saturating_add(writer.dropped());
-                    return Some(info);
-                }
-                Err(SandboxError::Agent(ClientError::Api { code, .. }))
-                    if code == agent_codes::COMMAND_NOT_FOUND =>
-                {
-                    return None;
-                }
-                Err(e) => {
-                    failures += 1;
-                    let running = matches!(
-                        self.inner.store.sandbox(sid),
-                        Ok(Some(s)) if s.status == SandboxStatus::Running
-                    );
-                    if !running || failures > 20 {
-                        tracing::debug!(sandbox = %sid, error = %e, "command output lost");
-                        return None;
-                    }
-                    tokio::time::sleep(Duration::from_millis(250)).await;
-                }
-            }
-        }
-    }
-
-    /// Records that a command ended (`None`: lost, for `lost_reason`) unless it already has.
-    pub(super) fn record_end(
-        &self,
-        sid: &str,
-        cid: &str,
-        outcome: Option<CommandInfo>,
-        lost_reason: &str,
-    ) {
-        let Ok(Some(mut rec)) = self.inner.store.command(sid, cid) else {
-            return;
-        };
-        if !matches!(
-            rec.command.status,
-            CommandStatus::Running | CommandStatus::Pending
-        ) {
-            return;
-        }
-        match outcome {
-            Some(info) => {
-                rec.command.status = CommandStatus::Exited;
-                rec.command.exit_code = info.exit_code;
-                rec.command.signal = info.signal;
-                rec.command.finished_at = info.finished_at.or(Some(now_ms()));
-                rec.command.output_truncated_bytes = info.output_truncated_bytes;
-            }
-            None => {
-                rec.command.status = CommandStatus::Lost;
-                rec.command.status_reason = Some(lost_reason.to_owned());
-                rec.command.finished_at = Some(now_ms());
-            }
-        }
-        let store = &self.inner.store;
-        let recorded = self
-            .inner
-            .events
-            .record(|ts| Ok(((), store.put_command_with_event(&rec, ts)?)));
-        if let Err(e) = recorded {
-            tracing::warn!(command = %cid, error = %e, "cannot record the end of a command");
-            // The event still tells followers how it ended, as before.
-            self.inner
-                .events
-                .emit(EventBody::Command(Box::new(rec.command)));
-        }
     }
 
     fn command_record(&self, id: &str, cid: &str) -> Result<CommandRecord, SandboxError> {

@@ -29,6 +29,7 @@ mod network_policy;
 mod pause;
 mod persist;
 mod pool;
+mod pump;
 mod snapshot_mounts;
 mod snapshots;
 mod source;
@@ -191,6 +192,14 @@ struct Inner {
     pool: pool::PoolState,
     /// The teardowns of deleted sandboxes still running in the background (see `teardown`).
     teardowns: tokio_util::task::TaskTracker,
+    /// This daemon's epoch, sent with every command start and with adoption's listing, so
+    /// that an agent refuses the starts a daemon before this one sent (see `adopt`).
+    epoch: u64,
+}
+
+/// An epoch of its own for this daemon run (agents compare epochs for equality only).
+fn daemon_epoch() -> u64 {
+    rand::random()
 }
 
 impl Sandboxes {
@@ -221,6 +230,7 @@ impl Sandboxes {
                 lifetime: Default::default(),
                 pool: Default::default(),
                 teardowns: tokio_util::task::TaskTracker::new(),
+                epoch: daemon_epoch(),
             }),
         }
     }

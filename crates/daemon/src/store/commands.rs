@@ -1,17 +1,52 @@
 //! Command rows: what ran in a sandbox, how it ended, and where its output log is.
 
 use std::path::PathBuf;
+use std::sync::LazyLock;
 
 use belljar_api::{Command, CommandStatus, Event};
 use rusqlite::{OptionalExtension, Row, params};
 
-use super::{EventBody, Store, StoreError, enum_col, enum_to_sql, json_col};
+use super::{EventBody, Store, StoreError, enum_col, enum_to_sql, in_savepoint, json_col};
 
 const VALUES: &str = "?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, ?11, ?12, ?13, ?14, ?15, ?16";
 
 const COLUMNS: &str = "id, sandbox_id, agent_id, argv, cwd, user, pty, status, exit_code, \
     signal, started_at, finished_at, log_path, idempotency_key, status_reason, \
     output_truncated_bytes";
+
+/// Inserts or replaces the whole row.
+fn put_sql() -> &'static str {
+    static SQL: LazyLock<String> = LazyLock::new(|| {
+        format!(
+            "INSERT INTO commands ({COLUMNS}) VALUES ({VALUES}) ON CONFLICT (id) DO UPDATE SET {}",
+            super::sandboxes::update_set(COLUMNS)
+        )
+    });
+    &SQL
+}
+
+/// Inserts a new row unless the sandbox has one with the same idempotency key.
+fn insert_sql() -> &'static str {
+    static SQL: LazyLock<String> = LazyLock::new(|| {
+        format!(
+            "INSERT INTO commands ({COLUMNS}) VALUES ({VALUES}) \
+         ON CONFLICT (sandbox_id, idempotency_key) WHERE idempotency_key IS NOT NULL DO NOTHING"
+        )
+    });
+    &SQL
+}
+
+/// Replaces the row only while it is `pending`.
+fn promote_sql() -> &'static str {
+    static SQL: LazyLock<String> = LazyLock::new(|| {
+        format!(
+            "INSERT INTO commands ({COLUMNS}) VALUES ({VALUES}) \
+         ON CONFLICT (id) DO UPDATE SET {} WHERE status = 'pending'",
+            super::sandboxes::update_set(COLUMNS)
+        )
+    });
+    &SQL
+}
 
 /// A command as the daemon keeps it: the public view plus the agent's id for it (none while
 /// `pending`), the NDJSON log file its output is appended to, and the client's idempotency key.
@@ -26,35 +61,20 @@ pub struct CommandRecord {
 impl Store {
     /// Inserts or replaces the whole row.
     pub fn put_command(&self, rec: &CommandRecord) -> Result<(), StoreError> {
-        let sql = format!(
-            "INSERT INTO commands ({COLUMNS}) VALUES ({VALUES}) \
-             ON CONFLICT (id) DO UPDATE SET {}",
-            super::sandboxes::update_set(COLUMNS)
-        );
-        self.write_command(&sql, rec)?;
+        self.write_command(put_sql(), rec)?;
         Ok(())
     }
 
     /// Inserts a new command; `false` (and nothing written) when the sandbox already has a
     /// command with the same idempotency key.
     pub fn insert_command(&self, rec: &CommandRecord) -> Result<bool, StoreError> {
-        let sql = format!(
-            "INSERT INTO commands ({COLUMNS}) VALUES ({VALUES}) \
-             ON CONFLICT (sandbox_id, idempotency_key) WHERE idempotency_key IS NOT NULL \
-             DO NOTHING"
-        );
-        Ok(self.write_command(&sql, rec)? == 1)
+        Ok(self.write_command(insert_sql(), rec)? == 1)
     }
 
     /// Replaces the row only while it is still `pending`; `false` when something else (the
     /// sandbox stopping, adoption) settled it first.
     pub fn promote_command(&self, rec: &CommandRecord) -> Result<bool, StoreError> {
-        let sql = format!(
-            "INSERT INTO commands ({COLUMNS}) VALUES ({VALUES}) \
-             ON CONFLICT (id) DO UPDATE SET {} WHERE status = 'pending'",
-            super::sandboxes::update_set(COLUMNS)
-        );
-        Ok(self.write_command(&sql, rec)? == 1)
+        Ok(self.write_command(promote_sql(), rec)? == 1)
     }
 
     /// Makes a command lost before the agent confirmed it `pending` again; `false` when it is
@@ -101,33 +121,13 @@ impl Store {
             .optional()?)
     }
 
-    /// [`Store::promote_command`] and, when it promoted the row, the command's event, in one
-    /// transaction: one commit instead of two on every command's start.
-    pub fn promote_command_with_event(
-        &self,
-        rec: &CommandRecord,
-        ts: i64,
-    ) -> Result<(bool, Option<Event>), StoreError> {
-        let sql = format!(
-            "INSERT INTO commands ({COLUMNS}) VALUES ({VALUES}) \
-             ON CONFLICT (id) DO UPDATE SET {} WHERE status = 'pending'",
-            super::sandboxes::update_set(COLUMNS)
-        );
-        self.write_command_with_event(&sql, rec, ts)
-    }
-
     /// [`Store::put_command`] and the command's event, in one transaction (a command's end).
     pub fn put_command_with_event(
         &self,
         rec: &CommandRecord,
         ts: i64,
     ) -> Result<Option<Event>, StoreError> {
-        let sql = format!(
-            "INSERT INTO commands ({COLUMNS}) VALUES ({VALUES}) \
-             ON CONFLICT (id) DO UPDATE SET {}",
-            super::sandboxes::update_set(COLUMNS)
-        );
-        Ok(self.write_command_with_event(&sql, rec, ts)?.1)
+        Ok(self.write_command_with_event(put_sql(), rec, ts)?.1)
     }
 
     /// Writes the row with `sql`; when a row changed, appends the command's event in the same
@@ -140,26 +140,68 @@ impl Store {
         ts: i64,
     ) -> Result<(bool, Option<Event>), StoreError> {
         let mut conn = self.conn();
-        let mut tx = conn.transaction()?;
-        if Self::write_command_on(&tx, sql, rec)? != 1 {
+        let tx = conn.transaction()?;
+        let written = Self::write_command_with_event_on(&tx, sql, rec, ts)?;
+        tx.commit()?;
+        Ok(written)
+    }
+
+    /// [`Store::write_command_with_event`] on a connection inside a transaction.
+    fn write_command_with_event_on(
+        conn: &rusqlite::Connection,
+        sql: &str,
+        rec: &CommandRecord,
+        ts: i64,
+    ) -> Result<(bool, Option<Event>), StoreError> {
+        if Self::write_command_on(conn, sql, rec)? != 1 {
             return Ok((false, None));
         }
-        let mut sp = tx.savepoint()?;
         let body = EventBody::Command(Box::new(rec.command.clone()));
-        let event = match super::events::append_event_in(&sp, body, ts) {
-            Ok(event) => {
-                sp.commit()?;
-                Some(event)
-            }
+        let event = match in_savepoint(conn, |c| super::events::append_event_in(c, body, ts)) {
+            Ok(event) => Some(event),
             Err(e) => {
                 tracing::warn!(command = %rec.command.id, error = %e, "cannot record an event");
-                sp.rollback()?;
-                drop(sp);
                 None
             }
         };
-        tx.commit()?;
         Ok((true, event))
+    }
+
+    /// [`Store::insert_command`] inside a group of writes (see `Events::record_grouped`).
+    pub fn insert_command_on(
+        conn: &rusqlite::Connection,
+        rec: &CommandRecord,
+    ) -> Result<bool, StoreError> {
+        Ok(Self::write_command_on(conn, insert_sql(), rec)? == 1)
+    }
+
+    /// [`Store::promote_command`] and, when it promoted the row, the command's event, inside a
+    /// group of writes (see `Events::record_grouped`).
+    pub fn promote_command_with_event_on(
+        conn: &rusqlite::Connection,
+        rec: &CommandRecord,
+        ts: i64,
+    ) -> Result<(bool, Option<Event>), StoreError> {
+        Self::write_command_with_event_on(conn, promote_sql(), rec, ts)
+    }
+
+    /// Reads the command and, when `settle` changes it, writes it with its event, inside a
+    /// group of writes: the read and the write see no other writer in between. `None` when
+    /// the command is gone or `settle` left it alone.
+    pub fn settle_command_on(
+        conn: &rusqlite::Connection,
+        sandbox_id: &str,
+        id: &str,
+        settle: impl FnOnce(CommandRecord) -> Option<CommandRecord>,
+        ts: i64,
+    ) -> Result<Option<Event>, StoreError> {
+        let Some(rec) = Self::command_on(conn, sandbox_id, id)? else {
+            return Ok(None);
+        };
+        let Some(rec) = settle(rec) else {
+            return Ok(None);
+        };
+        Ok(Self::write_command_with_event_on(conn, put_sql(), &rec, ts)?.1)
     }
 
     fn write_command(&self, sql: &str, rec: &CommandRecord) -> Result<usize, StoreError> {
@@ -193,9 +235,16 @@ impl Store {
     }
 
     pub fn command(&self, sandbox_id: &str, id: &str) -> Result<Option<CommandRecord>, StoreError> {
+        Self::command_on(&self.conn(), sandbox_id, id)
+    }
+
+    fn command_on(
+        conn: &rusqlite::Connection,
+        sandbox_id: &str,
+        id: &str,
+    ) -> Result<Option<CommandRecord>, StoreError> {
         let sql = format!("SELECT {COLUMNS} FROM commands WHERE sandbox_id = ?1 AND id = ?2");
-        Ok(self
-            .conn()
+        Ok(conn
             .prepare_cached(&sql)?
             .query_row([sandbox_id, id], row_to_command)
             .optional()?)
@@ -380,7 +429,13 @@ mod tests {
         assert!(store.insert_command(&pending).unwrap());
         let statements = store.statements();
         let running = cmd("cmd_a", 1, CommandStatus::Running);
-        let (promoted, event) = store.promote_command_with_event(&running, 7).unwrap();
+        let promote = |rec: &CommandRecord, ts| {
+            store
+                .group_commit(|c| Store::promote_command_with_event_on(c, rec, ts))
+                .unwrap()
+                .unwrap()
+        };
+        let (promoted, event) = promote(&running, 7);
         // One use of the connection (one transaction) for both.
         assert_eq!(store.statements(), statements + 1);
         assert!(promoted);
@@ -393,7 +448,7 @@ mod tests {
         assert_eq!(store.events_since(0, 10).unwrap(), vec![event]);
 
         // A row that is no longer pending is not promoted, and no event is recorded.
-        let (promoted, event) = store.promote_command_with_event(&running, 8).unwrap();
+        let (promoted, event) = promote(&running, 8);
         assert!(!promoted && event.is_none());
         assert_eq!(store.last_event_seq().unwrap(), 1);
 

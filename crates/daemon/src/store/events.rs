@@ -51,7 +51,7 @@ impl Store {
 
 /// Appends `body` as the next event on `tx`, a connection inside a transaction or savepoint
 /// (so that a change and its event can be committed together).
-pub(super) fn append_event_in(
+pub(crate) fn append_event_in(
     tx: &rusqlite::Connection,
     body: EventBody,
     ts: i64,

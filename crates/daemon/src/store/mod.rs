@@ -7,6 +7,7 @@
 
 mod commands;
 mod events;
+mod group;
 mod images;
 mod layers;
 mod migrations;
@@ -23,6 +24,9 @@ use serde::de::DeserializeOwned;
 
 pub use commands::CommandRecord;
 pub use events::EventBody;
+#[cfg(test)]
+pub(crate) use events::append_event_in;
+pub(crate) use group::in_savepoint;
 pub use mounts::{HeldMount, MountRefused, slots as mount_slots};
 pub use sandboxes::SandboxPage;
 pub use snapshots::{SandboxLayers, SnapshotPage, SnapshotRow};
@@ -38,6 +42,9 @@ pub enum StoreError {
     /// The database was written by a newer daemon.
     #[error("Database schema version {found} is newer than this daemon's {supported}")]
     TooNew { found: i64, supported: i64 },
+    /// A group of writes could not be committed (the reason is in the log).
+    #[error("Database write not committed")]
+    NotCommitted,
     /// A pagination cursor did not come from this daemon.
     #[error("Malformed cursor")]
     BadCursor,

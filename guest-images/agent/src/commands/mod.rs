@@ -2,6 +2,7 @@
 //! their output to disk as it comes, stdin, signals, resizes, and waiting for their exit.
 
 mod child;
+mod follow;
 pub mod output;
 pub mod spawn;
 
@@ -104,6 +105,13 @@ impl Command {
     fn exited(&self) -> bool {
         self.exit.borrow().is_some()
     }
+
+    /// Once the command has exited and its output is complete.
+    async fn ended(&self) {
+        let mut exit = self.exit.subscribe();
+        let _ = exit.wait_for(Option::is_some).await;
+        self.log.closed().await;
+    }
 }
 
 /// Every command of the sandbox's life.
@@ -116,7 +124,16 @@ pub struct Commands {
     map: Mutex<HashMap<String, Arc<Command>>>,
     /// Agent ids by client id. Held across a start with a client id, so that two starts with
     /// the same id cannot both run the command.
-    by_client: Mutex<HashMap<String, String>>,
+    by_client: Mutex<Clients>,
+}
+
+/// What starts with a client id are checked against, under one lock.
+#[derive(Debug, Default)]
+struct Clients {
+    /// Agent ids by client id.
+    ids: HashMap<String, String>,
+    /// Once set, starts of another epoch are refused (see `StartCommand::epoch`).
+    fence: Option<u64>,
 }
 
 impl Commands {
@@ -130,7 +147,7 @@ impl Commands {
             limit,
             next: AtomicU64::new(1),
             map: Mutex::new(HashMap::new()),
-            by_client: Mutex::new(HashMap::new()),
+            by_client: Mutex::default(),
         })
     }
 
@@ -149,12 +166,17 @@ impl Commands {
                 belljar_agent_proto::MAX_CLIENT_ID_LEN
             )));
         }
-        let mut by_client = self.by_client.lock().unwrap_or_else(|e| e.into_inner());
-        if let Some(existing) = by_client.get(&client_id) {
+        let mut clients = self.by_client.lock().unwrap_or_else(|e| e.into_inner());
+        if let Some(existing) = clients.ids.get(&client_id) {
             return Ok(self.get(existing)?.info());
         }
+        if let (Some(epoch), Some(fence)) = (req.epoch, clients.fence)
+            && epoch != fence
+        {
+            return Err(AgentError::StaleStart { epoch, fence });
+        }
         let info = self.start_new(req)?;
-        by_client.insert(client_id, info.id.clone());
+        clients.ids.insert(client_id, info.id.clone());
         Ok(info)
     }
 
@@ -283,8 +305,18 @@ impl Commands {
             .ok_or_else(|| AgentError::CommandNotFound(id.to_owned()))
     }
 
-    /// Every command, in the order they were started.
-    pub fn list(&self) -> Vec<CommandInfo> {
+    /// Every command, in the order they were started. With `fence`, starts of any other
+    /// epoch are refused from now on; the fence is set and the list taken under the lock that
+    /// starts hold, so a start is either in the list or refused. Returns the fence in force.
+    pub fn list(&self, fence: Option<u64>) -> (Vec<CommandInfo>, Option<u64>) {
+        let mut clients = self.by_client.lock().unwrap_or_else(|e| e.into_inner());
+        if fence.is_some() {
+            clients.fence = fence;
+        }
+        (self.list_all(), clients.fence)
+    }
+
+    fn list_all(&self) -> Vec<CommandInfo> {
         let mut all: Vec<_> = self
             .map
             .lock()
@@ -304,9 +336,7 @@ impl Commands {
     pub async fn info(&self, id: &str, wait: bool) -> Result<CommandInfo, AgentError> {
         let command = self.get(id)?;
         if wait {
-            let mut exit = command.exit.subscribe();
-            let _ = exit.wait_for(Option::is_some).await;
-            command.log.closed().await;
+            command.ended().await;
         }
         Ok(command.info())
     }
@@ -319,14 +349,10 @@ impl Commands {
         follow: bool,
     ) -> Result<impl FutStream<Item = std::io::Result<Bytes>> + Send + 'static, AgentError> {
         let command = self.get(id)?;
-        let (tx, rx) = mpsc::channel(4);
-        tokio::spawn(async move {
+        Ok(follow::sent_by(move |tx| async move {
             if let Err(e) = command.log.read_into(skip, follow, tx.clone()).await {
                 let _ = tx.send(Err(e)).await;
             }
-        });
-        Ok(futures::stream::unfold(rx, |mut rx| async move {
-            rx.recv().await.map(|item| (item, rx))
         }))
     }
 
