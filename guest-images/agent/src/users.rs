@@ -239,6 +239,9 @@ mod tests {
         assert_eq!(lookup_uid_in(dir.path(), 1002).unwrap().name, "alice");
         // A group gained the user.
         fs::write(&group, format!("{GROUP}dev:x:500:alice\n")).unwrap();
-        assert_eq!(lookup_in(dir.path(), "alice").unwrap().groups, [1002, 500]);
+        assert_eq!(
+            lookup_in(dir.path(), "alice").unwrap().groups,
+            [1002, 100, 500]
+        );
     }
 }
