@@ -122,8 +122,10 @@ impl Stamp {
 /// up, and a `stat` is much cheaper than reading and closing both files each time. A file
 /// replaced (new inode, as `useradd` does), appended to, or written at another time is read
 /// again.
-static FILES: LazyLock<Mutex<HashMap<PathBuf, (Stamp, Arc<str>)>>> =
-    LazyLock::new(Default::default);
+static FILES: LazyLock<Mutex<Files>> = LazyLock::new(Default::default);
+
+/// A file's text by path, with the stamp it was read at.
+type Files = HashMap<PathBuf, (Stamp, Arc<str>)>;
 
 fn read(path: &Path) -> Result<Arc<str>, UsersError> {
     let failed = |source| UsersError::Read {
