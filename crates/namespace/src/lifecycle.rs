@@ -124,13 +124,9 @@ pub fn launch(spec: &SandboxSpec) -> Result<Running, Error> {
         None => crate::LimitStatus::NotRequested,
     };
     let ids = (root_uid, root_gid);
-    if let Err(e) = settle_volatile(&fs_dir, previous.as_ref()) {
-        disk::unmount(&fs_dir);
-        return Err(e);
-    }
-    prepare_and_start(spec, &fs_dir, &map, rootless, ids, disk_status).inspect_err(|_| {
-        disk::unmount(&fs_dir);
-    })
+    settle_volatile(&fs_dir, previous.as_ref())
+        .and_then(|()| prepare_and_start(spec, &fs_dir, &map, rootless, ids, disk_status))
+        .inspect_err(|_| disk::unmount(&fs_dir))
 }
 
 /// A `volatile` overlay (see [`mounts::overlay_data`]) leaves a marker in its work directory
