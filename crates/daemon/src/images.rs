@@ -122,7 +122,7 @@ impl Images {
         let dir = self.paths.image_dir(name);
         let rootfs = dir.join("rootfs");
         if !rootfs.is_dir() && !dir.join("rootfs.ext4").is_file() {
-            if self.recipe(name).is_dir() || KNOWN.contains(&name) {
+            if self.is_recipe(name) {
                 return Err(ImageError::NotBuilt {
                     name: name.to_owned(),
                     build: self.build_command(name),
@@ -139,6 +139,12 @@ impl Images {
 
     fn recipe(&self, name: &str) -> PathBuf {
         self.guest_images.join("recipes").join(name)
+    }
+
+    /// Whether `name` is an image this build tree has a recipe for, or one Belljar ships
+    /// (known even where the recipes are not readable): one that can be built.
+    fn is_recipe(&self, name: &str) -> bool {
+        KNOWN.contains(&name) || self.recipe(name).is_dir()
     }
 
     /// One image's state.
@@ -212,7 +218,7 @@ impl Images {
         }
         // Before the recipe is looked at: an ordinary user's daemon may not be able to read
         // the build tree, and whatever it holds, this daemon cannot build.
-        if !self.root && (KNOWN.contains(&name) || self.recipe(name).is_dir()) {
+        if !self.root && self.is_recipe(name) {
             return Err(ImageError::NeedsRoot {
                 name: name.to_owned(),
                 build: self.build_command(name),
