@@ -534,20 +534,30 @@ fn the_sandbox_starts_with_no_signal_of_the_daemon_ignored_or_blocked() {
     let _guard = Guard(spec.state_dir.clone());
     let running = belljar_namespace::launch(&spec).expect("launch");
     belljar_namespace::wait_ready(&running.socket, T).unwrap();
-    let out = sh(&running.socket, "grep -E '^Sig(Ign|Blk):' /proc/1/status");
-    let field = |name: &str| {
-        let line = out.text.lines().find_map(|l| l.strip_prefix(name));
-        u64::from_str_radix(line.expect(&out.text).trim(), 16).unwrap()
+    // A command's own mask and dispositions, as it started (`grep` inherits them from `sh`).
+    let command = sh(
+        &running.socket,
+        "grep -E '^Sig(Ign|Blk):' /proc/self/status",
+    )
+    .text;
+    // PID 1's, read from the host once the agent has answered: while it spawns a command its
+    // spawning thread blocks every signal for an instant, so reading /proc/1/status from that
+    // very command could catch it mid-spawn.
+    let agent = std::fs::read_to_string(format!("/proc/{}/status", running.pid)).unwrap();
+    let field = |text: &str, name: &str| {
+        let line = text.lines().find_map(|l| l.strip_prefix(name));
+        u64::from_str_radix(line.expect(text).trim(), 16).unwrap()
     };
     let bit = |sig: i32| 1u64 << (sig - 1);
-    // The stand-in is a Rust program, which ignores SIGPIPE for itself: only ours count.
-    assert_eq!(
-        field("SigIgn:") & (bit(libc::SIGHUP) | bit(RT)),
-        0,
-        "{}",
-        out.text
-    );
-    assert_eq!(field("SigBlk:"), 0, "{}", out.text);
+    for out in [&command, &agent] {
+        // The stand-in is a Rust program, which ignores SIGPIPE for itself: only ours count.
+        assert_eq!(
+            field(out, "SigIgn:") & (bit(libc::SIGHUP) | bit(RT)),
+            0,
+            "{out}"
+        );
+        assert_eq!(field(out, "SigBlk:"), 0, "{out}");
+    }
     belljar_namespace::destroy(&spec.state_dir).unwrap();
 }
 
