@@ -75,6 +75,12 @@ pub struct Config {
     /// is launched as usual.
     #[arg(long, env = "BELLJAR_POOL", default_value = "")]
     pub pool: crate::sandbox::PoolSizes,
+    /// Blank disks of the default size kept formatted and mounted ahead of the namespace
+    /// sandboxes' starts that the warm pool does not serve (forks, sandboxes from snapshots),
+    /// 0..=16. Root only; each holds a loop device and ~2 MiB in the data directory.
+    #[arg(long, env = "BELLJAR_DISK_POOL", default_value_t = 2,
+          value_parser = clap::value_parser!(u8).range(0..=16))]
+    pub disk_pool: u8,
     /// Extra browser origins allowed to call the daemon (e.g. a UI dev server), comma-separated.
     #[arg(long, env = "BELLJAR_ALLOWED_ORIGINS", value_delimiter = ',')]
     pub allowed_origins: Vec<String>,

@@ -11,6 +11,7 @@ use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
 use axum::middleware;
+use belljar_api::Backend as BackendKind;
 use tokio::net::{TcpListener, UnixListener};
 use tokio::signal::unix::{SignalKind, signal};
 
@@ -133,6 +134,17 @@ async fn serve(config: Config, paths: &Paths) -> Result<(), ServerError> {
     sandboxes.discard_stale_pool().await?;
     sandboxes.recover_snapshots().await?;
     sandboxes.adopt_all().await?;
+    let disk_pool = sandboxes
+        .backends()
+        .get(BackendKind::Namespace)
+        .and_then(|ns| {
+            crate::sandbox::namespace::start_disk_pool(
+                &paths.dirs.data.join("disk-pool"),
+                sandboxes.settings().default_disk_mib,
+                config.disk_pool,
+                ns,
+            )
+        });
     sandboxes.start_pool();
     sandboxes.watch_lifetimes()?;
     let monitor = sandboxes.spawn_monitor();
@@ -184,6 +196,8 @@ async fn serve(config: Config, paths: &Paths) -> Result<(), ServerError> {
     pool.drain_pool().await;
     pool.finish_teardowns(std::time::Duration::from_secs(30))
         .await;
+    // Its thread may be making a disk: joined off the runtime's threads.
+    let _ = tokio::task::spawn_blocking(move || drop(disk_pool)).await;
     monitor.abort();
     reaper.abort();
     squasher.abort();

@@ -80,6 +80,7 @@ pub mod caps;
 pub mod cgroup;
 mod child;
 pub mod disk;
+pub mod disk_pool;
 mod idblock;
 pub mod idmap;
 pub mod layer;

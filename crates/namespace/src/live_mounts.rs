@@ -68,13 +68,14 @@ pub enum LiveError {
     Helper(String),
 }
 
-const FSOPEN_CLOEXEC: libc::c_uint = 1;
-const FSCONFIG_SET_FLAG: libc::c_uint = 0;
-const FSCONFIG_SET_STRING: libc::c_uint = 1;
-const FSCONFIG_CMD_CREATE: libc::c_uint = 6;
-const FSMOUNT_CLOEXEC: libc::c_uint = 1;
-const MOUNT_ATTR_NODEV: libc::c_uint = 0x4;
-const MOVE_MOUNT_F_EMPTY_PATH: libc::c_uint = 0x4;
+pub(crate) const FSOPEN_CLOEXEC: libc::c_uint = 1;
+pub(crate) const FSCONFIG_SET_FLAG: libc::c_uint = 0;
+pub(crate) const FSCONFIG_SET_STRING: libc::c_uint = 1;
+pub(crate) const FSCONFIG_CMD_CREATE: libc::c_uint = 6;
+pub(crate) const FSMOUNT_CLOEXEC: libc::c_uint = 1;
+pub(crate) const MOUNT_ATTR_NOSUID: libc::c_uint = 0x2;
+pub(crate) const MOUNT_ATTR_NODEV: libc::c_uint = 0x4;
+pub(crate) const MOVE_MOUNT_F_EMPTY_PATH: libc::c_uint = 0x4;
 const MOVE_MOUNT_T_EMPTY_PATH: libc::c_uint = 0x40;
 const RESOLVE_NO_MAGICLINKS: u64 = 0x02;
 const RESOLVE_NO_SYMLINKS: u64 = 0x04;

@@ -17,6 +17,30 @@ use super::backend::{
 /// PIDs a sandbox may have, so that a fork bomb stays inside it.
 const PIDS_LIMIT: u64 = 8192;
 
+/// Starts the pool of blank disks of `mib` (see `belljar_namespace::disk_pool`) in `dir`, which
+/// is on the sandboxes' filesystem, and makes the launches here take from it; none when
+/// `depth` is 0, the backend is unavailable, or the daemon is not root (no disks then).
+pub fn start_disk_pool(
+    dir: &Path,
+    mib: u64,
+    depth: u8,
+    backend: &dyn BackendDriver,
+) -> Option<ns::disk_pool::DiskPool> {
+    if depth == 0 || !backend.probe().available || !nix::unistd::Uid::effective().is_root() {
+        return None;
+    }
+    match ns::disk_pool::DiskPool::start(dir, mib << 20, usize::from(depth)) {
+        Ok(pool) => {
+            pool.install();
+            Some(pool)
+        }
+        Err(e) => {
+            tracing::warn!(error = %e, "no pool of blank disks: each start makes its own");
+            None
+        }
+    }
+}
+
 #[derive(Default)]
 pub struct Namespace {
     probe: OnceLock<Probe>,
