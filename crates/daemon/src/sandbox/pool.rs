@@ -19,8 +19,8 @@
 
 use std::collections::{HashMap, VecDeque};
 use std::path::PathBuf;
-use std::sync::Mutex;
 use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use belljar_agent_proto::client::AgentClient;
@@ -37,6 +37,10 @@ pub const MARKER: &str = "pooled";
 
 /// How long a claim waits for a pooled agent's health answer before it launches instead.
 const CLAIM_HEALTH_TIMEOUT: Duration = Duration::from_secs(1);
+
+/// The longest a claim's refill waits for the claimed sandbox's first command to end (a
+/// launch is tens of milliseconds of CPU that the command the user waits for would share).
+const REFILL_WAIT: Duration = Duration::from_millis(250);
 
 /// The pool's wanted sizes, from the daemon's `--pool` (`image=N,...`).
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
@@ -91,6 +95,8 @@ pub(super) struct PoolState {
     closed: AtomicBool,
     /// Told each time a launch ends, so that a stop can wait for those under way.
     landed: tokio::sync::Notify,
+    /// Claimed sandboxes whose refill waits for their first command to end, by id.
+    first_command: Mutex<HashMap<String, Arc<tokio::sync::Notify>>>,
 }
 
 /// A sandbox taken from the pool for one create. Dropped unused (the create failed before
@@ -102,11 +108,20 @@ pub(super) struct Claimed {
 }
 
 impl Claimed {
-    /// The sandbox is recorded in the store: it is the user's now.
+    /// The sandbox is recorded in the store: it is the user's now. The pool is refilled once
+    /// its first command has ended (or after [`REFILL_WAIT`]), so that the refill's launch
+    /// does not share the CPU with the command its user is waiting for.
     pub fn keep(mut self) {
         if let Some(owner) = self.owner.take() {
             let _ = std::fs::remove_file(owner.inner.paths.sandbox_dir(&self.id).join(MARKER));
-            owner.refill();
+            let ended = Arc::new(tokio::sync::Notify::new());
+            lock(&owner.inner.pool.first_command).insert(self.id.clone(), ended.clone());
+            let id = self.id.clone();
+            tokio::spawn(async move {
+                let _ = tokio::time::timeout(REFILL_WAIT, ended.notified()).await;
+                lock(&owner.inner.pool.first_command).remove(&id);
+                owner.refill();
+            });
         }
     }
 }
@@ -300,6 +315,14 @@ impl Sandboxes {
         }
     }
 
+    /// A command of sandbox `id` ended: a refill waiting for it goes ahead.
+    pub(super) fn command_ended(&self, id: &str) {
+        if let Some(ended) = lock(&self.inner.pool.first_command).remove(id) {
+            // A permit is kept when the refill's task does not wait yet.
+            ended.notify_one();
+        }
+    }
+
     /// Refills every pool after a claim.
     fn refill(&self) {
         for (image, _) in self.inner.settings.pool.0.clone() {
@@ -360,6 +383,13 @@ impl Sandboxes {
                 .await?;
             if let Err(e) = self.install_ca(&id, &agent).await {
                 tracing::warn!(sandbox = %id, error = %e, "cannot install the broker's CA");
+            }
+            // The log pumps' connection, which a claim's first command would otherwise open.
+            match self.cached_agent(&sandbox, &self.inner.pump_agents).await {
+                Ok(pump) => {
+                    let _ = pump.health().await;
+                }
+                Err(e) => tracing::warn!(sandbox = %id, error = %e, "cannot connect the log pumps"),
             }
             // "ready" tells a reader of the data directory (tests, a curious user) that this
             // one waits for a claim; empty, it is still starting.

@@ -191,6 +191,7 @@ impl Sandboxes {
         outcome: Option<CommandInfo>,
         lost_reason: &str,
     ) {
+        self.command_ended(sid);
         let Ok(Some(rec)) = self.inner.store.command(sid, cid) else {
             return;
         };

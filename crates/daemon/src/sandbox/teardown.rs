@@ -15,6 +15,34 @@ use crate::util::{is_id, now_ms};
 /// Written into a sandbox's directory when its delete begins; removed with the directory.
 pub const DELETING: &str = "deleting";
 
+/// The CPU priority (nice value) of a teardown's thread.
+const TEARDOWN_NICE: i32 = 10;
+
+/// Runs `f` on a thread of its own at nice [`TEARDOWN_NICE`]: a teardown (unmounting the disk,
+/// deleting its blocks, removing cgroups, forking a remover in a user namespace when
+/// rootless) is done for no one waiting, and must not slow the requests that someone is. The
+/// thread ends with `f`, so its priority never reaches other work (and an unprivileged
+/// daemon, which may not raise a priority again, needs no way back).
+async fn at_low_priority<T: Send + 'static>(
+    f: impl FnOnce() -> T + Send + 'static,
+) -> std::io::Result<T> {
+    let (tx, rx) = tokio::sync::oneshot::channel();
+    std::thread::Builder::new()
+        .name("belljar-teardown".into())
+        .spawn(move || {
+            // Linux's priorities are per thread: this one only; never raised.
+            let me = rustix::thread::gettid();
+            let nice = rustix::process::getpriority_process(Some(me)).unwrap_or(0);
+            if let Err(e) = rustix::process::setpriority_process(Some(me), nice.max(TEARDOWN_NICE))
+            {
+                tracing::debug!(error = %e, "cannot lower a teardown's priority");
+            }
+            let _ = tx.send(f());
+        })?;
+    rx.await
+        .map_err(|_| std::io::Error::other("a teardown's thread ended without its result"))
+}
+
 /// When set, a delete leaves its teardown to the next start (`e2e_delete` uses it to prove
 /// that a teardown interrupted by a crash is finished and leaves nothing behind).
 const HOLD_TEARDOWN: &str = "BELLJAR_TEST_HOLD_TEARDOWN";
@@ -173,7 +201,7 @@ impl Sandboxes {
         let t = Instant::now();
         let dir = self.state_dir(id);
         let this = self.clone();
-        let destroyed = tokio::task::spawn_blocking(move || {
+        let destroyed = at_low_priority(move || {
             let b = this.inner.backends.get(kind).filter(|_| dir.is_dir());
             b.map(|b| b.destroy(&dir)).transpose()
         })
@@ -181,7 +209,7 @@ impl Sandboxes {
         let destroyed = match destroyed {
             Ok(Ok(_)) => Ok(()),
             Ok(Err(e)) => Err(SandboxError::from(e)),
-            Err(e) => Err(SandboxError::Io(std::io::Error::other(e))),
+            Err(e) => Err(SandboxError::Io(e)),
         };
         let removed = async {
             destroyed?;
@@ -245,5 +273,26 @@ impl Sandboxes {
         {
             tracing::warn!("teardowns still running at exit; the next start finishes them");
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn my_nice() -> i32 {
+        rustix::process::getpriority_process(Some(rustix::thread::gettid())).unwrap()
+    }
+
+    #[tokio::test]
+    async fn a_teardown_runs_at_low_priority_on_a_thread_of_its_own() {
+        let before = my_nice();
+        let (nice, thread) = at_low_priority(|| (my_nice(), std::thread::current().id()))
+            .await
+            .unwrap();
+        assert_eq!(nice, before.max(TEARDOWN_NICE));
+        assert_ne!(thread, std::thread::current().id());
+        // The caller's priority is untouched.
+        assert_eq!(my_nice(), before);
     }
 }

@@ -48,16 +48,22 @@ impl Store {
     }
 
     /// Whether a sandbox holds snapshot layers (it was made from a snapshot or mounts one).
+    /// Every sandbox has a `sandbox_layers` row (it carries the options of its future
+    /// snapshots); one of the image alone holds an empty chain and no mounts.
     pub fn holds_layers(&self, sandbox_id: &str) -> Result<bool, StoreError> {
         let conn = self.conn();
-        let held = conn
+        let held: Option<(String, Option<String>)> = conn
             .query_row(
-                "SELECT 1 FROM sandbox_layers WHERE sandbox_id = ?1",
+                "SELECT layers, mounts FROM sandbox_layers WHERE sandbox_id = ?1",
                 [sandbox_id],
-                |_| Ok(()),
+                |r| Ok((r.get(0)?, r.get(1)?)),
             )
             .optional()?;
-        Ok(held.is_some())
+        let Some((chain, mounts)) = held else {
+            return Ok(false);
+        };
+        let chain: Vec<String> = serde_json::from_str(&chain)?;
+        Ok(!chain.is_empty() || !super::mounts::mount_layers(mounts.as_deref())?.is_empty())
     }
 
     /// Sandboxes that hold layers but no longer exist (a crash between deleting a sandbox and
@@ -302,5 +308,30 @@ mod tests {
             .query_row("SELECT count(*) FROM squashes", [], |r| r.get(0))
             .unwrap();
         assert_eq!(rows, 0);
+    }
+
+    /// Only a sandbox made from a snapshot (or mounting one) holds layers: a delete waits for
+    /// the teardown of those alone, so that every other delete answers at once.
+    #[test]
+    fn a_sandbox_of_the_image_alone_holds_no_layers() {
+        let store = Store::open_in_memory().unwrap();
+        store
+            .insert_snapshot(&SnapshotRow::fixture("snap_1", &["A"], 1), 1)
+            .unwrap();
+        let holder = |sandbox: &str, snapshot: Option<&str>| super::super::SandboxLayers {
+            sandbox_id: sandbox.into(),
+            snapshot_id: snapshot.map(str::to_owned),
+            layers: Vec::new(),
+            snapshot_expiration_ms: None,
+            keep_last: None,
+        };
+        store.use_snapshot(&holder("sbx_plain", None), 1).unwrap();
+        store
+            .use_snapshot(&holder("sbx_from", Some("snap_1")), 1)
+            .unwrap();
+        assert!(store.sandbox_layers("sbx_plain").unwrap().is_some());
+        assert!(!store.holds_layers("sbx_plain").unwrap());
+        assert!(store.holds_layers("sbx_from").unwrap());
+        assert!(!store.holds_layers("sbx_none").unwrap());
     }
 }
