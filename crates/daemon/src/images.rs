@@ -312,22 +312,17 @@ fn build_command(root: bool, cache: &Path, script: &Path, name: &str) -> String 
     if root {
         return format!("belljar images build {name}");
     }
-    let cache = format!("BELLJAR_CACHE={}", cache.display());
     format!(
-        "sudo env {} {} {name}",
-        shell_word(&cache),
+        "sudo env BELLJAR_CACHE={} {} {name}",
+        shell_word(&cache.display().to_string()),
         shell_word(&script.display().to_string())
     )
 }
 
-/// `s` as one word of a POSIX shell: as it is when that is safe, else single-quoted.
+/// `s` as one word of a POSIX shell (quoted only where it must be). A path or setting never
+/// holds a NUL, the one thing a shell word cannot carry; it would be shown as it is.
 fn shell_word(s: &str) -> String {
-    let plain = |c: char| c.is_ascii_alphanumeric() || "/._+-=:@,".contains(c);
-    if !s.is_empty() && s.chars().all(plain) {
-        s.to_owned()
-    } else {
-        format!("'{}'", s.replace('\'', "'\\''"))
-    }
+    shlex::try_quote(s).map_or_else(|_| s.to_owned(), |q| q.into_owned())
 }
 
 async fn forward_lines(
@@ -396,9 +391,17 @@ mod tests {
             ),
             "sudo env BELLJAR_CACHE=/home/ann/.cache/belljar /src/guest-images/build-image.sh node24"
         );
+        // A shell reads the words back as they were.
+        let command = build_command(false, Path::new("/home/a b/it's"), script, "base");
+        let words = command.strip_prefix("sudo env ").unwrap();
+        let out = std::process::Command::new("sh")
+            .arg("-c")
+            .arg(format!("printf '%s\\n' {words}"))
+            .output()
+            .unwrap();
         assert_eq!(
-            build_command(false, Path::new("/home/a b/it's"), script, "base"),
-            "sudo env 'BELLJAR_CACHE=/home/a b/it'\\''s' /src/guest-images/build-image.sh base"
+            String::from_utf8(out.stdout).unwrap(),
+            "BELLJAR_CACHE=/home/a b/it's\n/src/guest-images/build-image.sh\nbase\n"
         );
     }
 

@@ -131,15 +131,15 @@ fn node_quote(s: &str) -> String {
     }
 }
 
-/// A value as a POSIX shell reads it back: single-quoted.
-pub fn shell_quote(s: &str) -> String {
-    format!("'{}'", s.replace('\'', "'\\''"))
-}
-
 /// `export NAME='value'` lines.
 pub fn export_lines(env: &[(String, OsString)]) -> String {
     env.iter()
-        .map(|(k, v)| format!("export {k}={}\n", shell_quote(&v.to_string_lossy())))
+        .map(|(k, v)| {
+            let v = v.to_string_lossy();
+            // An environment value never holds a NUL, the one thing a shell word cannot carry.
+            let quoted = shlex::try_quote(&v).map_or_else(|_| v.to_string(), |q| q.into_owned());
+            format!("export {k}={quoted}\n")
+        })
         .collect()
 }
 
@@ -166,7 +166,15 @@ mod tests {
 
     #[test]
     fn quoting_survives_shells_and_node() {
-        assert_eq!(shell_quote("a'b c"), r#"'a'\''b c'"#);
+        // A shell reads the exported values back as they were.
+        let odd = "a'b c \"$HOME\" `x` \\ \n!";
+        let env = [("ODD".to_owned(), OsString::from(odd))];
+        let script = format!("{}printf %s \"$ODD\"", export_lines(&env));
+        let out = std::process::Command::new("sh")
+            .args(["-c", &script])
+            .output()
+            .unwrap();
+        assert_eq!(String::from_utf8(out.stdout).unwrap(), odd);
         assert_eq!(node_quote("/plain/path.mjs"), "/plain/path.mjs");
         assert_eq!(node_quote("/with space/p.mjs"), "\"/with space/p.mjs\"");
     }

@@ -39,8 +39,8 @@ pub enum BackendError {
     Snapshot(String),
     /// The sandbox has no freezer (a rootless daemon on cgroup v1, or without delegation), so
     /// it cannot be paused, forked or snapshotted while it runs: a limit of this host, not a
-    /// failure.
-    #[error("This sandbox cannot be frozen: {0}")]
+    /// failure. The text is the host's reason, a sentence of its own.
+    #[error("{0}")]
     NoFreezer(String),
     /// A directory of the sandbox could not be captured.
     #[error(transparent)]

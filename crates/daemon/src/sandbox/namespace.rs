@@ -270,6 +270,11 @@ mod tests {
             panic!("{e:?}");
         };
         assert!(text.contains("cgroup v2"), "{text}");
+        // One sentence, not a capitalised one inside another ("...: The sandbox has...").
+        assert!(
+            e.to_string().starts_with("The sandbox has no freezer"),
+            "{e}"
+        );
         let other = freeze_error(ns::Error::Spec("x".into()));
         assert!(matches!(other, BackendError::Snapshot(_)), "{other:?}");
     }

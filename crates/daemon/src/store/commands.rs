@@ -65,12 +65,6 @@ impl Store {
         Ok(())
     }
 
-    /// Inserts a new command; `false` (and nothing written) when the sandbox already has a
-    /// command with the same idempotency key.
-    pub fn insert_command(&self, rec: &CommandRecord) -> Result<bool, StoreError> {
-        Ok(self.write_command(insert_sql(), rec)? == 1)
-    }
-
     /// Replaces the row only while it is still `pending`; `false` when something else (the
     /// sandbox stopping, adoption) settled it first.
     pub fn promote_command(&self, rec: &CommandRecord) -> Result<bool, StoreError> {
@@ -167,7 +161,9 @@ impl Store {
         Ok((true, event))
     }
 
-    /// [`Store::insert_command`] inside a group of writes (see `Events::record_grouped`).
+    /// Inserts a new command inside a group of writes (see `Events::record_grouped`); `false`
+    /// (and nothing written) when the sandbox already has a command with the same idempotency
+    /// key.
     pub fn insert_command_on(
         conn: &rusqlite::Connection,
         rec: &CommandRecord,
@@ -365,16 +361,24 @@ mod tests {
         assert!(store.commands("sbx_a").unwrap().is_empty());
     }
 
+    /// Inserts `rec` as the daemon does, in a group commit.
+    fn insert(store: &Store, rec: &CommandRecord) -> bool {
+        store
+            .group_commit(|c| Store::insert_command_on(c, rec))
+            .unwrap()
+            .unwrap()
+    }
+
     #[test]
     fn one_command_per_idempotency_key_and_sandbox_and_promotion_only_from_pending() {
         let store = Store::open_in_memory().unwrap();
         store.put_sandbox(&sample("sbx_a", 1)).unwrap();
         let mut first = cmd("cmd_a", 1, CommandStatus::Pending);
         first.idempotency_key = Some("k1".into());
-        assert!(store.insert_command(&first).unwrap());
+        assert!(insert(&store, &first));
         let mut second = cmd("cmd_b", 2, CommandStatus::Pending);
         second.idempotency_key = Some("k1".into());
-        assert!(!store.insert_command(&second).unwrap());
+        assert!(!insert(&store, &second));
         assert!(store.command("sbx_a", "cmd_b").unwrap().is_none());
         assert_eq!(
             store
@@ -386,16 +390,8 @@ mod tests {
             "cmd_a"
         );
         // Commands without a key never collide.
-        assert!(
-            store
-                .insert_command(&cmd("cmd_c", 3, CommandStatus::Pending))
-                .unwrap()
-        );
-        assert!(
-            store
-                .insert_command(&cmd("cmd_d", 4, CommandStatus::Pending))
-                .unwrap()
-        );
+        assert!(insert(&store, &cmd("cmd_c", 3, CommandStatus::Pending)));
+        assert!(insert(&store, &cmd("cmd_d", 4, CommandStatus::Pending)));
         assert_eq!(store.unfinished_commands("sbx_a").unwrap().len(), 3);
 
         // Once settled (say lost), a late answer from the agent does not revive it.
@@ -426,7 +422,7 @@ mod tests {
         let store = Store::open_in_memory().unwrap();
         store.put_sandbox(&sample("sbx_a", 1)).unwrap();
         let pending = cmd("cmd_a", 1, CommandStatus::Pending);
-        assert!(store.insert_command(&pending).unwrap());
+        assert!(insert(&store, &pending));
         let statements = store.statements();
         let running = cmd("cmd_a", 1, CommandStatus::Running);
         let promote = |rec: &CommandRecord, ts| {
