@@ -109,6 +109,11 @@ impl Drop for Manager {
                     let _ = sandboxes.delete(&s.id).await;
                 }
             }
+            // A delete answers before its teardown (unmounting the disk, removing the
+            // files) ends: wait for them, or the home directory's removal leaves the mounts.
+            sandboxes
+                .finish_teardowns(std::time::Duration::from_secs(30))
+                .await;
         });
     }
 }
