@@ -186,7 +186,7 @@ impl Shared {
                     self.changed.notify_all();
                 }
                 Err(e) => {
-                    st.last_error = Some(format!("{e}: {}", error_chain(&e)));
+                    st.last_error = Some(error_chain(&e));
                     self.changed.notify_all();
                     let _ = self.changed.wait_timeout_while(st, RETRY, |s| !s.closed);
                 }
@@ -195,14 +195,17 @@ impl Shared {
     }
 }
 
+/// An error and its causes in one line (as the daemon's `util::error_chain`, which this
+/// crate cannot reach).
 fn error_chain(e: &dyn std::error::Error) -> String {
-    let mut causes = Vec::new();
+    let mut text = e.to_string();
     let mut source = e.source();
-    while let Some(s) = source {
-        causes.push(s.to_string());
-        source = s.source();
+    while let Some(cause) = source {
+        text.push_str(": ");
+        text.push_str(&cause.to_string());
+        source = cause.source();
     }
-    causes.join(": ")
+    text
 }
 
 /// The pool `disk::mount` takes from, set by [`DiskPool::install`].

@@ -97,7 +97,7 @@ fn run(cmd: &mut Command, ok: impl Fn(i32) -> bool) -> Result<(), BackendError> 
 
 fn capture_upper(upper: &Path, layers_dir: &Path) -> Result<CapturedLayer, BackendError> {
     let c = belljar_namespace::layer::capture_upper(upper, layers_dir)
-        .map_err(|e| failed(error_chain(&e)))?;
+        .map_err(|e| failed(crate::util::error_chain(&e)))?;
     Ok(CapturedLayer {
         digest: c.digest,
         size_bytes: c.size_bytes,
@@ -315,7 +315,7 @@ fn chain_disk(chain: &[PathBuf]) -> Result<PathBuf, BackendError> {
             .tempdir_in(&cache)
             .map_err(failed)?;
         let merged = belljar_namespace::layer::squash(chain, &work.path().join("squash"))
-            .map_err(|e| failed(error_chain(&e)))?;
+            .map_err(|e| failed(crate::util::error_chain(&e)))?;
         make_disk(&merged.path, &disk)?;
         belljar_namespace::layer::remove_tree(work.path());
     }
@@ -430,18 +430,6 @@ fn tree_size(root: &Path) -> std::io::Result<(u64, u64)> {
         }
     }
     Ok((bytes, entries))
-}
-
-/// An error and its causes in one line.
-fn error_chain(e: &dyn std::error::Error) -> String {
-    let mut text = e.to_string();
-    let mut source = e.source();
-    while let Some(cause) = source {
-        text.push_str(": ");
-        text.push_str(&cause.to_string());
-        source = cause.source();
-    }
-    text
 }
 
 #[cfg(test)]

@@ -177,7 +177,7 @@ impl BackendDriver for Namespace {
                 digest: c.digest,
                 size_bytes: c.size_bytes,
             })
-            .map_err(|e| BackendError::Snapshot(error_chain(&e)))
+            .map_err(|e| BackendError::Snapshot(crate::util::error_chain(&e)))
     }
 
     fn capture_mounts(
@@ -194,7 +194,7 @@ impl BackendDriver for Namespace {
                         digest: c.digest,
                         size_bytes: c.size_bytes,
                     })
-                    .map_err(|e| BackendError::Snapshot(error_chain(&e)))
+                    .map_err(|e| BackendError::Snapshot(crate::util::error_chain(&e)))
             })
             .collect()
     }
@@ -212,7 +212,7 @@ impl BackendDriver for Namespace {
     }
 
     fn thaw(&self, state_dir: &Path) -> Result<(), BackendError> {
-        ns::thaw(state_dir).map_err(|e| BackendError::Snapshot(error_chain(&e)))
+        ns::thaw(state_dir).map_err(|e| BackendError::Snapshot(crate::util::error_chain(&e)))
     }
 }
 
@@ -241,20 +241,8 @@ fn rootless_tree_cache() -> std::path::PathBuf {
 fn freeze_error(e: ns::Error) -> BackendError {
     match e {
         ns::Error::Cgroup(ns::cgroup::Error::NoFreezer) => BackendError::NoFreezer(e.to_string()),
-        other => BackendError::Snapshot(error_chain(&other)),
+        other => BackendError::Snapshot(crate::util::error_chain(&other)),
     }
-}
-
-/// An error and its causes in one line (`Cannot copy x: No space left on device`).
-fn error_chain(e: &dyn std::error::Error) -> String {
-    let mut text = e.to_string();
-    let mut source = e.source();
-    while let Some(cause) = source {
-        text.push_str(": ");
-        text.push_str(&cause.to_string());
-        source = cause.source();
-    }
-    text
 }
 
 #[cfg(test)]
