@@ -24,11 +24,13 @@
 use std::fs;
 use std::io;
 use std::os::fd::AsRawFd;
+use std::os::unix::ffi::OsStringExt;
 use std::os::unix::fs::FileExt;
 use std::os::unix::fs::OpenOptionsExt;
 use std::path::{Path, PathBuf};
 use std::process::Command;
 use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
 
 use crate::cgroup::LimitStatus;
 
@@ -75,7 +77,17 @@ pub enum Error {
     /// The requested size is below [`MIN_DISK_BYTES`].
     #[error("A disk of {0} bytes is too small")]
     TooSmall(u64),
+    /// An earlier mount of the image outlived its unmount here for longer than
+    /// [`RELEASE_TIMEOUT`] (see [`wait_released`]).
+    #[error(
+        "The disk image {} is still mounted elsewhere: a process that copied the host's mount namespace while the disk was mounted holds it",
+        path.display()
+    )]
+    Busy { path: PathBuf },
 }
+
+/// How long mounting an image again waits for its previous mount to end.
+pub(crate) const RELEASE_TIMEOUT: Duration = Duration::from_secs(10);
 
 /// Makes (once) and mounts the disk of `bytes` at `fs_dir`; returns how the limit holds.
 /// Re-launching a stopped sandbox mounts its existing disk again.
@@ -104,6 +116,8 @@ pub(crate) fn mount(state_dir: &Path, fs_dir: &Path, bytes: u64) -> Result<Limit
             return Ok(how);
         }
         create(&image, bytes)?;
+    } else {
+        wait_released(&image, RELEASE_TIMEOUT)?;
     }
     fs::create_dir_all(fs_dir).map_err(|source| Error::Mount {
         path: fs_dir.to_owned(),
@@ -131,6 +145,52 @@ pub(crate) fn unmount(fs_dir: &Path) {
     if is_mount_point(fs_dir) {
         let _ = nix::mount::umount2(fs_dir, nix::mount::MntFlags::MNT_DETACH);
     }
+}
+
+/// The files that loop devices read (`/sys/block/loop*/loop/backing_file`), as the kernel
+/// names them (a deleted one ends in ` (deleted)`).
+pub(crate) fn loop_backing_files() -> Vec<PathBuf> {
+    let Ok(entries) = fs::read_dir("/sys/block") else {
+        return Vec::new();
+    };
+    entries
+        .flatten()
+        .filter_map(|e| fs::read(e.path().join("loop/backing_file")).ok())
+        .map(|mut f| {
+            if f.last() == Some(&b'\n') {
+                f.pop();
+            }
+            PathBuf::from(std::ffi::OsString::from_vec(f))
+        })
+        .collect()
+}
+
+/// Waits until no loop device reads `image`: until the filesystem last mounted from it has
+/// ended. Unmounting the disk here does not end it when another mount namespace holds a copy
+/// of the mount: a process that copied the host's namespace while the disk was mounted (a
+/// sandbox starting, until it pivots into its root; `ip netns exec`; any `unshare -m`). Its
+/// last writes may then still be in its journal in memory, so a second filesystem mounted
+/// from the image through another loop device would not see them (a snapshot missing files,
+/// or the whole writable layer), and the first one's writes at its end would land over the
+/// second's. The loop devices are attached with autoclear, so each goes with its filesystem.
+pub(crate) fn wait_released(image: &Path, timeout: Duration) -> Result<(), Error> {
+    let busy = || Error::Busy {
+        path: image.to_owned(),
+    };
+    let Ok(image_path) = fs::canonicalize(image) else {
+        return Ok(());
+    };
+    let deadline = Instant::now() + timeout;
+    let mut pause = Duration::from_millis(1);
+    while loop_backing_files().contains(&image_path) {
+        let now = Instant::now();
+        if now >= deadline {
+            return Err(busy());
+        }
+        std::thread::sleep(pause.min(deadline - now));
+        pause = (pause * 2).min(Duration::from_millis(50));
+    }
+    Ok(())
 }
 
 /// Whether `dir` is a mount point in this mount namespace (a different device than its
@@ -433,6 +493,58 @@ mod tests {
         assert!(!fs_dir.join("big").exists());
         mount(tmp.path(), &fs_dir, 32 << 20).unwrap();
         assert!(fs_dir.join("big").exists());
+        unmount(&fs_dir);
+    }
+
+    /// As root: a disk unmounted here while another mount namespace still holds a copy of
+    /// its mount is mounted again only once that copy is gone, and then shows every write
+    /// (a second filesystem on the image, mounted at once, showed none of them).
+    #[test]
+    fn a_disk_is_mounted_again_only_once_its_last_copy_ends() {
+        use std::io::BufRead;
+        use std::process::Stdio;
+        if !nix::unistd::Uid::effective().is_root() {
+            assert!(std::env::var("CI").is_err(), "CI runs as root");
+            eprintln!("not root: a disk cannot be mounted");
+            return;
+        }
+        let tmp = tempfile::tempdir().unwrap();
+        let (state, fs_dir) = (tmp.path().to_owned(), tmp.path().join("fs"));
+        mount(&state, &fs_dir, 32 << 20).unwrap();
+        fs::create_dir(fs_dir.join("upper")).unwrap();
+        fs::write(fs_dir.join("upper/file"), b"kept").unwrap();
+        // A process in a copy of the host's mount namespace, made while the disk is mounted.
+        let mut copy = Command::new("unshare")
+            .args([
+                "--mount",
+                "--propagation",
+                "private",
+                "sh",
+                "-c",
+                "echo ready; exec cat",
+            ])
+            .stdin(Stdio::piped())
+            .stdout(Stdio::piped())
+            .spawn()
+            .unwrap();
+        let mut line = String::new();
+        io::BufReader::new(copy.stdout.take().unwrap())
+            .read_line(&mut line)
+            .unwrap();
+        assert_eq!(line, "ready\n");
+        unmount(&fs_dir);
+        let again = {
+            let (state, fs_dir) = (state.clone(), fs_dir.clone());
+            std::thread::spawn(move || mount(&state, &fs_dir, 32 << 20))
+        };
+        let image = state.join(DISK_FILE);
+        let held = wait_released(&image, Duration::from_millis(200));
+        assert!(matches!(held, Err(Error::Busy { .. })), "{held:?}");
+        assert!(!is_mount_point(&fs_dir), "mounted while the copy lives");
+        drop(copy.stdin.take());
+        copy.wait().unwrap();
+        again.join().unwrap().unwrap();
+        assert_eq!(fs::read(fs_dir.join("upper/file")).unwrap(), b"kept");
         unmount(&fs_dir);
     }
 

@@ -255,14 +255,10 @@ pub fn shell(socket: &Path, cmd: &str, timeout: Duration) -> Result<Output, Erro
 /// The files under `dir` that loop devices read (`/sys/block/loop*/loop/backing_file`), so
 /// that tests can see which disks are attached and that none is left behind.
 pub fn loop_files_under(dir: &Path) -> Vec<String> {
-    let Ok(entries) = fs::read_dir("/sys/block") else {
-        return Vec::new();
-    };
-    let mut files: Vec<String> = entries
-        .flatten()
-        .filter_map(|e| fs::read_to_string(e.path().join("loop/backing_file")).ok())
-        .map(|f| f.trim().to_owned())
-        .filter(|f| Path::new(f).starts_with(dir))
+    let mut files: Vec<String> = crate::disk::loop_backing_files()
+        .into_iter()
+        .filter(|f| f.starts_with(dir))
+        .map(|f| f.to_string_lossy().into_owned())
         .collect();
     files.sort();
     files
