@@ -450,6 +450,16 @@ pub(crate) fn attach_loop(image: &Path) -> Result<LoopDevice, Error> {
 mod tests {
     use super::*;
 
+    /// Whether the test runs as root (a disk can be mounted); CI always does.
+    fn as_root() -> bool {
+        if nix::unistd::Uid::effective().is_root() {
+            return true;
+        }
+        assert!(std::env::var("CI").is_err(), "CI runs as root");
+        eprintln!("not root: a disk cannot be mounted");
+        false
+    }
+
     #[test]
     fn loop_structs_match_the_kernel_abi() {
         assert_eq!(std::mem::size_of::<LoopInfo64>(), 232);
@@ -466,9 +476,7 @@ mod tests {
     /// As root: the disk is a real filesystem of the requested size that refuses more.
     #[test]
     fn the_disk_holds_its_size_and_no_more() {
-        if !nix::unistd::Uid::effective().is_root() {
-            assert!(std::env::var("CI").is_err(), "CI runs as root");
-            eprintln!("not root: a disk cannot be mounted");
+        if !as_root() {
             return;
         }
         let tmp = tempfile::tempdir().unwrap();
@@ -503,9 +511,7 @@ mod tests {
     fn a_disk_is_mounted_again_only_once_its_last_copy_ends() {
         use std::io::BufRead;
         use std::process::Stdio;
-        if !nix::unistd::Uid::effective().is_root() {
-            assert!(std::env::var("CI").is_err(), "CI runs as root");
-            eprintln!("not root: a disk cannot be mounted");
+        if !as_root() {
             return;
         }
         let tmp = tempfile::tempdir().unwrap();
@@ -552,9 +558,7 @@ mod tests {
     /// (no mkfs), and each is a filesystem of its own that holds its size and no more.
     #[test]
     fn disks_made_from_the_template_are_separate_and_limited() {
-        if !nix::unistd::Uid::effective().is_root() {
-            assert!(std::env::var("CI").is_err(), "CI runs as root");
-            eprintln!("not root: a disk cannot be mounted");
+        if !as_root() {
             return;
         }
         // A size no other test uses, so this test sees its own template appear.
