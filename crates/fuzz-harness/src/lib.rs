@@ -41,7 +41,7 @@ pub const TARGETS: &[(&str, Harness)] = &[
 /// directory (they live as long as the process, which for a fuzzer is the whole run).
 pub fn remove_scratch() {
     let pid = std::process::id();
-    for kind in ["blk", "vsock", "agent", "home"] {
+    for kind in ["blk", "vsock", "net", "agent", "home"] {
         let _ = std::fs::remove_dir_all(
             std::env::temp_dir().join(format!("belljar-fuzz-{kind}-{pid}")),
         );
