@@ -5,7 +5,9 @@
 //! plain system calls. Two processes are involved:
 //!
 //! 1. the *starter*, forked from the daemon: starts a new session (so the sandbox never gets
-//!    the daemon's terminal signals), joins the sandbox's cgroups, joins the prepared user
+//!    the daemon's terminal signals), joins the sandbox's cgroups (v1 through `tasks`; v2 by
+//!    going on in a child that `clone3(CLONE_INTO_CGROUP)` starts there, see
+//!    `cgroup::join`), joins the prepared user
 //!    namespace, unshares mount/UTS/IPC/network/PID/cgroup namespaces (the cgroup namespace's
 //!    root is thus the sandbox's own group), forks the sandbox's PID 1, reports its host pid
 //!    and exits — so PID 1 is reparented to the host's init and outlives the daemon;
@@ -21,6 +23,8 @@ use std::ffi::CString;
 use std::os::fd::{AsRawFd, OwnedFd, RawFd};
 
 use libc::{c_char, c_ulong, c_void};
+
+use crate::cgroup::join::{CgroupV2, enter_v2_group, join_group};
 
 /// Errors starting the sandbox's processes.
 #[derive(Debug, thiserror::Error)]
@@ -85,7 +89,10 @@ pub(crate) enum Step {
 
 /// Everything the starter and PID 1 need, prepared before `fork`.
 pub(crate) struct Plan {
-    pub cgroup_procs: Vec<CString>,
+    /// The `tasks` file of each of the sandbox's v1 groups (see `Groups::v1_task_files`).
+    pub cgroup_tasks: Vec<CString>,
+    /// The sandbox's v2 group, if it has one.
+    pub cgroup_v2: Option<CgroupV2>,
     /// PID 1 changes into this directory while it still has the starter's host identity
     /// (so it can pass directories only root may search) and resolves the mount plan's
     /// relative paths from it after becoming the namespace's root.
@@ -119,7 +126,6 @@ pub(crate) struct Started {
 const MOVE_MOUNT_F_EMPTY_PATH: u32 = 0x4;
 const MOUNT_ATTR_RDONLY: u64 = 0x1;
 const CLOSE_RANGE_CLOEXEC: u32 = 1 << 2;
-
 /// `struct mount_attr` for `mount_setattr(2)`.
 #[repr(C)]
 pub(crate) struct MountAttr {
@@ -162,7 +168,7 @@ pub(crate) fn start(plan: &Plan) -> Result<Started, Error> {
 }
 
 /// Writes `what: <errno text>` to the error pipe and exits.
-fn fail(err_fd: RawFd, what: &str) -> ! {
+pub(crate) fn fail(err_fd: RawFd, what: &str) -> ! {
     let errno = std::io::Error::last_os_error();
     let msg = format!("{what}: {errno}");
     // SAFETY: writing a valid buffer to an fd we own; `_exit` never returns.
@@ -172,7 +178,7 @@ fn fail(err_fd: RawFd, what: &str) -> ! {
     }
 }
 
-fn check(ret: libc::c_int, err_fd: RawFd, what: &str) {
+pub(crate) fn check(ret: libc::c_int, err_fd: RawFd, what: &str) {
     if ret < 0 {
         fail(err_fd, what);
     }
@@ -196,12 +202,12 @@ fn starter(plan: &Plan, pid_fd: RawFd, err_fd: RawFd) -> ! {
             libc::write(fd, b"-1000".as_ptr().cast::<c_void>(), 5);
             libc::close(fd);
         }
-        for procs in &plan.cgroup_procs {
-            let fd = libc::open(procs.as_ptr(), libc::O_WRONLY | libc::O_CLOEXEC);
-            check(fd, err_fd, "open cgroup.procs");
-            let ret = libc::write(fd, b"0".as_ptr().cast::<c_void>(), 1);
-            check(ret as libc::c_int, err_fd, "join cgroup");
-            libc::close(fd);
+        // This process has one thread (see `Groups::v1_task_files` for why that matters).
+        for file in &plan.cgroup_tasks {
+            join_group(file, err_fd);
+        }
+        if let Some(v2) = &plan.cgroup_v2 {
+            enter_v2_group(v2, pid_fd, err_fd);
         }
         check(
             libc::setns(plan.userns.as_raw_fd(), libc::CLONE_NEWUSER),

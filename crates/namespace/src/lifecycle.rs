@@ -22,7 +22,7 @@
 use std::fs;
 use std::io;
 use std::os::fd::{AsRawFd, FromRawFd, OwnedFd};
-use std::os::unix::fs::PermissionsExt;
+use std::os::unix::fs::{OpenOptionsExt, PermissionsExt};
 use std::os::unix::net::UnixStream;
 use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
@@ -346,7 +346,8 @@ fn start(
     ];
     envp.extend(spec.env.iter().map(|(k, v)| format!("{k}={v}")));
     let plan = Plan {
-        cgroup_procs: groups.procs_files().iter().map(|p| c_path(p)).collect(),
+        cgroup_tasks: groups.v1_task_files().iter().map(|p| c_path(p)).collect(),
+        cgroup_v2: groups.v2.as_deref().map(open_v2_group).transpose()?,
         workdir: c_path(&dir.join("fs")),
         agent: c_path(&spec.agent),
         userns,
@@ -377,6 +378,22 @@ fn start(
     drop(layer_trees);
     drop(mount_trees);
     Ok(started.pid)
+}
+
+/// The sandbox's v2 group, opened for `clone3(CLONE_INTO_CGROUP)`.
+fn open_v2_group(dir: &Path) -> Result<cgroup::join::CgroupV2, Error> {
+    let file = fs::OpenOptions::new()
+        .read(true)
+        .custom_flags(libc::O_DIRECTORY | libc::O_CLOEXEC)
+        .open(dir)
+        .map_err(|source| Error::Prepare {
+            path: dir.to_owned(),
+            source,
+        })?;
+    Ok(cgroup::join::CgroupV2 {
+        dir: OwnedFd::from(file),
+        procs: c_path(&dir.join("cgroup.procs")),
+    })
 }
 
 /// Makes `path` (and its parents) with exactly `mode`, whatever the daemon's umask.

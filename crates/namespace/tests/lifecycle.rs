@@ -586,3 +586,50 @@ fn a_volatile_layer_is_not_mounted_again_after_the_host_went_down() {
     belljar_namespace::destroy(&spec.state_dir).unwrap();
     assert!(!spec.state_dir.exists());
 }
+
+/// PID 1 is born in each of the sandbox's groups: the v1 ones joined through `tasks`, the v2
+/// one (this host mounts an empty v2 hierarchy next to v1, and a sandbox gets a group there
+/// for its freezer) through `clone3(CLONE_INTO_CGROUP)`. Its cgroup namespace is rooted at
+/// its own group in each of them.
+#[test]
+fn pid1_starts_in_every_group_of_the_sandbox() {
+    let tmp = tmpdir();
+    let limits = Limits {
+        memory_bytes: Some(256 << 20),
+        cpu: Some(1.0),
+        pids: Some(100),
+        disk_bytes: None,
+    };
+    let spec = spec(tmp.path(), "grouped", limits);
+    let _guard = Guard(spec.state_dir.clone());
+    let running = belljar_namespace::launch(&spec).unwrap();
+    belljar_namespace::wait_ready(&running.socket, T).unwrap();
+    let v2 = Path::new("/sys/fs/cgroup/cgroup.controllers").exists()
+        || Path::new("/sys/fs/cgroup/unified/cgroup.controllers").exists();
+    let mut joined: Vec<String> = ["memory", "pids", "cpu", "cpuacct"]
+        .map(String::from)
+        .to_vec();
+    if v2 {
+        joined.push(String::new());
+    }
+    let line_of = |text: &str, controller: &str| -> String {
+        text.lines()
+            .find(|l| {
+                let mut parts = l.splitn(3, ':');
+                let (_, ctrls) = (parts.next(), parts.next().unwrap_or_default());
+                ctrls.split(',').any(|c| c == controller)
+            })
+            .unwrap_or_else(|| panic!("no {controller:?} line in {text}"))
+            .to_owned()
+    };
+    let host = std::fs::read_to_string(format!("/proc/{}/cgroup", running.pid)).unwrap();
+    let inside = sh(&running.socket, "cat /proc/1/cgroup").text;
+    let group = format!("/belljar/{}", spec.id);
+    for c in &joined {
+        let line = line_of(&host, c);
+        assert!(line.ends_with(&group), "{c:?}: {line} (host view)");
+        let line = line_of(&inside, c);
+        assert!(line.ends_with(":/"), "{c:?}: {line} (the sandbox's view)");
+    }
+    belljar_namespace::destroy(&spec.state_dir).unwrap();
+}

@@ -39,9 +39,17 @@ fn main() {
         .enable_all()
         .build()
         .unwrap_or_else(|e| fail(&config, mode, &format!("cannot start the runtime: {e}")));
+    // Each task waits until all of them run: only then does each hold a thread of its own
+    // (a task that merely slept a while, as before, held the agent's start ~5 ms).
+    let all_started = std::sync::Arc::new(std::sync::Barrier::new(WARM_BLOCKING_THREADS));
     runtime.block_on(async {
         let warm: Vec<_> = (0..WARM_BLOCKING_THREADS)
-            .map(|_| tokio::task::spawn_blocking(|| std::thread::sleep(Duration::from_millis(5))))
+            .map(|_| {
+                let all_started = all_started.clone();
+                tokio::task::spawn_blocking(move || {
+                    all_started.wait();
+                })
+            })
             .collect();
         for thread in warm {
             let _ = thread.await;
