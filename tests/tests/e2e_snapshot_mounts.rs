@@ -123,10 +123,17 @@ async fn a_directory_snapshot_mounts_copy_on_write_into_new_sandboxes() {
         .collect::<Vec<_>>();
     c.delete_snapshot(&base.id).await.unwrap();
     assert!(!layers.is_empty());
-    let left = std::fs::read_dir(d.paths.data.join("layers"))
-        .unwrap()
-        .count();
-    assert_eq!(left, 0, "the last holder's deletion frees the layers");
+    // Copies a capture found stored already are deleted in the background.
+    let layers_dir = d.paths.data.join("layers");
+    belljar_e2e::eventually(
+        std::time::Duration::from_secs(30),
+        "the last holder's deletion to free the layers",
+        || {
+            let left = std::fs::read_dir(&layers_dir).unwrap().count();
+            async move { (left == 0).then_some(()) }
+        },
+    )
+    .await;
 }
 
 async fn sandbox_count(c: &Client) -> usize {

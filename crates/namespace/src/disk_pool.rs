@@ -13,6 +13,12 @@
 //! `state_dir/disk.ext4` and a `move_mount` of the descriptor onto `state_dir/fs` (no mount
 //! point is renamed, and no mount is moved out of a shared parent).
 //!
+//! The pool's thread makes the disk that replaces a handed-out one only once the sandbox that
+//! took it has run its first command ([`go_ahead`]), or [`REFILL_WAIT`] later: a disk's mount
+//! is kernel work (a loop device, an ext4 superblock, the journal's thread) that the nice value
+//! of the pool's thread does not keep off the two cores the new sandbox and its first command
+//! run on.
+//!
 //! When this process ends, however it ends, its descriptors close and the kernel releases each
 //! detached mount, its filesystem and (autoclear) its loop device; only the image files are
 //! left, and the next [`DiskPool::start`] on the directory deletes them before it makes new
@@ -30,7 +36,7 @@ use std::os::unix::fs::{DirBuilderExt, PermissionsExt};
 use std::path::{Path, PathBuf};
 use std::sync::{Arc, Condvar, Mutex, MutexGuard};
 use std::thread::JoinHandle;
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use crate::disk;
 use crate::live_mounts::{
@@ -40,6 +46,8 @@ use crate::live_mounts::{
 
 /// After failing to make a disk, the pool tries again this much later.
 const RETRY: Duration = Duration::from_secs(10);
+/// The longest the refill waits for the first command of the sandbox that took a disk.
+pub const REFILL_WAIT: Duration = Duration::from_millis(250);
 
 /// Errors starting a pool or making one of its disks.
 #[derive(Debug, thiserror::Error)]
@@ -132,12 +140,16 @@ struct State {
     made: u64,
     handed_out: u64,
     last_error: Option<String>,
+    /// The state directory that took the last disk, and until when the refill waits for it.
+    held: Option<(PathBuf, Instant)>,
 }
 
 struct Shared {
     dir: PathBuf,
     bytes: u64,
     depth: usize,
+    /// How long a refill waits for the taker's first command at most.
+    hold: Duration,
     state: Mutex<State>,
     changed: Condvar,
 }
@@ -147,13 +159,42 @@ impl Shared {
         self.state.lock().unwrap_or_else(|e| e.into_inner())
     }
 
-    /// Takes the oldest ready disk (and wakes the thread that replaces it).
-    fn take(&self) -> Option<Blank> {
+    /// Takes the oldest ready disk for the sandbox in `state_dir`; its replacement waits for
+    /// that sandbox's first command.
+    fn take(&self, state_dir: &Path) -> Option<Blank> {
         let mut st = self.lock();
         let blank = st.ready.pop_front()?;
         st.handed_out += 1;
+        st.held = Some((state_dir.to_owned(), Instant::now() + self.hold));
         self.changed.notify_all();
         Some(blank)
+    }
+
+    /// Waits until a disk is to be made (true) or the pool is closed (false).
+    fn wait_for_work(&self) -> bool {
+        let mut st = self.lock();
+        loop {
+            if st.closed {
+                return false;
+            }
+            let hold = st
+                .held
+                .as_ref()
+                .and_then(|(_, until)| until.checked_duration_since(Instant::now()));
+            st = match hold {
+                Some(left) => {
+                    self.changed
+                        .wait_timeout(st, left)
+                        .unwrap_or_else(|e| e.into_inner())
+                        .0
+                }
+                None if st.ready.len() >= self.depth => {
+                    st.held = None;
+                    self.changed.wait(st).unwrap_or_else(|e| e.into_inner())
+                }
+                None => return true,
+            };
+        }
     }
 
     /// The pool's thread: makes disks while fewer than `depth` are ready, until closed.
@@ -165,15 +206,8 @@ impl Shared {
             libc::setpriority(libc::PRIO_PROCESS, tid, 19);
         }
         for n in 0u64.. {
-            {
-                let st = self.lock();
-                let st = self
-                    .changed
-                    .wait_while(st, |s| !s.closed && s.ready.len() >= self.depth)
-                    .unwrap_or_else(|e| e.into_inner());
-                if st.closed {
-                    return;
-                }
+            if !self.wait_for_work() {
+                return;
             }
             let made = make_blank(&self.dir, n, self.bytes);
             let mut st = self.lock();
@@ -222,8 +256,22 @@ pub(crate) fn hand_over(bytes: u64, image: &Path, fs_dir: &Path) -> bool {
     let Some(pool) = installed().filter(|p| p.bytes == bytes) else {
         return false;
     };
-    pool.take()
+    let state_dir = image.parent().unwrap_or(image);
+    pool.take(state_dir)
         .is_some_and(|blank| blank.attach(image, fs_dir).is_ok())
+}
+
+/// The sandbox in `state_dir` ran a command: when it took the installed pool's last disk, the
+/// replacement is made now.
+pub fn go_ahead(state_dir: &Path) {
+    let Some(pool) = installed() else {
+        return;
+    };
+    let mut st = pool.lock();
+    if st.held.as_ref().is_some_and(|(dir, _)| dir == state_dir) {
+        st.held = None;
+        pool.changed.notify_all();
+    }
 }
 
 /// A pool of blank disks of one size; it stops, and deletes its ready disks, when dropped.
@@ -237,6 +285,17 @@ impl DiskPool {
     /// keeping `depth` blank disks of `bytes` there. `dir` must be on the filesystem of the
     /// state directories that will take them.
     pub fn start(dir: &Path, bytes: u64, depth: usize) -> Result<DiskPool, Error> {
+        Self::start_holding(dir, bytes, depth, REFILL_WAIT)
+    }
+
+    /// [`DiskPool::start`] with `hold` as the longest a refill waits for a taker's first
+    /// command.
+    fn start_holding(
+        dir: &Path,
+        bytes: u64,
+        depth: usize,
+        hold: Duration,
+    ) -> Result<DiskPool, Error> {
         if !nix::unistd::Uid::effective().is_root() {
             return Err(Error::Rootless);
         }
@@ -248,6 +307,7 @@ impl DiskPool {
             dir: dir.to_owned(),
             bytes,
             depth,
+            hold,
             state: Mutex::default(),
             changed: Condvar::new(),
         });

@@ -31,6 +31,9 @@ fn within_10s(mut check: impl FnMut() -> bool) -> bool {
     check()
 }
 
+/// Held by the tests that install a pool: one process has one installed pool.
+static INSTALLING: Mutex<()> = Mutex::new(());
+
 fn names(dir: &Path) -> Vec<String> {
     let mut names: Vec<String> = fs::read_dir(dir)
         .unwrap()
@@ -45,6 +48,7 @@ fn pooled_disks_are_handed_out_once_blank_and_of_their_size() {
     if !root() {
         return;
     }
+    let _installing = INSTALLING.lock().unwrap_or_else(|e| e.into_inner());
     // A size no other test uses, as the installed pool serves every start of its size.
     let size = 40 << 20;
     let tmp = tempfile::tempdir().unwrap();
@@ -119,6 +123,57 @@ fn pooled_disks_are_handed_out_once_blank_and_of_their_size() {
     assert!(within_10s(|| backed_by(tmp.path()).is_empty()));
 }
 
+/// The disk that replaces a handed-out one is made once the taker ran a command (a command
+/// of another sandbox does not count), or when the hold ran out.
+#[test]
+fn a_refill_waits_for_the_takers_first_command() {
+    if !root() {
+        return;
+    }
+    let _installing = INSTALLING.lock().unwrap_or_else(|e| e.into_inner());
+    // A size no other test uses, as the installed pool serves every start of its size.
+    let size = 44 << 20;
+    let tmp = tempfile::tempdir().unwrap();
+    let dir = tmp.path().join("pool");
+    let pool = DiskPool::start_holding(&dir, size, 1, Duration::from_secs(3600)).unwrap();
+    assert!(
+        pool.wait_full(Duration::from_secs(60)),
+        "{:?}",
+        pool.last_error()
+    );
+    pool.install();
+    let state = tmp.path().join("a");
+    fs::create_dir(&state).unwrap();
+    disk::mount(&state, &state.join("fs"), size).unwrap();
+    assert_eq!(pool.counts(), (1, 1));
+    go_ahead(&tmp.path().join("other"));
+    // Long enough for the thread to make a disk (~30 ms) had it not waited.
+    std::thread::sleep(Duration::from_millis(500));
+    assert_eq!(pool.counts(), (1, 1), "the refill did not wait");
+    go_ahead(&state);
+    assert!(
+        pool.wait_full(Duration::from_secs(60)),
+        "{:?}",
+        pool.last_error()
+    );
+    drop(pool);
+
+    // With a short hold and no command, the refill goes ahead when it runs out.
+    let pool = DiskPool::start_holding(&dir, size, 1, Duration::from_millis(50)).unwrap();
+    assert!(pool.wait_full(Duration::from_secs(60)));
+    pool.install();
+    let late = tmp.path().join("b");
+    fs::create_dir(&late).unwrap();
+    disk::mount(&late, &late.join("fs"), size).unwrap();
+    assert!(pool.wait_full(Duration::from_secs(60)));
+    assert_eq!(pool.counts(), (2, 1));
+    drop(pool);
+    for d in [&state, &late] {
+        disk::unmount(&d.join("fs"));
+    }
+    assert!(within_10s(|| backed_by(tmp.path()).is_empty()));
+}
+
 #[test]
 fn a_failed_handover_leaves_nothing() {
     if !root() {
@@ -132,7 +187,7 @@ fn a_failed_handover_leaves_nothing() {
         "{:?}",
         pool.last_error()
     );
-    let blank = pool.shared.take().unwrap();
+    let blank = pool.shared.take(tmp.path()).unwrap();
     let image = blank.image.clone().unwrap();
     // The rename fails: no such directory.
     let missing = tmp.path().join("missing/state");

@@ -3,7 +3,8 @@
 //! the source's snapshot expiration) and a sandbox made from that snapshot with the source's
 //! configuration (its policy and exposed ports included, the ports on new host ports) and the
 //! request's overrides. Its snapshot mounts come along with what the source wrote under them
-//! (see `live_mounts`).
+//! (see `live_mounts`). It keeps the source's broker CA: the files it starts with trust that
+//! one already, so nothing is written into them before its first command.
 
 use belljar_api::{CreateSandbox, CreateSnapshot, ForkSandbox, Sandbox, Source};
 
@@ -37,7 +38,8 @@ impl Sandboxes {
         let snapshot_frozen = snapshot.frozen_ms;
         let held = self.inner.store.sandbox_layers(id)?.unwrap_or_default();
         let forked = self
-            .create(CreateSandbox {
+            .create_with(
+                CreateSandbox {
                 image: Some(source.image),
                 backend: Some(backend_choice(source.backend)),
                 vcpus: Some(source.vcpus),
@@ -59,7 +61,11 @@ impl Sandboxes {
                 idle_timeout_ms: source.lifecycle.idle_timeout_ms,
                 hard_ttl_ms: source.lifecycle.hard_ttl_ms,
                 auto_resume: Some(source.lifecycle.auto_resume),
-            })
+                },
+                None,
+                // The source's files trust its broker CA: the fork's broker signs with it.
+                Some(id),
+            )
             .await;
         // Where a fork's time goes (`BELLJAR_LOG=belljard=debug`): its live snapshot (the
         // frozen part is the snapshot's `frozen_ms`), then the new sandbox's create.

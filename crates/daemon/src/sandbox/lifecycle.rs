@@ -29,6 +29,17 @@ impl Sandboxes {
         req: CreateSandbox,
         idempotency_key: Option<String>,
     ) -> Result<Sandbox, SandboxError> {
+        self.create_with(req, idempotency_key, None).await
+    }
+
+    /// [`Sandboxes::create_with_key`]; `ca_of`: a fork's source, whose broker CA the new
+    /// sandbox keeps (its files, the source's, trust that CA already).
+    pub(super) async fn create_with(
+        &self,
+        req: CreateSandbox,
+        idempotency_key: Option<String>,
+        ca_of: Option<&str>,
+    ) -> Result<Sandbox, SandboxError> {
         if let Some(key) = &idempotency_key {
             if !belljar_api::valid_idempotency_key(key) {
                 return Err(SandboxError::BadRequest(
@@ -103,15 +114,19 @@ impl Sandboxes {
         let id = claimed
             .as_ref()
             .map_or_else(|| new_id("sbx"), |c| c.id.clone());
-        match (&claimed, &req.network_policy) {
+        let ca_kept = match (&claimed, &req.network_policy) {
             (None, policy) => self.prepare_network(
                 &id,
                 policy.as_ref(),
                 req.ports.as_deref().unwrap_or_default(),
+                ca_of,
             )?,
-            (Some(_), Some(policy)) => self.replace_network_policy(&id, policy)?,
-            (Some(_), None) => {}
-        }
+            (Some(_), Some(policy)) => {
+                self.replace_network_policy(&id, policy)?;
+                false
+            }
+            (Some(_), None) => false,
+        };
         let now = now_ms();
         let mut sandbox = Sandbox {
             id: id.clone(),
@@ -195,7 +210,7 @@ impl Sandboxes {
                 .boot(&mut sandbox, image.dir.clone(), agent, layers)
                 .await?;
             let t = Instant::now();
-            if let Err(e) = self.install_ca(&id, &agent).await {
+            if !ca_kept && let Err(e) = self.install_ca(&id, &agent).await {
                 tracing::warn!(sandbox = %id, error = %e, "cannot install the broker's CA");
             }
             tracing::debug!(sandbox = %id, took = ?t.elapsed(), "installed the broker's CA");

@@ -201,23 +201,28 @@ impl Sandboxes {
         Ok(())
     }
 
-    /// Checks a new sandbox's network settings and keeps them (with a new broker CA) before
-    /// it starts.
+    /// Checks a new sandbox's network settings and keeps them before it starts, with a new
+    /// broker CA, or the one of `ca_of` (a fork's source) when it has one: true then.
     pub(super) fn prepare_network(
         &self,
         id: &str,
         policy: Option<&api::NetworkPolicy>,
         ports: &[u32],
-    ) -> Result<(), SandboxError> {
+        ca_of: Option<&str>,
+    ) -> Result<bool, SandboxError> {
         let policy = policy.cloned().unwrap_or_default();
         super::network_policy::firewall(&policy)?;
+        let kept = ca_of.and_then(|source| self.load_saved(source).ca_key_pem);
+        let ca_kept = kept.is_some();
+        let ca_key_pem = match kept {
+            Some(pem) => pem,
+            None => Broker::generate(None)
+                .map_err(|e| SandboxError::Io(std::io::Error::other(e)))?
+                .ca_key_pem(),
+        };
         let mut saved = Saved {
             policy,
-            ca_key_pem: Some(
-                Broker::generate(None)
-                    .map_err(|e| SandboxError::Io(std::io::Error::other(e)))?
-                    .ca_key_pem(),
-            ),
+            ca_key_pem: Some(ca_key_pem),
             ..Saved::default()
         };
         for (i, p) in ports.iter().enumerate() {
@@ -227,7 +232,8 @@ impl Sandboxes {
             saved.ports.insert(port, 0);
         }
         std::fs::create_dir_all(self.inner.paths.sandbox_dir(id))?;
-        self.store_saved(id, &saved)
+        self.store_saved(id, &saved)?;
+        Ok(ca_kept)
     }
 
     /// Starts the stack of a running sandbox on its `eth0` (after launch, and again after a

@@ -315,8 +315,10 @@ impl Sandboxes {
         }
     }
 
-    /// A command of sandbox `id` ended: a refill waiting for it goes ahead.
+    /// A command of sandbox `id` ended: a refill waiting for it goes ahead (the warm pool's,
+    /// and the disk pool's when the sandbox took the last disk).
     pub(super) fn command_ended(&self, id: &str) {
+        belljar_namespace::disk_pool::go_ahead(&self.new_state_dir(id, BackendKind::Namespace));
         if let Some(ended) = lock(&self.inner.pool.first_command).remove(id) {
             // A permit is kept when the refill's task does not wait yet.
             ended.notify_one();
@@ -345,7 +347,7 @@ impl Sandboxes {
             )?;
         }
         let id = new_id("sbx");
-        self.prepare_network(&id, None, &[])?;
+        self.prepare_network(&id, None, &[], None)?;
         std::fs::write(self.inner.paths.sandbox_dir(&id).join(MARKER), b"")?;
         let mut sandbox = Sandbox {
             id: id.clone(),

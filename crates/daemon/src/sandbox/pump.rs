@@ -126,10 +126,13 @@ impl Sandboxes {
                 Ok(((), Store::settle_command_on(c, &sid2, &cid2, settle, ts)?))
             })
             .await;
-        if let Err(e) = recorded {
-            tracing::warn!(command = %cid, error = %e, "cannot record the end of a command");
-            // Once more on its own, which tells followers even when it cannot be recorded.
-            self.record_end(&sid, &cid, fallback, lost_reason);
+        match recorded {
+            Ok(()) => self.command_ended(&sid),
+            Err(e) => {
+                tracing::warn!(command = %cid, error = %e, "cannot record the end of a command");
+                // Once more on its own, which tells followers even when it cannot be recorded.
+                self.record_end(&sid, &cid, fallback, lost_reason);
+            }
         }
         self.inner.logs.finish(&cid);
     }

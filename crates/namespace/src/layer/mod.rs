@@ -35,10 +35,12 @@ use crate::{disk, mounts};
 pub mod diff;
 mod dir;
 mod squash;
+mod trash;
 pub(crate) mod xattr;
 
 pub use dir::{DirError, capture_dir, capture_dir_of_tree};
 pub use squash::squash;
+pub use trash::wait_empty as wait_trash_empty;
 
 use xattr::{get_xattr, list_xattrs, set_times, set_xattr};
 
@@ -174,8 +176,9 @@ pub(crate) fn capture_tree(
     };
     let path = layers_dir.join(&digest);
     if path.exists() {
-        // The same content was captured before: share that directory.
-        remove_tree(&tmp);
+        // The same content was captured before: share that directory. The copy is deleted
+        // off this clock (a live snapshot's sandbox is frozen until this returns).
+        trash::remove_later(&tmp);
     } else {
         fs::rename(&tmp, &path).map_err(fail(&path))?;
     }
@@ -193,9 +196,10 @@ pub fn remove_tree(path: &Path) {
 }
 
 /// Whether `name` in a layers directory is a half-made copy left by a capture that was cut
-/// short (a daemon killed mid-snapshot); such directories can be deleted at start.
+/// short (a daemon killed mid-snapshot), or a copy that was waiting to be deleted; such
+/// directories can be deleted at start.
 pub fn is_partial(name: &OsStr) -> bool {
-    name.as_bytes().starts_with(b".tmp-")
+    name.as_bytes().starts_with(b".tmp-") || name.as_bytes().starts_with(trash::PREFIX)
 }
 
 struct Copier {
@@ -529,6 +533,7 @@ mod tests {
         // The same content again is the same layer, and no half copy is left behind.
         let again = capture_tree(&upper, &layers, Shift::Block(base)).unwrap();
         assert_eq!(again, first);
+        assert!(trash::wait_empty(std::time::Duration::from_secs(10)));
         let names: Vec<_> = fs::read_dir(&layers)
             .unwrap()
             .map(|e| e.unwrap().file_name())
