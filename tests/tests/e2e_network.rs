@@ -293,10 +293,7 @@ fn through_the_firewall(backend: BackendChoice) {
         assert_eq!(out, "", "the secret is visible in the sandbox");
         // A fork keeps its source's broker CA, which the files it starts with trust already:
         // the brokered call verifies and works from it as from the source.
-        let fork = c
-            .fork_sandbox(&id, &ForkSandbox::default())
-            .await
-            .unwrap();
+        let fork = c.fork_sandbox(&id, &ForkSandbox::default()).await.unwrap();
         let (code, out) = run(&c, &fork.id, "curl -sS -m 10 https://api.test/").await;
         assert_eq!(code, 0, "{out}\n{}", d.log());
         assert!(out.contains("auth=brokered"), "{out}");
