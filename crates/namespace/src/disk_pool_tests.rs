@@ -6,17 +6,9 @@ use std::process::{Command, Stdio};
 use std::time::Instant;
 
 use super::*;
+use crate::disk::tests::as_root as root;
 use crate::disk::{DISK_FILE, is_mount_point};
 use crate::testing::loop_files_under as backed_by;
-
-fn root() -> bool {
-    if nix::unistd::Uid::effective().is_root() {
-        return true;
-    }
-    assert!(std::env::var("CI").is_err(), "CI runs as root");
-    eprintln!("not root: a disk cannot be mounted");
-    false
-}
 
 /// Whether `check` holds within 10 s (the kernel releases a filesystem and its loop device
 /// after the last descriptor closes, not during the close).
