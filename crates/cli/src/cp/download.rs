@@ -1,37 +1,17 @@
 //! Sandbox to host: a file is written as its bytes arrive, a directory's tar stream is
 //! unpacked on a blocking thread as it arrives.
 
-use std::io::Read;
 use std::os::unix::fs::PermissionsExt;
 use std::path::Path;
 
 use belljar_api::FileKind;
 use belljar_client::Client;
-use bytes::Bytes;
 use tokio::io::AsyncWriteExt;
-use tokio::sync::mpsc;
+use tokio_util::io::SyncIoBridge;
 
-use super::{CopyError, CopyReport, bar, local_err, local_target, remote_name, source_entry};
-
-/// A `Read` over chunks from the async side, for the tar unpacker.
-pub(super) struct ChannelReader {
-    pub(super) rx: mpsc::Receiver<Bytes>,
-    pub(super) current: Bytes,
-}
-
-impl Read for ChannelReader {
-    fn read(&mut self, out: &mut [u8]) -> std::io::Result<usize> {
-        while self.current.is_empty() {
-            match self.rx.blocking_recv() {
-                Some(b) => self.current = b,
-                None => return Ok(0),
-            }
-        }
-        let n = out.len().min(self.current.len());
-        out[..n].copy_from_slice(&self.current.split_to(n));
-        Ok(n)
-    }
-}
+use super::{
+    CHUNK, CopyError, CopyReport, bar, local_err, local_target, remote_name, source_entry,
+};
 
 pub(super) async fn download(
     client: &Client,
@@ -83,13 +63,12 @@ pub(super) async fn download(
                 .await
                 .map_err(local_err(&target))?;
             let mut download = client.download_tar(id, src).await?;
-            let (tx, rx) = mpsc::channel::<Bytes>(8);
+            // The chunks are written into a pipe that the unpacker, on a blocking thread,
+            // reads as they arrive.
+            let (mut tx, rx) = tokio::io::duplex(CHUNK);
             let unpack_to = target.clone();
             let unpacker = tokio::task::spawn_blocking(move || {
-                let mut archive = tar::Archive::new(ChannelReader {
-                    rx,
-                    current: Bytes::new(),
-                });
+                let mut archive = tar::Archive::new(SyncIoBridge::new(rx));
                 archive.set_preserve_permissions(true);
                 archive.unpack(&unpack_to)
             });
@@ -106,7 +85,8 @@ pub(super) async fn download(
                     Ok(Some(data)) => {
                         bytes += data.len() as u64;
                         pb.inc(data.len() as u64);
-                        if tx.send(data).await.is_err() {
+                        // An error here means the unpacker stopped: its own error says why.
+                        if tx.write_all(&data).await.is_err() {
                             break;
                         }
                     }
@@ -128,45 +108,5 @@ pub(super) async fn download(
             })
         }
         _ => Err(CopyError::Unsupported(format!("{id}:{src}"))),
-    }
-}
-
-#[cfg(test)]
-mod tests {
-    use std::io::Write;
-
-    use super::super::CHUNK;
-    use super::super::upload::ChannelWriter;
-    use super::*;
-
-    #[tokio::test]
-    async fn channel_reader_and_writer_carry_bytes_across_threads() {
-        let (tx, mut rx) = mpsc::channel(2);
-        let writer = tokio::task::spawn_blocking(move || {
-            let mut w = ChannelWriter {
-                tx,
-                buf: Vec::new(),
-            };
-            w.write_all(&vec![7u8; CHUNK * 2 + 5]).unwrap();
-            w.flush().unwrap();
-        });
-        let (tx2, rx2) = mpsc::channel(2);
-        let reader = tokio::task::spawn_blocking(move || {
-            let mut r = ChannelReader {
-                rx: rx2,
-                current: Bytes::new(),
-            };
-            let mut all = Vec::new();
-            r.read_to_end(&mut all).unwrap();
-            all
-        });
-        while let Some(chunk) = rx.recv().await {
-            tx2.send(chunk.unwrap()).await.unwrap();
-        }
-        drop(tx2);
-        writer.await.unwrap();
-        let all = reader.await.unwrap();
-        assert_eq!(all.len(), CHUNK * 2 + 5);
-        assert!(all.iter().all(|&b| b == 7));
     }
 }

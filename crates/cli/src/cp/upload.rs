@@ -9,9 +9,9 @@ use std::sync::atomic::{AtomicU64, Ordering};
 
 use belljar_client::{Client, streamed};
 use bytes::Bytes;
-use futures::StreamExt;
-use tokio::sync::mpsc;
-use tokio_util::io::ReaderStream;
+use futures::{Stream, StreamExt};
+use tokio::sync::oneshot;
+use tokio_util::io::{ReaderStream, SyncIoBridge};
 
 use super::{CHUNK, CopyError, CopyReport, bar, local_err, remote_target};
 
@@ -51,11 +51,11 @@ pub(super) async fn upload(
     } else if meta.is_dir() {
         client.mkdir(id, &target).await?;
         let pb = bar(progress, None, &name);
-        let (rx, builder) = tar_stream(from.to_path_buf());
+        let (tarball, builder) = tar_stream(from.to_path_buf());
         let counted = pb.clone();
         let total = Arc::new(AtomicU64::new(0));
         let total2 = total.clone();
-        let body = tokio_stream_from(rx).inspect(move |chunk| {
+        let body = tarball.inspect(move |chunk| {
             if let Ok(c) = chunk {
                 counted.inc(c.len() as u64);
                 total2.fetch_add(c.len() as u64, Ordering::Relaxed);
@@ -78,66 +78,51 @@ pub(super) async fn upload(
     }
 }
 
-fn tokio_stream_from(
-    mut rx: mpsc::Receiver<std::io::Result<Bytes>>,
-) -> impl futures::Stream<Item = std::io::Result<Bytes>> + Send + Sync + 'static {
-    futures::stream::poll_fn(move |cx| rx.poll_recv(cx))
-}
-
-/// A `Write` that hands each chunk to the async side.
-pub(super) struct ChannelWriter {
-    pub(super) tx: mpsc::Sender<std::io::Result<Bytes>>,
-    pub(super) buf: Vec<u8>,
-}
-
-impl Write for ChannelWriter {
-    fn write(&mut self, data: &[u8]) -> std::io::Result<usize> {
-        self.buf.extend_from_slice(data);
-        if self.buf.len() >= CHUNK {
-            self.flush()?;
-        }
-        Ok(data.len())
-    }
-
-    fn flush(&mut self) -> std::io::Result<()> {
-        if self.buf.is_empty() {
-            return Ok(());
-        }
-        let chunk = Bytes::from(std::mem::take(&mut self.buf));
-        self.tx
-            .blocking_send(Ok(chunk))
-            .map_err(|_| std::io::Error::new(std::io::ErrorKind::BrokenPipe, "upload ended"))
-    }
-}
-
-/// Streams a tar of the contents of `dir` (entries relative to it) from a blocking thread.
+/// Streams a tar of the contents of `dir` (entries relative to it), built on a blocking
+/// thread while the upload reads it. A failure ends the stream with an error, so the upload
+/// fails rather than ending like a whole archive.
 fn tar_stream(
     dir: PathBuf,
 ) -> (
-    mpsc::Receiver<std::io::Result<Bytes>>,
+    impl Stream<Item = std::io::Result<Bytes>> + Send + Sync + 'static,
     tokio::task::JoinHandle<std::io::Result<()>>,
 ) {
-    let (tx, rx) = mpsc::channel(8);
+    let (reader, writer) = tokio::io::duplex(CHUNK);
+    let (failed_tx, failed_rx) = oneshot::channel();
     let handle = tokio::task::spawn_blocking(move || {
-        let writer = ChannelWriter {
-            tx: tx.clone(),
-            buf: Vec::with_capacity(CHUNK),
-        };
-        let result = write_tar(&dir, writer);
+        // The writer is dropped when `write_tar` returns, so the reader has seen all the
+        // bytes before it looks for a failure.
+        let result = write_tar(&dir, SyncIoBridge::new(writer));
         if let Err(e) = &result {
-            let _ = tx.blocking_send(Err(std::io::Error::new(e.kind(), e.to_string())));
+            let _ = failed_tx.send(std::io::Error::new(e.kind(), e.to_string()));
         }
         result
     });
-    (rx, handle)
+    let failure = futures::stream::once(failed_rx)
+        .filter_map(|failed| std::future::ready(failed.ok().map(Err)));
+    (
+        ReaderStream::with_capacity(reader, CHUNK).chain(failure),
+        handle,
+    )
 }
 
+/// Writes the tar of `dir` to `writer` in `CHUNK`-sized writes. A tree that cannot be read
+/// ends the stream without the archive's end: the builder, dropped on an error, writes that
+/// end into the buffer, which is then dropped unsent, so the sandbox never takes a partial
+/// tree for a whole one.
 fn write_tar<W: Write>(dir: &Path, writer: W) -> std::io::Result<()> {
-    let mut builder = tar::Builder::new(writer);
+    let mut out = std::io::BufWriter::with_capacity(CHUNK, writer);
+    let mut builder = tar::Builder::new(&mut out);
     builder.follow_symlinks(false);
-    append_children(&mut builder, dir, Path::new(""))?;
-    let mut writer = builder.into_inner()?;
-    writer.flush()
+    let built = append_children(&mut builder, dir, Path::new("")).and_then(|()| builder.finish());
+    drop(builder);
+    match built {
+        Ok(()) => out.flush(),
+        Err(e) => {
+            drop(out.into_parts());
+            Err(e)
+        }
+    }
 }
 
 /// Appends the entries of `dir` under `prefix`, in name order. Symlinks are written with
@@ -181,7 +166,44 @@ fn append_children<W: Write>(
 
 #[cfg(test)]
 mod tests {
+    use futures::TryStreamExt;
+
     use super::*;
+
+    #[test]
+    fn a_tree_that_cannot_be_read_writes_no_end_of_archive() {
+        let dir = tempfile::tempdir().unwrap();
+        let mut tarball = Vec::new();
+        write_tar(&dir.path().join("gone"), &mut tarball).unwrap_err();
+        assert!(tarball.is_empty(), "{} bytes written", tarball.len());
+    }
+
+    #[tokio::test]
+    async fn a_failed_tar_ends_its_stream_with_the_error() {
+        let dir = tempfile::tempdir().unwrap();
+        let (tarball, builder) = tar_stream(dir.path().join("gone"));
+        let chunks: Vec<std::io::Result<Bytes>> = tarball.collect().await;
+        assert!(matches!(chunks.as_slice(), [Err(e)] if e.kind() == std::io::ErrorKind::NotFound));
+        builder.await.unwrap().unwrap_err();
+    }
+
+    #[tokio::test]
+    async fn a_tar_stream_carries_a_tree_larger_than_a_chunk() {
+        let src = tempfile::tempdir().unwrap();
+        std::fs::create_dir(src.path().join("sub")).unwrap();
+        std::fs::write(src.path().join("sub/big"), vec![7u8; CHUNK * 2 + 5]).unwrap();
+        let (tarball, builder) = tar_stream(src.path().to_path_buf());
+        let chunks: Vec<Bytes> = tarball.try_collect().await.unwrap();
+        builder.await.unwrap().unwrap();
+        assert!(chunks.len() > 1);
+        let tarball = chunks.concat();
+        let out = tempfile::tempdir().unwrap();
+        tar::Archive::new(&tarball[..]).unpack(out.path()).unwrap();
+        assert_eq!(
+            std::fs::read(out.path().join("sub/big")).unwrap(),
+            vec![7u8; CHUNK * 2 + 5]
+        );
+    }
 
     #[test]
     fn tar_keeps_a_link_to_the_root_as_it_is() {

@@ -14,44 +14,11 @@ use std::sync::atomic::Ordering;
 
 use bytes::Bytes;
 use futures::{Stream, StreamExt};
-use tokio::sync::mpsc;
-use tokio_util::io::{StreamReader, SyncIoBridge};
+use tokio::sync::oneshot;
+use tokio_util::io::{ReaderStream, StreamReader, SyncIoBridge};
 
 use super::{CHUNK, Owner, TMP_COUNTER, blocking, check_path, copy_tree, create_dirs, err, owner};
 use crate::error::AgentError;
-
-/// A `Write` that hands full chunks to an async receiver, so the `tar` crate (which is
-/// synchronous) can run on a blocking thread and feed a response body.
-struct ChannelWriter {
-    tx: mpsc::Sender<io::Result<Bytes>>,
-    buf: Vec<u8>,
-}
-
-impl ChannelWriter {
-    fn send(&mut self) -> io::Result<()> {
-        if self.buf.is_empty() {
-            return Ok(());
-        }
-        let chunk = Bytes::from(std::mem::replace(&mut self.buf, Vec::with_capacity(CHUNK)));
-        self.tx
-            .blocking_send(Ok(chunk))
-            .map_err(|_| io::Error::from(io::ErrorKind::BrokenPipe))
-    }
-}
-
-impl Write for ChannelWriter {
-    fn write(&mut self, data: &[u8]) -> io::Result<usize> {
-        self.buf.extend_from_slice(data);
-        if self.buf.len() >= CHUNK {
-            self.send()?;
-        }
-        Ok(data.len())
-    }
-
-    fn flush(&mut self) -> io::Result<()> {
-        self.send()
-    }
-}
 
 /// Reads exactly `left` bytes: what the file has, then zeros if it shrank, so the bytes after
 /// a header always match the size the header announced.
@@ -183,31 +150,45 @@ fn append_tree<W: Write>(builder: &mut tar::Builder<W>, root: &Path) -> io::Resu
     }
 }
 
+/// Writes the tar stream of the tree under `root` to `writer`, in `CHUNK`-sized writes.
+/// A tree that cannot be read ends the stream without the archive's end: the builder, dropped
+/// on an error, writes that end into the buffer, which is then dropped unsent, so a client
+/// never takes a partial tree for a whole one.
+fn write_tree<W: Write>(root: &Path, writer: W) -> io::Result<()> {
+    let mut out = io::BufWriter::with_capacity(CHUNK, writer);
+    let mut builder = tar::Builder::new(&mut out);
+    let built = append_tree(&mut builder, root).and_then(|()| builder.finish());
+    drop(builder);
+    match built {
+        Ok(()) => out.flush(),
+        Err(e) => {
+            drop(out.into_parts());
+            Err(e)
+        }
+    }
+}
+
 /// The tree under `path` (its contents, not the directory itself; a file on its own) as a tar
-/// stream, produced on a blocking thread as the client reads it.
+/// stream, produced on a blocking thread as the client reads it. A failure ends the stream
+/// with an error, so the response is cut short rather than ending like a whole archive.
 pub async fn tar_download(
     path: &str,
 ) -> Result<impl Stream<Item = io::Result<Bytes>> + Send + 'static, AgentError> {
     let p = check_path(path)?;
     tokio::fs::symlink_metadata(&p).await.map_err(err(&p))?;
-    let (tx, rx) = mpsc::channel::<io::Result<Bytes>>(8);
+    let (reader, writer) = tokio::io::duplex(CHUNK);
+    let (failed_tx, failed_rx) = oneshot::channel();
     tokio::task::spawn_blocking(move || {
-        let writer = ChannelWriter {
-            tx: tx.clone(),
-            buf: Vec::with_capacity(CHUNK),
-        };
-        let mut builder = tar::Builder::new(writer);
-        let result = append_tree(&mut builder, &p)
-            .and_then(|()| builder.into_inner())
-            .and_then(|mut w| w.flush());
-        if let Err(e) = result {
+        // The writer is dropped when `write_tree` returns, so the reader has seen all the
+        // bytes before it looks for a failure.
+        if let Err(e) = write_tree(&p, SyncIoBridge::new(writer)) {
             tracing::warn!(path = %p.display(), "tar download failed: {e}");
-            let _ = tx.blocking_send(Err(e));
+            let _ = failed_tx.send(e);
         }
     });
-    Ok(futures::stream::unfold(rx, |mut rx| async move {
-        rx.recv().await.map(|item| (item, rx))
-    }))
+    let failure = futures::stream::once(failed_rx)
+        .filter_map(|failed| std::future::ready(failed.ok().map(Err)));
+    Ok(ReaderStream::with_capacity(reader, CHUNK).chain(failure))
 }
 
 /// Extracts the tar stream `body` under `path` (created if needed); entries that would land
@@ -308,4 +289,41 @@ fn merge(from: &Path, to: &Path) -> Result<(), AgentError> {
         }
     }
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use futures::TryStreamExt;
+
+    use super::*;
+
+    #[test]
+    fn a_tree_that_cannot_be_read_writes_no_end_of_archive() {
+        let dir = tempfile::tempdir().unwrap();
+        let mut out = Vec::new();
+        write_tree(&dir.path().join("gone"), &mut out).unwrap_err();
+        assert!(out.is_empty(), "{} bytes written", out.len());
+    }
+
+    #[tokio::test]
+    async fn a_download_streams_the_whole_tree() {
+        let dir = tempfile::tempdir().unwrap();
+        std::fs::create_dir(dir.path().join("sub")).unwrap();
+        // Larger than one chunk, so the stream carries several.
+        std::fs::write(dir.path().join("sub/big"), vec![7u8; CHUNK * 2 + 5]).unwrap();
+        let chunks: Vec<Bytes> = tar_download(dir.path().to_str().unwrap())
+            .await
+            .unwrap()
+            .try_collect()
+            .await
+            .unwrap();
+        assert!(chunks.len() > 1);
+        let tarball = chunks.concat();
+        let out = tempfile::tempdir().unwrap();
+        tar::Archive::new(&tarball[..]).unpack(out.path()).unwrap();
+        assert_eq!(
+            std::fs::read(out.path().join("sub/big")).unwrap(),
+            vec![7u8; CHUNK * 2 + 5]
+        );
+    }
 }
