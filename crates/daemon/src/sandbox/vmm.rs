@@ -562,7 +562,7 @@ mod tests {
     /// `BELLJAR_VMM`, `BELLJAR_KERNEL` and `BELLJAR_ROOT_DISK`; run with `--ignored`. On a
     /// software-KVM host the guest does not get far, but the process management is the same.
     #[test]
-    #[ignore]
+    #[ignore = "needs a built VMM, guest kernel and root disk: set BELLJAR_VMM, BELLJAR_KERNEL and BELLJAR_ROOT_DISK"]
     fn launches_adopts_and_stops_a_real_vmm() {
         let var = |k: &str| PathBuf::from(std::env::var(k).unwrap_or_else(|_| panic!("set {k}")));
         let dir = tempfile::tempdir().unwrap();

@@ -224,3 +224,14 @@ pub fn status_field(pid: u32, field: &str) -> u64 {
 pub fn is_root() -> bool {
     nix::unistd::geteuid().is_root()
 }
+
+/// Whether a test that needs root can run; off root it says so and is not run. CI runs as
+/// root, so there a run without root fails instead of passing without testing anything.
+pub fn root_or_not_run(why: &str) -> bool {
+    if is_root() {
+        return true;
+    }
+    assert!(std::env::var_os("CI").is_none(), "CI runs as root ({why})");
+    eprintln!("not run: needs root ({why})");
+    false
+}
