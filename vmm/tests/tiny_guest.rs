@@ -90,6 +90,19 @@ fn config(dir: &Path, image: &[u8]) -> VmConfig {
     common::raw_config(dir, image, "console.log")
 }
 
+/// Waits (5 s at most) until the guest has written `expected` to its console log `log`.
+fn wait_for_console(log: &Path, expected: &[u8]) {
+    let t = Instant::now();
+    while std::fs::read(log).unwrap_or_default() != expected {
+        assert!(
+            t.elapsed() < Duration::from_secs(5),
+            "the guest never wrote {:?}",
+            String::from_utf8_lossy(expected)
+        );
+        std::thread::sleep(Duration::from_millis(2));
+    }
+}
+
 fn run(vmm: &Vmm) -> ExitReason {
     let reason = vmm
         .wait(Duration::from_secs(5))
@@ -301,7 +314,8 @@ fn two_vcpus_start_and_stop() {
     let mut cfg = config(dir.path(), &a.0);
     cfg.vcpus = 2;
     let vmm = Vmm::start(&cfg, &hv).unwrap();
-    std::thread::sleep(Duration::from_millis(50));
+    // Paused only once the guest is running: the boot vCPU has printed and halts.
+    wait_for_console(&dir.path().join("console.log"), b"up");
     assert_eq!(vmm.state(), VmState::Running);
     vmm.pause().unwrap();
     assert_eq!(vmm.state(), VmState::Paused);
@@ -358,14 +372,7 @@ fn ioapic_interrupt_reaches_the_guest() {
     let vmm = Vmm::start(&config(dir.path(), &img), &hv).unwrap();
     // Wait for the guest to be ready, then raise the line as a device would.
     let log = dir.path().join("console.log");
-    let t = Instant::now();
-    while std::fs::read(&log).unwrap_or_default() != b"W" {
-        assert!(
-            t.elapsed() < Duration::from_secs(5),
-            "guest never got ready"
-        );
-        std::thread::sleep(Duration::from_millis(2));
-    }
+    wait_for_console(&log, b"W");
     // No further wait: the IOAPIC entry is programmed before "W", and an edge raised while
     // the guest still has interrupts off stays pending in the local APIC until its `sti`.
     let line = belljar_vmm::devices::IrqLine::new(vmm.vm().clone(), 5);

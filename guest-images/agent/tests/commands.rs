@@ -144,10 +144,22 @@ async fn signals_reach_the_whole_process_group() {
     let agent = Agent::start().await;
     let started = agent
         .client
-        .start_command(&argv(&["/bin/sh", "-c", "sleep 100 & sleep 100 & wait"]))
+        .start_command(&argv(&[
+            "/bin/sh",
+            "-c",
+            "sleep 100 & sleep 100 & echo forked; wait",
+        ]))
         .await
         .unwrap();
-    tokio::time::sleep(Duration::from_millis(300)).await;
+    // Killed once both sleeps are in the group: the shell says so after forking them.
+    let mut output = agent.client.output(&started.id, 0, true).await.unwrap();
+    let first = tokio::time::timeout(Duration::from_secs(10), output.try_next())
+        .await
+        .expect("the shell forked within 10 s")
+        .unwrap()
+        .unwrap();
+    assert_eq!(first.data.as_deref(), Some("forked\n"));
+    drop(output);
     agent.client.signal(&started.id, "SIGKILL").await.unwrap();
     let info = agent.client.wait_command(&started.id).await.unwrap();
     assert_eq!(info.signal, Some(9));

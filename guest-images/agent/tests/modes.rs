@@ -125,10 +125,30 @@ fn listens_on_vsock() {
         .args(["--mode", "plain", "--listen", &format!("vsock:{port}")])
         .arg("--state-dir")
         .arg(dir.path())
+        .env("BELLJAR_LOG", "info")
         .stderr(std::process::Stdio::piped())
         .spawn()
         .unwrap();
-    std::thread::sleep(Duration::from_millis(500));
+    // The port is bound once the agent says it listens; its log ends early if it exits.
+    let (said, heard) = std::sync::mpsc::channel();
+    let stderr = std::io::BufReader::new(child.stderr.take().unwrap());
+    std::thread::spawn(move || {
+        for line in std::io::BufRead::lines(stderr).map_while(Result::ok) {
+            let _ = said.send(line);
+        }
+    });
+    let deadline = std::time::Instant::now() + Duration::from_secs(10);
+    let mut log = Vec::new();
+    while !log
+        .iter()
+        .any(|l: &String| l.contains("belljar-agent listening"))
+    {
+        let left = deadline.saturating_duration_since(std::time::Instant::now());
+        match heard.recv_timeout(left) {
+            Ok(line) => log.push(line),
+            Err(e) => panic!("the agent did not listen on vsock ({e}): {log:?}"),
+        }
+    }
     assert!(
         child.try_wait().unwrap().is_none(),
         "agent exited on a vsock listen"
