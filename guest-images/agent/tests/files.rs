@@ -479,9 +479,5 @@ async fn shuts_down_on_request_and_kills_its_commands() {
     assert!(status.success());
     let alive =
         nix::sys::signal::kill(nix::unistd::Pid::from_raw(started.pid as i32), None).is_ok();
-    assert!(
-        !alive
-            || std::fs::read_to_string(format!("/proc/{}/stat", started.pid))
-                .is_ok_and(|s| s.contains(") Z"))
-    );
+    assert!(!alive || common::is_zombie(started.pid));
 }

@@ -141,7 +141,11 @@ impl Agent {
 
     /// The agent's peak resident set size so far, in KiB.
     pub fn peak_rss_kib(&self) -> u64 {
-        status_field(self.pid(), "VmHWM:")
+        use procfs_core::FromRead;
+        procfs_core::process::Status::from_file(format!("/proc/{}/status", self.pid()))
+            .unwrap()
+            .vmhwm
+            .expect("VmHWM in /proc/PID/status")
     }
 
     /// Runs a command to its end and returns its final info and all its output.
@@ -212,13 +216,21 @@ pub fn split(lines: &[OutputLine]) -> (Vec<u8>, Vec<u8>) {
     (out, err)
 }
 
-pub fn status_field(pid: u32, field: &str) -> u64 {
-    let status = std::fs::read_to_string(format!("/proc/{pid}/status")).unwrap();
-    status
-        .lines()
-        .find_map(|l| l.strip_prefix(field))
-        .and_then(|v| v.trim().trim_end_matches("kB").trim().parse().ok())
-        .unwrap()
+/// Whether `pid` has ended and waits to be reaped; false once it is gone.
+pub fn is_zombie(pid: u32) -> bool {
+    use procfs_core::FromRead;
+    procfs_core::process::Stat::from_file(format!("/proc/{pid}/stat"))
+        .is_ok_and(|stat| stat.state == 'Z')
+}
+
+/// The processes whose parent is `pid`.
+pub fn children(pid: u32) -> Vec<u32> {
+    // Not a format procfs-core parses: a plain list of PIDs.
+    std::fs::read_to_string(format!("/proc/{pid}/task/{pid}/children"))
+        .unwrap_or_default()
+        .split_whitespace()
+        .filter_map(|p| p.parse().ok())
+        .collect()
 }
 
 pub fn is_root() -> bool {
