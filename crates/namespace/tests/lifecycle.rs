@@ -9,6 +9,8 @@ use std::time::Duration;
 
 use belljar_namespace::testing::{self, Output};
 use belljar_namespace::{Limits, SandboxSpec};
+use procfs_core::process::{Stat, Status};
+use procfs_core::{FromRead, ProcessCGroups};
 
 const T: Duration = Duration::from_secs(20);
 
@@ -176,12 +178,11 @@ fn survives_the_death_of_the_launching_process_and_is_adopted() {
         .expect("still running");
     assert_eq!(adopted.pid, launched.pid);
     // Reparented away from the dead daemon, in its own session.
-    let stat = std::fs::read_to_string(format!("/proc/{}/stat", adopted.pid)).unwrap();
-    let fields: Vec<&str> = stat[stat.rfind(')').unwrap() + 2..].split(' ').collect();
-    assert_ne!(fields[1], daemon.id().to_string(), "ppid");
+    let stat = Stat::from_file(format!("/proc/{}/stat", adopted.pid)).unwrap();
+    assert_ne!(i64::from(stat.ppid), i64::from(daemon.id()), "ppid");
     assert_eq!(
-        fields[3],
-        adopted.pid.to_string(),
+        i64::from(stat.session),
+        i64::from(adopted.pid),
         "PID 1 leads its own session"
     );
     belljar_namespace::wait_ready(&adopted.socket, T).unwrap();
@@ -534,29 +535,18 @@ fn the_sandbox_starts_with_no_signal_of_the_daemon_ignored_or_blocked() {
     let _guard = Guard(spec.state_dir.clone());
     let running = belljar_namespace::launch(&spec).expect("launch");
     belljar_namespace::wait_ready(&running.socket, T).unwrap();
-    // A command's own mask and dispositions, as it started (`grep` inherits them from `sh`).
-    let command = sh(
-        &running.socket,
-        "grep -E '^Sig(Ign|Blk):' /proc/self/status",
-    )
-    .text;
+    // A command's own mask and dispositions, as it started (`cat` inherits them from `sh`).
+    let command = sh(&running.socket, "cat /proc/self/status").text;
     // PID 1's, read from the host once the agent has answered: while it spawns a command its
     // spawning thread blocks every signal for an instant, so reading /proc/1/status from that
     // very command could catch it mid-spawn.
     let agent = std::fs::read_to_string(format!("/proc/{}/status", running.pid)).unwrap();
-    let field = |text: &str, name: &str| {
-        let line = text.lines().find_map(|l| l.strip_prefix(name));
-        u64::from_str_radix(line.expect(text).trim(), 16).unwrap()
-    };
     let bit = |sig: i32| 1u64 << (sig - 1);
     for out in [&command, &agent] {
+        let status = Status::from_read(out.as_bytes()).expect(out);
         // The stand-in is a Rust program, which ignores SIGPIPE for itself: only ours count.
-        assert_eq!(
-            field(out, "SigIgn:") & (bit(libc::SIGHUP) | bit(RT)),
-            0,
-            "{out}"
-        );
-        assert_eq!(field(out, "SigBlk:"), 0, "{out}");
+        assert_eq!(status.sigign & (bit(libc::SIGHUP) | bit(RT)), 0, "{out}");
+        assert_eq!(status.sigblk, 0, "{out}");
     }
     belljar_namespace::destroy(&spec.state_dir).unwrap();
 }
@@ -606,30 +596,30 @@ fn pid1_starts_in_every_group_of_the_sandbox() {
     belljar_namespace::wait_ready(&running.socket, T).unwrap();
     let v2 = Path::new("/sys/fs/cgroup/cgroup.controllers").exists()
         || Path::new("/sys/fs/cgroup/unified/cgroup.controllers").exists();
-    let mut joined: Vec<String> = ["memory", "pids", "cpu", "cpuacct"]
-        .map(String::from)
-        .to_vec();
+    // A controller's group; "" is the v2 hierarchy's, which names no controller.
+    let mut joined = vec!["memory", "pids", "cpu", "cpuacct"];
     if v2 {
-        joined.push(String::new());
+        joined.push("");
     }
-    let line_of = |text: &str, controller: &str| -> String {
-        text.lines()
-            .find(|l| {
-                let mut parts = l.splitn(3, ':');
-                let (_, ctrls) = (parts.next(), parts.next().unwrap_or_default());
-                ctrls.split(',').any(|c| c == controller)
+    let group_of = |text: &str, controller: &str| -> String {
+        let groups = ProcessCGroups::from_read(text.as_bytes()).expect(text);
+        groups
+            .0
+            .into_iter()
+            .find(|g| match controller {
+                "" => g.hierarchy == 0,
+                c => g.controllers.iter().any(|x| x == c),
             })
             .unwrap_or_else(|| panic!("no {controller:?} line in {text}"))
-            .to_owned()
+            .pathname
     };
     let host = std::fs::read_to_string(format!("/proc/{}/cgroup", running.pid)).unwrap();
     let inside = sh(&running.socket, "cat /proc/1/cgroup").text;
     let group = format!("/belljar/{}", spec.id);
-    for c in &joined {
-        let line = line_of(&host, c);
-        assert!(line.ends_with(&group), "{c:?}: {line} (host view)");
-        let line = line_of(&inside, c);
-        assert!(line.ends_with(":/"), "{c:?}: {line} (the sandbox's view)");
+    for c in joined {
+        let path = group_of(&host, c);
+        assert!(path.ends_with(&group), "{c:?}: {path} (host view)");
+        assert_eq!(group_of(&inside, c), "/", "{c:?} (the sandbox's view)");
     }
     belljar_namespace::destroy(&spec.state_dir).unwrap();
 }
