@@ -4,7 +4,7 @@
 //! before anything is created or run; an oversized body is 413.
 
 use belljar_api::CreateSandbox;
-use belljar_client::{self as client, Client};
+use belljar_client::{self as client, Client, routes};
 use belljar_e2e::Daemon;
 use http::Method;
 use http_body_util::BodyExt;
@@ -50,12 +50,12 @@ async fn bodies_are_objects_within_their_bounds() {
     let d = Daemon::start();
     let c = d.http();
     let s = d.create(&c, CreateSandbox::default()).await;
-    let sandbox = format!("/v1/sandboxes/{}", s.id);
-    let commands = format!("{sandbox}/commands");
+    let sandbox = routes::sandbox(&s.id);
+    let commands = routes::commands(&s.id);
 
     // A struct also deserializes from a JSON array; no client means that.
     for (method, path) in [
-        (Method::POST, "/v1/sandboxes"),
+        (Method::POST, routes::SANDBOXES),
         (Method::PATCH, sandbox.as_str()),
         (Method::POST, commands.as_str()),
     ] {
@@ -67,7 +67,7 @@ async fn bodies_are_objects_within_their_bounds() {
         );
     }
 
-    let create = "/v1/sandboxes";
+    let create = routes::SANDBOXES;
     let post = Method::POST;
     refused(&c, post.clone(), create, json!({"vcpus": 256}), "vcpus").await;
     refused(&c, post.clone(), create, json!({"vcpus": 0}), "vcpus").await;

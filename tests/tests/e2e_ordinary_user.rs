@@ -19,7 +19,10 @@ use std::path::{Path, PathBuf};
 use std::process::{Command, Output};
 use std::time::Duration;
 
-use belljar_e2e::{bin_dir, cache_dir, require_image};
+use belljar_client::Client;
+use belljar_e2e::{bin_dir, block_on, cache_dir, require_image};
+use http::Method;
+use procfs_core::FromRead;
 use serde_json::Value;
 
 /// Accounts of this test are named `bje2e<pid of the test>`, so that one left by a killed run
@@ -194,9 +197,8 @@ fn processes_of(uid: u32) -> Vec<i32> {
             let pid: i32 = e.file_name().to_str()?.parse().ok()?;
             // A zombie has ended already; where PID 1 does not reap orphans (this build
             // machine's), the daemon's stays a zombie of the user for good.
-            let stat = std::fs::read_to_string(e.path().join("stat")).ok()?;
-            let state = stat.rsplit_once(") ")?.1.chars().next()?;
-            (e.metadata().ok()?.uid() == uid && state != 'Z').then_some(pid)
+            let stat = procfs_core::process::Stat::from_file(e.path().join("stat")).ok()?;
+            (e.metadata().ok()?.uid() == uid && stat.state != 'Z').then_some(pid)
         })
         .collect()
 }
@@ -344,24 +346,19 @@ fn an_ordinary_user_runs_belljar_from_its_home() {
     );
 }
 
-/// The status of a GET of `url` (`http://127.0.0.1:PORT/path?query`).
+/// The status of a GET of the UI's one-time address `url` (`http://127.0.0.1:PORT/ui?token=...`),
+/// sent as a browser opening it would: without the bearer token.
 fn ui_status(url: &str) -> u16 {
-    use std::io::{Read, Write};
     let rest = url.strip_prefix("http://").expect("an http URL");
     let (addr, path) = rest.split_at(rest.find('/').expect("a path"));
-    let mut stream = std::net::TcpStream::connect(addr).expect("connect to the daemon");
-    stream
-        .set_read_timeout(Some(Duration::from_secs(10)))
+    let client = Client::tcp(addr.parse().expect("IP:PORT"), None);
+    let req = client
+        .builder(Method::GET, path)
+        .body(belljar_client::empty())
         .unwrap();
-    write!(
-        stream,
-        "GET {path} HTTP/1.1\r\nHost: {addr}\r\nConnection: close\r\n\r\n"
-    )
-    .unwrap();
-    let mut head = String::new();
-    let _ = stream.read_to_string(&mut head);
-    head.split_whitespace()
-        .nth(1)
-        .and_then(|s| s.parse().ok())
-        .unwrap_or_else(|| panic!("no HTTP status in {head:?}"))
+    let resp =
+        block_on(async { tokio::time::timeout(Duration::from_secs(10), client.send(req)).await })
+            .expect("the daemon answers within 10 s")
+            .expect("the daemon answers");
+    resp.status().as_u16()
 }

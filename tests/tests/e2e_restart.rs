@@ -68,7 +68,14 @@ async fn kill_9_and_restart_loses_nothing() {
         )
         .await
         .unwrap();
-    tokio::time::sleep(Duration::from_millis(500)).await;
+    // The daemon dies only once the command is running: its first line is out.
+    let mut lines = c.command_logs(&running.id, &busy.id, true).await.unwrap();
+    let first = tokio::time::timeout(Duration::from_secs(30), lines.next())
+        .await
+        .expect("the detached command's first line within 30 s")
+        .unwrap();
+    assert_eq!(first.as_ref().map(log_bytes), Some(b"start\n".to_vec()));
+    drop(lines);
 
     d.kill9();
     // The sandbox's processes outlive the daemon.
