@@ -185,6 +185,39 @@ async fn a_fork_takes_the_files_of_a_busy_sandbox_which_runs_on() {
     assert_eq!(forked.status, SandboxStatus::Running);
     assert_eq!(forked.name.as_deref(), Some("forked"));
     assert_eq!(forked.tags.get("team").map(String::as_str), Some("x"));
+    assert_eq!(
+        (forked.env.clone(), forked.timeout_ms),
+        (a.env.clone(), a.timeout_ms)
+    );
+    // The API's overrides: tags and environment replace the source's; the timeout is its own.
+    let out = d.cli([
+        "fork",
+        &a.id,
+        "--tag",
+        "team=y",
+        "--tag",
+        "kind=fork",
+        "-e",
+        "WHO=fork",
+        "--timeout",
+        "10m",
+    ]);
+    assert!(out.status.success(), "{}\n{}", stderr(&out), d.log());
+    let other = c.sandbox(belljar_e2e::stdout(&out).trim()).await.unwrap();
+    let tags: Vec<(&str, &str)> = other
+        .tags
+        .iter()
+        .map(|(k, v)| (k.as_str(), v.as_str()))
+        .collect();
+    assert_eq!(tags, [("kind", "fork"), ("team", "y")]);
+    assert_eq!(other.timeout_ms, 600_000);
+    assert_eq!(
+        belljar_e2e::sh_ok(&c, &other.id, "echo $WHO").await,
+        "fork\n"
+    );
+    let out = d.cli(["fork", &a.id, "--tag", "novalue"]);
+    assert!(!out.status.success());
+    assert!(stderr(&out).contains("--tag"), "{}", stderr(&out));
     let Some(belljar_api::Source::Snapshot { snapshot_id }) = &forked.source else {
         panic!("{forked:?}")
     };

@@ -94,15 +94,9 @@ pub enum Cmd {
         #[arg(required = true)]
         ids: Vec<String>,
     },
-    /// Start a new sandbox from a running one's current files (it keeps running); prints the
-    /// new sandbox's id.
-    Fork {
-        /// Sandbox id or name.
-        id: String,
-        /// The new sandbox's name.
-        #[arg(long)]
-        name: Option<String>,
-    },
+    /// Start a new sandbox from a running one's current files (it keeps running), with its
+    /// configuration; prints the new sandbox's id.
+    Fork(ForkArgs),
     /// Snapshot a sandbox's files; by default the sandbox stops (use --keep-running).
     Snapshot {
         /// Sandbox id or name.
@@ -313,6 +307,27 @@ pub struct CreateArgs {
     pub opts: SandboxOpts,
 }
 
+/// `belljar fork`: what the new sandbox changes of its source's configuration (the API's
+/// `ForkSandbox`).
+#[derive(Debug, Args)]
+pub struct ForkArgs {
+    /// Sandbox id or name.
+    pub id: String,
+    /// The new sandbox's name.
+    #[arg(long)]
+    pub name: Option<String>,
+    /// Environment of every command, K=V; repeatable. Given, it replaces the source's.
+    #[arg(long = "env", short = 'e', value_name = "K=V")]
+    pub env: Vec<String>,
+    /// A tag k=v; repeatable. Given, they replace the source's tags.
+    #[arg(long = "tag", value_name = "k=v")]
+    pub tags: Vec<String>,
+    /// Time until the new sandbox stops by itself, e.g. 10m (default: the source's timeout);
+    /// a bare number is seconds.
+    #[arg(long)]
+    pub timeout: Option<String>,
+}
+
 #[derive(Debug, Args)]
 pub struct LsArgs {
     /// Only sandboxes in this status (running, stopped, ...).
@@ -443,6 +458,32 @@ mod tests {
         assert_eq!(e.id, "sbx_1");
         assert_eq!(e.argv, ["ls", "-la"]);
         assert_eq!(e.env, ["A=1"]);
+    }
+
+    #[test]
+    fn fork_takes_the_apis_overrides() {
+        let cli = Cli::try_parse_from([
+            "belljar",
+            "fork",
+            "sbx_1",
+            "--name",
+            "b",
+            "-e",
+            "A=1",
+            "--tag",
+            "t=2",
+            "--timeout",
+            "10m",
+        ])
+        .unwrap();
+        let Cmd::Fork(f) = cli.command else {
+            panic!("not fork")
+        };
+        assert_eq!(
+            (f.id.as_str(), f.name.as_deref(), f.timeout.as_deref()),
+            ("sbx_1", Some("b"), Some("10m"))
+        );
+        assert_eq!((f.env, f.tags), (vec!["A=1".into()], vec!["t=2".into()]));
     }
 
     #[test]

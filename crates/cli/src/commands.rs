@@ -183,7 +183,7 @@ async fn dispatch(client: &Client, paths: &Paths, command: Cmd, json: bool) -> R
             path,
         } => timeline::snapshot(client, &id, (keep_running, path), expiration, json).await,
         Cmd::Snapshots { action } => timeline::snapshots(client, action, json).await,
-        Cmd::Fork { id, name } => timeline::fork(client, &id, name, json).await,
+        Cmd::Fork(a) => timeline::fork(client, a, json).await,
         Cmd::Mount { id, snapshot, path } => {
             timeline::mount(client, &id, snapshot.zip(path), json).await
         }
@@ -274,7 +274,7 @@ fn mounts(items: &[String]) -> Result<Option<Vec<belljar_api::SnapshotMount>>> {
     Ok((!out.is_empty()).then_some(out))
 }
 
-fn key_values(flag: &'static str, items: &[String]) -> Result<BTreeMap<String, String>> {
+pub(crate) fn key_values(flag: &'static str, items: &[String]) -> Result<BTreeMap<String, String>> {
     let mut map = BTreeMap::new();
     for item in items {
         let (k, v) = item.split_once('=').ok_or_else(|| InputError::KeyValue {

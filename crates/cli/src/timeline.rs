@@ -4,8 +4,9 @@
 use anyhow::Result;
 use belljar_client::Client;
 
-use crate::args::SnapshotsCmd;
-use crate::commands::{print_json, resolve};
+use crate::args::{ForkArgs, SnapshotsCmd};
+use crate::commands::{key_values, print_json, resolve};
+use belljar_cli::duration::parse_ms;
 use belljar_cli::output::now_ms;
 
 /// `belljar snapshot ID [--keep-running | --path DIR] [--expiration D]`.
@@ -138,17 +139,17 @@ pub(crate) async fn snapshots(
     }
 }
 
-/// `belljar fork ID [--name N]`.
-pub(crate) async fn fork(
-    client: &Client,
-    id: &str,
-    name: Option<String>,
-    json: bool,
-) -> Result<i32> {
-    let id = resolve(client, id).await?;
+/// `belljar fork ID [--name N] [--env K=V]... [--tag k=v]... [--timeout D]`.
+pub(crate) async fn fork(client: &Client, a: ForkArgs, json: bool) -> Result<i32> {
+    let id = resolve(client, &a.id).await?;
+    let env = key_values("--env", &a.env)?;
+    let tags = key_values("--tag", &a.tags)?;
     let req = belljar_api::ForkSandbox {
-        name,
-        ..Default::default()
+        name: a.name,
+        // None keeps the source's: an empty map from no flags would wipe them.
+        env: (!env.is_empty()).then_some(env),
+        tags: (!tags.is_empty()).then_some(tags),
+        timeout_ms: a.timeout.as_deref().map(parse_ms).transpose()?,
     };
     let s = client.fork_sandbox(&id, &req).await?;
     if json {
