@@ -358,6 +358,75 @@ async fn kill_9_during_a_live_snapshot_loses_nothing() {
     );
 }
 
+/// A stopping snapshot (the default) cut by `kill -9` mid-copy: the sandbox has stopped, so
+/// its writable layer is the only copy of its files, and a sandbox that is not persistent
+/// never starts again to take another. The next start finishes the snapshot from that layer.
+#[tokio::test(flavor = "multi_thread")]
+async fn kill_9_during_a_stopping_snapshot_loses_nothing() {
+    let d = Daemon::start();
+    let c = d.unix();
+    let a = d.create(&c, CreateSandbox::default()).await;
+    assert!(!a.lifecycle.persistent);
+    // Enough data that the copy is still under way when the daemon dies.
+    let sum = sh_ok(
+        &c,
+        &a.id,
+        "head -c 128M /dev/urandom > /workspace/big && sha256sum /workspace/big | cut -c1-64",
+    )
+    .await;
+    let snapshotting = {
+        let c = c.clone();
+        let id = a.id.clone();
+        tokio::spawn(async move { c.snapshot_sandbox(&id, &CreateSnapshot::default()).await })
+    };
+    // The copy begins once the sandbox has stopped.
+    eventually(Duration::from_secs(30), "a layer being copied", || {
+        let names = layer_names(&d);
+        async move { names.iter().any(|n| n.starts_with(".tmp-")).then_some(()) }
+    })
+    .await;
+    d.kill9();
+    assert!(
+        snapshotting.await.unwrap().is_err(),
+        "the daemon died mid-copy"
+    );
+    d.restart();
+    let c = d.unix();
+    // The snapshot exists, complete, and no half copy is left.
+    let all = c
+        .list_snapshots(&ListSnapshotsQuery {
+            sandbox_id: Some(a.id.clone()),
+            ..Default::default()
+        })
+        .await
+        .unwrap();
+    let [snap] = all.snapshots.as_slice() else {
+        panic!("one snapshot of {}: {all:?}\n{}", a.id, d.log())
+    };
+    assert_eq!(snap.status, SnapshotStatus::Created, "{snap:?}");
+    assert!(snap.expires_at.is_some(), "the default expiration");
+    assert_eq!(layer_names(&d).len(), 1, "{:?}", layer_names(&d));
+    let stopped = c.sandbox(&a.id).await.unwrap();
+    assert_eq!(stopped.status, SandboxStatus::Stopped);
+    let b = d.create(&c, from(&snap.id)).await;
+    assert_eq!(
+        sh_ok(&c, &b.id, "sha256sum /workspace/big | cut -c1-64").await,
+        sum
+    );
+    // Another restart changes nothing: the intent was finished once.
+    d.kill9();
+    d.restart();
+    let c = d.unix();
+    let again = c
+        .list_snapshots(&ListSnapshotsQuery {
+            sandbox_id: Some(a.id.clone()),
+            ..Default::default()
+        })
+        .await
+        .unwrap();
+    assert_eq!(again.snapshots.len(), 1, "{again:?}");
+}
+
 /// The CLI: `belljar snapshot`, `belljar snapshots [ls|rm]`, `belljar create --from`.
 #[tokio::test(flavor = "multi_thread")]
 async fn the_cli_takes_lists_uses_and_deletes_snapshots() {

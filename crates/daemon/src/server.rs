@@ -134,6 +134,7 @@ async fn serve(config: Config, paths: &Paths) -> Result<(), ServerError> {
     sandboxes.discard_stale_pool().await?;
     sandboxes.recover_snapshots().await?;
     sandboxes.adopt_all().await?;
+    sandboxes.finish_stopping_snapshots().await?;
     let disk_pool = sandboxes
         .backends()
         .get(BackendKind::Namespace)

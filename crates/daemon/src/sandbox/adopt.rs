@@ -54,6 +54,14 @@ impl Sandboxes {
                     )
                     .await?;
                 }
+                _ if self.stopping_snapshot_pending(&s.id) => {
+                    // Its snapshot is finished by `finish_stopping_snapshots`; a persistent
+                    // sandbox's own would be a second copy of it.
+                    let lock = self.lock_for(&s.id);
+                    let _guard = lock.lock().await;
+                    self.stop_locked(&s.id, SandboxStatus::Stopped, "snapshotted", false)
+                        .await?;
+                }
                 _ => {
                     let reason = s.status_reason.clone().unwrap_or_else(|| "stopped".into());
                     self.stop_with(&s.id, SandboxStatus::Stopped, &reason)

@@ -34,6 +34,7 @@ mod snapshot_mounts;
 mod snapshots;
 mod source;
 mod squash;
+mod stopping_snapshot;
 mod teardown;
 mod terminal;
 pub mod vmm;

@@ -14,6 +14,7 @@
 
 use belljar_api::{Sandbox, SandboxStatus, SnapshotMount};
 
+use super::snapshots::Taken;
 use super::{SandboxError, Sandboxes, admission};
 use crate::util::now_ms;
 
@@ -38,7 +39,7 @@ impl Sandboxes {
             .blocking_backend(s, move |b| b.capture(&dir, &layers_dir))
             .await;
         match self
-            .record_snapshot(s, &held, captured, None, None, layer_lock)
+            .record_snapshot(s, &held, Taken::stopped(captured, None), layer_lock)
             .await
         {
             Ok(snap) => tracing::info!(sandbox = %s.id, snapshot = %snap.id, "persisted"),

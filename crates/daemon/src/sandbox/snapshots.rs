@@ -11,7 +11,8 @@
 //! Crash safety (`kill -9` of the daemon at any point): a layer directory gets its final name
 //! only when complete, and the snapshot row that references it is committed after that; the
 //! start-up [`Sandboxes::recover_snapshots`] deletes half-made and unreferenced directories
-//! and thaws a sandbox left frozen by a live snapshot (a marker file in its directory says so).
+//! and thaws a sandbox left frozen by a live snapshot (a marker file in its directory says so);
+//! a stopping snapshot is finished after a crash (`stopping_snapshot.rs`).
 
 use std::path::PathBuf;
 use std::time::Duration;
@@ -42,6 +43,32 @@ pub(super) const FROZEN_MARKER: &str = "snapshot-frozen";
 pub(super) struct SnapshotState {
     pub(super) layers: tokio::sync::Mutex<()>,
     pub(super) squash: super::squash::SquashState,
+}
+
+/// A capture to record as a snapshot ([`Sandboxes::record_snapshot`]).
+pub(super) struct Taken {
+    /// The snapshot's id, chosen before the capture (a stopping snapshot's intent names it).
+    pub id: String,
+    pub captured: Result<CapturedLayer, SandboxError>,
+    /// How long a live snapshot held the sandbox frozen; `None` for one that stopped it.
+    pub frozen_ms: Option<u64>,
+    /// As asked (`None`: the sandbox's `snapshot_expiration_ms`, else 30 days).
+    pub expiration_ms: Option<i64>,
+}
+
+impl Taken {
+    /// The capture of a stopped sandbox, as a new snapshot.
+    pub(super) fn stopped(
+        captured: Result<CapturedLayer, SandboxError>,
+        expiration_ms: Option<i64>,
+    ) -> Self {
+        Self {
+            id: new_id("snap"),
+            captured,
+            frozen_ms: None,
+            expiration_ms,
+        }
+    }
 }
 
 /// What a new sandbox made from a snapshot stacks.
@@ -83,32 +110,24 @@ impl Sandboxes {
                 held.layers.len()
             )));
         }
-        let live = req.keep_running.unwrap_or(false);
-        let dir = self.state_dir(id);
-        let layers_dir = self.layers_dir();
         let layer_lock = self.inner.snapshots.layers.lock().await;
-        let (captured, frozen_ms) = if live {
-            let (captured, frozen_ms) = self
-                .while_frozen(&sandbox, move |b, dir| b.capture(dir, &layers_dir))
-                .await?;
-            (captured.map_err(SandboxError::from), Some(frozen_ms))
-        } else {
-            self.stop_locked(id, SandboxStatus::Stopped, "snapshotted", false)
-                .await?;
-            let captured = self
-                .blocking_backend(&sandbox, move |b| b.capture(&dir, &layers_dir))
+        if !req.keep_running.unwrap_or(false) {
+            return self
+                .stop_and_snapshot(&sandbox, &held, req.expiration_ms, layer_lock)
                 .await;
-            (captured, None)
+        }
+        let layers_dir = self.layers_dir();
+        let (captured, frozen_ms) = self
+            .while_frozen(&sandbox, move |b, dir| b.capture(dir, &layers_dir))
+            .await?;
+        let taken = Taken {
+            id: new_id("snap"),
+            captured: captured.map_err(SandboxError::from),
+            frozen_ms: Some(frozen_ms),
+            expiration_ms: req.expiration_ms,
         };
-        self.record_snapshot(
-            &sandbox,
-            &held,
-            captured,
-            frozen_ms,
-            req.expiration_ms,
-            layer_lock,
-        )
-        .await
+        self.record_snapshot(&sandbox, &held, taken, layer_lock)
+            .await
     }
 
     /// Records what a capture of `sandbox` gave: a `created` snapshot on top of the chain it
@@ -119,11 +138,15 @@ impl Sandboxes {
         &self,
         sandbox: &Sandbox,
         held: &SandboxLayers,
-        captured: Result<CapturedLayer, SandboxError>,
-        frozen_ms: Option<u64>,
-        expiration_ms: Option<i64>,
+        taken: Taken,
         layer_lock: tokio::sync::MutexGuard<'_, ()>,
     ) -> Result<Snapshot, SandboxError> {
+        let Taken {
+            id: snapshot_id,
+            captured,
+            frozen_ms,
+            expiration_ms,
+        } = taken;
         let id = &sandbox.id;
         let now = now_ms();
         let expiration_ms = expiration_ms
@@ -131,7 +154,7 @@ impl Sandboxes {
             .unwrap_or(DEFAULT_EXPIRATION_MS);
         let mut row = SnapshotRow {
             snapshot: Snapshot {
-                id: new_id("snap"),
+                id: snapshot_id,
                 status: SnapshotStatus::Created,
                 status_reason: None,
                 source_sandbox_id: id.to_owned(),
