@@ -1,13 +1,17 @@
 //! Pause and resume on the namespace backend, through a real daemon and the CLI: a paused
 //! sandbox's processes are frozen (the cgroup freezer says so) and keep their state, so a
-//! counter goes on from where it was after `resume`, also across a daemon `kill -9`.
+//! counter goes on from where it was after `resume`, also across a daemon `kill -9`; and a
+//! paused sandbox can be snapshotted and forked: resumed first with `auto_resume`, as it
+//! stands (and left paused) without.
 
 use std::path::PathBuf;
 use std::time::Duration;
 
-use belljar_api::{CreateSandbox, RunCommand, SandboxStatus};
+use belljar_api::{
+    CreateSandbox, CreateSnapshot, ForkSandbox, RunCommand, SandboxStatus, SnapshotStatus,
+};
 use belljar_client::Client;
-use belljar_e2e::{Daemon, eventually, stderr};
+use belljar_e2e::{Daemon, eventually, snapshots, stderr};
 
 /// The counter the sandbox's loop writes, read from the host's side of its writable layer.
 fn counter(d: &Daemon, id: &str) -> Option<u64> {
@@ -40,6 +44,27 @@ fn frozen(d: &Daemon, id: &str) -> bool {
     let v1 = v["groups"]["v1"]["freezer"].as_str().unwrap_or_default();
     std::fs::read_to_string(PathBuf::from(v1).join("freezer.state"))
         .is_ok_and(|s| s.trim() == "FROZEN")
+}
+
+/// A sandbox whose loop counts in `/workspace/c`, once the count has begun.
+async fn counting(d: &Daemon, c: &Client, req: CreateSandbox) -> String {
+    let a = d.create(c, req).await;
+    c.run_command(
+        &a.id,
+        &RunCommand {
+            argv: vec![
+                "sh".into(),
+                "-c".into(),
+                "i=0; while :; do i=$((i+1)); echo $i > /workspace/c; sleep 0.02; done".into(),
+            ],
+            detached: true,
+            ..Default::default()
+        },
+    )
+    .await
+    .unwrap();
+    wait_counter_above(d, &a.id, 2).await;
+    a.id
 }
 
 async fn wait_counter_above(d: &Daemon, id: &str, floor: u64) -> u64 {
@@ -251,4 +276,107 @@ async fn a_fork_takes_the_files_of_a_busy_sandbox_which_runs_on() {
             .unwrap()
             .is_none()
     );
+}
+
+/// `auto_resume` (the default): a snapshot or a fork of a paused sandbox is a use of it, which
+/// resumes it first, as a command does.
+#[tokio::test(flavor = "multi_thread")]
+async fn a_snapshot_or_fork_resumes_a_paused_sandbox_with_auto_resume() {
+    let d = Daemon::start();
+    let c: Client = d.unix();
+    let a = counting(&d, &c, CreateSandbox::default()).await;
+    let status = |id: &str| {
+        let (c, id) = (c.clone(), id.to_string());
+        async move { c.sandbox(&id).await.unwrap().status }
+    };
+
+    c.pause_sandbox(&a).await.unwrap();
+    let at_pause = counter(&d, &a).unwrap();
+    let live = c.snapshot_sandbox(&a, &snapshots::live()).await.unwrap();
+    assert_eq!(live.status, SnapshotStatus::Created);
+    assert_eq!(status(&a).await, SandboxStatus::Running);
+    assert!(!frozen(&d, &a));
+    wait_counter_above(&d, &a, at_pause).await;
+
+    c.pause_sandbox(&a).await.unwrap();
+    let fork = c.fork_sandbox(&a, &ForkSandbox::default()).await.unwrap();
+    assert_eq!(fork.status, SandboxStatus::Running);
+    assert_eq!(status(&a).await, SandboxStatus::Running);
+
+    c.pause_sandbox(&a).await.unwrap();
+    let stopping = c
+        .snapshot_sandbox(&a, &CreateSnapshot::default())
+        .await
+        .unwrap();
+    assert_eq!(stopping.status, SnapshotStatus::Created);
+    assert_eq!(status(&a).await, SandboxStatus::Stopped);
+}
+
+/// Without `auto_resume`, a paused sandbox is snapshotted and forked as it stands: it is
+/// frozen already, so a live snapshot holds it for no time at all (`frozen_ms` 0) and it stays
+/// paused, its processes where they were; a stopping snapshot stops it, as `stop` does.
+#[tokio::test(flavor = "multi_thread")]
+async fn a_paused_sandbox_without_auto_resume_is_snapshotted_and_forked_as_it_stands() {
+    let d = Daemon::start();
+    let c: Client = d.unix();
+    let req = CreateSandbox {
+        auto_resume: Some(false),
+        ..Default::default()
+    };
+    let a = counting(&d, &c, req).await;
+    c.pause_sandbox(&a).await.unwrap();
+    eventually(Duration::from_secs(10), "the cgroup frozen", || {
+        let f = frozen(&d, &a);
+        async move { f.then_some(()) }
+    })
+    .await;
+    let at_pause = counter(&d, &a).unwrap();
+    let still_paused = || async {
+        assert_eq!(c.sandbox(&a).await.unwrap().status, SandboxStatus::Paused);
+        assert!(frozen(&d, &a));
+        assert_eq!(counter(&d, &a), Some(at_pause), "nothing ran while paused");
+    };
+
+    let live = c.snapshot_sandbox(&a, &snapshots::live()).await.unwrap();
+    assert_eq!(
+        (live.status, live.frozen_ms),
+        (SnapshotStatus::Created, Some(0))
+    );
+    still_paused().await;
+    let dir = c
+        .snapshot_sandbox(&a, &snapshots::of_directory("/workspace"))
+        .await
+        .unwrap();
+    assert_eq!(dir.status, SnapshotStatus::Created);
+    still_paused().await;
+
+    // The fork runs with the files of the pause; the source stays paused.
+    let fork = c.fork_sandbox(&a, &ForkSandbox::default()).await.unwrap();
+    assert_eq!(fork.status, SandboxStatus::Running);
+    let in_fork = c.read_file_bytes(&fork.id, "/workspace/c").await.unwrap();
+    assert_eq!(
+        String::from_utf8_lossy(&in_fork).trim(),
+        at_pause.to_string()
+    );
+    still_paused().await;
+
+    let stopping = c
+        .snapshot_sandbox(&a, &CreateSnapshot::default())
+        .await
+        .unwrap();
+    assert_eq!(stopping.status, SnapshotStatus::Created);
+    assert_eq!(c.sandbox(&a).await.unwrap().status, SandboxStatus::Stopped);
+    let from = d
+        .create(
+            &c,
+            CreateSandbox {
+                source: Some(belljar_api::Source::Snapshot {
+                    snapshot_id: stopping.id,
+                }),
+                ..Default::default()
+            },
+        )
+        .await;
+    let kept = c.read_file_bytes(&from.id, "/workspace/c").await.unwrap();
+    assert_eq!(String::from_utf8_lossy(&kept).trim(), at_pause.to_string());
 }

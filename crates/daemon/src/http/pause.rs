@@ -60,8 +60,9 @@ async fn resume(
     ))
 }
 
-/// Fork a running sandbox: a new running sandbox with its current files (a live snapshot
-/// underneath) and its configuration, changed by the body.
+/// Fork a running or paused sandbox: a new running sandbox with its current files (a live
+/// snapshot underneath) and its configuration, changed by the body. A paused source with
+/// `auto_resume` is resumed first; without, it is forked as it stands and stays paused.
 #[utoipa::path(post, path = "/v1/sandboxes/{id}/fork", operation_id = "sandbox_fork", tag = "sandboxes", params(SandboxPath),
     request_body = ForkSandbox,
     responses((status = 201, description = "The new running sandbox", body = Sandbox), Errors))]

@@ -41,8 +41,10 @@ async fn diff(
     Ok(Json(d))
 }
 
-/// Snapshot a running sandbox. By default the sandbox stops and its writable layer becomes
-/// the snapshot; with `keep_running` its processes are frozen while the layer is copied.
+/// Snapshot a running or paused sandbox. By default the sandbox stops and its writable layer
+/// becomes the snapshot; with `keep_running` its processes are frozen while the layer is
+/// copied. A paused sandbox with `auto_resume` (the default) is resumed first, as any use
+/// resumes it; without, it is captured as it stands (`frozen_ms` 0) and stays paused.
 #[utoipa::path(post, path = "/v1/sandboxes/{id}/snapshots", operation_id = "snapshot_create", tag = "snapshots",
     params(SandboxPath), request_body = CreateSnapshot,
     responses((status = 201, description = "The snapshot, status `created`", body = Snapshot), Errors))]

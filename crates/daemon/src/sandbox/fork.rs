@@ -5,13 +5,17 @@
 //! request's overrides. Its snapshot mounts come along with what the source wrote under them
 //! (see `live_mounts`). It keeps the source's broker CA: the files it starts with trust that
 //! one already, so nothing is written into them before its first command.
+//!
+//! A paused source is resumed first when it has `auto_resume`, as for any use of it; without,
+//! it is forked as it stands (its processes already frozen) and stays paused, while the fork
+//! runs.
 
 use belljar_api::{CreateSandbox, CreateSnapshot, ForkSandbox, Sandbox, Source};
 
 use super::{SandboxError, Sandboxes};
 
 impl Sandboxes {
-    /// Forks a running sandbox.
+    /// Forks a running or paused sandbox.
     pub async fn fork(&self, id: &str, req: ForkSandbox) -> Result<Sandbox, SandboxError> {
         let source = self.get(id)?;
         // The fork exposes the same sandbox ports, each on a free host port: the source keeps

@@ -130,7 +130,8 @@ impl Sandboxes {
             return Ok(Vec::new());
         }
         let s = self.get(id)?;
-        if s.status != SandboxStatus::Running {
+        // A paused one (without `auto_resume`) is captured as it stands.
+        if !matches!(s.status, SandboxStatus::Running | SandboxStatus::Paused) {
             return Err(SandboxError::NotRunning {
                 id: s.id,
                 status: s.status.as_str(),

@@ -39,7 +39,12 @@ impl Sandboxes {
     pub async fn resume(&self, id: &str) -> Result<Sandbox, SandboxError> {
         let lock = self.lock_for(id);
         let _guard = lock.lock().await;
-        let mut s = self.get(id)?;
+        let s = self.get(id)?;
+        self.resume_locked(s).await
+    }
+
+    /// [`Self::resume`] with the sandbox's lock held by the caller, which read `s` under it.
+    pub(super) async fn resume_locked(&self, mut s: Sandbox) -> Result<Sandbox, SandboxError> {
         match s.status {
             SandboxStatus::Running => return Ok(s),
             SandboxStatus::Paused => {}
@@ -50,11 +55,11 @@ impl Sandboxes {
                 });
             }
         }
-        let dir = self.state_dir(id);
+        let dir = self.state_dir(&s.id);
         self.blocking_backend(&s, move |b| b.thaw(&dir)).await?;
         s.status = SandboxStatus::Running;
         s.status_reason = None;
-        self.touch(id);
+        self.touch(&s.id);
         self.save(&s)?;
         Ok(s)
     }

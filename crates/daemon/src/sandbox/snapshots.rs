@@ -82,7 +82,10 @@ impl Sandboxes {
         self.inner.paths.dirs.data.join("layers")
     }
 
-    /// Takes a snapshot of a running sandbox.
+    /// Takes a snapshot of a running or paused sandbox. A paused one with `auto_resume` is
+    /// resumed first, as for any use; without, a live snapshot captures it as it stands
+    /// (already frozen: `frozen_ms` 0) and leaves it paused, and a stopping one stops it as
+    /// `stop` does.
     pub async fn snapshot(&self, id: &str, req: CreateSnapshot) -> Result<Snapshot, SandboxError> {
         if req.expiration_ms.is_some_and(|e| e < 0) {
             return Err(SandboxError::BadRequest(
@@ -91,8 +94,15 @@ impl Sandboxes {
         }
         let lock = self.lock_for(id);
         let _guard = lock.lock().await;
-        let sandbox = self.get(id)?;
-        if sandbox.status != SandboxStatus::Running {
+        let mut sandbox = self.get(id)?;
+        if sandbox.status == SandboxStatus::Paused && sandbox.lifecycle.auto_resume {
+            tracing::info!(sandbox = %id, "resuming a paused sandbox to snapshot it");
+            sandbox = self.resume_locked(sandbox).await?;
+        }
+        if !matches!(
+            sandbox.status,
+            SandboxStatus::Running | SandboxStatus::Paused
+        ) {
             return Err(SandboxError::NotRunning {
                 id: sandbox.id,
                 status: sandbox.status.as_str(),
