@@ -1,6 +1,6 @@
 //! Persistent sandboxes on the namespace backend, through a real daemon and the CLI: stopping
 //! one (by request or by its timeout) snapshots it, and `start` (by id or by name) brings the
-//! same sandbox back with its files, deletions, name, tags and settings; `keep_last_snapshots`
+//! same sandbox back with its files, deletions, name, tags, network policy and settings; `keep_last_snapshots`
 //! bounds its timeline; the snapshot events reach the event stream; a sandbox that is not
 //! persistent cannot be started again.
 //!
@@ -10,7 +10,8 @@ use std::collections::BTreeMap;
 use std::time::Duration;
 
 use belljar_api::{
-    CreateSandbox, Event, KeepLastSnapshots, ListSnapshotsQuery, SandboxStatus, SnapshotStatus,
+    CreateSandbox, DomainAllow, Event, KeepLastSnapshots, ListSnapshotsQuery, NetworkPolicy,
+    NetworkRules, SandboxStatus, SnapshotStatus,
 };
 use belljar_client::Client;
 use belljar_e2e::events::{status_of, wait_event};
@@ -62,6 +63,12 @@ async fn a_persistent_sandbox_stops_and_starts_again_with_its_files_and_identity
         "set -e; echo one > /workspace/one; chmod 600 /workspace/one; rm /etc/issue",
     )
     .await;
+    // A policy replaced while it runs is the one it starts again with.
+    let policy = NetworkPolicy::Rules(NetworkRules {
+        allow: Some(DomainAllow::List(vec!["example.com".into()])),
+        subnets: None,
+    });
+    c.set_network_policy(&a.id, &policy).await.unwrap();
 
     let stopped = c.stop_sandbox(&a.id).await.unwrap();
     assert_eq!(stopped.status, SandboxStatus::Stopped);
@@ -86,6 +93,7 @@ async fn a_persistent_sandbox_stops_and_starts_again_with_its_files_and_identity
         (&b.name, &b.tags, &b.env, b.lifecycle.persistent),
         (&a.name, &a.tags, &a.env, true)
     );
+    assert_eq!(b.network_policy.as_ref(), Some(&policy));
     assert_eq!(
         sh_ok(
             &c,

@@ -10,7 +10,7 @@ use std::path::PathBuf;
 use std::time::Duration;
 
 use belljar_api::{
-    CreateSandbox, CreateSnapshot, KeepLastSnapshots, ListSnapshotsQuery, SandboxStatus,
+    CreateSandbox, CreateSnapshot, KeepLastSnapshots, ListSnapshotsQuery, SandboxStatus, Snapshot,
     SnapshotStatus, Source,
 };
 use belljar_e2e::{Daemon, eventually, sh_ok, snapshots};
@@ -291,6 +291,113 @@ async fn retention_and_expiry_apply_across_a_restart() {
         c.snapshot(&two.id).await.unwrap().status,
         SnapshotStatus::Created
     );
+}
+
+/// The sandbox's `snapshot_expiration_ms` is a new snapshot's default (a stopping one's
+/// too); `keep_last_snapshots` with `delete_evicted: false` keeps what it evicts, uncounted,
+/// on the sandbox's own expiration; `since`/`until` pick snapshots by creation time.
+#[tokio::test(flavor = "multi_thread")]
+async fn snapshot_defaults_retention_without_deleting_and_time_filters() {
+    let d = Daemon::start();
+    let c = d.unix();
+    let hour = 3_600_000;
+    let a = d
+        .create(
+            &c,
+            CreateSandbox {
+                snapshot_expiration_ms: Some(hour),
+                ..Default::default()
+            },
+        )
+        .await;
+    let stopping = c
+        .snapshot_sandbox(&a.id, &CreateSnapshot::default())
+        .await
+        .unwrap();
+    assert_eq!(stopping.expires_at, Some(stopping.created_at + hour));
+
+    let b = d
+        .create(
+            &c,
+            CreateSandbox {
+                snapshot_expiration_ms: Some(2 * hour),
+                keep_last_snapshots: Some(KeepLastSnapshots {
+                    count: 2,
+                    expiration_ms: Some(0),
+                    delete_evicted: Some(false),
+                }),
+                ..Default::default()
+            },
+        )
+        .await;
+    let live = snapshots::live();
+    let mut taken = Vec::new();
+    for n in 0..4 {
+        sh_ok(&c, &b.id, &format!("echo {n} > /workspace/n")).await;
+        taken.push(c.snapshot_sandbox(&b.id, &live).await.unwrap());
+    }
+    let now: Vec<_> = current(&c, &taken).await;
+    // Nothing deleted; the newest two are kept (never expire), the others evicted, each on
+    // the sandbox's expiration from when it was evicted (by the third and the fourth).
+    assert!(
+        now.iter().all(|s| s.status == SnapshotStatus::Created),
+        "{now:?}"
+    );
+    assert_eq!((now[2].expires_at, now[3].expires_at), (None, None));
+    for (evicted, by) in [(&now[0], &taken[2]), (&now[1], &taken[3])] {
+        assert_eq!(
+            evicted.expires_at,
+            Some(by.created_at + 2 * hour),
+            "{evicted:?}"
+        );
+    }
+
+    // `since` is inclusive, `until` exclusive, both on `created_at`.
+    let times = |since: Option<i64>, until: Option<i64>| {
+        let c = c.clone();
+        let id = b.id.clone();
+        async move {
+            let q = ListSnapshotsQuery {
+                sandbox_id: Some(id),
+                since,
+                until,
+                ..Default::default()
+            };
+            let mut ids: Vec<String> = c
+                .list_snapshots(&q)
+                .await
+                .unwrap()
+                .snapshots
+                .into_iter()
+                .map(|s| s.id)
+                .collect();
+            ids.reverse();
+            ids
+        }
+    };
+    let ids = |from: usize, to: usize| -> Vec<String> {
+        taken[from..to].iter().map(|s| s.id.clone()).collect()
+    };
+    // A command ran between each two: they are at least a millisecond apart.
+    assert!(taken.windows(2).all(|w| w[0].created_at < w[1].created_at));
+    assert_eq!(times(Some(taken[1].created_at), None).await, ids(1, 4));
+    assert_eq!(times(None, Some(taken[2].created_at)).await, ids(0, 2));
+    assert_eq!(
+        times(Some(taken[1].created_at), Some(taken[3].created_at)).await,
+        ids(1, 3)
+    );
+    assert_eq!(times(Some(taken[3].created_at + 1), None).await, ids(0, 0));
+    assert_eq!(times(None, Some(taken[0].created_at)).await, ids(0, 0));
+    assert_eq!(times(None, None).await, ids(0, 4));
+}
+
+/// The snapshots `taken`, as they are now.
+async fn current(c: &belljar_client::Client, taken: &[Snapshot]) -> Vec<Snapshot> {
+    let mut now = Vec::new();
+    for s in taken {
+        now.push(c.snapshot(&s.id).await.unwrap());
+    }
+    now
 }
 
 #[tokio::test(flavor = "multi_thread")]

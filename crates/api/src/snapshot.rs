@@ -216,7 +216,10 @@ pub struct KeepLastSnapshots {
     #[ts(optional)]
     #[schema(minimum = 0, maximum = 315360000000_i64)]
     pub expiration_ms: Option<i64>,
-    /// Delete the older ones at once (default `true`); else they keep their own expiration.
+    /// Delete the older ones at once (default `true`); else they stay, no longer counted,
+    /// with the expiration they would have without this rule: their own, or where
+    /// `expiration_ms` had replaced it, the sandbox's `snapshot_expiration_ms` (else 30 days)
+    /// from their eviction.
     #[serde(default)]
     #[ts(optional)]
     pub delete_evicted: Option<bool>,

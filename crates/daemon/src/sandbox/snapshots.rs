@@ -224,7 +224,8 @@ impl Sandboxes {
             self.squash_soon();
         }
         if let Some(keep) = &held.keep_last {
-            self.apply_keep_last(id, keep, now).await?;
+            self.apply_keep_last(id, held.snapshot_expiration_ms, keep, now)
+                .await?;
         }
         Ok(self.get_snapshot(&snapshot.id).unwrap_or(snapshot))
     }
@@ -236,27 +237,41 @@ impl Sandboxes {
             .emit(crate::store::EventBody::Snapshot(Box::new(snapshot)));
     }
 
-    /// Applies `keep_last_snapshots` to a sandbox's snapshots after a new one.
+    /// Applies `keep_last_snapshots` to a sandbox's snapshots after a new one. Evicted ones
+    /// that are not deleted are no longer counted, and the one just evicted goes from the kept
+    /// ones' expiration back to the sandbox's (`own_expiration_ms`, else 30 days, from now):
+    /// the rule that kept it no longer holds it.
     async fn apply_keep_last(
         &self,
         sandbox_id: &str,
+        own_expiration_ms: Option<i64>,
         keep: &belljar_api::KeepLastSnapshots,
         now: i64,
     ) -> Result<(), SandboxError> {
         let all = self.inner.store.created_snapshots_of(sandbox_id)?;
         let count = keep.count as usize;
-        for kept in all.iter().take(count) {
-            if let Some(ms) = keep.expiration_ms {
-                let at = (ms > 0).then(|| now.saturating_add(ms));
-                self.inner
-                    .store
-                    .set_snapshot_expiration(&kept.snapshot.id, ms, at)?;
+        let expire = |id: &str, ms: i64| {
+            let at = (ms > 0).then(|| now.saturating_add(ms));
+            self.inner.store.set_snapshot_expiration(id, ms, at)
+        };
+        if let Some(ms) = keep.expiration_ms {
+            for kept in all.iter().take(count) {
+                expire(&kept.snapshot.id, ms)?;
             }
         }
+        let evicted = all.iter().skip(count);
         if keep.delete_evicted.unwrap_or(true) {
-            for evicted in all.iter().skip(count) {
-                self.delete_snapshot(&evicted.snapshot.id).await?;
+            for row in evicted {
+                self.delete_snapshot(&row.snapshot.id).await?;
             }
+        } else if let Some(just) = all.get(count)
+            && keep.expiration_ms.is_some()
+        {
+            expire(
+                &just.snapshot.id,
+                own_expiration_ms.unwrap_or(DEFAULT_EXPIRATION_MS),
+            )?;
+            self.emit_snapshot(self.get_snapshot(&just.snapshot.id)?);
         }
         Ok(())
     }

@@ -313,7 +313,10 @@ count: number,
  */
 expiration_ms?: number, 
 /**
- * Delete the older ones at once (default `true`); else they keep their own expiration.
+ * Delete the older ones at once (default `true`); else they stay, no longer counted,
+ * with the expiration they would have without this rule: their own, or where
+ * `expiration_ms` had replaced it, the sandbox's `snapshot_expiration_ms` (else 30 days)
+ * from their eviction.
  */
 delete_evicted?: boolean, };
 
