@@ -520,18 +520,36 @@ async fn kill_9_during_a_stopping_snapshot_loses_nothing() {
         sh_ok(&c, &b.id, "sha256sum /workspace/big | cut -c1-64").await,
         sum
     );
-    // Another restart changes nothing: the intent was finished once.
+    // The two other cuts, made by hand: the daemon died after the snapshot's row was
+    // committed (a's intent names it), or before the sandbox began to stop (b runs on).
+    let intent = |id: &str, snapshot_id: &str| {
+        let path = d
+            .paths
+            .data
+            .join("sandboxes")
+            .join(id)
+            .join("snapshot-stopping");
+        let json = format!(r#"{{"snapshot_id":"{snapshot_id}","expiration_ms":null}}"#);
+        std::fs::write(&path, json).unwrap();
+        path
+    };
+    let cut = [
+        intent(&a.id, &snap.id),
+        intent(&b.id, "snap_neverrecorded0"),
+    ];
     d.kill9();
     d.restart();
     let c = d.unix();
-    let again = c
-        .list_snapshots(&ListSnapshotsQuery {
-            sandbox_id: Some(a.id.clone()),
-            ..Default::default()
-        })
+    let all = c
+        .list_snapshots(&ListSnapshotsQuery::default())
         .await
         .unwrap();
-    assert_eq!(again.snapshots.len(), 1, "{again:?}");
+    assert_eq!(all.snapshots.len(), 1, "{all:?}");
+    assert!(cut.iter().all(|p| !p.exists()), "the intents are settled");
+    assert_eq!(
+        c.sandbox(&b.id).await.unwrap().status,
+        SandboxStatus::Running
+    );
 }
 
 /// The CLI: `belljar snapshot`, `belljar snapshots [ls|rm]`, `belljar create --from`.

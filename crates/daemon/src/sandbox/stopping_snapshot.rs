@@ -107,7 +107,10 @@ impl Sandboxes {
                     tracing::warn!(sandbox = %s.id, error = %e, "unreadable snapshot intent")
                 }
             }
-            std::fs::remove_file(&marker)?;
+            if let Err(e) = std::fs::remove_file(&marker) {
+                // Harmless when it stays: the next start finds the snapshot recorded.
+                tracing::warn!(sandbox = %s.id, error = %e, "cannot remove a snapshot intent");
+            }
         }
         Ok(())
     }
