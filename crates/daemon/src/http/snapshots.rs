@@ -44,7 +44,8 @@ async fn diff(
 /// Snapshot a running or paused sandbox. By default the sandbox stops and its writable layer
 /// becomes the snapshot; with `keep_running` its processes are frozen while the layer is
 /// copied. A paused sandbox with `auto_resume` (the default) is resumed first, as any use
-/// resumes it; without, it is captured as it stands (`frozen_ms` 0) and stays paused.
+/// resumes it; without, a live snapshot captures it as it stands (`frozen_ms` 0) and it stays
+/// paused, and a stopping one stops it as `stop` does.
 #[utoipa::path(post, path = "/v1/sandboxes/{id}/snapshots", operation_id = "snapshot_create", tag = "snapshots",
     params(SandboxPath), request_body = CreateSnapshot,
     responses((status = 201, description = "The snapshot, status `created`", body = Snapshot), Errors))]
