@@ -2,7 +2,8 @@
 //! small and a large amount of changed data: a snapshot that stops the sandbox and a live one,
 //! create-from-snapshot and fork each to their first finished command, and pause/resume. The
 //! baselines are what a user could do instead: `cp -a` of the sandbox's changed tree (what a
-//! snapshot copies) and `podman commit` of a container with the same changes. Prints figures
+//! snapshot copies), `cp -a` of its whole tree (the image's and the changes: a copy without
+//! layers) and `podman commit` of a container with the same changes. Prints figures
 //! only (never pass/fail), with the machine and the command line.
 //!
 //! Like `sandbox_bench` it starts its own `belljard` (next to this binary) in a temporary home:
@@ -207,6 +208,10 @@ async fn one_size(args: &Args, c: &Client, home: &Path, mib: u64) -> Result<()> 
         println!("  (cp -a baseline skipped: {} not found)", upper.display());
     }
     report("baseline: cp -a of the changed tree", cp);
+    report(
+        "baseline: cp -a of image + changes",
+        whole_tree_copies(args, &upper, home)?,
+    );
 
     // The snapshot that stops the sandbox, once (it ends the sandbox).
     let t = Instant::now();
@@ -218,6 +223,52 @@ async fn one_size(args: &Args, c: &Client, home: &Path, mib: u64) -> Result<()> 
     c.delete_snapshot(&snap.id).await?;
     podman_commit(args, mib)?;
     Ok(())
+}
+
+/// Baseline: what a user without layers scripts to keep a sandbox's state, a full copy of its
+/// tree: the image's tree, then the changed tree over it (whiteouts aside, which only a
+/// layered copy keeps). Grows with the image, where a snapshot grows only with the changes.
+fn whole_tree_copies(args: &Args, upper: &Path, home: &Path) -> Result<Vec<Duration>> {
+    let rootfs = image_tree(args)?;
+    if !rootfs.is_dir() || !upper.is_dir() {
+        println!("  (whole-tree cp -a baseline skipped: no image tree or changed tree)");
+        return Ok(Vec::new());
+    }
+    let dst = home.join("cp-whole");
+    let mut samples = Vec::new();
+    for _ in 0..args.rounds.min(3) {
+        let t = Instant::now();
+        host(
+            "cp",
+            &[
+                "-a",
+                &rootfs.display().to_string(),
+                &dst.display().to_string(),
+            ],
+        )?;
+        host(
+            "cp",
+            &[
+                "-a",
+                &format!("{}/.", upper.display()),
+                &dst.display().to_string(),
+            ],
+        )?;
+        samples.push(t.elapsed());
+        std::fs::remove_dir_all(&dst)?;
+    }
+    Ok(samples)
+}
+
+/// The unpacked tree of the benchmark's image in the image cache.
+fn image_tree(args: &Args) -> Result<PathBuf> {
+    let cache = belljar_client::paths::image_cache(
+        std::env::var_os("BELLJAR_CACHE").as_deref().map(Path::new),
+    )?;
+    Ok(cache
+        .join("images")
+        .join(&args.image)
+        .join("current/rootfs"))
 }
 
 /// The podman image made from the sandbox image's tree for the baseline.
@@ -234,13 +285,7 @@ fn podman_commit(args: &Args, mib: u64) -> Result<()> {
     }
     let image = podman_image(args);
     if host("podman", &["image", "exists", &image]).is_err() {
-        let cache = belljar_client::paths::image_cache(
-            std::env::var_os("BELLJAR_CACHE").as_deref().map(Path::new),
-        )?;
-        let rootfs = cache
-            .join("images")
-            .join(&args.image)
-            .join("current/rootfs");
+        let rootfs = image_tree(args)?;
         let tar = Command::new("tar")
             .args(["-C", &rootfs.display().to_string(), "-c", "."])
             .stdout(Stdio::piped())
