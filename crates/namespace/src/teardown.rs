@@ -72,6 +72,7 @@ pub fn destroy(state_dir: &Path) -> Result<(), Error> {
         return Ok(());
     }
     stop(state_dir, Duration::from_millis(200))?;
+    crate::layer::forget_captures(state_dir);
     let mut result = fs::remove_dir_all(state_dir);
     if matches!(&result, Err(e) if e.kind() == io::ErrorKind::PermissionDenied) {
         // The overlay leaves `work/work` with mode 000; without CAP_DAC_OVERRIDE (rootless)

@@ -34,11 +34,13 @@ use crate::{disk, mounts};
 
 pub mod diff;
 mod dir;
+mod reuse;
 mod squash;
 mod trash;
 pub(crate) mod xattr;
 
 pub use dir::{DirError, capture_dir, capture_dir_of_tree};
+pub use reuse::forget as forget_captures;
 pub use squash::squash;
 pub use trash::wait_empty as wait_trash_empty;
 
@@ -106,7 +108,7 @@ fn capture_in(state_dir: &Path, upper: &str, layers_dir: &Path) -> Result<Captur
     if mounted_here {
         disk::mount(state_dir, &fs_dir, disk::MIN_DISK_BYTES)?;
     }
-    let result = capture_tree(&fs_dir.join(upper), layers_dir, shift);
+    let result = capture_tree_with(&fs_dir.join(upper), layers_dir, shift, true);
     if mounted_here {
         disk::unmount(&fs_dir);
     }
@@ -153,6 +155,17 @@ pub(crate) fn capture_tree(
     layers_dir: &Path,
     shift: Shift,
 ) -> Result<Captured, Error> {
+    capture_tree_with(upper, layers_dir, shift, false)
+}
+
+/// [`capture_tree`]; with `incremental`, the files unchanged since this process last captured
+/// `upper` are linked from that layer instead of copied (see [`reuse`]).
+fn capture_tree_with(
+    upper: &Path,
+    layers_dir: &Path,
+    shift: Shift,
+    incremental: bool,
+) -> Result<Captured, Error> {
     let fail = |path: &Path| {
         let path = path.to_owned();
         move |source| Error::Copy { path, source }
@@ -166,8 +179,13 @@ pub(crate) fn capture_tree(
             .map(|d| d.as_nanos())
             .unwrap_or_default()
     ));
-    let copied = Copier::new(shift).run(upper, &tmp);
-    let (digest, size_bytes) = match copied {
+    let mut copier = Copier::new(shift);
+    if incremental {
+        copier.previous = reuse::previous(upper);
+        copier.taken = Some(reuse::Files::default());
+    }
+    let copied = copier.run(upper, &tmp);
+    let (digest, size_bytes, taken) = match copied {
         Ok(v) => v,
         Err(e) => {
             remove_tree(&tmp);
@@ -181,6 +199,9 @@ pub(crate) fn capture_tree(
         trash::remove_later(&tmp);
     } else {
         fs::rename(&tmp, &path).map_err(fail(&path))?;
+    }
+    if let Some(taken) = taken {
+        reuse::remember(upper, path.clone(), taken);
     }
     Ok(Captured {
         digest,
@@ -209,6 +230,10 @@ struct Copier {
     /// Hard links: (dev, ino) of the source → the first copy's relative path.
     links: HashMap<(u64, u64), PathBuf>,
     buf: Vec<u8>,
+    /// The last capture of the same writable layer, whose unchanged files are linked.
+    previous: Option<std::sync::Arc<reuse::Previous>>,
+    /// The regular files taken, for the next capture of the same writable layer.
+    taken: Option<reuse::Files>,
 }
 
 enum Work {
@@ -226,10 +251,18 @@ impl Copier {
             size: 0,
             links: HashMap::new(),
             buf: vec![0; 1 << 20],
+            previous: None,
+            taken: None,
         }
     }
 
-    fn run(mut self, src_root: &Path, dst_root: &Path) -> Result<(String, u64), Error> {
+    /// Copies the tree; returns its digest, its bytes of file content and, when asked for, the
+    /// regular files it took.
+    fn run(
+        mut self,
+        src_root: &Path,
+        dst_root: &Path,
+    ) -> Result<(String, u64, Option<reuse::Files>), Error> {
         let fail = |path: &Path| {
             let path = path.to_owned();
             move |source| Error::Copy { path, source }
@@ -253,7 +286,7 @@ impl Copier {
                                 .map_err(fail(&dst))?;
                         }
                         self.record(&rel, &meta, b"dir", &[]);
-                        self.xattrs(&src, &dst)?;
+                        self.xattrs(&src, Some(&dst))?;
                         stack.push(Work::Finish(rel.clone(), meta));
                         let mut names: Vec<OsString> = fs::read_dir(&src)
                             .map_err(fail(&src))?
@@ -289,7 +322,7 @@ impl Copier {
             }
         }
         let digest = hex::encode(self.hasher.finalize());
-        Ok((digest, self.size))
+        Ok((digest, self.size, self.taken))
     }
 
     /// Adds one entry to the canonical listing the digest is taken over.
@@ -335,9 +368,22 @@ impl Copier {
                 .insert((meta.dev(), meta.ino()), rel.to_path_buf());
         }
         if ft.is_file() {
-            let content = self.copy_file(src, dst)?;
             self.size += meta.len();
+            let linked = self.previous.as_ref().and_then(|p| p.link(rel, meta, dst));
+            let content = match linked {
+                Some(content) => content,
+                None => self.copy_file(src, dst)?,
+            };
+            if let Some(taken) = &mut self.taken {
+                taken.note(rel, meta, content);
+            }
             self.record(rel, meta, b"file", &content);
+            if linked.is_some() {
+                // The linked inode is the earlier layer's, whose owner, mode, times and
+                // attributes are this file's already (its change time says none changed);
+                // a chown would clear its set-id bits under the sandboxes that read it.
+                return self.xattrs(src, None);
+            }
         } else if ft.is_symlink() {
             let target = fs::read_link(src).map_err(fail(src))?;
             std::os::unix::fs::symlink(&target, dst).map_err(fail(dst))?;
@@ -361,7 +407,7 @@ impl Copier {
             }
             self.record(rel, meta, b"node", &meta.rdev().to_le_bytes());
         }
-        self.xattrs(src, dst)?;
+        self.xattrs(src, Some(dst))?;
         std::os::unix::fs::lchown(
             dst,
             Some(self.shift.apply(meta.uid())),
@@ -412,10 +458,10 @@ impl Copier {
         Ok(hash.finalize().into())
     }
 
-    /// Copies extended attributes, except overlayfs's own bookkeeping of the upper layer
-    /// (`origin`, `impure`, ...), which refers to the old lower layers; the opaque-directory
-    /// mark is kept: it is what hides the image's directory below.
-    fn xattrs(&mut self, src: &Path, dst: &Path) -> Result<(), Error> {
+    /// Copies extended attributes (to `dst`, if given) and lists them, except overlayfs's own
+    /// bookkeeping of the upper layer (`origin`, `impure`, ...), which refers to the old lower
+    /// layers; the opaque-directory mark is kept: it is what hides the image's directory below.
+    fn xattrs(&mut self, src: &Path, dst: Option<&Path>) -> Result<(), Error> {
         let fail = |path: &Path| {
             let path = path.to_owned();
             move |source| Error::Copy { path, source }
@@ -440,7 +486,9 @@ impl Copier {
             let Some(value) = get_xattr(src, &source_name).map_err(fail(src))? else {
                 continue;
             };
-            set_xattr(dst, &name, &value).map_err(fail(dst))?;
+            if let Some(dst) = dst {
+                set_xattr(dst, &name, &value).map_err(fail(dst))?;
+            }
             self.hasher.update((bytes.len() as u64).to_le_bytes());
             self.hasher.update(bytes);
             self.hasher.update((value.len() as u64).to_le_bytes());
@@ -451,111 +499,4 @@ impl Copier {
 }
 
 #[cfg(test)]
-mod tests {
-    use super::*;
-
-    fn is_root() -> bool {
-        nix::unistd::Uid::effective().is_root()
-    }
-
-    #[test]
-    fn owners_shift_into_the_block_and_strangers_become_nobody() {
-        let s = Shift::Block(100_000);
-        assert_eq!(s.apply(100_000), 0);
-        assert_eq!(s.apply(101_000), 1000);
-        assert_eq!(s.apply(99_999), NOBODY);
-        assert_eq!(s.apply(100_000 + ID_BLOCK), NOBODY);
-        assert_eq!(Shift::Rootless(1000).apply(1000), 0);
-        assert_eq!(Shift::Rootless(1000).apply(5), 5);
-    }
-
-    /// As root: every kind of entry an upper directory holds survives the copy, owners are
-    /// shifted, overlay bookkeeping is dropped, and the same tree gives the same digest.
-    #[test]
-    fn a_capture_keeps_whiteouts_opaque_dirs_modes_owners_and_links() {
-        if !is_root() {
-            assert!(std::env::var("CI").is_err(), "CI runs as root");
-            eprintln!("not root: cannot make whiteouts or give files away");
-            return;
-        }
-        let tmp = tempfile::tempdir().unwrap();
-        let upper = tmp.path().join("upper");
-        let base = 200_000;
-        fs::create_dir_all(upper.join("etc/opaque")).unwrap();
-        fs::write(upper.join("etc/file"), b"hello").unwrap();
-        fs::hard_link(upper.join("etc/file"), upper.join("etc/hard")).unwrap();
-        std::os::unix::fs::symlink("file", upper.join("etc/link")).unwrap();
-        let wh = mounts::c_path(&upper.join("etc/gone"));
-        // SAFETY: a valid C path; makes an overlay whiteout (char 0:0).
-        assert_eq!(unsafe { libc::mknod(wh.as_ptr(), libc::S_IFCHR, 0) }, 0);
-        set_xattr(
-            &upper.join("etc/opaque"),
-            OsStr::new("user.overlay.opaque"),
-            b"y",
-        )
-        .unwrap();
-        set_xattr(&upper.join("etc"), OsStr::new("user.overlay.impure"), b"y").unwrap();
-        for p in ["etc", "etc/file", "etc/link", "etc/gone", "etc/opaque"] {
-            std::os::unix::fs::lchown(upper.join(p), Some(base + 1000), Some(base)).unwrap();
-        }
-        // After the chown, which clears set-id bits.
-        fs::set_permissions(upper.join("etc/file"), fs::Permissions::from_mode(0o4751)).unwrap();
-        let layers = tmp.path().join("layers");
-        let first = capture_tree(&upper, &layers, Shift::Block(base)).unwrap();
-        let l = &first.path;
-        assert_eq!(first.size_bytes, 5);
-        assert_eq!(fs::read(l.join("etc/hard")).unwrap(), b"hello");
-        let file = fs::metadata(l.join("etc/file")).unwrap();
-        assert_eq!(file.mode() & 0o7777, 0o4751);
-        assert_eq!((file.uid(), file.gid()), (1000, 0));
-        assert_eq!(file.ino(), fs::metadata(l.join("etc/hard")).unwrap().ino());
-        assert_eq!(
-            fs::read_link(l.join("etc/link")).unwrap(),
-            Path::new("file")
-        );
-        let gone = fs::symlink_metadata(l.join("etc/gone")).unwrap();
-        assert!(std::os::unix::fs::FileTypeExt::is_char_device(
-            &gone.file_type()
-        ));
-        assert_eq!(gone.rdev(), 0);
-        assert_eq!(
-            get_xattr(&l.join("etc/opaque"), OsStr::new("user.overlay.opaque")).unwrap(),
-            Some(b"y".to_vec())
-        );
-        assert_eq!(
-            get_xattr(&l.join("etc"), OsStr::new("user.overlay.impure")).unwrap(),
-            None
-        );
-        assert_eq!(
-            fs::metadata(l.join("etc")).unwrap().mtime(),
-            fs::metadata(upper.join("etc")).unwrap().mtime()
-        );
-        // The same content again is the same layer, and no half copy is left behind.
-        let again = capture_tree(&upper, &layers, Shift::Block(base)).unwrap();
-        assert_eq!(again, first);
-        assert!(trash::wait_empty(std::time::Duration::from_secs(10)));
-        let names: Vec<_> = fs::read_dir(&layers)
-            .unwrap()
-            .map(|e| e.unwrap().file_name())
-            .collect();
-        assert_eq!(names, vec![OsString::from(&first.digest)]);
-        // One changed byte is another layer.
-        fs::write(upper.join("etc/file"), b"hellO").unwrap();
-        let other = capture_tree(&upper, &layers, Shift::Block(base)).unwrap();
-        assert_ne!(other.digest, first.digest);
-    }
-
-    #[test]
-    fn a_deep_tree_does_not_overflow_the_stack() {
-        let tmp = tempfile::tempdir().unwrap();
-        let upper = tmp.path().join("upper");
-        let mut p = upper.clone();
-        for _ in 0..1500 {
-            p.push("d");
-        }
-        // Past PATH_MAX paths cannot be made with plain calls; 1500 levels are 3000 bytes.
-        fs::create_dir_all(&p).unwrap();
-        let c = capture_tree(&upper, &tmp.path().join("layers"), Shift::Keep).unwrap();
-        assert!(c.path.join("d/d/d").is_dir());
-    }
-}
+mod tests;
