@@ -4,7 +4,8 @@
 //! The user creates a namespace sandbox and runs a command in it through the CLI, asks for the
 //! web UI's address and finds it answering, and reads the sandbox's limits: on cgroup v1 (this
 //! build machine) none can be enforced without root, and each says so with the reason, while
-//! the create still succeeds. The rootless L1 suite (`tests/microvm/rootless.sh`) covers
+//! the create still succeeds; nor is there a freezer, so `belljar pause` answers 501
+//! `not_supported` with the reason and the sandbox runs on. The rootless L1 suite (`tests/microvm/rootless.sh`) covers
 //! delegated cgroup v2; this covers the host CI runs on.
 //!
 //! The test needs root to make and remove the account. The built binaries and the image cache
@@ -19,7 +20,7 @@ use std::path::{Path, PathBuf};
 use std::process::{Command, Output};
 use std::time::Duration;
 
-use belljar_client::Client;
+use belljar_client::{Client, Paths};
 use belljar_e2e::{bin_dir, block_on, cache_dir, require_image};
 use http::Method;
 use procfs_core::FromRead;
@@ -126,9 +127,22 @@ impl User {
         String::from_utf8_lossy(&out.stdout).into_owned()
     }
 
+    /// Where the user's daemon keeps its socket and files: the XDG directories under its home
+    /// (its clean environment has no `XDG_RUNTIME_DIR`, so the socket is in the data
+    /// directory). Root reaches them from outside the daemon's mount namespace: the home is
+    /// the same in both.
+    fn paths(&self) -> Paths {
+        let data = self.home.join(".local/share/belljar");
+        Paths {
+            home: None,
+            config: self.home.join(".config/belljar"),
+            runtime: data.join("run"),
+            data,
+        }
+    }
+
     fn daemon_log(&self) -> String {
-        std::fs::read_to_string(self.home.join(".local/share/belljar/belljard.log"))
-            .unwrap_or_default()
+        std::fs::read_to_string(self.paths().log_file()).unwrap_or_default()
     }
 }
 
@@ -279,11 +293,7 @@ fn an_ordinary_user_runs_belljar_from_its_home() {
     // own directories.
     let id = user.belljar_ok(&["create"]).trim().to_owned();
     assert!(id.starts_with("sbx_"), "{id:?}");
-    // Without XDG_RUNTIME_DIR the runtime files live in the data directory.
-    let pid: i32 = std::fs::read_to_string(user.home.join(".local/share/belljar/run/belljard.pid"))
-        .ok()
-        .and_then(|p| p.trim().parse().ok())
-        .expect("the daemon's pid file");
+    let pid = user.paths().pid().expect("the daemon's pid file");
     let daemon_uid = std::fs::metadata(format!("/proc/{pid}")).unwrap().uid();
     assert_eq!(daemon_uid, user.uid, "belljard runs as the user");
 
@@ -326,6 +336,25 @@ fn an_ordinary_user_runs_belljar_from_its_home() {
     }
     // The disk limit needs a loop mount, which only root may make.
     assert_eq!(info["limits"]["disk"]["enforced"], false, "{info:#}");
+
+    // Nor is there a freezer without root on cgroup v1: pause is refused, saying why (501
+    // `not_supported` from the API, that code from the CLI), and the sandbox runs on.
+    if cgroup_v1() {
+        let out = user.belljar(&["pause", &id]);
+        let err = String::from_utf8_lossy(&out.stderr);
+        assert!(!out.status.success(), "{err}");
+        assert!(
+            err.contains("(not_supported)") && err.contains("freezing needs cgroup v2"),
+            "{err}"
+        );
+        let refused = block_on(Client::local(&user.paths()).pause_sandbox(&id))
+            .expect_err("pause without a freezer");
+        assert_eq!(refused.status(), Some(501), "{refused}");
+        assert_eq!(refused.code(), "not_supported", "{refused}");
+        let info: Value = serde_json::from_str(&user.belljar_ok(&["info", "--json", &id])).unwrap();
+        assert_eq!(info["status"], "running", "{info:#}");
+        assert_eq!(user.belljar_ok(&["exec", &id, "--", "echo", "on"]), "on\n");
+    }
 
     // The web UI's one-time address answers: the token is exchanged for a session cookie.
     let url = user.belljar_ok(&["ui", "--no-open"]);
