@@ -11,9 +11,10 @@
 # - a subtree delegated the way systemd delegates `user@UID.service`: the group, its
 #   `cgroup.procs`, `cgroup.subtree_control` and `cgroup.threads` owned by the user, the
 #   user's processes in a child `session.scope` (as a login session's are);
-# - then, as that user: the namespace escape tests (host files and processes unreachable, a
-#   fork bomb stopped at pids.max, a memory hog killed in its own group), the daemon end to
-#   end on the `base` image (create, exec, files, pause/resume on the v2 freezer), and
+# - then, as that user: the namespace escape tests (host files and processes, the host's
+#   sockets and loopback, other sandboxes unreachable, a fork bomb stopped at pids.max, a
+#   memory hog killed in its own group), the daemon end to end on the `base` image (create,
+#   exec, files, pause/resume on the v2 freezer), and
 #   `belljar doctor` (its findings here differ from the v1 root host's), and the network of a
 #   rootless sandbox (its tap opened by belljard's attaching child): a forwarded port reached
 #   from the host, DNS answered through the daemon, a denied subnet and deny-all;
@@ -24,7 +25,8 @@
 #
 # Input (environment): BELLJAR_JOB_BIN (belljard, belljar, belljar-agent), BELLJAR_ROOTLESS_TESTS
 # (colon-separated test executables: escape, e2e_cli, e2e_pause, doctor, e2e_ports, e2e_microvm), BELLJAR_FIXTURES (the
-# namespace crate's test fixtures, built on the host), BELLJAR_CACHE, BELLJAR_RESULTS. Output:
+# namespace crate's test fixtures, built on the host), BELLJAR_CACHE, BELLJAR_RESULTS,
+# BELLJAR_MICROVM_FILTER (optional: only the selected tests whose names contain it). Output:
 # the tests' output; `summary` and `status` in BELLJAR_RESULTS. Exit status 0 only when every
 # test passed.
 set -uo pipefail
@@ -118,7 +120,7 @@ as_user() {
 # Which tests of each executable run here (the rest need root or a microVM).
 selection() {
   case "$1" in
-    escape) echo "host_files_are_not_reachable host_processes_are_not_visible fork_bomb_hits_the_pids_limit memory_hog_is_killed_inside_its_cgroup cpu_hog_is_held_to_its_quota" ;;
+    escape) echo "host_files_are_not_reachable host_processes_are_not_visible other_sandboxes_are_not_reachable host_sockets_and_loopback_are_not_reachable fork_bomb_hits_the_pids_limit memory_hog_is_killed_inside_its_cgroup cpu_hog_is_held_to_its_quota" ;;
     e2e_cli) echo "create_ls_info_exec_and_exit_codes" ;;
     e2e_pause) echo "a_paused_sandbox_keeps_its_processes_and_their_state" ;;
     doctor) echo "doctor_as_an_ordinary_user_on_delegated_v2" ;;
@@ -168,6 +170,7 @@ for t in "${tests[@]}"; do
   # Each test alone, run again once if it fails, and not at all if an earlier L1 try finished
   # it (tests/microvm/progress.sh).
   for test in $(selection "$name"); do
+    [[ $test == *"${BELLJAR_MICROVM_FILTER:-}"* ]] || continue
     progress_run as_user_test "$exe" "$name::$test" "$test" "$work/$name.out"
   done
   say "$name: done in $(since "$t0")s"
