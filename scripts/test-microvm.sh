@@ -70,7 +70,7 @@ tests="$(test_exe belljar-vmm linux_boot):$(test_exe belljar-e2e e2e_microvm):$(
 # test executables (e2e_microvm last: its test needs the kvm group doctor tells the user to
 # join), belljar-ns and the namespace crate's busybox fixtures (L1 has no compiler).
 rootless_tests=""
-for suite in escape e2e_cli e2e_pause doctor e2e_ports e2e_microvm; do
+for suite in escape e2e_cli e2e_limits e2e_pause doctor e2e_ports e2e_microvm; do
   rootless_tests="$rootless_tests${rootless_tests:+:}$(test_exe belljar-e2e "$suite")"
 done
 cargo build --quiet -p belljar-namespace --bin belljar-ns

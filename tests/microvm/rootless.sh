@@ -14,7 +14,8 @@
 # - then, as that user: the namespace escape tests (host files and processes, the host's
 #   sockets and loopback, other sandboxes unreachable, a fork bomb stopped at pids.max, a
 #   memory hog killed in its own group), the daemon end to end on the `base` image (create,
-#   exec, files, pause/resume on the v2 freezer), and
+#   exec, files, the memory, CPU and PID limits reported enforced on cgroup v2 and written in
+#   the sandbox's group under the delegated subtree, pause/resume on the v2 freezer), and
 #   `belljar doctor` (its findings here differ from the v1 root host's), and the network of a
 #   rootless sandbox (its tap opened by belljard's attaching child): a forwarded port reached
 #   from the host, DNS answered through the daemon, a denied subnet and deny-all;
@@ -24,7 +25,8 @@
 #   `/dev/kvm` (root:kvm 0660, as udev makes it).
 #
 # Input (environment): BELLJAR_JOB_BIN (belljard, belljar, belljar-agent), BELLJAR_ROOTLESS_TESTS
-# (colon-separated test executables: escape, e2e_cli, e2e_pause, doctor, e2e_ports, e2e_microvm), BELLJAR_FIXTURES (the
+# (colon-separated test executables: escape, e2e_cli, e2e_limits, e2e_pause, doctor, e2e_ports,
+# e2e_microvm), BELLJAR_FIXTURES (the
 # namespace crate's test fixtures, built on the host), BELLJAR_CACHE, BELLJAR_RESULTS,
 # BELLJAR_MICROVM_FILTER (optional: only the selected tests whose names contain it). Output:
 # the tests' output; `summary` and `status` in BELLJAR_RESULTS. Exit status 0 only when every
@@ -122,6 +124,7 @@ selection() {
   case "$1" in
     escape) echo "host_files_are_not_reachable host_processes_are_not_visible other_sandboxes_are_not_reachable host_sockets_and_loopback_are_not_reachable fork_bomb_hits_the_pids_limit memory_hog_is_killed_inside_its_cgroup cpu_hog_is_held_to_its_quota" ;;
     e2e_cli) echo "create_ls_info_exec_and_exit_codes" ;;
+    e2e_limits) echo "limits_are_enforced_in_the_sandbox_group_and_reported" ;;
     e2e_pause) echo "a_paused_sandbox_keeps_its_processes_and_their_state" ;;
     doctor) echo "doctor_as_an_ordinary_user_on_delegated_v2" ;;
     e2e_ports) echo "a_server_in_the_sandbox_answers_on_its_forwarded_port dns_goes_through_the_daemon_and_a_deny_policy_stops_a_flow" ;;

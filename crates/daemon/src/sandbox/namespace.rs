@@ -15,7 +15,7 @@ use super::backend::{
 };
 
 /// PIDs a sandbox may have, so that a fork bomb stays inside it.
-const PIDS_LIMIT: u64 = 8192;
+pub const PIDS_LIMIT: u64 = 8192;
 
 /// Starts the pool of blank disks of `mib` (see `belljar_namespace::disk_pool`) in `dir`, which
 /// is on the sandboxes' filesystem, and makes the launches here take from it; none when
