@@ -26,9 +26,9 @@
 #
 # Input (environment): BELLJAR_JOB_BIN (belljard, belljar, belljar-agent), BELLJAR_ROOTLESS_TESTS
 # (colon-separated test executables: escape, e2e_cli, e2e_limits, e2e_pause, doctor, e2e_ports,
-# e2e_microvm), BELLJAR_FIXTURES (the
-# namespace crate's test fixtures, built on the host), BELLJAR_CACHE, BELLJAR_RESULTS,
-# BELLJAR_MICROVM_FILTER (optional: only the selected tests whose names contain it). Output:
+# e2e_microvm), BELLJAR_FIXTURES (the namespace crate's test fixtures, built on the host),
+# BELLJAR_CACHE, BELLJAR_RESULTS, BELLJAR_MICROVM_FILTER (optional: only the selected tests
+# whose names contain it). Output:
 # the tests' output; `summary` and `status` in BELLJAR_RESULTS. Exit status 0 only when every
 # test passed.
 set -uo pipefail
