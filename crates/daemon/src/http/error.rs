@@ -235,6 +235,13 @@ mod tests {
             failed.parts().2,
             "Launching the sandbox failed: Invalid sandbox spec: disk too small"
         );
+        let capture = ApiError::Sandbox(SandboxError::Backend(BackendError::Capture(
+            belljar_namespace::layer::Error::NoLayer,
+        )));
+        assert_eq!(
+            capture.parts().2,
+            "Capturing the sandbox's files failed: The sandbox has no writable layer"
+        );
         check(
             ApiError::Sandbox(SandboxError::SnapshotNotFound("snap_x".into())),
             404,
@@ -258,7 +265,7 @@ mod tests {
         );
         check(
             ApiError::Sandbox(SandboxError::Backend(BackendError::NoFreezer(
-                "no freezer".into(),
+                belljar_namespace::cgroup::Error::NoFreezer,
             ))),
             501,
             "not_supported",

@@ -18,14 +18,21 @@ pub enum BackendError {
         backend: &'static str,
         reason: String,
     },
-    /// Starting the sandbox failed.
-    #[error("Launching the sandbox failed: {0}")]
-    Launch(String),
-    /// A namespace sandbox could not be started, found, watched, stopped or deleted (also a
-    /// microVM's exit watch, which is the namespace crate's).
+    /// The sandbox ended before its agent answered; `output` is the end of what it printed
+    /// (console, agent log, VMM log).
+    #[error(
+        "The sandbox ended before its agent answered{}",
+        output.as_deref().map(|o| format!("; its last output:\n{o}")).unwrap_or_default()
+    )]
+    Ended { output: Option<String> },
+    /// The sandbox could not be killed.
+    #[error("Cannot kill the sandbox")]
+    Kill(#[source] std::io::Error),
+    /// A namespace sandbox could not be started, found, watched, frozen, thawed, stopped or
+    /// deleted (also a microVM's exit watch, which is the namespace crate's).
     #[error("{0} the sandbox failed")]
     Namespace(Step, #[source] belljar_namespace::Error),
-    /// A microVM could not be started, stopped or deleted.
+    /// A microVM could not be started, paused, resumed, stopped or deleted.
     #[error("{0} the microVM failed")]
     Microvm(Step, #[source] super::vmm::VmmError),
     /// This backend cannot do that (yet).
@@ -34,14 +41,21 @@ pub enum BackendError {
         backend: &'static str,
         what: &'static str,
     },
-    /// Freezing, thawing or capturing the sandbox's filesystem failed.
-    #[error("Freezing, thawing or capturing the sandbox failed: {0}")]
-    Snapshot(String),
+    /// A namespace sandbox's writes (its writable layer, or a snapshot mount's) could not be
+    /// read or copied into a snapshot layer.
+    #[error("Capturing the sandbox's files failed")]
+    Capture(#[source] belljar_namespace::layer::Error),
+    /// A microVM's writable disk could not be copied and read for a snapshot.
+    #[error("Capturing the microVM's files failed")]
+    MicrovmCapture(#[source] super::microvm_layers::Error),
+    /// The disks a microVM starts from (its snapshot layers and mounts) could not be made.
+    #[error("Making the microVM's snapshot disks failed")]
+    LayerDisks(#[source] super::microvm_layers::Error),
     /// The sandbox has no freezer (a rootless daemon on cgroup v1, or without delegation), so
     /// it cannot be paused, forked or snapshotted while it runs: a limit of this host, not a
-    /// failure. The text is the host's reason, a sentence of its own.
-    #[error("{0}")]
-    NoFreezer(String),
+    /// failure. Its message is the host's reason, a sentence of its own.
+    #[error(transparent)]
+    NoFreezer(belljar_namespace::cgroup::Error),
     /// A directory of the sandbox could not be captured.
     #[error(transparent)]
     Directory(belljar_namespace::layer::DirError),
@@ -58,7 +72,7 @@ pub struct CapturedLayer {
     pub size_bytes: u64,
 }
 
-/// Which step of a namespace sandbox's life failed.
+/// Which step of a sandbox's life failed.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, strum::Display)]
 pub enum Step {
     #[strum(to_string = "Launching")]
@@ -67,6 +81,10 @@ pub enum Step {
     Adopt,
     #[strum(to_string = "Watching")]
     Watch,
+    #[strum(to_string = "Freezing")]
+    Freeze,
+    #[strum(to_string = "Thawing")]
+    Thaw,
     #[strum(to_string = "Stopping")]
     Stop,
     #[strum(to_string = "Deleting")]
@@ -356,7 +374,7 @@ mod tests {
             }
         }
         fn launch(&self, _: &LaunchSpec) -> Result<Launched, BackendError> {
-            Err(BackendError::Launch("not in this test".into()))
+            Err(BackendError::Ended { output: None })
         }
         fn adopt(&self, _: &Path) -> Result<Option<Launched>, BackendError> {
             Ok(None)

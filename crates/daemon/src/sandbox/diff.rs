@@ -56,8 +56,7 @@ impl Sandboxes {
                 let held = self.inner.store.sandbox_layers(sbx)?.unwrap_or_default();
                 let writable = match &scratch {
                     Some((_, layer)) => Layer::stored(layer.clone()),
-                    None => Layer::writable(&self.state_dir(sbx))
-                        .map_err(|e| BackendError::Snapshot(e.to_string()))?,
+                    None => Layer::writable(&self.state_dir(sbx)).map_err(BackendError::Capture)?,
                 };
                 let mut new = vec![writable];
                 new.extend(stored(&held.layers));

@@ -332,12 +332,8 @@ impl Sandboxes {
         let backend = self.inner.backends.get(sandbox.backend);
         let ended = || {
             let b = backend.as_ref()?;
-            (!b.alive(dir)).then(|| {
-                let mut reason = "The sandbox ended before its agent answered".to_owned();
-                if let Some(tail) = output_tail(dir) {
-                    reason += &format!("; its last output:\n{tail}");
-                }
-                reason
+            (!b.alive(dir)).then(|| BackendError::Ended {
+                output: output_tail(dir),
             })
         };
         let client = wait_for_agent(addr, self.inner.settings.ready_timeout, ended).await?;
@@ -513,11 +509,11 @@ fn file_tail(path: &std::path::Path, lines: usize) -> Option<String> {
 
 /// Connects to a starting sandbox's agent, retrying until it answers its health check or
 /// `timeout` has passed. `ended` says, when the sandbox's process is gone, why: then no
-/// agent will ever answer, and the create fails at once with that reason.
+/// agent will ever answer, and the create fails at once with that error.
 async fn wait_for_agent(
     addr: &super::backend::AgentAddress,
     timeout: Duration,
-    ended: impl Fn() -> Option<String>,
+    ended: impl Fn() -> Option<BackendError>,
 ) -> Result<belljar_agent_proto::client::AgentClient, SandboxError> {
     let deadline = Instant::now() + timeout;
     let mut delay = Duration::from_millis(2);
@@ -542,8 +538,8 @@ async fn wait_for_agent(
         }
         if checked.elapsed() >= Duration::from_millis(500) {
             checked = Instant::now();
-            if let Some(reason) = ended() {
-                return Err(SandboxError::Backend(BackendError::Launch(reason)));
+            if let Some(e) = ended() {
+                return Err(SandboxError::Backend(e));
             }
         }
         tokio::time::sleep(delay).await;

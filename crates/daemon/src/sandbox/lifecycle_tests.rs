@@ -54,12 +54,21 @@ async fn an_ended_sandbox_fails_at_once_with_its_last_output() {
     };
     let started = Instant::now();
     let outcome = wait_for_agent(&addr, Duration::from_secs(60), || {
-        Some(format!("ended; {}", output_tail(dir.path()).unwrap()))
+        Some(BackendError::Ended {
+            output: output_tail(dir.path()),
+        })
     })
     .await;
-    let Err(SandboxError::Backend(BackendError::Launch(reason))) = outcome else {
+    let Err(SandboxError::Backend(e @ BackendError::Ended { .. })) = outcome else {
         panic!("{outcome:?}")
     };
+    let reason = e.to_string();
+    assert!(
+        reason.starts_with(
+            "The sandbox ended before its agent answered; its last output:\nbooting\n"
+        ),
+        "{reason}"
+    );
     assert!(reason.contains("Attempted to kill init"), "{reason}");
     // The VMM's word on why the VM ended comes after the console's.
     assert!(

@@ -165,7 +165,8 @@ impl BackendDriver for Microvm {
             .map(|m| {
                 Ok(vmm::VmMount {
                     slot: m.slot,
-                    disk: microvm_layers::mount_disk(&m.layers)?,
+                    disk: microvm_layers::mount_disk(&m.layers)
+                        .map_err(BackendError::LayerDisks)?,
                     path: m.path.clone(),
                 })
             })
@@ -173,7 +174,8 @@ impl BackendDriver for Microvm {
         let lower_disks = microvm_layers::layer_disks_within(
             &spec.layers,
             microvm_layers::MAX_LAYER_DISKS.saturating_sub(mounts.len()),
-        )?;
+        )
+        .map_err(BackendError::LayerDisks)?;
         let err = |e: vmm::VmmError| BackendError::Microvm(Step::Launch, e);
         let vm = vmm::VmSpec {
             vmm: self.vmm.clone().ok_or_else(|| BackendError::Unavailable {
@@ -217,7 +219,7 @@ impl BackendDriver for Microvm {
         if vmm::adopt(state_dir).is_some() && !vmm::is_paused(state_dir) {
             let synced = microvm_layers::guest_sync(state_dir, microvm_layers::SYNC_TIMEOUT);
             if let Err(e) = synced {
-                tracing::warn!(dir = %state_dir.display(), error = %e, "cannot flush the guest before stopping it");
+                tracing::warn!(dir = %state_dir.display(), error = %crate::util::error_chain(&e), "cannot flush the guest before stopping it");
             }
         }
         vmm::stop(state_dir, grace).map_err(|e| BackendError::Microvm(Step::Stop, e))
@@ -252,15 +254,13 @@ impl BackendDriver for Microvm {
     /// guest memory where they were, and the writable layer's disk is consistent while paused.
     fn freeze(&self, state_dir: &Path) -> Result<(), BackendError> {
         if let Err(e) = microvm_layers::guest_sync(state_dir, microvm_layers::SYNC_TIMEOUT) {
-            tracing::warn!(dir = %state_dir.display(), error = %e, "cannot flush the guest before pausing it");
+            tracing::warn!(dir = %state_dir.display(), error = %crate::util::error_chain(&e), "cannot flush the guest before pausing it");
         }
-        vmm::pause(state_dir)
-            .map_err(|e| BackendError::Snapshot(format!("Pausing the microVM: {e}")))
+        vmm::pause(state_dir).map_err(|e| BackendError::Microvm(Step::Freeze, e))
     }
 
     fn thaw(&self, state_dir: &Path) -> Result<(), BackendError> {
-        vmm::resume(state_dir)
-            .map_err(|e| BackendError::Snapshot(format!("Resuming the microVM: {e}")))
+        vmm::resume(state_dir).map_err(|e| BackendError::Microvm(Step::Thaw, e))
     }
 
     fn capture(&self, state_dir: &Path, layers_dir: &Path) -> Result<CapturedLayer, BackendError> {

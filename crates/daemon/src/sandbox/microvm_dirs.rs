@@ -8,7 +8,7 @@
 use std::path::{Path, PathBuf};
 
 use super::backend::{BackendError, CapturedLayer};
-use super::microvm_layers::{DiskCopy, ReadOnlyMount};
+use super::microvm_layers::{DiskCopy, Error, ReadOnlyMount};
 
 /// Copies directory `path` of the paused microVM in `state_dir` into `layers_dir/<digest>`.
 pub fn capture_dir(
@@ -16,29 +16,29 @@ pub fn capture_dir(
     path: &str,
     layers_dir: &Path,
 ) -> Result<CapturedLayer, BackendError> {
-    let failed = |what: String| BackendError::Snapshot(what);
-    let config = super::vmm::read_config(state_dir)
-        .map_err(|e| failed(format!("the microVM's config: {e}")))?;
+    let failed = BackendError::MicrovmCapture;
+    let config = super::vmm::read_config(state_dir).map_err(|e| failed(Error::Config(e)))?;
     let disk = |id: &str| config.disks.iter().find(|d| d.id == id).map(|d| &d.path);
-    let root = disk("root").ok_or_else(|| failed("the microVM has no root disk".into()))?;
+    let root = disk("root").ok_or(failed(Error::NoRootDisk))?;
     // Topmost first, as the daemon lists them (`lower0`, `lower1`, ...).
     let lower_disks: Vec<&PathBuf> = (0..).map_while(|i| disk(&format!("lower{i}"))).collect();
 
     let copy = DiskCopy::take(state_dir)?;
-    let writes = copy.mount()?;
+    let writes = copy.mount().map_err(failed)?;
     let mut lowers = vec![writes.path().join("upper")];
     let mut held = Vec::new();
     for (i, disk) in lower_disks.iter().enumerate() {
         // Shared with running microVMs and never written: no journal to replay.
-        let m = ReadOnlyMount::ext4(disk, &copy.dir().join(format!("lower{i}")), ",noload")?;
+        let m = ReadOnlyMount::ext4(disk, &copy.dir().join(format!("lower{i}")), ",noload")
+            .map_err(failed)?;
         lowers.push(m.path().into());
         held.push(m);
     }
-    let image = ReadOnlyMount::ext4(root, &copy.dir().join("image"), ",noload")?;
+    let image = ReadOnlyMount::ext4(root, &copy.dir().join("image"), ",noload").map_err(failed)?;
     lowers.push(image.path().into());
     // The agent reads overlayfs's marks from `user.*` attributes when it stacks layers.
-    let merged =
-        ReadOnlyMount::overlay(&lowers, !lower_disks.is_empty(), &copy.dir().join("view"))?;
+    let merged = ReadOnlyMount::overlay(&lowers, !lower_disks.is_empty(), &copy.dir().join("view"))
+        .map_err(failed)?;
     let c = belljar_namespace::layer::capture_dir_of_tree(merged.path(), path, layers_dir)
         .map_err(BackendError::Directory)?;
     Ok(CapturedLayer {

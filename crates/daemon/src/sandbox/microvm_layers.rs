@@ -15,14 +15,81 @@
 //! `<data>/layer-disks/` and shared by every microVM that stacks it; the agent mounts them and
 //! stacks them with overlayfs between its writable layer and the image.
 
+use std::io;
 use std::path::{Path, PathBuf};
-use std::process::Command;
+use std::process::{Command, ExitStatus};
 use std::time::Duration;
 
-use belljar_agent_proto::client::AgentClient;
+use belljar_agent_proto::client::{AgentClient, ClientError};
 use belljar_agent_proto::{CommandStatus, StartCommand};
 
 use super::backend::{BackendError, CapturedLayer};
+
+/// Errors reading a microVM's writable disk on the host and making the disks of its layers.
+#[derive(Debug, thiserror::Error)]
+pub enum Error {
+    /// A host tool could not be started.
+    #[error("Cannot run {tool} (install e2fsprogs and util-linux)")]
+    Spawn {
+        tool: String,
+        #[source]
+        source: io::Error,
+    },
+    /// A host tool failed; `stderr` is what it said.
+    #[error("{tool} failed ({status}): {stderr}")]
+    Tool {
+        tool: String,
+        status: ExitStatus,
+        stderr: String,
+    },
+    /// A host file operation failed.
+    #[error("Cannot {what} {}", path.display())]
+    Io {
+        what: &'static str,
+        path: PathBuf,
+        #[source]
+        source: io::Error,
+    },
+    /// The sandbox's state directory has no `layer.ext4`.
+    #[error("The microVM has no writable layer disk")]
+    NoLayerDisk,
+    /// The microVM's config, which names its disks, could not be read.
+    #[error(transparent)]
+    Config(belljar_vmm_api::config::Error),
+    /// The microVM's config names no root disk.
+    #[error("The microVM has no root disk")]
+    NoRootDisk,
+    /// A snapshot mount without layers.
+    #[error("A snapshot mount has no layers")]
+    NoLayers,
+    /// A path that is not `<layers>/<digest>`.
+    #[error("Not a layer directory: {}", .0.display())]
+    NotALayer(PathBuf),
+    /// Copying the guest's writes into a layer, or squashing layers, failed.
+    #[error(transparent)]
+    Layer(#[from] belljar_namespace::layer::Error),
+    /// The runtime that talks to the guest's agent could not be made.
+    #[error("Cannot start a runtime to reach the guest's agent")]
+    Runtime(#[source] io::Error),
+    /// The guest's agent could not be asked to flush its filesystems.
+    #[error("Cannot ask the guest's agent to sync")]
+    Agent(#[source] ClientError),
+    /// The guest's `sync` did not succeed.
+    #[error("The guest's sync ended {status:?} with exit code {code:?}")]
+    SyncFailed {
+        status: CommandStatus,
+        code: Option<i32>,
+    },
+    /// The guest's `sync` did not end in time.
+    #[error("The guest did not sync within {0:?}")]
+    SyncTimeout(Duration),
+}
+
+/// What [`Error::Io`] holds, for `map_err`.
+fn io_err(what: &'static str, path: &Path) -> impl FnOnce(io::Error) -> Error {
+    let path = path.to_owned();
+    move |source| Error::Io { what, path, source }
+}
 
 /// How long the guest may take to flush its page cache before a pause or stop goes ahead
 /// without it (a hung agent must not keep a sandbox from being paused or stopped).
@@ -36,68 +103,58 @@ pub const MAX_LAYER_DISKS: usize = belljar_vmm_api::MAX_VIRTIO_DEVICES - 5;
 /// share, leaving the sandbox's own chain at least five).
 pub const MAX_MOUNTS: usize = MAX_LAYER_DISKS - 5;
 
-fn failed(what: impl std::fmt::Display) -> BackendError {
-    BackendError::Snapshot(what.to_string())
-}
-
 /// Asks the agent of the running microVM in `state_dir` to flush every filesystem (`sync` as
 /// root), so that the writable layer's disk holds what the guest wrote. Blocks; call it
 /// outside the async runtime (the backend's calls run on the blocking pool).
-pub fn guest_sync(state_dir: &Path, timeout: Duration) -> Result<(), String> {
+pub fn guest_sync(state_dir: &Path, timeout: Duration) -> Result<(), Error> {
     let socket = state_dir.join("vsock.sock");
     let runtime = tokio::runtime::Builder::new_current_thread()
         .enable_all()
         .build()
-        .map_err(|e| e.to_string())?;
+        .map_err(Error::Runtime)?;
     runtime.block_on(async move {
         let run = async {
             let agent =
                 AgentClient::connect_hybrid_vsock(&socket, belljar_agent_proto::AGENT_VSOCK_PORT)
                     .await
-                    .map_err(|e| e.to_string())?;
+                    .map_err(Error::Agent)?;
             let start = StartCommand {
                 argv: vec!["sync".into()],
                 user: Some("root".into()),
                 ..Default::default()
             };
-            let info = agent
-                .start_command(&start)
-                .await
-                .map_err(|e| e.to_string())?;
-            let done = agent
-                .wait_command(&info.id)
-                .await
-                .map_err(|e| e.to_string())?;
+            let info = agent.start_command(&start).await.map_err(Error::Agent)?;
+            let done = agent.wait_command(&info.id).await.map_err(Error::Agent)?;
             match (done.status, done.exit_code) {
                 (CommandStatus::Exited, Some(0)) => Ok(()),
-                (status, code) => Err(format!("sync ended {status:?} with {code:?}")),
+                (status, code) => Err(Error::SyncFailed { status, code }),
             }
         };
         tokio::time::timeout(timeout, run)
             .await
-            .unwrap_or_else(|_| Err(format!("no answer within {timeout:?}")))
+            .unwrap_or(Err(Error::SyncTimeout(timeout)))
     })
 }
 
 /// Runs a host tool; its stderr is the error.
-fn run(cmd: &mut Command, ok: impl Fn(i32) -> bool) -> Result<(), BackendError> {
-    let name = cmd.get_program().to_string_lossy().into_owned();
-    let out = cmd
-        .output()
-        .map_err(|e| failed(format!("{name}: {e} (install e2fsprogs and util-linux)")))?;
+fn run(cmd: &mut Command, ok: impl Fn(i32) -> bool) -> Result<(), Error> {
+    let tool = cmd.get_program().to_string_lossy().into_owned();
+    let out = match cmd.output() {
+        Ok(out) => out,
+        Err(source) => return Err(Error::Spawn { tool, source }),
+    };
     match out.status.code() {
         Some(code) if ok(code) => Ok(()),
-        _ => Err(failed(format!(
-            "{name} failed ({}): {}",
-            out.status,
-            String::from_utf8_lossy(&out.stderr).trim()
-        ))),
+        _ => Err(Error::Tool {
+            tool,
+            status: out.status,
+            stderr: String::from_utf8_lossy(&out.stderr).trim().to_owned(),
+        }),
     }
 }
 
-fn capture_upper(upper: &Path, layers_dir: &Path) -> Result<CapturedLayer, BackendError> {
-    let c = belljar_namespace::layer::capture_upper(upper, layers_dir)
-        .map_err(|e| failed(crate::util::error_chain(&e)))?;
+fn capture_upper(upper: &Path, layers_dir: &Path) -> Result<CapturedLayer, Error> {
+    let c = belljar_namespace::layer::capture_upper(upper, layers_dir)?;
     Ok(CapturedLayer {
         digest: c.digest,
         size_bytes: c.size_bytes,
@@ -119,14 +176,18 @@ impl DiskCopy {
                 what: "snapshot a sandbox without root (its layer disk is read through a loop mount)",
             });
         }
+        Self::copy(state_dir).map_err(BackendError::MicrovmCapture)
+    }
+
+    fn copy(state_dir: &Path) -> Result<Self, Error> {
         let disk = state_dir.join("layer.ext4");
         if !disk.is_file() {
-            return Err(failed("the microVM has no writable layer disk"));
+            return Err(Error::NoLayerDisk);
         }
         let dir = tempfile::Builder::new()
             .prefix("capture-")
             .tempdir_in(state_dir)
-            .map_err(failed)?;
+            .map_err(io_err("create a directory in", state_dir))?;
         run(
             Command::new("cp")
                 .args(["--sparse=always", "--reflink=auto"])
@@ -139,8 +200,9 @@ impl DiskCopy {
 
     /// Copies the disk's `upper` directory into `layers_dir/<digest>`.
     pub fn capture(self, layers_dir: &Path) -> Result<CapturedLayer, BackendError> {
-        let mnt = self.mount()?;
-        capture_upper(&mnt.path().join("upper"), layers_dir)
+        self.mount()
+            .and_then(|mnt| capture_upper(&mnt.path().join("upper"), layers_dir))
+            .map_err(BackendError::MicrovmCapture)
     }
 
     /// Copies the upper directory of each snapshot mount (`mounts/<slot>/upper`, made by the
@@ -150,7 +212,7 @@ impl DiskCopy {
         slots: &[usize],
         layers_dir: &Path,
     ) -> Result<Vec<CapturedLayer>, BackendError> {
-        let mnt = self.mount()?;
+        let mnt = self.mount().map_err(BackendError::MicrovmCapture)?;
         slots
             .iter()
             .map(|slot| {
@@ -159,13 +221,13 @@ impl DiskCopy {
                     .join("mounts")
                     .join(slot.to_string())
                     .join("upper");
-                capture_upper(&upper, layers_dir)
+                capture_upper(&upper, layers_dir).map_err(BackendError::MicrovmCapture)
             })
             .collect()
     }
 
     /// The copy, its journal replayed, mounted read-only (its `upper` is the guest's writes).
-    pub fn mount(&self) -> Result<ReadOnlyMount, BackendError> {
+    pub fn mount(&self) -> Result<ReadOnlyMount, Error> {
         let image = self.dir.path().join("layer.ext4");
         // 0: clean, 1: the journal was replayed (or errors corrected).
         run(
@@ -191,8 +253,8 @@ pub struct ReadOnlyMount {
 impl ReadOnlyMount {
     /// Mounts ext4 image `image` at `at` (made), read-only through a loop device, with
     /// `extra` mount options.
-    pub fn ext4(image: &Path, at: &Path, extra: &str) -> Result<Self, BackendError> {
-        std::fs::create_dir_all(at).map_err(failed)?;
+    pub fn ext4(image: &Path, at: &Path, extra: &str) -> Result<Self, Error> {
+        std::fs::create_dir_all(at).map_err(io_err("create", at))?;
         run(
             Command::new("mount")
                 .args(["-t", "ext4", "-o"])
@@ -205,8 +267,8 @@ impl ReadOnlyMount {
     }
 
     /// Mounts a read-only overlay of `lowers` (topmost first) at `at` (made).
-    pub fn overlay(lowers: &[PathBuf], userxattr: bool, at: &Path) -> Result<Self, BackendError> {
-        std::fs::create_dir_all(at).map_err(failed)?;
+    pub fn overlay(lowers: &[PathBuf], userxattr: bool, at: &Path) -> Result<Self, Error> {
+        std::fs::create_dir_all(at).map_err(io_err("create", at))?;
         let dirs: Vec<String> = lowers.iter().map(|l| l.display().to_string()).collect();
         let mut options = format!("ro,nosuid,nodev,noexec,lowerdir={}", dirs.join(":"));
         if userxattr {
@@ -238,7 +300,7 @@ impl Drop for ReadOnlyMount {
 /// their own). They live next to the layers directory, named by digest; disks whose layer is
 /// gone are deleted on the way. A chain deeper than the budget keeps its top layers as their
 /// own disks and merges the rest into one (see [`chain_disk`]).
-pub fn layer_disks_within(layers: &[PathBuf], budget: usize) -> Result<Vec<PathBuf>, BackendError> {
+pub fn layer_disks_within(layers: &[PathBuf], budget: usize) -> Result<Vec<PathBuf>, Error> {
     let budget = budget.clamp(1, MAX_LAYER_DISKS);
     let (own, merged) = if layers.len() > budget {
         layers.split_at(budget - 1)
@@ -264,29 +326,26 @@ pub fn layer_disks_within(layers: &[PathBuf], budget: usize) -> Result<Vec<PathB
 
 /// The one read-only disk of a directory snapshot a microVM mounts: its layer's disk, or its
 /// layers (topmost first) merged into one.
-pub fn mount_disk(layers: &[PathBuf]) -> Result<PathBuf, BackendError> {
+pub fn mount_disk(layers: &[PathBuf]) -> Result<PathBuf, Error> {
     match layers {
-        [] => Err(failed("a snapshot mount without layers")),
+        [] => Err(Error::NoLayers),
         [_] => Ok(layer_disks_within(layers, 1)?.remove(0)),
         _ => chain_disk(layers),
     }
 }
 
 /// A layer directory's parent (the layers directory) and name (its digest).
-fn parts(layer: &Path) -> Result<(&Path, String), BackendError> {
+fn parts(layer: &Path) -> Result<(&Path, String), Error> {
     match (layer.parent(), layer.file_name()) {
         (Some(dir), Some(digest)) => Ok((dir, digest.to_string_lossy().into_owned())),
-        _ => Err(failed(format!(
-            "not a layer directory: {}",
-            layer.display()
-        ))),
+        _ => Err(Error::NotALayer(layer.to_owned())),
     }
 }
 
 /// `<data>/layer-disks`, beside `<data>/layers`.
-fn disk_cache(layers_dir: &Path) -> Result<PathBuf, BackendError> {
+fn disk_cache(layers_dir: &Path) -> Result<PathBuf, Error> {
     let cache = layers_dir.with_file_name("layer-disks");
-    std::fs::create_dir_all(&cache).map_err(failed)?;
+    std::fs::create_dir_all(&cache).map_err(io_err("create", &cache))?;
     Ok(cache)
 }
 
@@ -294,7 +353,7 @@ fn disk_cache(layers_dir: &Path) -> Result<PathBuf, BackendError> {
 /// overlayfs applies when it stacks them, `belljar_namespace::layer::squash`), made into a disk
 /// named by a hash of the layers' digests, with a `.layers` file listing them so that the disk
 /// is deleted once any of them is.
-fn chain_disk(chain: &[PathBuf]) -> Result<PathBuf, BackendError> {
+fn chain_disk(chain: &[PathBuf]) -> Result<PathBuf, Error> {
     use sha2::Digest;
     let (layers_dir, _) = parts(&chain[0])?;
     let cache = disk_cache(layers_dir)?;
@@ -309,13 +368,12 @@ fn chain_disk(chain: &[PathBuf]) -> Result<PathBuf, BackendError> {
     let list = cache.join(format!("chain-{name}.layers"));
     if !disk.is_file() {
         // The list first: a disk is never without the list that lets it be pruned.
-        std::fs::write(&list, format!("{digests}\n")).map_err(failed)?;
+        std::fs::write(&list, format!("{digests}\n")).map_err(io_err("write", &list))?;
         let work = tempfile::Builder::new()
             .prefix("chain-")
             .tempdir_in(&cache)
-            .map_err(failed)?;
-        let merged = belljar_namespace::layer::squash(chain, &work.path().join("squash"))
-            .map_err(|e| failed(crate::util::error_chain(&e)))?;
+            .map_err(io_err("create a directory in", &cache))?;
+        let merged = belljar_namespace::layer::squash(chain, &work.path().join("squash"))?;
         make_disk(&merged.path, &disk)?;
         belljar_namespace::layer::remove_tree(work.path());
     }
@@ -356,8 +414,8 @@ fn prune(cache: &Path, layers_dir: &Path) {
 
 /// `mkfs.ext4 -d` of one layer directory, under a temporary name until complete; a disk that
 /// turns out too small (ext4's own metadata is only estimated) is made again twice as big.
-pub(super) fn make_disk(layer: &Path, disk: &Path) -> Result<(), BackendError> {
-    let (bytes, entries) = tree_size(layer).map_err(failed)?;
+pub(super) fn make_disk(layer: &Path, disk: &Path) -> Result<(), Error> {
+    let (bytes, entries) = tree_size(layer).map_err(io_err("read", layer))?;
     // No journal and no reserved blocks: the disk is never written.
     let mut size = (bytes + bytes / 4 + (8 << 20)).next_multiple_of(1 << 20);
     let inodes = entries * 2 + 256;
@@ -370,7 +428,7 @@ pub(super) fn make_disk(layer: &Path, disk: &Path) -> Result<(), BackendError> {
         attempt += 1;
         let made = std::fs::File::create(&tmp)
             .and_then(|f| f.set_len(size))
-            .map_err(failed)
+            .map_err(io_err("create", &tmp))
             .and_then(|()| {
                 run(
                     Command::new("mkfs.ext4")
@@ -398,7 +456,7 @@ pub(super) fn make_disk(layer: &Path, disk: &Path) -> Result<(), BackendError> {
             });
         match made {
             Ok(()) => {
-                let renamed = std::fs::rename(&tmp, disk).map_err(failed);
+                let renamed = std::fs::rename(&tmp, disk).map_err(io_err("rename", &tmp));
                 if renamed.is_err() {
                     let _ = std::fs::remove_file(&tmp);
                 }

@@ -10,7 +10,7 @@ use rustix::fs::{FileType, Mode, XattrFlags};
 
 use super::*;
 
-fn layer_disks(layers: &[PathBuf]) -> Result<Vec<PathBuf>, BackendError> {
+fn layer_disks(layers: &[PathBuf]) -> Result<Vec<PathBuf>, Error> {
     layer_disks_within(layers, MAX_LAYER_DISKS)
 }
 

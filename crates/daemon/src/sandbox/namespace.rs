@@ -177,7 +177,7 @@ impl BackendDriver for Namespace {
                 digest: c.digest,
                 size_bytes: c.size_bytes,
             })
-            .map_err(|e| BackendError::Snapshot(crate::util::error_chain(&e)))
+            .map_err(BackendError::Capture)
     }
 
     fn capture_mounts(
@@ -194,7 +194,7 @@ impl BackendDriver for Namespace {
                         digest: c.digest,
                         size_bytes: c.size_bytes,
                     })
-                    .map_err(|e| BackendError::Snapshot(crate::util::error_chain(&e)))
+                    .map_err(BackendError::Capture)
             })
             .collect()
     }
@@ -212,7 +212,7 @@ impl BackendDriver for Namespace {
     }
 
     fn thaw(&self, state_dir: &Path) -> Result<(), BackendError> {
-        ns::thaw(state_dir).map_err(|e| BackendError::Snapshot(crate::util::error_chain(&e)))
+        ns::thaw(state_dir).map_err(|e| BackendError::Namespace(Step::Thaw, e))
     }
 }
 
@@ -240,8 +240,8 @@ fn rootless_tree_cache() -> std::path::PathBuf {
 /// any other failure to freeze is one.
 fn freeze_error(e: ns::Error) -> BackendError {
     match e {
-        ns::Error::Cgroup(ns::cgroup::Error::NoFreezer) => BackendError::NoFreezer(e.to_string()),
-        other => BackendError::Snapshot(crate::util::error_chain(&other)),
+        ns::Error::Cgroup(e @ ns::cgroup::Error::NoFreezer) => BackendError::NoFreezer(e),
+        other => BackendError::Namespace(Step::Freeze, other),
     }
 }
 
@@ -254,16 +254,24 @@ mod tests {
     #[test]
     fn a_sandbox_without_a_freezer_is_not_supported_not_a_failure() {
         let e = freeze_error(ns::Error::Cgroup(ns::cgroup::Error::NoFreezer));
-        let BackendError::NoFreezer(text) = &e else {
-            panic!("{e:?}");
-        };
-        assert!(text.contains("cgroup v2"), "{text}");
+        assert!(
+            matches!(e, BackendError::NoFreezer(ns::cgroup::Error::NoFreezer)),
+            "{e:?}"
+        );
+        assert!(e.to_string().contains("cgroup v2"), "{e}");
         // One sentence, not a capitalised one inside another ("...: The sandbox has...").
         assert!(
             e.to_string().starts_with("The sandbox has no freezer"),
             "{e}"
         );
         let other = freeze_error(ns::Error::Spec("x".into()));
-        assert!(matches!(other, BackendError::Snapshot(_)), "{other:?}");
+        assert!(
+            matches!(other, BackendError::Namespace(Step::Freeze, _)),
+            "{other:?}"
+        );
+        assert_eq!(
+            crate::util::error_chain(&other),
+            "Freezing the sandbox failed: Invalid sandbox spec: x"
+        );
     }
 }

@@ -149,16 +149,18 @@ impl Sandboxes {
                     if let Some(watch) = b.exit_watch(&dir)? {
                         watch
                             .signal(nix::sys::signal::Signal::SIGKILL as i32)
-                            .map_err(|e| {
-                                BackendError::Launch(format!("cannot kill the sandbox: {e}"))
-                            })?;
+                            .map_err(BackendError::Kill)?;
                     }
                     Ok(())
                 })
                 .await;
             if let Err(e) = killed {
                 // The teardown's stop tries again, with its own escalation.
-                tracing::warn!(sandbox = %id, error = %e, "cannot kill a deleted sandbox");
+                tracing::warn!(
+                    sandbox = %id,
+                    error = %crate::util::error_chain(&e),
+                    "cannot kill a deleted sandbox"
+                );
             }
         }
         self.forget_agent(id);

@@ -201,10 +201,8 @@ pub fn config(spec: &VmSpec, now_ms: i64) -> Result<VmConfig, VmmError> {
 const CONFIG_FILE: &str = "vm.json";
 
 /// Reads back the config [`launch`] wrote for the microVM in `state_dir`.
-pub fn read_config(state_dir: &Path) -> Result<VmConfig, String> {
-    let path = state_dir.join(CONFIG_FILE);
-    let text = std::fs::read_to_string(&path).map_err(|e| format!("{}: {e}", path.display()))?;
-    VmConfig::from_json(&path.display().to_string(), &text).map_err(|e| e.to_string())
+pub fn read_config(state_dir: &Path) -> Result<VmConfig, belljar_vmm_api::config::Error> {
+    VmConfig::from_file(&state_dir.join(CONFIG_FILE))
 }
 
 /// The agent's setting that names the snapshot layers' disks (`/dev/vdc,/dev/vdd`, topmost
