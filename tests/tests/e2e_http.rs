@@ -87,8 +87,9 @@ async fn sandbox_lifecycle_and_commands() {
     assert!(!info.default_backend_reason.is_empty());
     let doc = c.openapi().await.unwrap();
     assert!(
-        doc["paths"]["/v1/sandboxes"].is_object(),
-        "openapi lacks /v1/sandboxes"
+        doc["paths"][routes::SANDBOXES].is_object(),
+        "openapi lacks {}",
+        routes::SANDBOXES
     );
 
     let s = d
@@ -438,7 +439,7 @@ async fn bad_input_gets_the_right_code() {
     let bad = c
         .request(
             Method::POST,
-            "/v1/sandboxes",
+            routes::SANDBOXES,
             client::full("{not json"),
             Some("application/json"),
         )
@@ -448,7 +449,7 @@ async fn bad_input_gets_the_right_code() {
     let bad = c
         .call::<_, Sandbox>(
             Method::POST,
-            "/v1/sandboxes",
+            routes::SANDBOXES,
             &serde_json::json!({"vcpus": "two"}),
         )
         .await
@@ -457,7 +458,7 @@ async fn bad_input_gets_the_right_code() {
     let bad = c
         .call::<_, Sandbox>(
             Method::POST,
-            "/v1/sandboxes",
+            routes::SANDBOXES,
             &serde_json::json!({"timeout_ms": -5}),
         )
         .await
@@ -471,7 +472,7 @@ async fn bad_input_gets_the_right_code() {
     let bad = c
         .call::<_, Command>(
             Method::POST,
-            &format!("/v1/sandboxes/{}/commands", s.id),
+            &routes::commands(&s.id),
             &serde_json::json!({"argv": []}),
         )
         .await
@@ -480,7 +481,7 @@ async fn bad_input_gets_the_right_code() {
     let bad = c
         .call::<_, Sandbox>(
             Method::POST,
-            &format!("/v1/sandboxes/{}/extend", s.id),
+            &routes::sandbox_sub(&s.id, "extend"),
             &serde_json::json!({"duration_ms": -1000}),
         )
         .await
@@ -500,7 +501,7 @@ async fn bad_input_gets_the_right_code() {
     let anon = d.http_without_token();
     let (st, code) = raw(
         &anon,
-        anon.builder(Method::GET, "/v1/sandboxes")
+        anon.builder(Method::GET, routes::SANDBOXES)
             .body(client::empty())
             .unwrap(),
     )
@@ -508,7 +509,7 @@ async fn bad_input_gets_the_right_code() {
     assert_eq!((st, code.as_deref()), (401, Some("unauthorized")));
     let (st, _) = raw(
         &anon,
-        anon.builder(Method::GET, "/v1/sandboxes")
+        anon.builder(Method::GET, routes::SANDBOXES)
             .header(header::AUTHORIZATION, "Bearer wrong")
             .body(client::empty())
             .unwrap(),
@@ -517,7 +518,7 @@ async fn bad_input_gets_the_right_code() {
     assert_eq!(st, 401);
     let (st, code) = raw(
         &c,
-        c.builder(Method::GET, "/v1/sandboxes")
+        c.builder(Method::GET, routes::SANDBOXES)
             .header(header::ORIGIN, "https://evil.example")
             .body(client::empty())
             .unwrap(),
@@ -528,7 +529,7 @@ async fn bad_input_gets_the_right_code() {
     let own = format!("http://127.0.0.1:{}", d.addr().port());
     let (st, _) = raw(
         &c,
-        c.builder(Method::GET, "/v1/sandboxes")
+        c.builder(Method::GET, routes::SANDBOXES)
             .header(header::ORIGIN, own)
             .body(client::empty())
             .unwrap(),
@@ -537,7 +538,7 @@ async fn bad_input_gets_the_right_code() {
     assert_eq!(st, 200);
     let token = d.paths.token().unwrap();
     let req = http::Request::builder()
-        .uri("/v1/sandboxes")
+        .uri(routes::SANDBOXES)
         .header(header::HOST, "attacker.example")
         .header(header::AUTHORIZATION, format!("Bearer {token}"))
         .body(client::empty())
@@ -547,7 +548,7 @@ async fn bad_input_gets_the_right_code() {
     // A WebSocket with a foreign Origin is refused too.
     let (st, _) = raw(
         &c,
-        c.builder(Method::GET, &format!("/v1/sandboxes/{}/terminal", s.id))
+        c.builder(Method::GET, &routes::sandbox_sub(&s.id, "terminal"))
             .header(header::ORIGIN, "https://evil.example")
             .header(header::CONNECTION, "upgrade")
             .header(header::UPGRADE, "websocket")
