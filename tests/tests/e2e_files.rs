@@ -13,6 +13,8 @@ use belljar_client::{self as client, Client, log_bytes};
 use belljar_e2e::Daemon;
 use http::Method;
 use http_body_util::BodyExt;
+use procfs_core::FromRead;
+use procfs_core::process::Status;
 
 /// Long enough for any answer here; a hang (the FIFO defect) fails instead of blocking CI.
 const DEADLINE: Duration = Duration::from_secs(60);
@@ -68,24 +70,17 @@ fn body_type(method: Method) -> Option<&'static str> {
     (method == Method::POST).then_some("application/json")
 }
 
+fn status(pid: i32) -> Status {
+    Status::from_file(format!("/proc/{pid}/status")).unwrap()
+}
+
 fn vm_rss_kib(pid: i32) -> u64 {
-    let status = std::fs::read_to_string(format!("/proc/{pid}/status")).unwrap();
-    status
-        .lines()
-        .find_map(|l| l.strip_prefix("VmRSS:"))
-        .and_then(|v| v.trim().trim_end_matches("kB").trim().parse().ok())
-        .unwrap()
+    status(pid).vmrss.expect("VmRSS")
 }
 
 /// Whether `pid` may lower OOM scores: bit 24 (CAP_SYS_RESOURCE) of its effective set.
 fn has_cap_sys_resource(pid: i32) -> bool {
-    let status = std::fs::read_to_string(format!("/proc/{pid}/status")).unwrap();
-    let eff = status
-        .lines()
-        .find_map(|l| l.strip_prefix("CapEff:"))
-        .and_then(|v| u64::from_str_radix(v.trim(), 16).ok())
-        .unwrap();
-    eff & (1 << 24) != 0
+    status(pid).capeff & (1 << 24) != 0
 }
 
 async fn still_running(c: &Client, d: &Daemon, id: &str) {
