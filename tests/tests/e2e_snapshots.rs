@@ -10,8 +10,8 @@ use std::path::PathBuf;
 use std::time::Duration;
 
 use belljar_api::{
-    CreateSandbox, CreateSnapshot, KeepLastSnapshots, ListSnapshotsQuery, SandboxStatus, Snapshot,
-    SnapshotStatus, Source,
+    CreateSandbox, CreateSnapshot, KeepLastSnapshots, ListSnapshotsQuery, Sandbox, SandboxStatus,
+    Snapshot, SnapshotStatus, Source,
 };
 use belljar_e2e::{Daemon, eventually, sh_ok, snapshots};
 
@@ -400,12 +400,12 @@ async fn current(c: &belljar_client::Client, taken: &[Snapshot]) -> Vec<Snapshot
     now
 }
 
-#[tokio::test(flavor = "multi_thread")]
-async fn kill_9_during_a_live_snapshot_loses_nothing() {
-    let d = Daemon::start();
+/// Writes 128 MiB into a new sandbox (enough that the copy is still under way when the
+/// daemon dies), takes the snapshot `req` of it and kills the daemon with `kill -9` while the
+/// layer is being copied, then starts it again; returns the sandbox and the file's hash.
+async fn snapshot_cut_by_kill_9(d: &Daemon, req: CreateSnapshot) -> (Sandbox, String) {
     let c = d.unix();
     let a = d.create(&c, CreateSandbox::default()).await;
-    // Enough data that the copy is still under way when the daemon dies.
     let sum = sh_ok(
         &c,
         &a.id,
@@ -413,12 +413,11 @@ async fn kill_9_during_a_live_snapshot_loses_nothing() {
     )
     .await;
     let snapshotting = {
-        let c = c.clone();
         let id = a.id.clone();
-        tokio::spawn(async move { c.snapshot_sandbox(&id, &snapshots::live()).await })
+        tokio::spawn(async move { c.snapshot_sandbox(&id, &req).await })
     };
     eventually(Duration::from_secs(30), "a layer being copied", || {
-        let names = layer_names(&d);
+        let names = layer_names(d);
         async move { names.iter().any(|n| n.starts_with(".tmp-")).then_some(()) }
     })
     .await;
@@ -428,6 +427,13 @@ async fn kill_9_during_a_live_snapshot_loses_nothing() {
         "the daemon died mid-copy"
     );
     d.restart();
+    (a, sum)
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn kill_9_during_a_live_snapshot_loses_nothing() {
+    let d = Daemon::start();
+    let (a, sum) = snapshot_cut_by_kill_9(&d, snapshots::live()).await;
     let c = d.unix();
     // Either the snapshot exists complete or not at all; no half copy is left.
     let all = c
@@ -471,33 +477,9 @@ async fn kill_9_during_a_live_snapshot_loses_nothing() {
 #[tokio::test(flavor = "multi_thread")]
 async fn kill_9_during_a_stopping_snapshot_loses_nothing() {
     let d = Daemon::start();
-    let c = d.unix();
-    let a = d.create(&c, CreateSandbox::default()).await;
-    assert!(!a.lifecycle.persistent);
-    // Enough data that the copy is still under way when the daemon dies.
-    let sum = sh_ok(
-        &c,
-        &a.id,
-        "head -c 128M /dev/urandom > /workspace/big && sha256sum /workspace/big | cut -c1-64",
-    )
-    .await;
-    let snapshotting = {
-        let c = c.clone();
-        let id = a.id.clone();
-        tokio::spawn(async move { c.snapshot_sandbox(&id, &CreateSnapshot::default()).await })
-    };
     // The copy begins once the sandbox has stopped.
-    eventually(Duration::from_secs(30), "a layer being copied", || {
-        let names = layer_names(&d);
-        async move { names.iter().any(|n| n.starts_with(".tmp-")).then_some(()) }
-    })
-    .await;
-    d.kill9();
-    assert!(
-        snapshotting.await.unwrap().is_err(),
-        "the daemon died mid-copy"
-    );
-    d.restart();
+    let (a, sum) = snapshot_cut_by_kill_9(&d, CreateSnapshot::default()).await;
+    assert!(!a.lifecycle.persistent);
     let c = d.unix();
     // The snapshot exists, complete, and no half copy is left.
     let all = c
