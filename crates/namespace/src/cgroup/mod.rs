@@ -12,6 +12,7 @@
 
 mod discovery;
 pub(crate) mod join;
+mod usage;
 
 use std::collections::BTreeMap;
 use std::fs;
@@ -23,6 +24,7 @@ use std::time::{Duration, Instant};
 use serde::{Deserialize, Serialize};
 
 pub use discovery::{Hierarchies, group_of};
+pub use usage::Usage;
 
 /// Errors from managing a sandbox's cgroups after it started.
 #[derive(Debug, thiserror::Error)]
@@ -77,21 +79,6 @@ pub struct LimitsReport {
     /// Not a cgroup limit: the size of the sandbox's own filesystem (see `disk`).
     #[serde(default)]
     pub disk: LimitStatus,
-}
-
-/// Resource use of a sandbox, from its cgroups; `None` when no group measures it.
-#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
-pub struct Usage {
-    pub memory_bytes: Option<u64>,
-    pub memory_peak_bytes: Option<u64>,
-    /// CPU time used, microseconds.
-    pub cpu_usec: Option<u64>,
-    pub pids: Option<u64>,
-    /// Processes killed by the OOM killer inside the sandbox's memory cgroup.
-    pub oom_kills: Option<u64>,
-    /// Forks refused because the sandbox was at its PID limit (`pids.events` `max`).
-    #[serde(default)]
-    pub pids_denied: Option<u64>,
 }
 
 /// The groups made for one sandbox; saved in its state file so that `stop` after a daemon
@@ -397,33 +384,6 @@ impl Groups {
         }
         let dir = self.v1.get("freezer").ok_or(Error::NoFreezer)?;
         Ok(fs::read_to_string(dir.join("freezer.state")).is_ok_and(|s| s.trim() == "FROZEN"))
-    }
-
-    /// What the sandbox uses now.
-    pub fn usage(&self) -> Usage {
-        let v2 = self.v2.as_deref();
-        let v1 = |c: &str| self.v1.get(c).map(PathBuf::as_path);
-        let pick = |v2file: &str, c: &str, v1file: &str| {
-            v2.and_then(|d| read_u64(&d.join(v2file)))
-                .or_else(|| v1(c).and_then(|d| read_u64(&d.join(v1file))))
-        };
-        Usage {
-            memory_bytes: pick("memory.current", "memory", "memory.usage_in_bytes"),
-            memory_peak_bytes: pick("memory.peak", "memory", "memory.max_usage_in_bytes"),
-            cpu_usec: v2
-                .and_then(|d| keyed(&d.join("cpu.stat"), "usage_usec"))
-                .or_else(|| v1("cpuacct").and_then(|d| read_u64(&d.join("cpuacct.usage"))))
-                .map(|v| if v2.is_some() { v } else { v / 1000 }),
-            pids: pick("pids.current", "pids", "pids.current"),
-            oom_kills: v2
-                .and_then(|d| keyed(&d.join("memory.events"), "oom_kill"))
-                .or_else(|| {
-                    v1("memory").and_then(|d| keyed(&d.join("memory.oom_control"), "oom_kill"))
-                }),
-            pids_denied: v2
-                .and_then(|d| keyed(&d.join("pids.events"), "max"))
-                .or_else(|| v1("pids").and_then(|d| keyed(&d.join("pids.events"), "max"))),
-        }
     }
 }
 
