@@ -24,6 +24,7 @@ pub mod routes;
 pub mod sandbox;
 pub mod snapshot;
 pub mod typescript;
+pub mod usage;
 
 pub use command::*;
 pub use diff::*;
@@ -36,3 +37,4 @@ pub use limits::{Invalid, Validate};
 pub use network::*;
 pub use sandbox::*;
 pub use snapshot::*;
+pub use usage::*;

@@ -29,6 +29,7 @@ pub fn render() -> String {
         LimitState::decl(&cfg),
         SandboxLifecycle::decl(&cfg),
         Sandbox::decl(&cfg),
+        SandboxUsage::decl(&cfg),
         ListSandboxesQuery::decl(&cfg),
         SandboxList::decl(&cfg),
         UpdateSandbox::decl(&cfg),

@@ -169,6 +169,44 @@ deletes_at?: number,
  */
 auto_resume: boolean, };
 
+export type SandboxUsage = { 
+/**
+ * Memory in use, bytes: the sandbox's memory cgroup (its processes, their page cache and
+ * its tmpfs files such as `/dev/shm`), or a microVM's resident memory on the host (the
+ * guest RAM it has touched, and the VMM's own).
+ */
+memory_bytes: number | null, 
+/**
+ * The most memory in use at any time since the sandbox started, bytes (same measure).
+ */
+memory_peak_bytes: number | null, 
+/**
+ * The most memory the sandbox may use, bytes: its memory cgroup's limit, or a microVM's
+ * guest RAM (the VMM's own few MiB come on top); `null` when nothing limits it.
+ */
+memory_limit_bytes: number | null, 
+/**
+ * CPU time used since the sandbox started, all CPUs together, microseconds.
+ */
+cpu_usec: number | null, 
+/**
+ * Processes (threads included) in the sandbox now; `null` on a microVM.
+ */
+pids: number | null, 
+/**
+ * Processes the kernel's OOM killer ended for want of the sandbox's memory; `null` on a
+ * microVM, whose guest kernel kills on its own.
+ */
+oom_kills: number | null, 
+/**
+ * Forks refused because the sandbox was at its process limit; `null` on a microVM.
+ */
+pids_denied: number | null, 
+/**
+ * When these figures were read, Unix milliseconds.
+ */
+measured_at: number, };
+
 export type ListSandboxesQuery = { 
 /**
  * Only sandboxes in this status.
