@@ -20,6 +20,7 @@ mod snapshots;
 mod stream;
 mod terminal;
 mod ui;
+mod usage;
 
 use std::path::PathBuf;
 use std::sync::Arc;
@@ -56,6 +57,7 @@ pub fn api_router() -> OpenApiRouter<AppState> {
         .merge(sandboxes::router())
         .merge(snapshots::router())
         .merge(pause::router())
+        .merge(usage::router())
         .merge(mounts::router())
         .merge(commands::router())
         .merge(files::router())

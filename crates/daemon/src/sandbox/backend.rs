@@ -7,7 +7,7 @@
 use std::path::{Path, PathBuf};
 use std::time::Duration;
 
-use belljar_api::{Backend as BackendKind, BackendChoice, BackendInfo, LimitsReport};
+use belljar_api::{Backend as BackendKind, BackendChoice, BackendInfo, LimitsReport, SandboxUsage};
 pub use belljar_namespace::ExitWatch;
 
 #[derive(Debug, thiserror::Error)]
@@ -28,11 +28,11 @@ pub enum BackendError {
     /// The sandbox could not be killed.
     #[error("Cannot kill the sandbox")]
     Kill(#[source] std::io::Error),
-    /// A namespace sandbox could not be started, found, watched, frozen, thawed, stopped or
-    /// deleted (also a microVM's exit watch, which is the namespace crate's).
+    /// A namespace sandbox could not be started, found, watched, measured, frozen, thawed,
+    /// stopped or deleted (also a microVM's exit watch, which is the namespace crate's).
     #[error("{0} the sandbox failed")]
     Namespace(Step, #[source] belljar_namespace::Error),
-    /// A microVM could not be started, paused, resumed, stopped or deleted.
+    /// A microVM could not be started, measured, paused, resumed, stopped or deleted.
     #[error("{0} the microVM failed")]
     Microvm(Step, #[source] super::vmm::VmmError),
     /// This backend cannot do that (yet).
@@ -81,6 +81,8 @@ pub enum Step {
     Adopt,
     #[strum(to_string = "Watching")]
     Watch,
+    #[strum(to_string = "Measuring")]
+    Measure,
     #[strum(to_string = "Freezing")]
     Freeze,
     #[strum(to_string = "Thawing")]
@@ -166,6 +168,9 @@ pub trait BackendDriver: Send + Sync {
     /// A pidfd on the process whose end is the sandbox's end (PID 1, or the VMM), so that
     /// the daemon can wait for it instead of polling; `None` when the sandbox does not run.
     fn exit_watch(&self, state_dir: &Path) -> Result<Option<ExitWatch>, BackendError>;
+    /// What the running or paused sandbox uses now, as the host measures it (never as the
+    /// sandbox reports it), without waking it; `None` when it does not run.
+    fn usage(&self, state_dir: &Path) -> Result<Option<SandboxUsage>, BackendError>;
     /// Stops the sandbox: a graceful end, then a forced one after `grace`.
     fn stop(&self, state_dir: &Path, grace: Duration) -> Result<(), BackendError>;
     /// Stops the sandbox if needed and deletes its writable layer and state.
@@ -380,6 +385,9 @@ mod tests {
             Ok(None)
         }
         fn exit_watch(&self, _: &Path) -> Result<Option<ExitWatch>, BackendError> {
+            Ok(None)
+        }
+        fn usage(&self, _: &Path) -> Result<Option<SandboxUsage>, BackendError> {
             Ok(None)
         }
         fn stop(&self, _: &Path, _: Duration) -> Result<(), BackendError> {

@@ -12,7 +12,7 @@ use std::path::{Path, PathBuf};
 use std::process::Command;
 use std::time::Duration;
 
-use belljar_api::{Backend as BackendKind, LimitState, LimitsReport};
+use belljar_api::{Backend as BackendKind, LimitState, LimitsReport, SandboxUsage};
 use belljar_vmm_api::ExitReason;
 use belljar_vmm_api::config::{BootMode, VmConfig};
 use belljar_vmm_api::host::{HostFacts, host_verdict};
@@ -210,6 +210,31 @@ impl BackendDriver for Microvm {
         };
         ExitWatch::for_process(proc.pid, proc.start_time)
             .map_err(|e| BackendError::Namespace(Step::Watch, e))
+    }
+
+    /// The VMM process as the host kernel counts it, and the guest RAM its config gives it.
+    /// The VMM's own `metrics` report is not asked: it comes from a process the guest could
+    /// have taken over. What only the guest knows (its processes, its OOM kills) is `None`.
+    fn usage(&self, state_dir: &Path) -> Result<Option<SandboxUsage>, BackendError> {
+        let measured_at = crate::util::now_ms();
+        let Some(vmm) =
+            vmm::usage(state_dir).map_err(|e| BackendError::Microvm(Step::Measure, e))?
+        else {
+            return Ok(None);
+        };
+        let guest_ram = vmm::read_config(state_dir)
+            .ok()
+            .map(|c| c.memory_mib.saturating_mul(1 << 20));
+        Ok(Some(SandboxUsage {
+            memory_bytes: vmm.rss_bytes,
+            memory_peak_bytes: vmm.peak_rss_bytes,
+            memory_limit_bytes: guest_ram,
+            cpu_usec: Some(vmm.cpu_usec),
+            pids: None,
+            oom_kills: None,
+            pids_denied: None,
+            measured_at,
+        }))
     }
 
     /// Flushes the guest's page cache first (the VMM's stop ends the VM at once), so that the

@@ -37,6 +37,7 @@ mod squash;
 mod stopping_snapshot;
 mod teardown;
 mod terminal;
+mod usage;
 pub mod vmm;
 
 use std::collections::HashMap;

@@ -6,7 +6,7 @@ use std::path::Path;
 use std::sync::OnceLock;
 use std::time::Duration;
 
-use belljar_api::{Backend as BackendKind, LimitState, LimitsReport};
+use belljar_api::{Backend as BackendKind, LimitState, LimitsReport, SandboxUsage};
 use belljar_namespace as ns;
 
 use super::backend::{
@@ -139,6 +139,17 @@ impl BackendDriver for Namespace {
         ns::ExitWatch::for_sandbox(state_dir).map_err(|e| BackendError::Namespace(Step::Watch, e))
     }
 
+    /// The kernel's own counts in the sandbox's cgroups, read from the host's hierarchy: no
+    /// process can write a count, and the sandbox's `/sys` is read-only, so it cannot lift
+    /// the limit either.
+    fn usage(&self, state_dir: &Path) -> Result<Option<SandboxUsage>, BackendError> {
+        match ns::usage(state_dir) {
+            Ok(u) => Ok(Some(sandbox_usage(u, crate::util::now_ms()))),
+            Err(ns::Error::NotRunning) => Ok(None),
+            Err(e) => Err(BackendError::Namespace(Step::Measure, e)),
+        }
+    }
+
     fn stop(&self, state_dir: &Path, grace: Duration) -> Result<(), BackendError> {
         if !state_dir.exists() {
             return Ok(());
@@ -216,6 +227,19 @@ impl BackendDriver for Namespace {
     }
 }
 
+fn sandbox_usage(u: ns::cgroup::Usage, measured_at: i64) -> SandboxUsage {
+    SandboxUsage {
+        memory_bytes: u.memory_bytes,
+        memory_peak_bytes: u.memory_peak_bytes,
+        memory_limit_bytes: u.memory_limit_bytes,
+        cpu_usec: u.cpu_usec,
+        pids: u.pids,
+        oom_kills: u.oom_kills,
+        pids_denied: u.pids_denied,
+        measured_at,
+    }
+}
+
 fn layer_mount(m: &MountSpec) -> ns::LayerMount {
     ns::LayerMount {
         layers: m.layers.clone(),
@@ -272,6 +296,20 @@ mod tests {
         assert_eq!(
             crate::util::error_chain(&other),
             "Freezing the sandbox failed: Invalid sandbox spec: x"
+        );
+    }
+
+    /// A sandbox that ended (or never started here) has no usage: `None`, which the daemon
+    /// answers as "not running", not a failure to measure.
+    #[test]
+    fn a_sandbox_that_does_not_run_has_no_usage() {
+        let dir = tempfile::tempdir().unwrap();
+        assert_eq!(Namespace::default().usage(dir.path()).unwrap(), None);
+        assert_eq!(
+            Namespace::default()
+                .usage(&dir.path().join("gone"))
+                .unwrap(),
+            None
         );
     }
 }

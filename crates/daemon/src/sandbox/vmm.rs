@@ -231,6 +231,52 @@ pub fn start_time(pid: u32) -> Option<u64> {
     (!matches!(stat.state, 'Z' | 'X')).then_some(stat.starttime)
 }
 
+/// What a VMM process uses, as the host kernel counts it: figures the guest cannot set.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct VmmUsage {
+    /// Resident memory (`VmRSS`): the guest RAM the VM has touched and the VMM's own.
+    pub rss_bytes: Option<u64>,
+    /// The most resident memory since it started (`VmHWM`).
+    pub peak_rss_bytes: Option<u64>,
+    /// User and system time of all its threads, the vCPUs' guest time included.
+    pub cpu_usec: u64,
+}
+
+/// What the VMM of `state_dir` uses now, from `/proc/<pid>/status` and `stat`; `None` when
+/// it no longer runs. The start time in `stat`, read last, tells that both files were the
+/// VMM's and not those of a process that took over its pid.
+pub fn usage(state_dir: &Path) -> Result<Option<VmmUsage>, VmmError> {
+    use procfs_core::FromRead;
+    use procfs_core::process::{Stat, Status};
+    let Some(proc) = adopt(state_dir) else {
+        return Ok(None);
+    };
+    let read = || -> procfs_core::ProcResult<(Status, Stat)> {
+        let status = Status::from_file(format!("/proc/{}/status", proc.pid))?;
+        let stat = Stat::from_file(format!("/proc/{}/stat", proc.pid))?;
+        Ok((status, stat))
+    };
+    let (status, stat) = match read() {
+        Ok((status, stat)) if stat.starttime == proc.start_time => (status, stat),
+        // Its pid is another process's now.
+        Ok(_) => return Ok(None),
+        // It ended while it was read.
+        Err(_) if adopt(state_dir).is_none() => return Ok(None),
+        Err(e) => {
+            return Err(VmmError::Io {
+                what: format!("Cannot read the VMM's usage in /proc/{}", proc.pid),
+                source: std::io::Error::other(e),
+            });
+        }
+    };
+    let ticks = rustix::param::clock_ticks_per_second().max(1);
+    Ok(Some(VmmUsage {
+        rss_bytes: status.vmrss.map(|kib| kib.saturating_mul(1024)),
+        peak_rss_bytes: status.vmhwm.map(|kib| kib.saturating_mul(1024)),
+        cpu_usec: (stat.utime + stat.stime).saturating_mul(1_000_000) / ticks,
+    }))
+}
+
 /// Starts the VMM for `spec`; returns once the process runs.
 pub fn launch(spec: &VmSpec, now_ms: i64) -> Result<VmmProcess, VmmError> {
     let dir = &spec.state_dir;

@@ -154,6 +154,52 @@ fn too_many_vcpus_are_refused_not_clamped() {
     );
 }
 
+/// This test process stands in for a VMM: its usage is what the host counts for it, and
+/// grows with the CPU it burns; a recorded VMM that is gone has none.
+#[test]
+fn usage_is_the_vmm_process_as_the_host_counts_it() {
+    let dir = tempfile::tempdir().unwrap();
+    let me = VmmProcess {
+        pid: std::process::id(),
+        start_time: start_time(std::process::id()).unwrap(),
+    };
+    let record = |p: &VmmProcess| {
+        std::fs::write(
+            dir.path().join("vmm.json"),
+            serde_json::to_string(p).unwrap(),
+        )
+        .unwrap()
+    };
+    record(&me);
+    let before = usage(dir.path()).unwrap().unwrap();
+    let rss = before.rss_bytes.unwrap();
+    assert!(rss > 1 << 20, "{before:?}");
+    assert!(before.peak_rss_bytes.unwrap() >= rss, "{before:?}");
+    // Burn CPU until the kernel's tick-granular count moves (a deadline, not a guess).
+    let deadline = Instant::now() + Duration::from_secs(20);
+    let mut spins = 0u64;
+    let after = loop {
+        spins = std::hint::black_box(spins.wrapping_add(1));
+        if spins.is_multiple_of(1 << 20) {
+            let now = usage(dir.path()).unwrap().unwrap();
+            if now.cpu_usec > before.cpu_usec {
+                break now;
+            }
+            assert!(Instant::now() < deadline, "CPU time did not grow: {now:?}");
+        }
+    };
+    let tick_usec = 1_000_000 / rustix::param::clock_ticks_per_second();
+    assert!(after.cpu_usec >= before.cpu_usec + tick_usec, "{after:?}");
+
+    record(&VmmProcess {
+        start_time: me.start_time + 1,
+        ..me
+    });
+    assert_eq!(usage(dir.path()).unwrap(), None);
+    std::fs::remove_file(dir.path().join("vmm.json")).unwrap();
+    assert_eq!(usage(dir.path()).unwrap(), None);
+}
+
 #[test]
 fn start_time_tells_a_live_process_from_a_gone_one() {
     let me = start_time(std::process::id()).unwrap();
