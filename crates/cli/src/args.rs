@@ -24,6 +24,11 @@ pub enum Cmd {
         /// Sandbox id or name.
         id: String,
     },
+    /// Show what a running or paused sandbox uses now: memory, CPU time, processes.
+    Usage {
+        /// Sandbox id or name.
+        id: String,
+    },
     /// Run a command in a sandbox; exits with the command's exit status.
     Exec(ExecArgs),
     /// Create a sandbox, run one command in it, then delete it.

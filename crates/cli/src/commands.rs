@@ -95,6 +95,16 @@ async fn dispatch(client: &Client, paths: &Paths, command: Cmd, json: bool) -> R
             }
             Ok(0)
         }
+        Cmd::Usage { id } => {
+            let id = resolve(client, &id).await?;
+            let usage = client.sandbox_usage(&id).await?;
+            if json {
+                print_json(&usage)?;
+            } else {
+                out!("{}", output::usage(&usage))?;
+            }
+            Ok(0)
+        }
         Cmd::Exec(a) => exec_cmd(client, a, json).await,
         Cmd::Run(a) => run_cmd(client, a).await,
         Cmd::Sh { id, cwd, sudo } => {

@@ -4,9 +4,10 @@
 use std::fmt::Write;
 use std::time::{SystemTime, UNIX_EPOCH};
 
-use belljar_api::{Command, Image, Info, LimitsReport, Sandbox};
+use belljar_api::{Command, Image, Info, LimitsReport, Sandbox, SandboxUsage};
 
 use crate::duration::format_ms;
+use crate::snapshots::size;
 
 /// Milliseconds since the Unix epoch, now.
 pub fn now_ms() -> i64 {
@@ -141,6 +142,36 @@ pub fn sandbox(s: &Sandbox, now: i64) -> String {
 
 /// Each limit of `info`'s `limits:` line, enforced or not and why; the disk too, which a
 /// rootless sandbox never has (the API said so and the line left it out).
+/// The `belljar usage` block; a figure the host cannot measure on the sandbox's backend is
+/// `unknown`, not 0.
+pub fn usage(u: &SandboxUsage) -> String {
+    let mut out = String::new();
+    let mut kv = |k: &str, v: String| {
+        let _ = writeln!(out, "{:<13} {v}", format!("{k}:"));
+    };
+    let known = |v: Option<u64>| v.map_or_else(|| "unknown".to_owned(), |n| n.to_string());
+    let mut memory = u.memory_bytes.map_or_else(|| "unknown".to_owned(), size);
+    match u.memory_limit_bytes {
+        Some(limit) => memory.push_str(&format!(" of {}", size(limit))),
+        None => memory.push_str(" (no limit)"),
+    }
+    if let Some(peak) = u.memory_peak_bytes {
+        memory.push_str(&format!(", peak {}", size(peak)));
+    }
+    kv("memory", memory);
+    kv(
+        "cpu time",
+        u.cpu_usec.map_or_else(
+            || "unknown".to_owned(),
+            |us| format!("{:.2}s", us as f64 / 1e6),
+        ),
+    );
+    kv("processes", known(u.pids));
+    kv("oom kills", known(u.oom_kills));
+    kv("forks denied", known(u.pids_denied));
+    out
+}
+
 fn limits(l: &LimitsReport) -> String {
     [
         ("memory", &l.memory),
@@ -288,6 +319,42 @@ mod tests {
             "memory enforced (cgroup v2); cpu not enforced (cgroup v1 groups are root's); \
              pids enforced; disk not enforced (rootless)"
         );
+    }
+
+    #[test]
+    fn usage_says_unknown_rather_than_zero() {
+        let namespace = SandboxUsage {
+            memory_bytes: Some(64 << 20),
+            memory_peak_bytes: Some(70 << 20),
+            memory_limit_bytes: Some(1 << 30),
+            cpu_usec: Some(1_520_000),
+            pids: Some(3),
+            oom_kills: Some(0),
+            pids_denied: Some(0),
+            measured_at: 0,
+        };
+        assert_eq!(
+            usage(&namespace),
+            "memory:       64.0 MiB of 1.0 GiB, peak 70.0 MiB\n\
+             cpu time:     1.52s\n\
+             processes:    3\n\
+             oom kills:    0\n\
+             forks denied: 0\n"
+        );
+        let microvm = SandboxUsage {
+            memory_limit_bytes: None,
+            memory_peak_bytes: None,
+            pids: None,
+            oom_kills: None,
+            pids_denied: None,
+            ..namespace
+        };
+        let text = usage(&microvm);
+        assert!(
+            text.starts_with("memory:       64.0 MiB (no limit)\n"),
+            "{text}"
+        );
+        assert!(text.contains("processes:    unknown\n"), "{text}");
     }
 
     #[test]

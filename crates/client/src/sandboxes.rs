@@ -1,7 +1,8 @@
-//! The sandbox routes: create, list, get, update, extend, stop, delete.
+//! The sandbox routes: create, list, get, usage, update, extend, stop, delete.
 
 use belljar_api::{
-    CreateSandbox, ExtendSandbox, ListSandboxesQuery, Sandbox, SandboxList, UpdateSandbox,
+    CreateSandbox, ExtendSandbox, ListSandboxesQuery, Sandbox, SandboxList, SandboxUsage,
+    UpdateSandbox,
 };
 use http::Method;
 
@@ -66,6 +67,11 @@ impl Client {
     /// `GET /v1/sandboxes/{id}`.
     pub async fn sandbox(&self, id: &str) -> Result<Sandbox, ClientError> {
         self.get(&routes::sandbox(id)).await
+    }
+
+    /// `GET /v1/sandboxes/{id}/usage`: what the running or paused sandbox uses now.
+    pub async fn sandbox_usage(&self, id: &str) -> Result<SandboxUsage, ClientError> {
+        self.get(&routes::sandbox_sub(id, "usage")).await
     }
 
     /// `PATCH /v1/sandboxes/{id}`: new tags or name.

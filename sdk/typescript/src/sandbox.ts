@@ -16,6 +16,7 @@ import type {
   Sandbox as SandboxData,
   SandboxList,
   SandboxMounts,
+  SandboxUsage,
   Snapshot,
   SnapshotList,
   SnapshotMount,
@@ -108,6 +109,12 @@ export class Sandbox {
   async refresh(opts: Signalled = {}): Promise<this> {
     this.data = await this.transport.json("GET", path("sandboxes", this.id), undefined, opts.signal);
     return this;
+  }
+
+  /** What the running or paused sandbox uses now (memory, CPU time, processes), measured by
+   *  the host; a figure the host cannot know on this backend is `null`. E2B's `getMetrics`. */
+  async usage(opts: Signalled = {}): Promise<SandboxUsage> {
+    return this.transport.json("GET", path("sandboxes", this.id, "usage"), undefined, opts.signal);
   }
 
   /** Runs a command: waits for it and collects its output, or (`detached`) returns it running. */
