@@ -81,47 +81,32 @@ async fn a_paused_sandbox_keeps_its_processes_and_their_state() {
     let c: Client = d.unix();
     // Without auto-resume, so that a command shows it paused (e2e_pause_idle covers resuming
     // on use).
-    let a = d
-        .create(
-            &c,
-            CreateSandbox {
-                auto_resume: Some(false),
-                ..Default::default()
-            },
-        )
-        .await;
-    c.run_command(
-        &a.id,
-        &RunCommand {
-            argv: vec![
-                "sh".into(),
-                "-c".into(),
-                "i=0; while :; do i=$((i+1)); echo $i > /workspace/c; sleep 0.02; done".into(),
-            ],
-            detached: true,
+    let id = counting(
+        &d,
+        &c,
+        CreateSandbox {
+            auto_resume: Some(false),
             ..Default::default()
         },
     )
-    .await
-    .unwrap();
-    wait_counter_above(&d, &a.id, 2).await;
+    .await;
 
-    let paused = c.pause_sandbox(&a.id).await.unwrap();
+    let paused = c.pause_sandbox(&id).await.unwrap();
     assert_eq!(paused.status, SandboxStatus::Paused);
     eventually(Duration::from_secs(10), "the cgroup frozen", || {
-        let f = frozen(&d, &a.id);
+        let f = frozen(&d, &id);
         async move { f.then_some(()) }
     })
     .await;
-    let at_pause = counter(&d, &a.id).unwrap();
+    let at_pause = counter(&d, &id).unwrap();
     // Pausing twice is a no-op; a paused sandbox without auto-resume runs no commands.
     assert_eq!(
-        c.pause_sandbox(&a.id).await.unwrap().status,
+        c.pause_sandbox(&id).await.unwrap().status,
         SandboxStatus::Paused
     );
     let err = c
         .run_command(
-            &a.id,
+            &id,
             &RunCommand {
                 argv: vec!["true".into()],
                 ..Default::default()
@@ -135,38 +120,25 @@ async fn a_paused_sandbox_keeps_its_processes_and_their_state() {
     d.kill9();
     d.restart();
     let c = d.unix();
-    assert_eq!(
-        c.sandbox(&a.id).await.unwrap().status,
-        SandboxStatus::Paused
-    );
-    assert!(frozen(&d, &a.id));
-    assert_eq!(
-        counter(&d, &a.id),
-        Some(at_pause),
-        "nothing ran while paused"
-    );
+    assert_eq!(c.sandbox(&id).await.unwrap().status, SandboxStatus::Paused);
+    assert!(frozen(&d, &id));
+    assert_eq!(counter(&d, &id), Some(at_pause), "nothing ran while paused");
 
     // Through the CLI: resume, and the same loop counts on from where it was.
-    let out = d.cli(["resume", &a.id]);
+    let out = d.cli(["resume", &id]);
     assert!(out.status.success(), "{}", stderr(&out));
-    assert_eq!(
-        c.sandbox(&a.id).await.unwrap().status,
-        SandboxStatus::Running
-    );
-    assert!(!frozen(&d, &a.id));
-    let after = wait_counter_above(&d, &a.id, at_pause).await;
+    assert_eq!(c.sandbox(&id).await.unwrap().status, SandboxStatus::Running);
+    assert!(!frozen(&d, &id));
+    let after = wait_counter_above(&d, &id, at_pause).await;
     assert!(after > at_pause);
 
-    let out = d.cli(["pause", &a.id]);
+    let out = d.cli(["pause", &id]);
     assert!(out.status.success(), "{}", stderr(&out));
-    assert_eq!(
-        c.sandbox(&a.id).await.unwrap().status,
-        SandboxStatus::Paused
-    );
+    assert_eq!(c.sandbox(&id).await.unwrap().status, SandboxStatus::Paused);
     // A paused sandbox can be stopped (its processes are thawed to die).
-    let stopped = c.stop_sandbox(&a.id).await.unwrap();
+    let stopped = c.stop_sandbox(&id).await.unwrap();
     assert_eq!(stopped.status, SandboxStatus::Stopped);
-    let err = c.resume_sandbox(&a.id).await.unwrap_err();
+    let err = c.resume_sandbox(&id).await.unwrap_err();
     assert_eq!(err.code(), "sandbox_not_running", "{err}");
 }
 
