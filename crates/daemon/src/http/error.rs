@@ -26,9 +26,9 @@ use belljar_agent_proto::client::ClientError;
 use belljar_api::{ErrorBody, ErrorCode};
 
 use crate::images::ImageError;
-use crate::sandbox::SandboxError;
 use crate::sandbox::admission::AdmissionError;
 use crate::sandbox::backend::BackendError;
+use crate::sandbox::{SandboxError, ThumbnailError};
 
 #[derive(Debug, thiserror::Error)]
 pub enum ApiError {
@@ -122,7 +122,19 @@ fn sandbox_parts(e: &SandboxError) -> (StatusCode, ErrorCode, String) {
             return agent_parts(code, message);
         }
         SandboxError::Agent(_) | SandboxError::AgentTimeout(_) => ErrorCode::AgentUnavailable,
-        SandboxError::Thumbnail(_) => ErrorCode::NotAnImage,
+        SandboxError::Thumbnail(ThumbnailError::Worker(_)) => {
+            tracing::error!(error = ?e, "internal error");
+            let code = ErrorCode::Internal;
+            return (
+                status(code),
+                code,
+                "Internal error; see the daemon's log".to_owned(),
+            );
+        }
+        SandboxError::Thumbnail(_) => {
+            let code = ErrorCode::NotAnImage;
+            return (status(code), code, crate::util::error_chain(e));
+        }
         SandboxError::Admission(_) | SandboxError::Store(_) | SandboxError::Io(_) => {
             tracing::error!(error = ?e, "internal error");
             return (

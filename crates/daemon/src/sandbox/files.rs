@@ -38,6 +38,29 @@ static THUMBNAIL_SLOTS: tokio::sync::Semaphore = tokio::sync::Semaphore::const_n
 /// A PNG thumbnail.
 pub struct Thumbnail(pub Vec<u8>);
 
+/// Why a thumbnail could not be made (the API's `not_an_image`).
+#[derive(Debug, thiserror::Error)]
+pub enum ThumbnailError {
+    /// The file is past [`THUMBNAIL_MAX_BYTES`].
+    #[error("The file is larger than {THUMBNAIL_MAX_BYTES} bytes")]
+    TooLarge,
+    /// The image's header claims more than [`THUMBNAIL_MAX_PIXELS`].
+    #[error("{width}×{height} is past the limit of {THUMBNAIL_MAX_PIXELS} pixels")]
+    TooManyPixels { width: u32, height: u32 },
+    /// The bytes are no image the decoder reads, or one past its limits.
+    #[error("Not an image that can be decoded")]
+    Decode(#[source] image::ImageError),
+    /// The format could not be guessed from the bytes.
+    #[error("Cannot tell the image's format")]
+    Format(#[source] std::io::Error),
+    /// The thumbnail could not be written as PNG.
+    #[error("Cannot write the thumbnail")]
+    Encode(#[source] image::ImageError),
+    /// The decoding thread ended without an answer.
+    #[error("The thumbnail's worker ended")]
+    Worker(#[source] tokio::task::JoinError),
+}
+
 fn check_path(field: &str, path: &str) -> Result<(), SandboxError> {
     if !path.starts_with('/') {
         return Err(SandboxError::BadRequest(format!(
@@ -279,56 +302,48 @@ impl Sandboxes {
         if !(1..=1024).contains(&size) {
             return Err(SandboxError::BadRequest("size: must be 1..=1024".into()));
         }
-        let _slot = THUMBNAIL_SLOTS
-            .acquire()
-            .await
-            .map_err(|e| SandboxError::Thumbnail(e.to_string()))?;
+        // The semaphore is a static that nothing closes, so `acquire` cannot fail.
+        let _slot = THUMBNAIL_SLOTS.acquire().await.ok();
         let (len, mut body) = self.read_file(id, path).await?;
         if len.is_some_and(|l| l > THUMBNAIL_MAX_BYTES) {
-            return Err(SandboxError::Thumbnail(format!(
-                "the file is larger than {THUMBNAIL_MAX_BYTES} bytes"
-            )));
+            return Err(ThumbnailError::TooLarge.into());
         }
         let mut bytes = Vec::new();
         while let Some(chunk) = body.next().await {
             bytes.extend_from_slice(&chunk.map_err(|e| self.agent_error(id, e))?);
             if bytes.len() as u64 > THUMBNAIL_MAX_BYTES {
-                return Err(SandboxError::Thumbnail(format!(
-                    "the file is larger than {THUMBNAIL_MAX_BYTES} bytes"
-                )));
+                return Err(ThumbnailError::TooLarge.into());
             }
         }
-        tokio::task::spawn_blocking(move || make_thumbnail(&bytes, size))
+        let made = tokio::task::spawn_blocking(move || make_thumbnail(&bytes, size))
             .await
-            .map_err(|e| SandboxError::Thumbnail(e.to_string()))?
+            .map_err(ThumbnailError::Worker)?;
+        Ok(made?)
     }
 }
 
 /// Decodes an image and scales it to fit `size`×`size`, as PNG.
-pub fn make_thumbnail(bytes: &[u8], size: u32) -> Result<Thumbnail, SandboxError> {
+pub fn make_thumbnail(bytes: &[u8], size: u32) -> Result<Thumbnail, ThumbnailError> {
     let mut limits = image::Limits::default();
     limits.max_image_width = Some(THUMBNAIL_MAX_SIDE);
     limits.max_image_height = Some(THUMBNAIL_MAX_SIDE);
     limits.max_alloc = Some(THUMBNAIL_MAX_ALLOC);
-    let bad = |e: image::ImageError| SandboxError::Thumbnail(e.to_string());
     let mut reader = image::ImageReader::new(Cursor::new(bytes))
         .with_guessed_format()
-        .map_err(|e| SandboxError::Thumbnail(e.to_string()))?;
+        .map_err(ThumbnailError::Format)?;
     reader.limits(limits);
     // One decoder: its header gives the size, checked before any pixel is decoded.
-    let decoder = reader.into_decoder().map_err(bad)?;
+    let decoder = reader.into_decoder().map_err(ThumbnailError::Decode)?;
     let (width, height) = image::ImageDecoder::dimensions(&decoder);
     if u64::from(width) * u64::from(height) > THUMBNAIL_MAX_PIXELS {
-        return Err(SandboxError::Thumbnail(format!(
-            "{width}×{height} is past the limit of {THUMBNAIL_MAX_PIXELS} pixels"
-        )));
+        return Err(ThumbnailError::TooManyPixels { width, height });
     }
-    let img = image::DynamicImage::from_decoder(decoder).map_err(bad)?;
+    let img = image::DynamicImage::from_decoder(decoder).map_err(ThumbnailError::Decode)?;
     let thumb = img.thumbnail(size, size);
     let mut out = Cursor::new(Vec::new());
     thumb
         .write_to(&mut out, image::ImageFormat::Png)
-        .map_err(|e| SandboxError::Thumbnail(e.to_string()))?;
+        .map_err(ThumbnailError::Encode)?;
     Ok(Thumbnail(out.into_inner()))
 }
 
@@ -348,7 +363,7 @@ mod tests {
         assert_eq!((back.width(), back.height()), (64, 32));
         assert!(matches!(
             make_thumbnail(b"not an image", 64),
-            Err(SandboxError::Thumbnail(_))
+            Err(ThumbnailError::Decode(_))
         ));
     }
 
@@ -405,7 +420,13 @@ mod tests {
         assert!(bomb.len() < 1 << 20, "{}", bomb.len());
         let err = make_thumbnail(&bomb, 64).map(|_| ()).unwrap_err();
         assert!(
-            matches!(&err, SandboxError::Thumbnail(m) if m.contains("limit")),
+            matches!(
+                &err,
+                ThumbnailError::TooManyPixels {
+                    width: 6_000,
+                    height: 6_000
+                }
+            ),
             "{err:?}"
         );
         // Past the side limit too, whatever the memory.

@@ -57,7 +57,7 @@ use crate::store::{Store, StoreError};
 const LEGACY_STATE_DIR: &str = "ns";
 use admission::AdmissionError;
 use backend::{AgentAddress, BackendError, Backends};
-pub use files::Thumbnail;
+pub use files::{Thumbnail, ThumbnailError};
 use logs::LogRegistry;
 pub use pool::PoolSizes;
 pub use terminal::{Terminal, TerminalFrame};
@@ -95,8 +95,8 @@ pub enum SandboxError {
     #[error("The sandbox's agent did not answer within {0:?}")]
     AgentTimeout(Duration),
     /// A thumbnail could not be made.
-    #[error("Cannot make a thumbnail: {0}")]
-    Thumbnail(String),
+    #[error("Cannot make a thumbnail")]
+    Thumbnail(#[from] files::ThumbnailError),
     /// No such snapshot.
     #[error("Snapshot {0} not found")]
     SnapshotNotFound(String),

@@ -30,9 +30,15 @@ pub enum VmmError {
     /// The sandbox's settings do not make a valid VM config.
     #[error("Invalid microVM settings: {0}")]
     Config(#[from] belljar_vmm_api::config::Error),
-    /// Making the writable layer failed.
-    #[error("Cannot make the writable layer: {0}")]
-    Layer(String),
+    /// `mkfs.ext4` could not be run.
+    #[error("Cannot run mkfs.ext4 for the writable layer (install e2fsprogs)")]
+    NoMkfs(#[source] std::io::Error),
+    /// `mkfs.ext4` ran and failed; what it printed.
+    #[error("mkfs.ext4 could not make the writable layer: {stderr}")]
+    Mkfs {
+        status: std::process::ExitStatus,
+        stderr: String,
+    },
     /// The VMM refused or did not answer a control request (pause, resume).
     #[error("The VMM's control socket: {0}")]
     Control(#[from] belljar_vmm_api::client::ClientError),
@@ -334,12 +340,13 @@ fn make_layer(path: &Path, mib: u64) -> Result<(), VmmError> {
         .args(["-q", "-F", "-E", "lazy_itable_init=1,lazy_journal_init=1"])
         .arg(path)
         .output()
-        .map_err(|e| VmmError::Layer(format!("mkfs.ext4: {e} (install e2fsprogs)")))?;
+        .map_err(VmmError::NoMkfs)?;
     if !out.status.success() {
         let _ = std::fs::remove_file(path);
-        return Err(VmmError::Layer(
-            String::from_utf8_lossy(&out.stderr).trim().to_owned(),
-        ));
+        return Err(VmmError::Mkfs {
+            status: out.status,
+            stderr: String::from_utf8_lossy(&out.stderr).trim().to_owned(),
+        });
     }
     Ok(())
 }
