@@ -122,6 +122,17 @@ async fn a_persistent_sandbox_stops_and_starts_again_with_its_files_and_identity
         sh_ok(&c, &a.id, "cat /workspace/one /workspace/two").await,
         "one\ntwo\n"
     );
+    // Every start hands the agent the same broker CA, which the system bundle holds once.
+    assert_eq!(
+        sh_ok(
+            &c,
+            &a.id,
+            "grep -cxF \"$(sed -n 2p /usr/local/share/ca-certificates/belljar-sandbox-ca.crt)\" \
+             /etc/ssl/certs/ca-certificates.crt"
+        )
+        .await,
+        "1\n"
+    );
     // Starting a running sandbox is a no-op.
     assert_eq!(
         c.start_sandbox(&a.id).await.unwrap().started_at,

@@ -23,6 +23,40 @@ pub const SANDBOX_CA_PATH: &str = "/usr/local/share/ca-certificates/belljar-sand
 /// The system trust bundle (Debian's `ca-certificates`) the CA is appended to.
 pub const SYSTEM_CA_BUNDLE: &str = "/etc/ssl/certs/ca-certificates.crt";
 
+/// The environment variable carrying the broker CA's certificate (PEM), which the agent
+/// installs before it serves ([`bundle_with_ca`] into [`SYSTEM_CA_BUNDLE`], and
+/// [`SANDBOX_CA_PATH`]). A namespace sandbox's agent gets it in its `execve` environment; a
+/// microVM's kernel command line is too short for it, so there the daemon writes both files
+/// through the agent once it answers.
+pub const CA_ENV: &str = "BELLJAR_CA_PEM";
+
+/// The largest system bundle the CA is added to; a larger one is left as it is.
+pub const MAX_CA_BUNDLE: usize = 8 << 20;
+
+/// `bundle` with the certificate `pem` appended, or `None` when it holds it already (a
+/// persistent sandbox started again, or a fork, keeps the bundle it had).
+pub fn bundle_with_ca(bundle: &[u8], pem: &str) -> Option<Vec<u8>> {
+    let pem = pem.trim_end();
+    if pem.is_empty() {
+        return None;
+    }
+    let held = match std::str::from_utf8(bundle) {
+        Ok(text) => text.contains(pem),
+        Err(_) => bundle.windows(pem.len()).any(|w| w == pem.as_bytes()),
+    };
+    if held {
+        return None;
+    }
+    let mut out = Vec::with_capacity(bundle.len() + pem.len() + 2);
+    out.extend_from_slice(bundle);
+    if !out.is_empty() && !out.ends_with(b"\n") {
+        out.push(b'\n');
+    }
+    out.extend_from_slice(pem.as_bytes());
+    out.push(b'\n');
+    Some(out)
+}
+
 /// The interface the agent configures.
 pub const INTERFACE: &str = "eth0";
 
@@ -154,5 +188,25 @@ mod tests {
             .parse::<NetSetup>()
             .unwrap_err();
         assert!(e.to_string().contains("mtu"), "{e}");
+    }
+
+    #[test]
+    fn the_ca_is_appended_once() {
+        let pem = "-----BEGIN CERTIFICATE-----\nAAAA\n-----END CERTIFICATE-----\n";
+        let system = b"-----BEGIN CERTIFICATE-----\nBBBB\n-----END CERTIFICATE-----";
+        let once = bundle_with_ca(system, pem).unwrap();
+        assert!(once.starts_with(system));
+        assert_eq!(&once[system.len()..], format!("\n{pem}").as_bytes());
+        // Again (a restart of a persistent sandbox): nothing to add.
+        assert_eq!(bundle_with_ca(&once, pem), None);
+        // Without its last newline the certificate is still recognised.
+        assert_eq!(bundle_with_ca(&once, pem.trim_end()), None);
+        // An empty bundle gets the certificate alone; bytes that are not UTF-8 are searched too.
+        assert_eq!(bundle_with_ca(b"", pem).unwrap(), pem.as_bytes());
+        let mut odd = b"\xff\xfe\n".to_vec();
+        odd.extend_from_slice(pem.as_bytes());
+        assert_eq!(bundle_with_ca(&odd, pem), None);
+        assert!(bundle_with_ca(b"\xff\n", pem).is_some());
+        assert_eq!(bundle_with_ca(system, ""), None);
     }
 }

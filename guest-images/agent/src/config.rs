@@ -99,6 +99,10 @@ pub struct Config {
     /// (`belljar_agent_proto::net`); without it the sandbox has only loopback.
     #[arg(long, env = belljar_agent_proto::net::NET_ENV)]
     pub net: Option<belljar_agent_proto::net::NetSetup>,
+    /// The broker CA's certificate (PEM) to install before serving (`belljar_agent_proto::
+    /// net::CA_ENV`, see `ca`); in microvm and namespace modes only.
+    #[arg(long, env = belljar_agent_proto::net::CA_ENV)]
+    pub ca_pem: Option<String>,
     /// Directory snapshots to mount at boot (microvm mode), as the daemon sets them
     /// (`belljar_agent_proto::mounts`).
     #[arg(long, env = belljar_agent_proto::mounts::MOUNTS_ENV)]

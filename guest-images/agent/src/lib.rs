@@ -2,6 +2,7 @@
 //! or of a namespace sandbox) and serves the daemon the routes of `belljar-agent-proto`.
 
 pub mod agent;
+pub mod ca;
 pub mod commands;
 pub mod config;
 pub mod error;

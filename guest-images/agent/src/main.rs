@@ -39,22 +39,18 @@ fn main() {
         .enable_all()
         .build()
         .unwrap_or_else(|e| fail(&config, mode, &format!("cannot start the runtime: {e}")));
-    // Each task waits until all of them run: only then does each hold a thread of its own
-    // (a task that merely slept a while, as before, held the agent's start ~5 ms).
+    // Each task waits until all of them run, so each holds a thread of its own: the blocking
+    // pool starts a thread for a task whenever none is idle, which none is while they all
+    // wait. The threads are made here, before the agent serves (so before any command can
+    // spend the pids limit); their start is not waited for, which held the agent's first
+    // answer ~2 ms on a busy host.
     let all_started = std::sync::Arc::new(std::sync::Barrier::new(WARM_BLOCKING_THREADS));
-    runtime.block_on(async {
-        let warm: Vec<_> = (0..WARM_BLOCKING_THREADS)
-            .map(|_| {
-                let all_started = all_started.clone();
-                tokio::task::spawn_blocking(move || {
-                    all_started.wait();
-                })
-            })
-            .collect();
-        for thread in warm {
-            let _ = thread.await;
-        }
-    });
+    for _ in 0..WARM_BLOCKING_THREADS {
+        let all_started = all_started.clone();
+        drop(runtime.spawn_blocking(move || {
+            all_started.wait();
+        }));
+    }
     match runtime.block_on(run(&config)) {
         Ok(outcome) => {
             if config.selfcheck {

@@ -188,8 +188,30 @@ fn overlay_options(lowers: &[String]) -> String {
 /// The namespace sandbox's mount plan: its root is already in place, so only what a fresh
 /// PID namespace needs: /proc, a private /dev/pts, /dev/shm, and /tmp when it is not writable.
 /// The backend may have mounted these already, or dropped the capabilities to do so, so
-/// every step is best effort: a failure is logged and the agent serves on.
+/// every step is best effort: a failure is logged and the agent serves on. Without
+/// CAP_SYS_ADMIN (Belljar's backend drops it once its PID 1 has mounted all of these) no
+/// mount could succeed, so none is tried.
 pub fn namespace_init(config: &Config) -> Result<(), SystemError> {
+    if may_mount() {
+        namespace_mounts();
+    }
+    if !Path::new("/dev/ptmx").exists() {
+        let _ = std::os::unix::fs::symlink("pts/ptmx", "/dev/ptmx");
+    }
+    if let Err(e) = finish_init(config) {
+        tracing::warn!("{e}: {}", source_of(&e));
+    }
+    Ok(())
+}
+
+/// Whether CAP_SYS_ADMIN is in this process's bounding set, without which it cannot mount.
+fn may_mount() -> bool {
+    const CAP_SYS_ADMIN: libc::c_ulong = 21;
+    // SAFETY: PR_CAPBSET_READ only reads this process's bounding set; no pointer is passed.
+    unsafe { libc::prctl(libc::PR_CAPBSET_READ, CAP_SYS_ADMIN, 0, 0, 0) == 1 }
+}
+
+fn namespace_mounts() {
     let secure = MsFlags::MS_NOSUID | MsFlags::MS_NODEV | MsFlags::MS_NOEXEC;
     let plan: [(&str, &str, &str, MsFlags, Option<&str>); 3] = [
         ("proc", "/proc", "proc", secure, None),
@@ -218,9 +240,6 @@ pub fn namespace_init(config: &Config) -> Result<(), SystemError> {
             tracing::warn!("{e}: {}", source_of(&e));
         }
     }
-    if !Path::new("/dev/ptmx").exists() {
-        let _ = std::os::unix::fs::symlink("pts/ptmx", "/dev/ptmx");
-    }
     if nix::unistd::access("/tmp", nix::unistd::AccessFlags::W_OK).is_err() {
         let data = Some("mode=1777");
         if let Err(e) = mount_fs(
@@ -233,10 +252,6 @@ pub fn namespace_init(config: &Config) -> Result<(), SystemError> {
             tracing::warn!("{e}: {}", source_of(&e));
         }
     }
-    if let Err(e) = finish_init(config) {
-        tracing::warn!("{e}: {}", source_of(&e));
-    }
-    Ok(())
 }
 
 fn source_of(e: &SystemError) -> String {
@@ -266,7 +281,11 @@ fn finish_init(config: &Config) -> Result<(), SystemError> {
             .map(|h| h.trim().to_owned())
             .filter(|h| !h.is_empty())
     });
-    if let Some(name) = name {
+    // The namespace backend's PID 1 set it already, and then gave up the right to.
+    let current = nix::unistd::gethostname().ok();
+    if let Some(name) = name
+        && current.as_deref().and_then(|c| c.to_str()) != Some(name.as_str())
+    {
         nix::unistd::sethostname(name).map_err(sys("set the hostname"))?;
     }
     loopback_up()?;
@@ -328,6 +347,12 @@ pub fn init(config: &Config) -> Result<(), SystemError> {
         && let Err(e) = crate::net::setup(net)
     {
         tracing::warn!("network: {e}: {}", crate::net::source_of(&e));
+    }
+    if let Some(pem) = &config.ca_pem
+        && let Err(e) = crate::ca::install(pem)
+    {
+        let why = std::error::Error::source(&e).map(ToString::to_string);
+        tracing::warn!("{e}: {}", why.unwrap_or_default());
     }
     if config.mode() == Mode::Namespace
         && let Err(e) = crate::net::drop_net_admin()

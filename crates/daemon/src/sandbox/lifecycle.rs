@@ -210,7 +210,7 @@ impl Sandboxes {
                 .boot(&mut sandbox, image.dir.clone(), agent, layers)
                 .await?;
             let t = Instant::now();
-            if !ca_kept && let Err(e) = self.install_ca(&id, &agent).await {
+            if !ca_kept && let Err(e) = self.install_ca(&sandbox, &agent).await {
                 tracing::warn!(sandbox = %id, error = %e, "cannot install the broker's CA");
             }
             tracing::debug!(sandbox = %id, took = ?t.elapsed(), "installed the broker's CA");
@@ -274,6 +274,7 @@ impl Sandboxes {
                 .map(|l| ("BELLJAR_OUTPUT_LIMIT".to_owned(), l.to_string()))
                 .into_iter()
                 .chain([super::network::agent_env(sandbox.backend)])
+                .chain(self.ca_agent_env(&sandbox.id, sandbox.backend)?)
                 .collect(),
             layers,
             mounts: self.launch_mounts(&sandbox.id)?,
@@ -297,7 +298,19 @@ impl Sandboxes {
             let ready = self.wait_ready(sandbox, &state_dir, &launched.agent).await;
             (ready, t.elapsed() - launch)
         };
-        let (network, (ready, agent)) = tokio::join!(network, ready);
+        // The log pumps' connection, which the first command would otherwise open (a second
+        // handshake in its way); its failure is only that command's to retry.
+        let pumps = async {
+            match self.cached_agent(sandbox, &self.inner.pump_agents).await {
+                Ok(pump) => {
+                    let _ = pump.health().await;
+                }
+                Err(e) => {
+                    tracing::debug!(sandbox = %sandbox.id, error = %e, "no log pumps' connection yet")
+                }
+            }
+        };
+        let (network, (ready, agent), ()) = tokio::join!(network, ready, pumps);
         // Where a start's time goes (`BELLJAR_LOG=belljard=debug`), for profiling: `network`
         // and `ready` both count from the end of `launch`.
         tracing::debug!(sandbox = %sandbox.id, ?launch, ?network, ready = ?agent, "booted");

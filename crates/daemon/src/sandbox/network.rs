@@ -20,7 +20,9 @@ use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use belljar_agent_proto::client::{AgentClient, body_from_bytes};
-use belljar_agent_proto::net::{NET_ENV, NetSetup, SANDBOX_CA_PATH, SYSTEM_CA_BUNDLE};
+use belljar_agent_proto::net::{
+    CA_ENV, MAX_CA_BUNDLE, NET_ENV, NetSetup, SANDBOX_CA_PATH, SYSTEM_CA_BUNDLE, bundle_with_ca,
+};
 use belljar_api as api;
 use belljar_network::{Broker, Forward, Network};
 use futures::StreamExt;
@@ -30,8 +32,6 @@ use super::{SandboxError, Sandboxes};
 
 /// How long attaching to a sandbox's tap may wait for a descriptor that is still closing.
 const ATTACH_TIMEOUT: Duration = Duration::from_secs(5);
-/// The longest system CA bundle read from a sandbox to add the broker's CA to.
-const MAX_BUNDLE: usize = 8 << 20;
 
 /// What is kept of a sandbox's network across restarts.
 #[derive(Debug, Clone, Default, Serialize, Deserialize)]
@@ -41,6 +41,10 @@ struct Saved {
     ports: BTreeMap<u16, u16>,
     #[serde(default)]
     ca_key_pem: Option<String>,
+    /// The CA's certificate as the sandbox trusts it, kept so that the same bytes are given
+    /// at every start (the agent adds it to the bundle only when it is not there yet).
+    #[serde(default)]
+    ca_cert_pem: Option<String>,
     /// The next flow id: ids keep growing across restarts.
     #[serde(default)]
     next_flow_id: u64,
@@ -196,7 +200,11 @@ impl Sandboxes {
             .mode(0o600)
             .open(&tmp)?;
         f.write_all(&serde_json::to_vec(saved).map_err(std::io::Error::other)?)?;
-        f.sync_all()?;
+        // Renamed over the old file, never synced: a reader sees the old file or the new one
+        // whole, and a power cut may lose the last change, as it may the store's last
+        // transactions (SQLite in WAL mode, `synchronous=NORMAL`). A sync here cost every
+        // create, and every attach of a sandbox's network, an `fsync` of the data directory.
+        drop(f);
         std::fs::rename(&tmp, &path)?;
         Ok(())
     }
@@ -212,17 +220,29 @@ impl Sandboxes {
     ) -> Result<bool, SandboxError> {
         let policy = policy.cloned().unwrap_or_default();
         super::network_policy::firewall(&policy)?;
-        let kept = ca_of.and_then(|source| self.load_saved(source).ca_key_pem);
+        let kept = ca_of
+            .map(|source| self.load_saved(source))
+            .and_then(|s| Some((s.ca_key_pem?, s.ca_cert_pem)));
         let ca_kept = kept.is_some();
-        let ca_key_pem = match kept {
-            Some(pem) => pem,
-            None => Broker::generate(None)
-                .map_err(|e| SandboxError::Io(std::io::Error::other(e)))?
-                .ca_key_pem(),
+        let (ca_key_pem, ca_cert_pem) = match kept {
+            Some((key, Some(cert))) => (key, cert),
+            Some((key, None)) => {
+                let cert = Broker::from_key_pem(&key, None)
+                    .map_err(|e| SandboxError::Io(std::io::Error::other(e)))?
+                    .ca_pem()
+                    .to_owned();
+                (key, cert)
+            }
+            None => {
+                let broker = Broker::generate(None)
+                    .map_err(|e| SandboxError::Io(std::io::Error::other(e)))?;
+                (broker.ca_key_pem(), broker.ca_pem().to_owned())
+            }
         };
         let mut saved = Saved {
             policy,
             ca_key_pem: Some(ca_key_pem),
+            ca_cert_pem: Some(ca_cert_pem),
             ..Saved::default()
         };
         for (i, p) in ports.iter().enumerate() {
@@ -327,41 +347,71 @@ impl Sandboxes {
         lock(&self.inner.network.attached).get(id).cloned()
     }
 
-    /// Makes the sandbox trust its broker CA: the system bundle and [`SANDBOX_CA_PATH`] (the
-    /// agent then points `SSL_CERT_FILE` and friends of every command at them).
-    pub(super) async fn install_ca(
-        &self,
-        id: &str,
-        agent: &AgentClient,
-    ) -> Result<(), SandboxError> {
-        let saved = self.load_saved(id);
+    /// The broker CA's certificate of a sandbox, as it trusts it; made from the key and kept
+    /// for a sandbox saved before the certificate was.
+    fn ca_cert_pem(&self, id: &str) -> Result<Option<String>, SandboxError> {
+        let mut saved = self.load_saved(id);
+        if let Some(cert) = &saved.ca_cert_pem {
+            return Ok(Some(cert.clone()));
+        }
         let Some(key) = &saved.ca_key_pem else {
-            return Ok(());
+            return Ok(None);
         };
-        let pem = Broker::from_key_pem(key, None)
+        let cert = Broker::from_key_pem(key, None)
             .map_err(|e| SandboxError::Io(std::io::Error::other(e)))?
             .ca_pem()
             .to_owned();
+        saved.ca_cert_pem = Some(cert.clone());
+        self.store_saved(id, &saved)?;
+        Ok(Some(cert))
+    }
+
+    /// The agent's environment entry with the broker CA, for a backend whose agent takes it
+    /// at its start (see [`CA_ENV`]): the namespace backend's.
+    pub(super) fn ca_agent_env(
+        &self,
+        id: &str,
+        backend: api::Backend,
+    ) -> Result<Option<(String, String)>, SandboxError> {
+        if backend != api::Backend::Namespace {
+            return Ok(None);
+        }
+        Ok(self.ca_cert_pem(id)?.map(|pem| (CA_ENV.to_owned(), pem)))
+    }
+
+    /// Makes the sandbox trust its broker CA: the system bundle and [`SANDBOX_CA_PATH`] (the
+    /// agent points `SSL_CERT_FILE`, `NODE_EXTRA_CA_CERTS` and `REQUESTS_CA_BUNDLE` at them).
+    /// A namespace sandbox's agent did this itself before it answered ([`Self::ca_agent_env`]);
+    /// a microVM's is written here, through the agent.
+    pub(super) async fn install_ca(
+        &self,
+        sandbox: &api::Sandbox,
+        agent: &AgentClient,
+    ) -> Result<(), SandboxError> {
+        if sandbox.backend == api::Backend::Namespace {
+            return Ok(());
+        }
+        let Some(pem) = self.ca_cert_pem(&sandbox.id)? else {
+            return Ok(());
+        };
         if let Ok((_, mut stream)) = agent.read_file(SYSTEM_CA_BUNDLE).await {
             let mut bundle = Vec::new();
             while let Some(Ok(chunk)) = stream.next().await {
                 bundle.extend_from_slice(&chunk);
-                if bundle.len() > MAX_BUNDLE {
+                if bundle.len() > MAX_CA_BUNDLE {
                     bundle.clear();
                     break;
                 }
             }
-            if !bundle.is_empty() {
-                if !bundle.ends_with(b"\n") {
-                    bundle.push(b'\n');
-                }
-                bundle.extend_from_slice(pem.as_bytes());
+            if !bundle.is_empty()
+                && let Some(with_ca) = bundle_with_ca(&bundle, &pem)
+            {
                 agent
                     .write_file(
                         SYSTEM_CA_BUNDLE,
                         Some(0o644),
                         Some("root"),
-                        body_from_bytes(bundle),
+                        body_from_bytes(with_ca),
                     )
                     .await?;
             }

@@ -383,15 +383,8 @@ impl Sandboxes {
             let agent = self
                 .boot(&mut sandbox, image.dir.clone(), agent, Vec::new())
                 .await?;
-            if let Err(e) = self.install_ca(&id, &agent).await {
+            if let Err(e) = self.install_ca(&sandbox, &agent).await {
                 tracing::warn!(sandbox = %id, error = %e, "cannot install the broker's CA");
-            }
-            // The log pumps' connection, which a claim's first command would otherwise open.
-            match self.cached_agent(&sandbox, &self.inner.pump_agents).await {
-                Ok(pump) => {
-                    let _ = pump.health().await;
-                }
-                Err(e) => tracing::warn!(sandbox = %id, error = %e, "cannot connect the log pumps"),
             }
             // "ready" tells a reader of the data directory (tests, a curious user) that this
             // one waits for a claim; empty, it is still starting.
