@@ -114,6 +114,9 @@ pub(crate) struct Plan {
     pub stdout: OwnedFd,
     /// The agent's listening socket, inherited by PID 1 at the same descriptor number (>= 3).
     pub listener: OwnedFd,
+    /// PID 1's end of the socket it hands the sandbox's tap to the daemon on
+    /// (`tap_handoff`).
+    pub tap_handoff: Option<OwnedFd>,
     /// Keeps the `open_tree` fd of the idmapped image alive until the fork.
     pub _lower_tree: Option<OwnedFd>,
 }
@@ -266,7 +269,8 @@ fn pid1(plan: &Plan, err_fd: RawFd) -> ! {
         );
         loopback_up(err_fd);
         if tun_fd >= 0 {
-            tap_create(tun_fd);
+            let handoff = plan.tap_handoff.as_ref().map_or(-1, |fd| fd.as_raw_fd());
+            tap_create(tun_fd, handoff);
         }
         for cap in &plan.drop_caps {
             let ret = libc::prctl(libc::PR_CAPBSET_DROP, *cap as c_ulong, 0, 0, 0);
@@ -493,11 +497,12 @@ unsafe fn run_step(step: &Step, agent_fd: RawFd, err_fd: RawFd) {
 pub const TAP_NAME: &str = "eth0";
 
 /// Creates the persistent tap [`TAP_NAME`] in the sandbox's network namespace and closes
-/// `tun_fd`. Persistent, the device (and the addresses the agent gives it) outlives every
-/// descriptor, so the daemon attaches to it when it likes and again after a restart, even a
+/// `tun_fd`, after handing it to the daemon on `handoff` (when that is open) with the flags
+/// the daemon attaches with. Persistent, the device (and the addresses the agent gives it)
+/// outlives every descriptor, so the daemon attaches to it again after a restart, even a
 /// `kill -9`. Best effort: a host without `/dev/net/tun` gets a sandbox without network,
 /// which the daemon reports when it cannot attach.
-fn tap_create(tun_fd: RawFd) {
+fn tap_create(tun_fd: RawFd, handoff: RawFd) {
     /// `_IOW('T', 202, int)` and `_IOW('T', 203, int)` from `<linux/if_tun.h>`.
     const TUNSETIFF: c_ulong = 0x4004_54ca;
     const TUNSETPERSIST: c_ulong = 0x4004_54cb;
@@ -508,9 +513,13 @@ fn tap_create(tun_fd: RawFd) {
         for (dst, src) in req.ifr_name.iter_mut().zip(TAP_NAME.bytes()) {
             *dst = src as c_char;
         }
-        req.ifr_ifru.ifru_flags = (libc::IFF_TAP | libc::IFF_NO_PI) as libc::c_short;
-        if libc::ioctl(tun_fd, TUNSETIFF, &mut req as *mut libc::ifreq) == 0 {
-            libc::ioctl(tun_fd, TUNSETPERSIST, 1 as c_ulong);
+        req.ifr_ifru.ifru_flags =
+            (libc::IFF_TAP | libc::IFF_NO_PI | libc::IFF_VNET_HDR) as libc::c_short;
+        if libc::ioctl(tun_fd, TUNSETIFF, &mut req as *mut libc::ifreq) == 0
+            && libc::ioctl(tun_fd, TUNSETPERSIST, 1 as c_ulong) == 0
+            && handoff >= 0
+        {
+            crate::tap_handoff::send(handoff, tun_fd);
         }
         libc::close(tun_fd);
     }

@@ -92,6 +92,7 @@ pub mod seccomp;
 pub mod snapshot_mounts;
 mod spec;
 mod state;
+pub mod tap_handoff;
 mod teardown;
 pub mod testing;
 pub mod usertree;

@@ -345,6 +345,11 @@ fn start(
         format!("BELLJAR_HOSTNAME={}", spec.hostname),
     ];
     envp.extend(spec.env.iter().map(|(k, v)| format!("{k}={v}")));
+    // Without the socket pair the daemon attaches to the tap the other way.
+    let (tap_ours, tap_handoff) = match crate::tap_handoff::channel() {
+        Ok((ours, theirs)) => (Some(ours), Some(theirs)),
+        Err(_) => (None, None),
+    };
     let plan = Plan {
         cgroup_tasks: groups.v1_task_files().iter().map(|p| c_path(p)).collect(),
         cgroup_v2: groups.v2.as_deref().map(open_v2_group).transpose()?,
@@ -355,7 +360,7 @@ fn start(
         steps,
         hostname: c(&spec.hostname),
         drop_caps: crate::caps::dropped(),
-        filter: crate::seccomp::program()?,
+        filter: crate::seccomp::shared_program()?,
         exec: c(AGENT_PATH_IN_SANDBOX),
         argv: [
             AGENT_PATH_IN_SANDBOX,
@@ -371,9 +376,14 @@ fn start(
         stdin: OwnedFd::from(null),
         stdout: OwnedFd::from(log),
         listener,
+        tap_handoff,
         _lower_tree: lower_tree,
     };
     let started = child::start(&plan)?;
+    // PID 1 has exec'd the agent: the tap it handed over, if any, is waiting.
+    if let Some(ours) = &tap_ours {
+        crate::tap_handoff::receive(ours, dir);
+    }
     // The layers' trees stay open until the child has attached them.
     drop(layer_trees);
     drop(mount_trees);

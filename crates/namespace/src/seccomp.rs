@@ -100,6 +100,17 @@ fn syscall(nr: libc::c_long) -> ScmpSyscall {
     ScmpSyscall::from(nr as i32)
 }
 
+/// [`program`], built once per process and copied for each launch: the filter never changes,
+/// and libseccomp compiled and exported it at every launch.
+pub fn shared_program() -> Result<Vec<sock_filter>, Error> {
+    static PROGRAM: std::sync::OnceLock<Vec<sock_filter>> = std::sync::OnceLock::new();
+    if let Some(built) = PROGRAM.get() {
+        return Ok(built.clone());
+    }
+    let built = program()?;
+    Ok(PROGRAM.get_or_init(|| built).clone())
+}
+
 /// Builds the filter program.
 pub fn program() -> Result<Vec<sock_filter>, Error> {
     let mut filter = ScmpFilterContext::new(ScmpAction::Allow)?;

@@ -19,6 +19,8 @@ use crate::state::{ExitWatch, State};
 /// SIGTERM to PID 1, SIGKILL after `grace`; then the cgroups are removed. Stopping a sandbox
 /// that is not running only cleans up.
 pub fn stop(state_dir: &Path, grace: Duration) -> Result<(), Error> {
+    // A tap handed over at launch and never attached would keep the device alive.
+    drop(crate::tap_handoff::take(state_dir));
     let result = stop_processes(state_dir, grace);
     // The host's mount of the disk; the sandbox's own copy went with its mount namespace.
     if result.is_ok() {

@@ -138,7 +138,16 @@ fn broker_roots() -> Option<rustls::RootCertStore> {
 /// belongs to the sandbox's user namespace, which a multithreaded process may not join), so
 /// a child of `belljard` does and hands the tap back (`belljar_network::tap_attach`);
 /// `BELLJAR_TAP_VIA_CHILD=1` takes that path as root too, so that it is tested there.
+///
+/// A tap its PID 1 handed over at launch comes first (`belljar_namespace::tap_handoff`),
+/// unless `BELLJAR_TAP_VIA_CHILD=1` asks for the child's path.
 fn open_tap(state_dir: &Path) -> std::io::Result<std::os::fd::OwnedFd> {
+    let handed = belljar_namespace::tap_handoff::take(state_dir);
+    if let Some(tap) = handed
+        && !child_asked()
+    {
+        return Ok(tap);
+    }
     let running = belljar_namespace::adopt(state_dir)
         .map_err(std::io::Error::other)?
         .ok_or_else(|| std::io::Error::other("the sandbox is not running"))?;
@@ -163,8 +172,11 @@ fn open_tap(state_dir: &Path) -> std::io::Result<std::os::fd::OwnedFd> {
 
 /// Whether the tap is opened by an attaching child: always without root, or when asked.
 fn via_child() -> bool {
-    !nix::unistd::Uid::effective().is_root()
-        || std::env::var_os("BELLJAR_TAP_VIA_CHILD").is_some_and(|v| v == "1")
+    !nix::unistd::Uid::effective().is_root() || child_asked()
+}
+
+fn child_asked() -> bool {
+    std::env::var_os("BELLJAR_TAP_VIA_CHILD").is_some_and(|v| v == "1")
 }
 
 fn url(host_port: u16) -> String {
