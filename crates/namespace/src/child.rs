@@ -1,16 +1,16 @@
-//! Starting the sandbox's processes: everything between `fork` and the agent's `execve`.
+//! Starting the sandbox's processes: everything between the daemon's launch and the agent's
+//! `execve`.
 //!
-//! The daemon is multi-threaded, so the work after `fork` is prepared beforehand as a
-//! [`Plan`] of C strings, fds and a BPF program, and the forked processes only walk it with
-//! plain system calls. Two processes are involved:
+//! The processes involved share the daemon's memory (`clone(CLONE_VM | CLONE_VFORK)`, see
+//! `vfork`), so the work they do is prepared beforehand as a [`Plan`] of C strings, fds and a
+//! BPF program, and they only walk it with plain system calls. Two processes are involved:
 //!
-//! 1. the *starter*, forked from the daemon: starts a new session (so the sandbox never gets
-//!    the daemon's terminal signals), joins the sandbox's cgroups (v1 through `tasks`; v2 by
-//!    going on in a child that `clone3(CLONE_INTO_CGROUP)` starts there, see
-//!    `cgroup::join`), joins the prepared user
-//!    namespace, unshares mount/UTS/IPC/network/PID/cgroup namespaces (the cgroup namespace's
-//!    root is thus the sandbox's own group), forks the sandbox's PID 1, reports its host pid
-//!    and exits — so PID 1 is reparented to the host's init and outlives the daemon;
+//! 1. the *starter*: born in the sandbox's v2 group, starts a new session (so the sandbox
+//!    never gets the daemon's terminal signals), joins the sandbox's v1 groups through
+//!    `tasks` (see `cgroup::join`), joins the prepared user namespace, unshares
+//!    mount/UTS/IPC/network/PID/cgroup namespaces (the cgroup namespace's root is thus the
+//!    sandbox's own group), starts the sandbox's PID 1, reports its host pid and exits — so
+//!    PID 1 is reparented to the host's init and outlives the daemon;
 //! 2. *PID 1*: starts its own session, changes into `state_dir/fs` and opens the agent binary
 //!    while it still has the host's root identity (so it can pass directories only root may
 //!    search), becomes root of the user namespace, mounts the root (overlay on the idmapped
@@ -24,13 +24,16 @@ use std::os::fd::{AsRawFd, OwnedFd, RawFd};
 
 use libc::{c_char, c_ulong, c_void};
 
-use crate::cgroup::join::{CgroupV2, enter_v2_group, join_group};
+use crate::cgroup::join::{CgroupV2, join_group};
+use crate::vfork::{self, Stacks};
 
 /// Errors starting the sandbox's processes.
 #[derive(Debug, thiserror::Error)]
 pub enum Error {
-    #[error("Cannot fork the sandbox starter")]
+    #[error("Cannot start the sandbox starter")]
     Fork(#[source] nix::Error),
+    #[error("Cannot map the stacks of the sandbox's first processes")]
+    Stacks(#[source] std::io::Error),
     #[error("Cannot create a pipe")]
     Pipe(#[source] nix::Error),
     #[error("The sandbox failed to start: {0}")]
@@ -138,36 +141,71 @@ pub(crate) struct MountAttr {
     pub userns_fd: u64,
 }
 
-/// Forks the starter and waits until PID 1 has exec'd the agent (or failed).
+/// What the starter and PID 1 are handed: they run in the daemon's memory (see `vfork`), so
+/// this lives on the launching thread's stack, which waits for both.
+struct Context<'a> {
+    plan: &'a Plan,
+    stacks: &'a Stacks,
+    pid_fd: RawFd,
+    err_fd: RawFd,
+    /// Whether the starter was born in the sandbox's v2 group (else it joins it itself).
+    in_v2_group: std::cell::Cell<bool>,
+}
+
+/// Starts the starter and waits until PID 1 has exec'd the agent (or failed).
 pub(crate) fn start(plan: &Plan) -> Result<Started, Error> {
     use nix::fcntl::OFlag;
     use std::io::Read;
     let (pid_r, pid_w) = nix::unistd::pipe2(OFlag::O_CLOEXEC).map_err(Error::Pipe)?;
     let (err_r, err_w) = nix::unistd::pipe2(OFlag::O_CLOEXEC).map_err(Error::Pipe)?;
-    // SAFETY: the child runs `starter`, which only makes system calls on data prepared in
-    // `plan` (plus small formatting allocations on error paths, which glibc's fork-aware
-    // malloc allows) and never returns: it ends in `_exit` or `execve`.
-    match unsafe { nix::unistd::fork() }.map_err(Error::Fork)? {
-        nix::unistd::ForkResult::Child => {
-            drop(pid_r);
-            drop(err_r);
-            starter(plan, pid_w.as_raw_fd(), err_w.as_raw_fd())
+    let stacks = Stacks::new(2).map_err(Error::Stacks)?;
+    let ctx = Context {
+        plan,
+        stacks: &stacks,
+        pid_fd: pid_w.as_raw_fd(),
+        err_fd: err_w.as_raw_fd(),
+        in_v2_group: std::cell::Cell::new(true),
+    };
+    let arg = std::ptr::from_ref(&ctx).cast_mut().cast();
+    // SAFETY (both calls): `starter_entry` walks the plan with system calls and ends in
+    // `_exit`; `ctx`, the plan and the stacks outlive the call, which returns once the
+    // starter has exited (and PID 1 exec'd or died).
+    let born = plan.cgroup_v2.as_ref().and_then(|g| unsafe {
+        vfork::spawn_into(&stacks, 0, starter_entry, arg, g.dir.as_raw_fd())
+    });
+    let spawned = match born {
+        Some(result) => result,
+        None => {
+            ctx.in_v2_group.set(false);
+            unsafe { vfork::spawn(&stacks, 0, starter_entry, arg) }
         }
-        nix::unistd::ForkResult::Parent { child } => {
-            drop(pid_w);
-            drop(err_w);
-            let mut pid_text = String::new();
-            let _ = std::fs::File::from(pid_r).read_to_string(&mut pid_text);
-            let _ = nix::sys::wait::waitpid(child, None);
-            let mut err_text = String::new();
-            let _ = std::fs::File::from(err_r).read_to_string(&mut err_text);
-            if !err_text.is_empty() {
-                return Err(Error::Setup(err_text));
-            }
-            let pid = pid_text.trim().parse().map_err(|_| Error::NoPid)?;
-            Ok(Started { pid })
-        }
+    };
+    let child = spawned
+        .map_err(|e| Error::Fork(nix::Error::from_raw(e.raw_os_error().unwrap_or(libc::EIO))))?;
+    drop(pid_w);
+    drop(err_w);
+    let mut pid_text = String::new();
+    let _ = std::fs::File::from(pid_r).read_to_string(&mut pid_text);
+    let _ = nix::sys::wait::waitpid(nix::unistd::Pid::from_raw(child), None);
+    let mut err_text = String::new();
+    let _ = std::fs::File::from(err_r).read_to_string(&mut err_text);
+    if !err_text.is_empty() {
+        return Err(Error::Setup(err_text));
     }
+    let pid = pid_text.trim().parse().map_err(|_| Error::NoPid)?;
+    Ok(Started { pid })
+}
+
+extern "C" fn starter_entry(arg: *mut c_void) -> libc::c_int {
+    // SAFETY: `start` passed its `Context`, which outlives this child (it waits for it).
+    let ctx = unsafe { &*arg.cast::<Context<'_>>() };
+    starter(ctx)
+}
+
+extern "C" fn pid1_entry(arg: *mut c_void) -> libc::c_int {
+    // SAFETY: as in `starter_entry`: the starter waits for PID 1, `start` for the starter.
+    let ctx = unsafe { &*arg.cast::<Context<'_>>() };
+    pid1(ctx.plan, ctx.err_fd)
 }
 
 /// Writes `what: <errno text>` to the error pipe and exits.
@@ -187,7 +225,8 @@ pub(crate) fn check(ret: libc::c_int, err_fd: RawFd, what: &str) {
     }
 }
 
-fn starter(plan: &Plan, pid_fd: RawFd, err_fd: RawFd) -> ! {
+fn starter(ctx: &Context<'_>) -> ! {
+    let (plan, pid_fd, err_fd) = (ctx.plan, ctx.pid_fd, ctx.err_fd);
     // SAFETY (for every block in this function): plain system calls on fds and C strings
     // owned by `plan`, which outlives the calls; pointers passed are valid for the call.
     unsafe {
@@ -205,12 +244,17 @@ fn starter(plan: &Plan, pid_fd: RawFd, err_fd: RawFd) -> ! {
             libc::write(fd, b"-1000".as_ptr().cast::<c_void>(), 5);
             libc::close(fd);
         }
-        // This process has one thread (see `Groups::v1_task_files` for why that matters).
+        // This process is a thread group of its own (see `Groups::v1_task_files` for why
+        // that matters).
         for file in &plan.cgroup_tasks {
             join_group(file, err_fd);
         }
-        if let Some(v2) = &plan.cgroup_v2 {
-            enter_v2_group(v2, pid_fd, err_fd);
+        // Born in the v2 group by `clone3(CLONE_INTO_CGROUP)` where the kernel could; else
+        // joined here, the slow way (see `cgroup::join`).
+        if let Some(v2) = &plan.cgroup_v2
+            && !ctx.in_v2_group.get()
+        {
+            join_group(&v2.procs, err_fd);
         }
         check(
             libc::setns(plan.userns.as_raw_fd(), libc::CLONE_NEWUSER),
@@ -224,12 +268,12 @@ fn starter(plan: &Plan, pid_fd: RawFd, err_fd: RawFd) -> ! {
             | libc::CLONE_NEWPID
             | libc::CLONE_NEWCGROUP;
         check(libc::unshare(flags), err_fd, "unshare");
-        let pid = libc::fork();
-        check(pid, err_fd, "fork");
-        if pid == 0 {
-            libc::close(pid_fd);
-            pid1(plan, err_fd);
-        }
+        // Returns once PID 1 has exec'd the agent or died (its error is in the pipe).
+        let arg = std::ptr::from_ref(ctx).cast_mut().cast();
+        let pid = match vfork::spawn(ctx.stacks, 1, pid1_entry, arg) {
+            Ok(pid) => pid,
+            Err(_) => fail(err_fd, "start PID 1"),
+        };
         let text = format!("{pid}\n");
         libc::write(pid_fd, text.as_ptr().cast::<c_void>(), text.len());
         libc::_exit(0)
@@ -253,11 +297,16 @@ fn pid1(plan: &Plan, err_fd: RawFd) -> ! {
         // The host's /dev, before the pivot hides it; a tun descriptor belongs to the network
         // namespace it was opened in, which is already the sandbox's.
         let tun_fd = libc::open(c"/dev/net/tun".as_ptr(), libc::O_RDWR | libc::O_CLOEXEC);
+        // Raw system calls: glibc's wrappers would also change the credentials of the
+        // daemon's threads, whose memory this process shares (see `vfork`).
         if !plan.setgroups_denied {
-            check(libc::setgroups(0, std::ptr::null()), err_fd, "setgroups");
+            let ret = libc::syscall(libc::SYS_setgroups, 0, std::ptr::null::<libc::gid_t>());
+            check(ret as libc::c_int, err_fd, "setgroups");
         }
-        check(libc::setresgid(0, 0, 0), err_fd, "setresgid");
-        check(libc::setresuid(0, 0, 0), err_fd, "setresuid");
+        let ret = libc::syscall(libc::SYS_setresgid, 0, 0, 0);
+        check(ret as libc::c_int, err_fd, "setresgid");
+        let ret = libc::syscall(libc::SYS_setresuid, 0, 0, 0);
+        check(ret as libc::c_int, err_fd, "setresuid");
         for step in &plan.steps {
             run_step(step, agent_fd, err_fd);
         }

@@ -96,6 +96,7 @@ pub mod tap_handoff;
 mod teardown;
 pub mod testing;
 pub mod usertree;
+mod vfork;
 
 use std::path::PathBuf;
 
