@@ -76,7 +76,14 @@ fn bad_configs_fail_fast_with_status_2() {
         );
         let err = String::from_utf8(out.stderr).unwrap();
         assert_eq!(err.lines().count(), 1, "{err}");
-        assert!(t.elapsed() < Duration::from_secs(2));
+        // A bad config must end the VMM before any guest runs; what this bounds is a hang,
+        // not the speed of a process start on a loaded machine (which took over 2 s in a
+        // CI run with the workspace's other tests beside it).
+        assert!(
+            t.elapsed() < Duration::from_secs(60),
+            "{args:?}: {:?}",
+            t.elapsed()
+        );
     }
 }
 
