@@ -19,13 +19,9 @@ use std::path::{Path, PathBuf};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-use belljar_agent_proto::client::{AgentClient, body_from_bytes};
-use belljar_agent_proto::net::{
-    CA_ENV, MAX_CA_BUNDLE, NET_ENV, NetSetup, SANDBOX_CA_PATH, SYSTEM_CA_BUNDLE, bundle_with_ca,
-};
+use belljar_agent_proto::net::{NET_ENV, NetSetup};
 use belljar_api as api;
 use belljar_network::{Broker, Forward, Network};
-use futures::StreamExt;
 use serde::{Deserialize, Serialize};
 
 use super::{SandboxError, Sandboxes};
@@ -359,86 +355,6 @@ impl Sandboxes {
         lock(&self.inner.network.attached).get(id).cloned()
     }
 
-    /// The broker CA's certificate of a sandbox, as it trusts it; made from the key and kept
-    /// for a sandbox saved before the certificate was.
-    fn ca_cert_pem(&self, id: &str) -> Result<Option<String>, SandboxError> {
-        let mut saved = self.load_saved(id);
-        if let Some(cert) = &saved.ca_cert_pem {
-            return Ok(Some(cert.clone()));
-        }
-        let Some(key) = &saved.ca_key_pem else {
-            return Ok(None);
-        };
-        let cert = Broker::from_key_pem(key, None)
-            .map_err(|e| SandboxError::Io(std::io::Error::other(e)))?
-            .ca_pem()
-            .to_owned();
-        saved.ca_cert_pem = Some(cert.clone());
-        self.store_saved(id, &saved)?;
-        Ok(Some(cert))
-    }
-
-    /// The agent's environment entry with the broker CA, for a backend whose agent takes it
-    /// at its start (see [`CA_ENV`]): the namespace backend's.
-    pub(super) fn ca_agent_env(
-        &self,
-        id: &str,
-        backend: api::Backend,
-    ) -> Result<Option<(String, String)>, SandboxError> {
-        if backend != api::Backend::Namespace {
-            return Ok(None);
-        }
-        Ok(self.ca_cert_pem(id)?.map(|pem| (CA_ENV.to_owned(), pem)))
-    }
-
-    /// Makes the sandbox trust its broker CA: the system bundle and [`SANDBOX_CA_PATH`] (the
-    /// agent points `SSL_CERT_FILE`, `NODE_EXTRA_CA_CERTS` and `REQUESTS_CA_BUNDLE` at them).
-    /// A namespace sandbox's agent did this itself before it answered ([`Self::ca_agent_env`]);
-    /// a microVM's is written here, through the agent.
-    pub(super) async fn install_ca(
-        &self,
-        sandbox: &api::Sandbox,
-        agent: &AgentClient,
-    ) -> Result<(), SandboxError> {
-        if sandbox.backend == api::Backend::Namespace {
-            return Ok(());
-        }
-        let Some(pem) = self.ca_cert_pem(&sandbox.id)? else {
-            return Ok(());
-        };
-        if let Ok((_, mut stream)) = agent.read_file(SYSTEM_CA_BUNDLE).await {
-            let mut bundle = Vec::new();
-            while let Some(Ok(chunk)) = stream.next().await {
-                bundle.extend_from_slice(&chunk);
-                if bundle.len() > MAX_CA_BUNDLE {
-                    bundle.clear();
-                    break;
-                }
-            }
-            if !bundle.is_empty()
-                && let Some(with_ca) = bundle_with_ca(&bundle, &pem)
-            {
-                agent
-                    .write_file(
-                        SYSTEM_CA_BUNDLE,
-                        Some(0o644),
-                        Some("root"),
-                        body_from_bytes(with_ca),
-                    )
-                    .await?;
-            }
-        }
-        agent
-            .write_file(
-                SANDBOX_CA_PATH,
-                Some(0o644),
-                Some("root"),
-                body_from_bytes(pem),
-            )
-            .await?;
-        Ok(())
-    }
-
     /// The policy of a sandbox with its secrets (to carry into a fork).
     pub(super) fn network_policy_of(&self, id: &str) -> Option<api::NetworkPolicy> {
         Some(self.load_saved(id).policy)
@@ -623,6 +539,9 @@ fn bind(network: &Network, port: u16, host_port: u16) -> std::io::Result<Forward
 pub(super) fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
     m.lock().unwrap_or_else(|e| e.into_inner())
 }
+
+#[path = "network_ca.rs"]
+mod ca;
 
 #[cfg(test)]
 mod tests {
