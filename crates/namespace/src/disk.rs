@@ -193,6 +193,15 @@ pub(crate) fn wait_released(image: &Path, timeout: Duration) -> Result<(), Error
     Ok(())
 }
 
+/// The size of the sandbox's disk in `state_dir` (its image file's length, the size it was
+/// made with), or `None` when it has none (a rootless sandbox's writes have no disk).
+pub(crate) fn size(state_dir: &Path) -> Option<u64> {
+    fs::symlink_metadata(state_dir.join(DISK_FILE))
+        .ok()
+        .filter(|m| m.is_file())
+        .map(|m| m.len())
+}
+
 /// Whether `dir` is a mount point in this mount namespace (a different device than its
 /// parent, or the same directory seen through a bind — neither applies to a plain directory).
 pub(crate) fn is_mount_point(dir: &Path) -> bool {

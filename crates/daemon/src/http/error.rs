@@ -113,6 +113,8 @@ fn sandbox_parts(e: &SandboxError) -> (StatusCode, ErrorCode, String) {
         SandboxError::InvalidPath(_) => ErrorCode::InvalidPath,
         SandboxError::NotADirectory(_) => ErrorCode::NotADirectory,
         SandboxError::PathNotFound(_) => ErrorCode::NotFound,
+        SandboxError::PermissionDenied(_) => ErrorCode::PermissionDenied,
+        SandboxError::SnapshotTooLarge(_) => ErrorCode::InsufficientResources,
         // The reason a sandbox could not start is the user's business; it holds no secret.
         SandboxError::Backend(b) => {
             let code = ErrorCode::Internal;

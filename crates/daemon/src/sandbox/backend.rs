@@ -64,6 +64,22 @@ pub enum BackendError {
     Mount(belljar_namespace::live_mounts::LiveError),
 }
 
+impl BackendError {
+    /// Whether a capture stopped at the sandbox's disk size
+    /// ([`belljar_namespace::layer::Error::TooLarge`]).
+    pub fn is_too_large(&self) -> bool {
+        use belljar_namespace::layer::{DirError, Error};
+        matches!(
+            self,
+            BackendError::Capture(Error::TooLarge { .. })
+                | BackendError::Directory(DirError::Capture(Error::TooLarge { .. }))
+                | BackendError::MicrovmCapture(super::microvm_layers::Error::Layer(
+                    Error::TooLarge { .. }
+                ))
+        )
+    }
+}
+
 /// A snapshot layer a backend captured.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct CapturedLayer {

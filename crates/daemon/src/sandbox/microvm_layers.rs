@@ -153,8 +153,8 @@ fn run(cmd: &mut Command, ok: impl Fn(i32) -> bool) -> Result<(), Error> {
     }
 }
 
-fn capture_upper(upper: &Path, layers_dir: &Path) -> Result<CapturedLayer, Error> {
-    let c = belljar_namespace::layer::capture_upper(upper, layers_dir)?;
+fn capture_upper(upper: &Path, layers_dir: &Path, limit: u64) -> Result<CapturedLayer, Error> {
+    let c = belljar_namespace::layer::capture_upper(upper, layers_dir, Some(limit))?;
     Ok(CapturedLayer {
         digest: c.digest,
         size_bytes: c.size_bytes,
@@ -165,6 +165,8 @@ fn capture_upper(upper: &Path, layers_dir: &Path) -> Result<CapturedLayer, Error
 /// a capture that must see the disk unchanging. Deleted when dropped.
 pub struct DiskCopy {
     dir: tempfile::TempDir,
+    /// The guest's disk size: no capture of it holds more file data than that.
+    disk_bytes: u64,
 }
 
 impl DiskCopy {
@@ -181,9 +183,10 @@ impl DiskCopy {
 
     fn copy(state_dir: &Path) -> Result<Self, Error> {
         let disk = state_dir.join("layer.ext4");
-        if !disk.is_file() {
-            return Err(Error::NoLayerDisk);
-        }
+        let disk_bytes = match std::fs::symlink_metadata(&disk) {
+            Ok(m) if m.is_file() => m.len(),
+            _ => return Err(Error::NoLayerDisk),
+        };
         let dir = tempfile::Builder::new()
             .prefix("capture-")
             .tempdir_in(state_dir)
@@ -195,13 +198,13 @@ impl DiskCopy {
                 .arg(dir.path().join("layer.ext4")),
             |c| c == 0,
         )?;
-        Ok(Self { dir })
+        Ok(Self { dir, disk_bytes })
     }
 
     /// Copies the disk's `upper` directory into `layers_dir/<digest>`.
     pub fn capture(self, layers_dir: &Path) -> Result<CapturedLayer, BackendError> {
         self.mount()
-            .and_then(|mnt| capture_upper(&mnt.path().join("upper"), layers_dir))
+            .and_then(|mnt| capture_upper(&mnt.path().join("upper"), layers_dir, self.disk_bytes))
             .map_err(BackendError::MicrovmCapture)
     }
 
@@ -221,7 +224,8 @@ impl DiskCopy {
                     .join("mounts")
                     .join(slot.to_string())
                     .join("upper");
-                capture_upper(&upper, layers_dir).map_err(BackendError::MicrovmCapture)
+                capture_upper(&upper, layers_dir, self.disk_bytes)
+                    .map_err(BackendError::MicrovmCapture)
             })
             .collect()
     }
@@ -471,7 +475,9 @@ pub(super) fn make_disk(layer: &Path, disk: &Path) -> Result<(), Error> {
     }
 }
 
-/// Bytes a tree's files take in 4 KiB blocks, and how many entries it has.
+/// Bytes a tree's files take in 4 KiB blocks, and how many entries it has. A file counts what
+/// it stores, not its apparent size: layers keep holes as holes, and so does `mkfs.ext4 -d`,
+/// so a sparse file of any size needs a disk for its data only.
 fn tree_size(root: &Path) -> std::io::Result<(u64, u64)> {
     use std::os::unix::fs::MetadataExt;
     let (mut bytes, mut entries) = (0u64, 0u64);
@@ -481,7 +487,8 @@ fn tree_size(root: &Path) -> std::io::Result<(u64, u64)> {
             let entry = entry?;
             let meta = entry.metadata()?;
             entries += 1;
-            bytes += meta.size().next_multiple_of(4096) + 4096;
+            let stored = meta.size().min(meta.blocks() * 512);
+            bytes += stored.next_multiple_of(4096) + 4096;
             if meta.is_dir() {
                 stack.push(entry.path());
             }

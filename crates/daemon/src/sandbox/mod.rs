@@ -87,7 +87,7 @@ pub enum SandboxError {
     Image(#[from] ImageError),
     /// The backend failed or cannot run here.
     #[error(transparent)]
-    Backend(#[from] BackendError),
+    Backend(BackendError),
     /// The agent answered with an error, or could not be reached.
     #[error("{0}")]
     Agent(#[from] ClientError),
@@ -112,6 +112,14 @@ pub enum SandboxError {
     /// Nothing at a path the request names.
     #[error("{0}")]
     PathNotFound(String),
+    /// The sandbox itself may not read what the request names (a directory snapshot reads
+    /// with the sandbox's rights, never the daemon's).
+    #[error("{0}")]
+    PermissionDenied(String),
+    /// A snapshot would hold more file data than the sandbox's disk: no sandbox's own writes
+    /// can, so the layer is not made (the host's disk is not the sandbox's to fill).
+    #[error("{0}")]
+    SnapshotTooLarge(String),
     /// The store failed.
     #[error(transparent)]
     Store(#[from] StoreError),
@@ -440,6 +448,18 @@ async fn connect(addr: &AgentAddress) -> Result<AgentClient, ClientError> {
         AgentAddress::Unix(path) => AgentClient::connect_unix(path).await,
         AgentAddress::HybridVsock { socket, port } => {
             AgentClient::connect_hybrid_vsock(socket, *port).await
+        }
+    }
+}
+
+impl From<BackendError> for SandboxError {
+    /// A capture that would outgrow the sandbox's disk is the sandbox's doing, with a code of
+    /// its own; every other backend failure stays one.
+    fn from(e: BackendError) -> Self {
+        if e.is_too_large() {
+            SandboxError::SnapshotTooLarge(e.to_string())
+        } else {
+            SandboxError::Backend(e)
         }
     }
 }

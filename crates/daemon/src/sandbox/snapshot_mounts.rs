@@ -194,6 +194,12 @@ fn dir_error(e: BackendError, path: &str) -> SandboxError {
         BackendError::Directory(DirError::NotADirectory(_)) => {
             SandboxError::NotADirectory(format!("path: {path} is not a directory"))
         }
+        BackendError::Directory(e @ DirError::Pseudo(_)) => {
+            SandboxError::InvalidPath(format!("path: {e}; a snapshot holds files"))
+        }
+        BackendError::Directory(e @ DirError::Unreadable(_)) => {
+            SandboxError::PermissionDenied(format!("path: {e}"))
+        }
         e => e.into(),
     }
 }

@@ -14,7 +14,8 @@ use std::os::fd::AsRawFd;
 use std::os::fd::{FromRawFd, OwnedFd};
 use std::path::{Component, Path, PathBuf};
 
-use super::{Captured, Shift, capture_tree};
+use super::guest_view::{self, GuestView};
+use super::{Captured, Shift, capture_tree, capture_view};
 use crate::state::State;
 
 /// Why a directory cannot be captured.
@@ -23,6 +24,12 @@ pub enum DirError {
     /// Relative, `/`, or with `.`/`..` components.
     #[error("Path {0:?} must be absolute, not `/`, without `.` or `..`")]
     Invalid(String),
+    /// `/proc`, `/sys`, `/dev` or below, or a directory on a pseudo-filesystem.
+    #[error("{0} is a pseudo-filesystem of the host's kernel, not files of the sandbox's")]
+    Pseudo(String),
+    /// The sandbox's own root could not read this directory or an entry below it.
+    #[error("The sandbox cannot read {0}")]
+    Unreadable(String),
     /// Nothing at the path in the sandbox.
     #[error("No such directory in the sandbox: {0}")]
     NotFound(String),
@@ -53,11 +60,18 @@ pub fn capture_dir(state_dir: &Path, path: &str, layers_dir: &Path) -> Result<Ca
     } else {
         Shift::Block(st.root_uid)
     };
+    // Rootless, the daemon reads as the user who is the sandbox's root already; as root it
+    // reads only what the sandbox's root could.
+    let view = match shift {
+        Shift::Block(base) => Some(GuestView::new(base)),
+        _ => None,
+    };
     capture_below(
         Path::new(&format!("/proc/{}/root", st.pid)),
         path,
         layers_dir,
         shift,
+        view,
     )
 }
 
@@ -68,7 +82,7 @@ pub fn capture_dir_of_tree(
     path: &str,
     layers_dir: &Path,
 ) -> Result<Captured, DirError> {
-    capture_below(root, path, layers_dir, Shift::Keep)
+    capture_below(root, path, layers_dir, Shift::Keep, None)
 }
 
 /// `path` resolved inside `root` (a link cannot lead out of it), copied with owners shifted.
@@ -77,8 +91,12 @@ fn capture_below(
     path: &str,
     layers_dir: &Path,
     shift: Shift,
+    view: Option<GuestView>,
 ) -> Result<Captured, DirError> {
     let rel = relative(path)?;
+    if guest_view::is_refused_path(path) {
+        return Err(DirError::Pseudo(path.to_owned()));
+    }
     let root = open(libc::AT_FDCWD, root, 0, libc::O_DIRECTORY)
         .map_err(|e| DirError::Open(e, "/".into()))?;
     let dir = open(
@@ -98,7 +116,23 @@ fn capture_below(
         return Err(DirError::NotADirectory(path.to_owned()));
     }
     let src = PathBuf::from(format!("/proc/self/fd/{}", dir.as_raw_fd()));
-    let captured = capture_tree(&src, layers_dir, shift)?;
+    // A link in the sandbox may lead to a pseudo-filesystem under another name.
+    if guest_view::is_pseudo(&src).map_err(|e| DirError::Open(e, path.to_owned()))? {
+        return Err(DirError::Pseudo(path.to_owned()));
+    }
+    let below = |rel: &Path| format!("{}/{}", path.trim_end_matches('/'), rel.display());
+    let captured = match view {
+        Some(view) => capture_view(&src, layers_dir, view, shift),
+        None => capture_tree(&src, layers_dir, shift, None),
+    }
+    .map_err(|e| match e {
+        super::Error::Unreadable(rel) if rel.as_os_str().is_empty() => {
+            DirError::Unreadable(path.to_owned())
+        }
+        super::Error::Unreadable(rel) => DirError::Unreadable(below(&rel)),
+        super::Error::Pseudo(rel) => DirError::Pseudo(below(&rel)),
+        e => DirError::Capture(e),
+    })?;
     drop(dir);
     Ok(captured)
 }

@@ -22,7 +22,7 @@
 use std::collections::HashMap;
 use std::ffi::{OsStr, OsString};
 use std::fs;
-use std::io::{self, Read, Write};
+use std::io;
 use std::os::unix::ffi::OsStrExt;
 use std::os::unix::fs::{DirBuilderExt, MetadataExt, OpenOptionsExt, PermissionsExt};
 use std::path::{Path, PathBuf};
@@ -34,7 +34,9 @@ use crate::{disk, mounts};
 
 pub mod diff;
 mod dir;
+pub mod guest_view;
 mod reuse;
+mod sparse;
 mod squash;
 mod trash;
 pub(crate) mod xattr;
@@ -70,6 +72,19 @@ pub enum Error {
         #[source]
         source: io::Error,
     },
+    /// The capture would write more file data than the sandbox's disk holds, which no
+    /// sandbox's own writes can (holes are not written): the layer is not made.
+    #[error(
+        "The snapshot would hold more than {limit} bytes of file data, the sandbox's disk size"
+    )]
+    TooLarge { limit: u64 },
+    /// A directory capture met an entry the sandbox's own root could not read (the path is
+    /// relative to the captured directory).
+    #[error("The sandbox cannot read {}", .0.display())]
+    Unreadable(PathBuf),
+    /// A directory capture met a pseudo-filesystem mounted below the captured directory.
+    #[error("{} is a pseudo-filesystem", .0.display())]
+    Pseudo(PathBuf),
 }
 
 /// A captured layer.
@@ -77,7 +92,8 @@ pub enum Error {
 pub struct Captured {
     /// Hex SHA-256 of the layer's canonical listing; also its directory name.
     pub digest: String,
-    /// Bytes of regular-file content in the layer (each hard-linked file once).
+    /// Bytes of regular-file data the layer stores (each hard-linked file once; holes and
+    /// blocks of zeros, which the layer keeps as holes, not counted).
     pub size_bytes: u64,
     /// The layer's directory: `layers_dir/<digest>`.
     pub path: PathBuf,
@@ -85,7 +101,8 @@ pub struct Captured {
 
 /// Copies the writable layer of the sandbox in `state_dir` into `layers_dir/<digest>` (which
 /// is kept as it is when another capture already made it). The sandbox must be frozen or
-/// stopped. A stopped sandbox's disk is mounted for the copy and unmounted after it.
+/// stopped. A stopped sandbox's disk is mounted for the copy and unmounted after it. A sandbox
+/// with a disk cannot make the copy write more file data than the disk's size.
 pub fn capture(state_dir: &Path, layers_dir: &Path) -> Result<Captured, Error> {
     capture_in(state_dir, "upper", layers_dir)
 }
@@ -104,11 +121,12 @@ fn capture_in(state_dir: &Path, upper: &str, layers_dir: &Path) -> Result<Captur
         Shift::Block(st.root_uid)
     };
     let fs_dir = state_dir.join("fs");
-    let mounted_here = state_dir.join(disk::DISK_FILE).exists() && !disk::is_mount_point(&fs_dir);
+    let disk_bytes = disk::size(state_dir);
+    let mounted_here = disk_bytes.is_some() && !disk::is_mount_point(&fs_dir);
     if mounted_here {
         disk::mount(state_dir, &fs_dir, disk::MIN_DISK_BYTES)?;
     }
-    let result = capture_tree_with(&fs_dir.join(upper), layers_dir, shift, true);
+    let result = capture_tree_with(&fs_dir.join(upper), layers_dir, shift, disk_bytes, true);
     if mounted_here {
         disk::unmount(&fs_dir);
     }
@@ -119,9 +137,14 @@ fn capture_in(state_dir: &Path, upper: &str, layers_dir: &Path) -> Result<Captur
 /// layer, read from its disk on the host) into `layers_dir/<digest>`. Owners stay as they
 /// are: the guest's ids are the sandbox's. The guest's overlay marks (`trusted.overlay.*`,
 /// as root's overlay in the guest writes them) become the `user.overlay.*` marks every layer
-/// carries, so the layer is the same whichever backend made it.
-pub fn capture_upper(upper: &Path, layers_dir: &Path) -> Result<Captured, Error> {
-    capture_tree(upper, layers_dir, Shift::Keep)
+/// carries, so the layer is the same whichever backend made it. At most `limit` bytes of
+/// file data are written (the guest's disk size).
+pub fn capture_upper(
+    upper: &Path,
+    layers_dir: &Path,
+    limit: Option<u64>,
+) -> Result<Captured, Error> {
+    capture_tree_with(upper, layers_dir, Shift::Keep, limit, false)
 }
 
 /// How host owners in the writable layer become the layer's stored owners.
@@ -149,13 +172,26 @@ impl Shift {
     }
 }
 
-/// Copies the tree at `upper` into `layers_dir/<digest>` through a temporary directory.
+/// Copies the tree at `upper` into `layers_dir/<digest>` through a temporary directory,
+/// writing at most `limit` bytes of file data.
 pub(crate) fn capture_tree(
     upper: &Path,
     layers_dir: &Path,
     shift: Shift,
+    limit: Option<u64>,
 ) -> Result<Captured, Error> {
-    capture_tree_with(upper, layers_dir, shift, false)
+    capture_tree_with(upper, layers_dir, shift, limit, false)
+}
+
+/// [`capture_tree`] of a running sandbox's view, reading only what its root could
+/// ([`guest_view`]).
+pub(crate) fn capture_view(
+    root: &Path,
+    layers_dir: &Path,
+    view: guest_view::GuestView,
+    shift: Shift,
+) -> Result<Captured, Error> {
+    capture_tree_inner(root, layers_dir, shift, None, false, Some(view))
 }
 
 /// [`capture_tree`]; with `incremental`, the files unchanged since this process last captured
@@ -164,7 +200,19 @@ fn capture_tree_with(
     upper: &Path,
     layers_dir: &Path,
     shift: Shift,
+    limit: Option<u64>,
     incremental: bool,
+) -> Result<Captured, Error> {
+    capture_tree_inner(upper, layers_dir, shift, limit, incremental, None)
+}
+
+fn capture_tree_inner(
+    upper: &Path,
+    layers_dir: &Path,
+    shift: Shift,
+    limit: Option<u64>,
+    incremental: bool,
+    view: Option<guest_view::GuestView>,
 ) -> Result<Captured, Error> {
     let fail = |path: &Path| {
         let path = path.to_owned();
@@ -179,7 +227,8 @@ fn capture_tree_with(
             .map(|d| d.as_nanos())
             .unwrap_or_default()
     ));
-    let mut copier = Copier::new(shift);
+    let mut copier = Copier::new(shift, limit);
+    copier.view = view;
     if incremental {
         copier.previous = reuse::previous(upper);
         copier.taken = Some(reuse::Files::default());
@@ -230,6 +279,10 @@ struct Copier {
     /// Hard links: (dev, ino) of the source → the first copy's relative path.
     links: HashMap<(u64, u64), PathBuf>,
     buf: Vec<u8>,
+    /// What the copy may still write.
+    budget: sparse::Budget,
+    /// For a running sandbox's view: what its root may read.
+    view: Option<guest_view::GuestView>,
     /// The last capture of the same writable layer, whose unchanged files are linked.
     previous: Option<std::sync::Arc<reuse::Previous>>,
     /// The regular files taken, for the next capture of the same writable layer.
@@ -244,13 +297,15 @@ enum Work {
 }
 
 impl Copier {
-    fn new(shift: Shift) -> Self {
+    fn new(shift: Shift, limit: Option<u64>) -> Self {
         Self {
             shift,
             hasher: Sha256::new(),
             size: 0,
             links: HashMap::new(),
             buf: vec![0; 1 << 20],
+            budget: sparse::Budget::new(limit),
+            view: None,
             previous: None,
             taken: None,
         }
@@ -278,6 +333,16 @@ impl Copier {
                     let src = src_root.join(&rel);
                     let dst = dst_root.join(&rel);
                     let meta = fs::symlink_metadata(&src).map_err(fail(&src))?;
+                    if let Some(view) = &mut self.view {
+                        view.check(&src, &meta).map_err(|r| match r {
+                            guest_view::Refusal::Unreadable => Error::Unreadable(rel.clone()),
+                            guest_view::Refusal::Pseudo => Error::Pseudo(rel.clone()),
+                            guest_view::Refusal::Statfs(source) => Error::Copy {
+                                path: src.clone(),
+                                source,
+                            },
+                        })?;
+                    }
                     if meta.is_dir() {
                         if !rel.as_os_str().is_empty() {
                             fs::DirBuilder::new()
@@ -368,16 +433,16 @@ impl Copier {
                 .insert((meta.dev(), meta.ino()), rel.to_path_buf());
         }
         if ft.is_file() {
-            self.size += meta.len();
             let linked = self.previous.as_ref().and_then(|p| p.link(rel, meta, dst));
-            let content = match linked {
-                Some(content) => content,
+            let copied = match linked {
+                Some(copied) => copied,
                 None => self.copy_file(src, dst)?,
             };
+            self.size += copied.stored;
             if let Some(taken) = &mut self.taken {
-                taken.note(rel, meta, content);
+                taken.note(rel, meta, copied);
             }
-            self.record(rel, meta, b"file", &content);
+            self.record(rel, meta, b"file", &copied.content);
             if linked.is_some() {
                 // The linked inode is the earlier layer's, whose owner, mode, times and
                 // attributes are this file's already (its change time says none changed);
@@ -422,40 +487,46 @@ impl Copier {
         set_times(dst, meta).map_err(fail(dst))
     }
 
-    /// Copies a regular file's content; returns its SHA-256.
-    fn copy_file(&mut self, src: &Path, dst: &Path) -> Result<[u8; 32], Error> {
+    /// Copies a regular file's content, sparsely ([`sparse`]); returns its content hash.
+    fn copy_file(&mut self, src: &Path, dst: &Path) -> Result<sparse::Copied, Error> {
         let fail = |path: &Path| {
             let path = path.to_owned();
             move |source| Error::Copy { path, source }
         };
-        let mut input = fs::OpenOptions::new()
+        let input = fs::OpenOptions::new()
             .read(true)
             .custom_flags(libc::O_NOFOLLOW | libc::O_NONBLOCK)
             .open(src)
             .map_err(fail(src))?;
-        if !input.metadata().map_err(fail(src))?.is_file() {
+        let meta = input.metadata().map_err(fail(src))?;
+        if !meta.is_file() {
             return Err(Error::Copy {
                 path: src.to_owned(),
                 source: io::Error::other("changed while it was copied"),
             });
         }
-        let mut output = fs::OpenOptions::new()
+        let output = fs::OpenOptions::new()
             .write(true)
             .create_new(true)
             .mode(0o600)
             .custom_flags(libc::O_NOFOLLOW)
             .open(dst)
             .map_err(fail(dst))?;
-        let mut hash = Sha256::new();
-        loop {
-            let n = input.read(&mut self.buf).map_err(fail(src))?;
-            if n == 0 {
-                break;
+        sparse::copy(&input, &output, meta.len(), &mut self.buf, &mut self.budget).map_err(|e| {
+            match e {
+                sparse::CopyError::Read(source) => Error::Copy {
+                    path: src.to_owned(),
+                    source,
+                },
+                sparse::CopyError::Write(source) => Error::Copy {
+                    path: dst.to_owned(),
+                    source,
+                },
+                sparse::CopyError::OverBudget => Error::TooLarge {
+                    limit: self.budget.limit,
+                },
             }
-            hash.update(&self.buf[..n]);
-            output.write_all(&self.buf[..n]).map_err(fail(dst))?;
-        }
-        Ok(hash.finalize().into())
+        })
     }
 
     /// Copies extended attributes (to `dst`, if given) and lists them, except overlayfs's own

@@ -22,6 +22,8 @@ use std::os::unix::fs::MetadataExt;
 use std::path::{Path, PathBuf};
 use std::sync::{Arc, Mutex};
 
+use super::sparse::Copied;
+
 /// What tells an unchanged file from a changed one.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 struct Stamp {
@@ -46,7 +48,7 @@ impl Stamp {
 #[derive(Debug, Clone, Copy)]
 struct Taken {
     stamp: Stamp,
-    content: [u8; 32],
+    copied: Copied,
 }
 
 /// The regular files of one capture, by their path in the layer.
@@ -54,13 +56,13 @@ struct Taken {
 pub(crate) struct Files(HashMap<PathBuf, Taken>);
 
 impl Files {
-    /// Notes that the file at `rel`, as `meta` describes it, has `content` in this capture.
-    pub(crate) fn note(&mut self, rel: &Path, meta: &fs::Metadata, content: [u8; 32]) {
+    /// Notes that the file at `rel`, as `meta` describes it, was `copied` in this capture.
+    pub(crate) fn note(&mut self, rel: &Path, meta: &fs::Metadata, copied: Copied) {
         self.0.insert(
             rel.to_owned(),
             Taken {
                 stamp: Stamp::of(meta),
-                content,
+                copied,
             },
         );
     }
@@ -76,14 +78,14 @@ pub(crate) struct Previous {
 
 impl Previous {
     /// Hard-links the earlier capture's copy of `rel` to `dst` when the file did not change
-    /// since; returns its content hash. `None` when it must be copied.
-    pub(crate) fn link(&self, rel: &Path, meta: &fs::Metadata, dst: &Path) -> Option<[u8; 32]> {
+    /// since; returns its content hash and stored bytes. `None` when it must be copied.
+    pub(crate) fn link(&self, rel: &Path, meta: &fs::Metadata, dst: &Path) -> Option<Copied> {
         let taken = self.files.0.get(rel)?;
         if taken.stamp != Stamp::of(meta) {
             return None;
         }
         fs::hard_link(self.layer.join(rel), dst).ok()?;
-        Some(taken.content)
+        Some(taken.copied)
     }
 }
 

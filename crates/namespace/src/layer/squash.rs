@@ -43,7 +43,9 @@ pub fn squash(layers: &[PathBuf], work: &Path) -> Result<Captured, Error> {
         let meta = fs::symlink_metadata(top).map_err(fail(top))?;
         set_times(&staging, &meta).map_err(fail(&staging))?;
     }
-    let out = capture_tree(&staging, &work.join("out"), Shift::Keep);
+    // The layers are stored already, each within its sandbox's disk; their files are linked
+    // into staging and copied sparsely, so the merge writes no more than they hold.
+    let out = capture_tree(&staging, &work.join("out"), Shift::Keep, None);
     super::remove_tree(&staging);
     out
 }

@@ -49,7 +49,7 @@ fn a_capture_keeps_whiteouts_opaque_dirs_modes_owners_and_links() {
     // After the chown, which clears set-id bits.
     fs::set_permissions(upper.join("etc/file"), fs::Permissions::from_mode(0o4751)).unwrap();
     let layers = tmp.path().join("layers");
-    let first = capture_tree(&upper, &layers, Shift::Block(base)).unwrap();
+    let first = capture_tree(&upper, &layers, Shift::Block(base), None).unwrap();
     let l = &first.path;
     assert_eq!(first.size_bytes, 5);
     assert_eq!(fs::read(l.join("etc/hard")).unwrap(), b"hello");
@@ -79,7 +79,7 @@ fn a_capture_keeps_whiteouts_opaque_dirs_modes_owners_and_links() {
         fs::metadata(upper.join("etc")).unwrap().mtime()
     );
     // The same content again is the same layer, and no half copy is left behind.
-    let again = capture_tree(&upper, &layers, Shift::Block(base)).unwrap();
+    let again = capture_tree(&upper, &layers, Shift::Block(base), None).unwrap();
     assert_eq!(again, first);
     assert!(trash::wait_empty(std::time::Duration::from_secs(10)));
     let names: Vec<_> = fs::read_dir(&layers)
@@ -89,7 +89,7 @@ fn a_capture_keeps_whiteouts_opaque_dirs_modes_owners_and_links() {
     assert_eq!(names, vec![OsString::from(&first.digest)]);
     // One changed byte is another layer.
     fs::write(upper.join("etc/file"), b"hellO").unwrap();
-    let other = capture_tree(&upper, &layers, Shift::Block(base)).unwrap();
+    let other = capture_tree(&upper, &layers, Shift::Block(base), None).unwrap();
     assert_ne!(other.digest, first.digest);
 }
 
@@ -103,7 +103,7 @@ fn a_deep_tree_does_not_overflow_the_stack() {
     }
     // Past PATH_MAX paths cannot be made with plain calls; 1500 levels are 3000 bytes.
     fs::create_dir_all(&p).unwrap();
-    let c = capture_tree(&upper, &tmp.path().join("layers"), Shift::Keep).unwrap();
+    let c = capture_tree(&upper, &tmp.path().join("layers"), Shift::Keep, None).unwrap();
     assert!(c.path.join("d/d/d").is_dir());
 }
 
@@ -128,7 +128,7 @@ fn a_capture_after_another_copies_only_what_changed_since() {
     }
     fs::set_permissions(upper.join("d/suid"), fs::Permissions::from_mode(0o4755)).unwrap();
     let layers = tmp.path().join("layers");
-    let first = capture_tree_with(&upper, &layers, Shift::Block(base), true).unwrap();
+    let first = capture_tree_with(&upper, &layers, Shift::Block(base), None, true).unwrap();
 
     // The same bytes count, the modification time put back: only the change time tells.
     let rewritten = upper.join("d/rewritten");
@@ -139,7 +139,7 @@ fn a_capture_after_another_copies_only_what_changed_since() {
     xattr::set_times(&rewritten, &before).unwrap();
     fs::set_permissions(upper.join("d/chmodded"), fs::Permissions::from_mode(0o600)).unwrap();
     fs::write(upper.join("d/new"), b"new").unwrap();
-    let second = capture_tree_with(&upper, &layers, Shift::Block(base), true).unwrap();
+    let second = capture_tree_with(&upper, &layers, Shift::Block(base), None, true).unwrap();
 
     let ino = |layer: &Path, name: &str| fs::metadata(layer.join("d").join(name)).unwrap().ino();
     assert_eq!(ino(&second.path, "same"), ino(&first.path, "same"));
@@ -166,7 +166,7 @@ fn a_capture_after_another_copies_only_what_changed_since() {
     assert_eq!(first_mode & 0o7777, 0o644, "the earlier layer is untouched");
 
     // A full copy of the same tree names the same layer.
-    let full = capture_tree(&upper, &tmp.path().join("full"), Shift::Block(base)).unwrap();
+    let full = capture_tree(&upper, &tmp.path().join("full"), Shift::Block(base), None).unwrap();
     assert_eq!(
         (full.digest, full.size_bytes),
         (second.digest.clone(), second.size_bytes)
@@ -174,7 +174,7 @@ fn a_capture_after_another_copies_only_what_changed_since() {
     // With the earlier layer gone, the next capture copies everything again.
     remove_tree(&second.path);
     remove_tree(&first.path);
-    let third = capture_tree_with(&upper, &layers, Shift::Block(base), true).unwrap();
+    let third = capture_tree_with(&upper, &layers, Shift::Block(base), None, true).unwrap();
     assert_eq!(third.digest, second.digest);
     assert_eq!(
         fs::read(third.path.join("d/same")).unwrap(),
@@ -182,4 +182,50 @@ fn a_capture_after_another_copies_only_what_changed_since() {
     );
     reuse::forget(tmp.path());
     assert!(reuse::previous(&upper).is_none());
+}
+
+/// A 6 GiB file that holds 4 KiB of data is captured as 4 KiB (it once wrote 6 GiB to the
+/// host's disk), and a capture bounded by a disk size makes no layer past it, leaving nothing.
+#[test]
+fn a_sparse_file_is_captured_sparsely_and_a_capture_stops_at_the_disk_size() {
+    use std::os::unix::fs::FileExt;
+    let tmp = tempfile::tempdir().unwrap();
+    let upper = tmp.path().join("upper");
+    fs::create_dir_all(upper.join("workspace")).unwrap();
+    let sparse = fs::File::create(upper.join("workspace/sparse")).unwrap();
+    sparse.set_len(6 << 30).unwrap();
+    sparse.write_all_at(b"middle", 3 << 30).unwrap();
+    drop(sparse);
+    let layers = tmp.path().join("layers");
+    let c = capture_tree(&upper, &layers, Shift::Keep, Some(1 << 20)).unwrap();
+    assert_eq!(c.size_bytes, 4096, "the stored data, not the apparent size");
+    let copy = c.path.join("workspace/sparse");
+    let meta = fs::metadata(&copy).unwrap();
+    assert_eq!(meta.len(), 6 << 30);
+    assert!(
+        meta.blocks() * 512 <= 64 << 10,
+        "{} bytes on disk",
+        meta.blocks() * 512
+    );
+    let mut got = [0u8; 6];
+    fs::File::open(&copy)
+        .unwrap()
+        .read_exact_at(&mut got, 3 << 30)
+        .unwrap();
+    assert_eq!(&got, b"middle");
+
+    fs::write(upper.join("workspace/dense"), vec![1u8; 2 << 20]).unwrap();
+    let err = capture_tree(
+        &upper,
+        &tmp.path().join("bounded"),
+        Shift::Keep,
+        Some(1 << 20),
+    )
+    .unwrap_err();
+    assert!(
+        matches!(err, Error::TooLarge { limit } if limit == 1 << 20),
+        "{err}"
+    );
+    let left: Vec<_> = fs::read_dir(tmp.path().join("bounded")).unwrap().collect();
+    assert!(left.is_empty(), "a half-made layer was left: {left:?}");
 }
