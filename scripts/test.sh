@@ -30,6 +30,7 @@ if [ "$(command -v belljar)" != "$want" ]; then
   exit 1
 fi
 belljar --version
+step "docs: every command, flag, path and link they show exists (scripts/check-docs.py)"; scripts/check-docs.py
 
 step "cargo fmt --check"
 cargo fmt --all --check
