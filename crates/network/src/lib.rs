@@ -41,7 +41,7 @@ pub mod tap_attach;
 pub mod testing;
 pub mod vnet;
 
-pub use broker::{Broker, BrokerError, Transform};
+pub use broker::{Broker, BrokerError, Refusal, Transform};
 pub use config::NetConfig;
 pub use device::{FrameDevice, SeqpacketDevice, TapDevice};
 pub use dns::DnsUpstream;

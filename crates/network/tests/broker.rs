@@ -1,7 +1,8 @@
 //! Credential brokering end to end: the kernel guest speaks TLS to a domain whose policy entry
 //! sets a header; the daemon terminates it with the sandbox's CA, sets the header and talks TLS
 //! to the real server (certificate from a test CA, verified). The server sees the secret; the
-//! guest never does.
+//! guest never does, and a request naming another host than the brokered domain never reaches
+//! the server at all.
 
 mod common;
 
@@ -11,43 +12,17 @@ use std::sync::Arc;
 
 use belljar_network::config::GATEWAY_V4;
 use belljar_network::{Broker, DomainPattern, NetworkPolicy, Rules, Transform};
+use common::pki::*;
 use common::tapnet::*;
 use common::*;
-use rustls::pki_types::{CertificateDer, PrivateKeyDer, PrivatePkcs8KeyDer, ServerName};
+use rustls::pki_types::{CertificateDer, ServerName};
 
 const SECRET: &str = "Bearer s3cret-token";
 const HTTPS_PORT: u16 = 8443;
 
-fn provider() -> Arc<rustls::crypto::CryptoProvider> {
-    Arc::new(rustls::crypto::ring::default_provider())
-}
-
-/// A test CA and a server configuration for `name` signed by it.
-fn test_pki(name: &str) -> (CertificateDer<'static>, rustls::ServerConfig) {
-    let ca_key = rcgen::KeyPair::generate().unwrap();
-    let mut ca = rcgen::CertificateParams::new(Vec::<String>::new()).unwrap();
-    ca.is_ca = rcgen::IsCa::Ca(rcgen::BasicConstraints::Unconstrained);
-    ca.distinguished_name
-        .push(rcgen::DnType::CommonName, "test internet CA");
-    let ca = ca.self_signed(&ca_key).unwrap();
-    let key = rcgen::KeyPair::generate().unwrap();
-    let leaf = rcgen::CertificateParams::new(vec![name.to_string()])
-        .unwrap()
-        .signed_by(&key, &ca, &ca_key)
-        .unwrap();
-    let config = rustls::ServerConfig::builder_with_provider(provider())
-        .with_safe_default_protocol_versions()
-        .unwrap()
-        .with_no_client_auth()
-        .with_single_cert(
-            vec![leaf.der().clone()],
-            PrivateKeyDer::Pkcs8(PrivatePkcs8KeyDer::from(key.serialize_der())),
-        )
-        .unwrap();
-    (ca.der().clone(), config)
-}
-
-/// An HTTPS server answering each request with whether it carried the secret.
+/// An HTTPS server answering each request with what it saw: whether the secret came
+/// (`injected` or `missing`), how many `authorization` headers, the `host`, and the request's
+/// number on its connection.
 fn https_server(listener: TcpListener, config: Arc<rustls::ServerConfig>) {
     for conn in listener.incoming() {
         let Ok(tcp) = conn else { return };
@@ -55,8 +30,8 @@ fn https_server(listener: TcpListener, config: Arc<rustls::ServerConfig>) {
         std::thread::spawn(move || {
             let tls = rustls::ServerConnection::new(config).unwrap();
             let mut stream = BufReader::new(rustls::StreamOwned::new(tls, tcp));
-            loop {
-                let mut auth = None;
+            for n in 1.. {
+                let (mut auth, mut auths, mut host) = (None, 0, String::new());
                 let mut line = String::new();
                 loop {
                     line.clear();
@@ -68,13 +43,18 @@ fn https_server(listener: TcpListener, config: Arc<rustls::ServerConfig>) {
                     }
                     if let Some(v) = line.strip_prefix("authorization: ") {
                         auth = Some(v.trim_end().to_string());
+                        auths += 1;
+                    }
+                    if let Some(v) = line.strip_prefix("host: ") {
+                        host = v.trim_end().to_string();
                     }
                 }
-                let body = if auth.as_deref() == Some(SECRET) {
+                let secret = if auth.as_deref() == Some(SECRET) {
                     "injected"
                 } else {
                     "missing"
                 };
+                let body = format!("{secret} auth={auths} host={host} n={n}");
                 let reply = format!(
                     "HTTP/1.1 200 OK\r\ncontent-length: {}\r\n\r\n{body}",
                     body.len()
@@ -109,9 +89,12 @@ fn read_response(r: &mut impl BufRead) -> std::io::Result<(String, String)> {
     Ok((head, String::from_utf8(body).unwrap()))
 }
 
-/// Two requests from the guest to a brokered domain, the daemon trusting the test internet's
-/// CA or not.
-fn brokered_exchange(trust_server: bool) -> std::io::Result<Vec<(String, String)>> {
+/// The guest's requests, one connection, to a brokered domain, the daemon trusting the test
+/// internet's CA or not; the answers as (head, body).
+fn brokered_exchange(
+    trust_server: bool,
+    requests: Vec<String>,
+) -> std::io::Result<Vec<(String, String)>> {
     let name = "api.example.test";
     let (test_ca, server_config) = test_pki(name);
     let mut roots = rustls::RootCertStore::empty();
@@ -146,15 +129,8 @@ fn brokered_exchange(trust_server: bool) -> std::io::Result<Vec<(String, String)
             let mut buf = [0; 1500];
             let n = sock.recv(&mut buf).expect("DNS answer");
             let (_, addrs) = dns_answer(&buf[..n]);
-            let mut roots = rustls::RootCertStore::empty();
-            roots.add(sandbox_ca).unwrap();
-            let config = rustls::ClientConfig::builder_with_provider(provider())
-                .with_safe_default_protocol_versions()
-                .unwrap()
-                .with_root_certificates(roots)
-                .with_no_client_auth();
             let tls = rustls::ClientConnection::new(
-                Arc::new(config),
+                client_config(sandbox_ca),
                 ServerName::try_from(name).unwrap(),
             )
             .unwrap();
@@ -162,11 +138,7 @@ fn brokered_exchange(trust_server: bool) -> std::io::Result<Vec<(String, String)
             tcp.set_read_timeout(Some(IO_DEADLINE))?;
             let mut stream = BufReader::new(rustls::StreamOwned::new(tls, tcp));
             let mut seen = Vec::new();
-            // Two requests on one connection: each gets the header, over the guest's own.
-            for path in ["/a", "/b"] {
-                let req = format!(
-                    "GET {path} HTTP/1.1\r\nHost: {name}\r\nAuthorization: guest-guess\r\n\r\n"
-                );
+            for req in requests {
                 stream.get_mut().write_all(req.as_bytes())?;
                 seen.push(read_response(&mut stream)?);
             }
@@ -176,14 +148,72 @@ fn brokered_exchange(trust_server: bool) -> std::io::Result<Vec<(String, String)
         .expect("guest client")
 }
 
+fn get(path: &str, extra: &str) -> String {
+    format!("GET {path} HTTP/1.1\r\n{extra}\r\n")
+}
+
 #[test]
 fn brokered_requests_carry_the_secret_the_guest_never_sees() {
-    let seen = brokered_exchange(true).expect("two answers");
+    // Two requests on one connection: each gets the header, in place of the guest's own.
+    let guessed = "Authorization: guest-guess\r\nAuthorization: Bearer other\r\n";
+    let seen = brokered_exchange(
+        true,
+        vec![
+            get("/a", &format!("Host: api.example.test\r\n{guessed}")),
+            get(
+                "/b",
+                &format!("Host: API.example.test:{HTTPS_PORT}\r\n{guessed}"),
+            ),
+        ],
+    )
+    .expect("two answers");
     assert_eq!(seen.len(), 2);
-    for (head, body) in &seen {
-        assert_eq!(body, "injected");
+    for (i, (head, body)) in seen.iter().enumerate() {
+        assert!(head.starts_with("HTTP/1.1 200"), "{head}");
+        assert!(body.starts_with("injected auth=1 host="), "{body}");
+        assert!(body.ends_with(&format!(" n={}", i + 1)), "{body}");
         assert!(!head.contains("s3cret"));
     }
+}
+
+#[test]
+fn a_request_naming_another_host_gets_no_secret_and_never_reaches_the_server() {
+    let refused = [
+        // A shared front end would route these to another tenant, secret attached.
+        get("/", "Host: other.example.test\r\n"),
+        get("/", &format!("Host: other.example.test:{HTTPS_PORT}\r\n")),
+        get("/", "Host: api.example.test:443\r\n"),
+        get("https://other.example.test/", "Host: api.example.test\r\n"),
+        get(
+            "/",
+            "Host: api.example.test\r\nHost: other.example.test\r\n",
+        ),
+        // TRACE would echo the secret back to the guest.
+        "TRACE / HTTP/1.1\r\nHost: api.example.test\r\n\r\n".to_string(),
+    ];
+    let mut requests = refused.to_vec();
+    // The same connection still serves a request for the brokered domain, with its port.
+    requests.push(get(
+        "/ok",
+        &format!("Host: api.example.test:{HTTPS_PORT}\r\n"),
+    ));
+    let seen = brokered_exchange(true, requests).expect("every request answered");
+    let codes: Vec<&str> = seen[..refused.len()]
+        .iter()
+        .map(|(head, _)| head.get(9..12).unwrap_or(head))
+        .collect();
+    assert_eq!(codes, ["421", "421", "421", "421", "400", "405"]);
+    for (head, body) in &seen[..refused.len()] {
+        assert!(!head.contains("s3cret") && !body.contains("s3cret"));
+        assert!(body.starts_with("{\"error\":{\"code\":\"broker_"), "{body}");
+    }
+    assert!(seen[0].1.contains("brokered for api.example.test"));
+    assert!(seen[5].0.to_ascii_lowercase().contains("allow: "));
+    // The first request the server ever saw on this connection is the last one sent.
+    assert_eq!(
+        seen[refused.len()].1,
+        format!("injected auth=1 host=api.example.test:{HTTPS_PORT} n=1")
+    );
 }
 
 /// The DER of the one certificate in `pem`.
@@ -195,5 +225,5 @@ fn rustls_pemfile_der(pem: &str) -> CertificateDer<'static> {
 #[test]
 fn a_brokered_server_with_an_untrusted_certificate_gets_nothing() {
     // The daemon verifies the real server: no secret goes to one it cannot authenticate.
-    assert!(brokered_exchange(false).is_err());
+    assert!(brokered_exchange(false, vec![get("/", "Host: api.example.test\r\n")]).is_err());
 }

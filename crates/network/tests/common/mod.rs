@@ -7,6 +7,7 @@
 #![allow(dead_code)]
 
 pub mod guest;
+pub mod pki;
 pub mod tapnet;
 
 use std::collections::HashMap;
