@@ -56,16 +56,24 @@ mod tests {
         assert_eq!(dst.port(), 53);
         let q = Dns::parse(&frame[payload]).expect("a DNS question");
         assert_eq!(q.name, "pypi.example.test");
-        assert!(matches!(
-            sniff(&seed("tls_client_hello")),
-            crate::sniff::Sniffed::Done(Some(n)) if n == "api.example.test"
-        ));
+        for hello in ["tls_client_hello", "tls_client_hello_split"] {
+            assert!(matches!(
+                sniff(&seed(hello)),
+                crate::sniff::Sniffed::Done(Some(n)) if n == "api.example.test"
+            ));
+        }
+        assert_eq!(
+            seed("tls_client_hello_split"),
+            crate::sniff::refragment(&seed("tls_client_hello"), 40),
+            "the split seed is the whole one in 40-byte records"
+        );
         for name in [
             "arp_gateway",
             "tcp_syn",
             "dns_query",
             "http_request",
             "tls_client_hello",
+            "tls_client_hello_split",
         ] {
             guest_bytes(&seed(name));
         }

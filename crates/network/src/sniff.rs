@@ -1,9 +1,27 @@
 //! Reads the name a connection is for from its first bytes: the server name (SNI) of a TLS
 //! ClientHello, or the `Host` header of a plain HTTP request. Domain allow-lists are matched
 //! on it. The bytes come from the sandbox, so every length is checked and nothing panics.
+//!
+//! TLS lets a client split its ClientHello over several handshake records (some do, to dodge
+//! middleboxes, and large post-quantum key shares can outgrow one record's 16 KiB), so the
+//! records are joined before the hello is read. Anything that a real first flight cannot be
+//! (another record type before the hello is whole, an empty or oversized record, a hello
+//! beyond [`MAX_CLIENT_HELLO`]) carries no name, and a flow without a name gets no domain rule.
 
-/// The most bytes held back from the server while looking for a name.
-pub const SNIFF_LIMIT: usize = 16 * 1024;
+/// The largest ClientHello (handshake header included) that is reassembled and read.
+pub const MAX_CLIENT_HELLO: usize = 64 * 1024;
+
+/// The most bytes held back from the server while looking for a name: a ClientHello of
+/// [`MAX_CLIENT_HELLO`] with room for the headers of the records it came in. (A hello cut
+/// into tiny records, 5 bytes of header each, meets this limit first and carries no name.)
+pub const SNIFF_LIMIT: usize = MAX_CLIENT_HELLO + 16 * 1024;
+
+/// The largest plaintext record TLS allows (2^14 bytes).
+const MAX_RECORD: usize = 16 * 1024;
+/// TLS record content type `handshake`.
+const HANDSHAKE: u8 = 0x16;
+/// TLS handshake message type `client_hello`.
+const CLIENT_HELLO: u8 = 1;
 
 /// What the first bytes of a connection tell.
 #[derive(Debug, PartialEq, Eq)]
@@ -19,7 +37,7 @@ pub fn sniff(buf: &[u8]) -> Sniffed {
     if buf.is_empty() {
         return Sniffed::NeedMore;
     }
-    let result = if buf[0] == 0x16 {
+    let result = if buf[0] == HANDSHAKE {
         tls_sni(buf)
     } else if buf[0].is_ascii_uppercase() {
         http_host(buf)
@@ -54,24 +72,94 @@ impl<'a> Reader<'a> {
 }
 
 fn tls_sni(buf: &[u8]) -> Sniffed {
-    if buf.len() < 5 {
-        return Sniffed::NeedMore;
+    match first_handshake_message(buf) {
+        Ok(hello) => Sniffed::Done(client_hello_sni(&hello)),
+        Err(Unjoined::NeedMore) => Sniffed::NeedMore,
+        Err(Unjoined::Refused) => Sniffed::Done(None),
     }
-    let record_len = usize::from(u16::from_be_bytes([buf[3], buf[4]]));
-    let Some(record) = buf.get(5..5 + record_len) else {
-        return Sniffed::NeedMore;
-    };
-    Sniffed::Done(client_hello_sni(record))
 }
 
-fn client_hello_sni(record: &[u8]) -> Option<String> {
-    let mut r = Reader(record);
-    if r.u8()? != 1 {
-        return None; // not a ClientHello
+/// Why the records in a buffer do not (yet) give a ClientHello.
+enum Unjoined {
+    NeedMore,
+    /// Not a first flight a client would send.
+    Refused,
+}
+
+/// Joins the fragments of the first handshake message from the leading handshake records of
+/// `buf` and returns that message, header included, once it is whole. It must be a
+/// ClientHello of at most [`MAX_CLIENT_HELLO`]; each record must be a non-empty TLS handshake
+/// record of at most [`MAX_RECORD`] (TLS forbids empty handshake fragments and other record
+/// types between the fragments of one message). Bytes after the message are not looked at.
+fn first_handshake_message(buf: &[u8]) -> Result<Vec<u8>, Unjoined> {
+    let mut rest = buf;
+    let mut message = Vec::new();
+    loop {
+        if let Some(len) = hello_len(&message, &[])?
+            && message.len() >= len
+        {
+            message.truncate(len);
+            return Ok(message);
+        }
+        let Some(&content_type) = rest.first() else {
+            return Err(Unjoined::NeedMore);
+        };
+        if content_type != HANDSHAKE {
+            return Err(Unjoined::Refused);
+        }
+        // The record's major version is 3 in every TLS (and SSL 3.0).
+        if rest.get(1).is_some_and(|&major| major != 3) {
+            return Err(Unjoined::Refused);
+        }
+        let Some(header) = rest.get(..5) else {
+            return Err(Unjoined::NeedMore);
+        };
+        let len = usize::from(u16::from_be_bytes([header[3], header[4]]));
+        if len == 0 || len > MAX_RECORD {
+            return Err(Unjoined::Refused);
+        }
+        let Some(fragment) = rest.get(5..5 + len) else {
+            // Refuse a hello that is none, or too large, without waiting for its record.
+            hello_len(&message, &rest[5..])?;
+            return Err(Unjoined::NeedMore);
+        };
+        message.extend_from_slice(fragment);
+        rest = &rest[5 + len..];
+    }
+}
+
+/// The length (header included) of the handshake message that starts `joined` followed by
+/// `more`, once its 4-byte header is in; refused unless it is a ClientHello of at most
+/// [`MAX_CLIENT_HELLO`].
+fn hello_len(joined: &[u8], more: &[u8]) -> Result<Option<usize>, Unjoined> {
+    let mut header = [0; 4];
+    let mut have = 0;
+    for (slot, &b) in header.iter_mut().zip(joined.iter().chain(more)) {
+        *slot = b;
+        have += 1;
+    }
+    if have > 0 && header[0] != CLIENT_HELLO {
+        return Err(Unjoined::Refused);
+    }
+    if have < 4 {
+        return Ok(None);
+    }
+    let len =
+        4 + (usize::from(header[1]) << 16 | usize::from(header[2]) << 8 | usize::from(header[3]));
+    if len > MAX_CLIENT_HELLO {
+        return Err(Unjoined::Refused);
+    }
+    Ok(Some(len))
+}
+
+/// The SNI of `message`, a whole ClientHello handshake message.
+fn client_hello_sni(message: &[u8]) -> Option<String> {
+    let mut r = Reader(message);
+    if r.u8()? != usize::from(CLIENT_HELLO) {
+        return None;
     }
     let len = r.take(3)?;
     let len = usize::from(len[0]) << 16 | usize::from(len[1]) << 8 | usize::from(len[2]);
-    // A ClientHello split over several records is not followed: real clients fit one.
     let mut r = Reader(r.take(len)?);
     r.take(2 + 32)?; // version, random
     let n = r.u8()?;
@@ -180,6 +268,29 @@ pub fn client_hello(sni: &str) -> Vec<u8> {
     rec
 }
 
+/// `flight` with each TLS record cut into records of at most `size` payload bytes (at least
+/// one), as a client that fragments its handshake sends it. Bytes after the last whole record
+/// are kept as they are. Tests use it to split real ClientHellos.
+pub fn refragment(flight: &[u8], size: usize) -> Vec<u8> {
+    let size = size.clamp(1, MAX_RECORD);
+    let mut out = Vec::with_capacity(flight.len());
+    let mut rest = flight;
+    while let Some(header) = rest.get(..5) {
+        let len = usize::from(u16::from_be_bytes([header[3], header[4]]));
+        let Some(payload) = rest.get(5..5 + len) else {
+            break;
+        };
+        for piece in payload.chunks(size) {
+            out.extend_from_slice(&header[..3]);
+            out.extend_from_slice(&u16::try_from(piece.len()).unwrap_or(0).to_be_bytes());
+            out.extend_from_slice(piece);
+        }
+        rest = &rest[5 + len..];
+    }
+    out.extend_from_slice(rest);
+    out
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -191,6 +302,138 @@ mod tests {
         for cut in [1, 4, 5, hello.len() - 1] {
             assert_eq!(sniff(&hello[..cut]), Sniffed::NeedMore, "cut at {cut}");
         }
+    }
+
+    /// The first flight of a real TLS client (rustls: TLS 1.3 and 1.2, key shares, ALPN)
+    /// for `name`.
+    fn rustls_hello(name: &str) -> Vec<u8> {
+        let config = rustls::ClientConfig::builder_with_provider(std::sync::Arc::new(
+            rustls::crypto::ring::default_provider(),
+        ))
+        .with_safe_default_protocol_versions()
+        .unwrap()
+        .with_root_certificates(rustls::RootCertStore::empty())
+        .with_no_client_auth();
+        let mut client = rustls::ClientConnection::new(
+            std::sync::Arc::new(config),
+            name.to_string().try_into().unwrap(),
+        )
+        .unwrap();
+        let mut flight = Vec::new();
+        client.write_tls(&mut flight).unwrap();
+        flight
+    }
+
+    fn record(content_type: u8, payload: &[u8]) -> Vec<u8> {
+        let mut r = vec![content_type, 3, 1];
+        r.extend_from_slice(&u16::try_from(payload.len()).unwrap().to_be_bytes());
+        r.extend_from_slice(payload);
+        r
+    }
+
+    #[test]
+    fn a_client_hello_split_over_records_gives_the_same_name() {
+        let name = Sniffed::Done(Some("api.example.test".into()));
+        for hello in [
+            client_hello("api.example.test"),
+            rustls_hello("api.example.test"),
+        ] {
+            assert_eq!(sniff(&hello), name);
+            let half = (hello.len() - 5) / 2;
+            for size in [half, 40, 7, 1] {
+                let split = refragment(&hello, size);
+                assert!(split.len() > hello.len(), "{size}-byte records");
+                assert_eq!(sniff(&split), name, "{size}-byte records");
+                // Until the last fragment is in, the name is not known yet.
+                assert_eq!(sniff(&split[..split.len() - 1]), Sniffed::NeedMore);
+                let last = match (hello.len() - 5) % size {
+                    0 => size,
+                    r => r,
+                };
+                let before_last = split.len() - 5 - last;
+                assert_eq!(sniff(&split[..before_last]), Sniffed::NeedMore, "{size}");
+            }
+        }
+    }
+
+    #[test]
+    fn a_client_hello_of_the_largest_size_is_joined_and_a_larger_one_refused() {
+        // A hello padded (as the padding extension does) to the limit, in full records.
+        let padded = |total: usize| {
+            let mut hello = client_hello("api.example.test");
+            let pad = total - (hello.len() - 5) - 4;
+            let mut message = hello.split_off(5);
+            let ext_at = 4 + 2 + 32 + 1 + 4 + 2;
+            let exts_len = usize::from(u16::from_be_bytes([message[ext_at], message[ext_at + 1]]));
+            message[ext_at..ext_at + 2]
+                .copy_from_slice(&u16::try_from(exts_len + 4 + pad).unwrap().to_be_bytes());
+            message.extend_from_slice(&[0, 21]); // padding
+            message.extend_from_slice(&u16::try_from(pad).unwrap().to_be_bytes());
+            message.resize(message.len() + pad, 0);
+            let body = u32::try_from(message.len() - 4).unwrap().to_be_bytes();
+            message[1..4].copy_from_slice(&body[1..]);
+            let mut flight = Vec::new();
+            for piece in message.chunks(MAX_RECORD) {
+                flight.extend(record(HANDSHAKE, piece));
+            }
+            flight
+        };
+        let largest = padded(MAX_CLIENT_HELLO);
+        assert!(largest.len() <= SNIFF_LIMIT);
+        assert_eq!(
+            sniff(&largest),
+            Sniffed::Done(Some("api.example.test".into()))
+        );
+        let larger = padded(MAX_CLIENT_HELLO + 1);
+        // Refused as soon as its header is in, without waiting for the rest.
+        assert_eq!(sniff(&larger[..9]), Sniffed::Done(None));
+    }
+
+    #[test]
+    fn records_a_first_flight_cannot_hold_carry_no_name() {
+        let hello = client_hello("api.example.test");
+        let split = refragment(&hello, 10);
+        // Another record type between two fragments of the hello.
+        let mut interleaved = split[..15].to_vec();
+        interleaved.extend(record(0x14, &[1])); // change_cipher_spec
+        interleaved.extend_from_slice(&split[15..]);
+        assert_eq!(sniff(&interleaved), Sniffed::Done(None));
+        let mut interleaved = split[..15].to_vec();
+        interleaved.extend(record(0x17, b"early")); // application data
+        interleaved.extend_from_slice(&split[15..]);
+        assert_eq!(sniff(&interleaved), Sniffed::Done(None));
+        // An empty handshake record, and one longer than TLS allows.
+        let mut empty = split[..15].to_vec();
+        empty.extend(record(HANDSHAKE, &[]));
+        empty.extend_from_slice(&split[15..]);
+        assert_eq!(sniff(&empty), Sniffed::Done(None));
+        let mut oversized = hello.clone();
+        oversized[3..5].copy_from_slice(&u16::try_from(MAX_RECORD + 1).unwrap().to_be_bytes());
+        assert_eq!(sniff(&oversized[..5]), Sniffed::Done(None));
+        // Not TLS's record version, and a first handshake message that is not a hello.
+        let mut version = split.clone();
+        version[15 + 1] = 2;
+        assert_eq!(sniff(&version), Sniffed::Done(None));
+        let mut not_hello = split.clone();
+        not_hello[5] = 2; // server_hello
+        assert_eq!(sniff(&not_hello[..6]), Sniffed::Done(None));
+        // A hello whose inside lies about its lengths, split or not.
+        let mut lying = hello.clone();
+        lying[5 + 4 + 2 + 32] = 0xff; // a session id longer than the hello
+        assert_eq!(sniff(&lying), Sniffed::Done(None));
+        assert_eq!(sniff(&refragment(&lying, 3)), Sniffed::Done(None));
+        // Endless tiny records that never finish the hello stop at the limit.
+        let endless = refragment(&padded_prefix(), 1);
+        assert!(endless.len() >= SNIFF_LIMIT);
+        assert_eq!(sniff(&endless[..SNIFF_LIMIT]), Sniffed::Done(None));
+    }
+
+    /// The start of a hello announcing 60 KiB, far more than its 1-byte records reach
+    /// within [`SNIFF_LIMIT`].
+    fn padded_prefix() -> Vec<u8> {
+        let mut message = vec![CLIENT_HELLO, 0, 0xf0, 0];
+        message.resize(SNIFF_LIMIT / 6 + 1, 0);
+        record(HANDSHAKE, &message)
     }
 
     #[test]
