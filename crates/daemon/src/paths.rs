@@ -61,9 +61,14 @@ impl Paths {
         self.dirs.data.join("belljar.db")
     }
 
+    /// The directory that holds every sandbox's own ([`Self::sandbox_dir`]).
+    pub fn sandboxes_dir(&self) -> PathBuf {
+        self.dirs.data.join("sandboxes")
+    }
+
     /// The per-sandbox directory: backend state, command logs.
     pub fn sandbox_dir(&self, id: &str) -> PathBuf {
-        self.dirs.data.join("sandboxes").join(id)
+        self.sandboxes_dir().join(id)
     }
 
     /// The NDJSON log of one command.

@@ -199,7 +199,6 @@ impl Sandboxes {
                 return Err(e);
             }
         };
-        let state_dir = self.new_state_dir(&id, sandbox.backend);
         let layers = from.map(|f| f.layers).unwrap_or_default();
         let started = async {
             if let Some(c) = &claimed {
@@ -210,10 +209,9 @@ impl Sandboxes {
                 .boot(&mut sandbox, image.dir.clone(), agent, layers)
                 .await?;
             let t = Instant::now();
-            if !ca_kept && let Err(e) = self.install_ca(&sandbox, &agent).await {
-                tracing::warn!(sandbox = %id, error = %e, "cannot install the broker's CA");
+            if !ca_kept && self.install_ca(&sandbox, &agent).await? {
+                tracing::debug!(sandbox = %id, took = ?t.elapsed(), "installed the broker's CA");
             }
-            tracing::debug!(sandbox = %id, took = ?t.elapsed(), "installed the broker's CA");
             if let Some(source) = sandbox.source.clone() {
                 super::source::install(&agent, &source, &sandbox.env).await?;
             }
@@ -222,11 +220,7 @@ impl Sandboxes {
         .await;
         if let Err(e) = started {
             tracing::warn!(sandbox = %id, error = %e, "sandbox failed to start");
-            let dir = state_dir.clone();
-            let grace = self.inner.settings.stop_grace;
-            let _ = self
-                .blocking_backend(&sandbox, move |b| b.stop(&dir, grace))
-                .await;
+            self.stop_failed_start(&sandbox).await;
             self.forget_agent(&id);
             self.detach_network(&id);
             sandbox.status = SandboxStatus::Failed;
@@ -456,6 +450,21 @@ impl Sandboxes {
         s.expires_at = s.expires_at.map(|e| e.saturating_add(req.duration_ms));
         self.save(&s)?;
         Ok(s)
+    }
+
+    /// Stops what a start that failed left running. The start's own error is the one the
+    /// caller reports; a stop that fails too is logged, since its processes or cgroups may
+    /// be left behind.
+    pub(super) async fn stop_failed_start(&self, s: &Sandbox) {
+        let dir = self.state_dir(&s.id);
+        let grace = self.inner.settings.stop_grace;
+        if let Err(e) = self.blocking_backend(s, move |b| b.stop(&dir, grace)).await {
+            tracing::error!(
+                sandbox = %s.id,
+                error = %crate::util::error_chain(&e),
+                "cannot stop a sandbox whose start failed"
+            );
+        }
     }
 }
 

@@ -96,10 +96,13 @@ impl Sandboxes {
                 .remove(&s.id);
             // The daemon's own stops end the process too; those are final by now (the stop
             // holds the sandbox's lock), and a deleted sandbox is gone.
-            if ended && matches!(this.get(&s.id), Ok(now) if !now.status.is_final()) {
-                let _ = this
+            if ended
+                && matches!(this.get(&s.id), Ok(now) if !now.status.is_final())
+                && let Err(e) = this
                     .settle_dead(&s.id, "the sandbox's processes ended unexpectedly")
-                    .await;
+                    .await
+            {
+                tracing::error!(sandbox = %s.id, error = %e, "cannot record that a sandbox ended");
             }
         });
     }
@@ -115,9 +118,12 @@ impl Sandboxes {
         let dir = self.state_dir(id);
         let grace = self.inner.settings.stop_grace;
         // Clears what the backend left behind (cgroups); the sandbox itself is gone.
-        let _ = self
+        if let Err(e) = self
             .blocking_backend(&s, move |b| b.stop(&dir, grace))
-            .await;
+            .await
+        {
+            tracing::warn!(sandbox = %id, error = %e, "cannot clear what an ended sandbox left");
+        }
         self.forget_agent(id);
         self.lose_running_commands(id, reason)?;
         s.status = SandboxStatus::Failed;

@@ -48,17 +48,19 @@ impl Sandboxes {
     /// Makes the sandbox trust its broker CA: the system bundle and [`SANDBOX_CA_PATH`] (the
     /// agent points `SSL_CERT_FILE`, `NODE_EXTRA_CA_CERTS` and `REQUESTS_CA_BUNDLE` at them).
     /// A namespace sandbox's agent did this itself before it answered ([`Self::ca_agent_env`]);
-    /// a microVM's is written here, through the agent.
+    /// a microVM's is written here, through the agent. Whether it wrote one: a sandbox that
+    /// has a CA but could not be made to trust it is an error, since its brokered connections
+    /// would fail as untrusted.
     pub(in crate::sandbox) async fn install_ca(
         &self,
         sandbox: &api::Sandbox,
         agent: &AgentClient,
-    ) -> Result<(), SandboxError> {
+    ) -> Result<bool, SandboxError> {
         if sandbox.backend == api::Backend::Namespace {
-            return Ok(());
+            return Ok(false);
         }
         let Some(pem) = self.ca_cert_pem(&sandbox.id)? else {
-            return Ok(());
+            return Ok(false);
         };
         if let Ok((_, mut stream)) = agent.read_file(SYSTEM_CA_BUNDLE).await {
             let mut bundle = Vec::new();
@@ -90,6 +92,6 @@ impl Sandboxes {
                 body_from_bytes(pem),
             )
             .await?;
-        Ok(())
+        Ok(true)
     }
 }

@@ -217,11 +217,7 @@ impl Sandboxes {
 
     async fn fail_start(&self, mut s: Sandbox, e: SandboxError) -> Result<Sandbox, SandboxError> {
         tracing::warn!(sandbox = %s.id, error = %e, "sandbox failed to start again");
-        let dir = self.state_dir(&s.id);
-        let grace = self.inner.settings.stop_grace;
-        let _ = self
-            .blocking_backend(&s, move |b| b.stop(&dir, grace))
-            .await;
+        self.stop_failed_start(&s).await;
         self.forget_agent(&s.id);
         s.status = SandboxStatus::Failed;
         s.status_reason = Some(match &e {

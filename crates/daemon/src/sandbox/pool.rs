@@ -18,7 +18,6 @@
 //!   store wins.
 
 use std::collections::{HashMap, VecDeque};
-use std::path::PathBuf;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
@@ -383,9 +382,7 @@ impl Sandboxes {
             let agent = self
                 .boot(&mut sandbox, image.dir.clone(), agent, Vec::new())
                 .await?;
-            if let Err(e) = self.install_ca(&sandbox, &agent).await {
-                tracing::warn!(sandbox = %id, error = %e, "cannot install the broker's CA");
-            }
+            self.install_ca(&sandbox, &agent).await?;
             // "ready" tells a reader of the data directory (tests, a curious user) that this
             // one waits for a claim; empty, it is still starting.
             std::fs::write(self.inner.paths.sandbox_dir(&id).join(MARKER), b"ready\n")?;
@@ -427,21 +424,10 @@ impl Sandboxes {
     /// At start: destroys the pooled sandboxes of an earlier daemon (never claimed, so not in
     /// the store). Runs before the pool fills.
     pub async fn discard_stale_pool(&self) -> Result<(), SandboxError> {
-        let root = self.inner.paths.sandbox_dir("x");
-        let root = root.parent().map(PathBuf::from).unwrap_or_default();
-        let Ok(entries) = std::fs::read_dir(&root) else {
-            return Ok(());
-        };
-        for entry in entries.flatten() {
-            let Some(id) = entry.file_name().to_str().map(str::to_owned) else {
-                continue;
-            };
-            if !entry.path().join(MARKER).exists() {
-                continue;
-            }
+        for (id, path) in self.marked_sandboxes(MARKER)? {
             if self.inner.store.sandbox(&id)?.is_some() {
                 // Claimed just before the end: the store wins, only the marker was left.
-                let _ = std::fs::remove_file(entry.path().join(MARKER));
+                super::teardown::remove_marker(&path.join(MARKER));
                 continue;
             }
             tracing::info!(sandbox = %id, "destroying a pooled sandbox of an earlier daemon");

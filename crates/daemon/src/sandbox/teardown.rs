@@ -229,34 +229,50 @@ impl Sandboxes {
         }
     }
 
+    /// The sandboxes whose directory holds `marker` (a half-done deletion, a pooled sandbox),
+    /// with their directories: the start-up scans' one walk. A data directory without
+    /// sandboxes has none; one that cannot be read is an error, not an empty scan.
+    pub(super) fn marked_sandboxes(
+        &self,
+        marker: &str,
+    ) -> Result<Vec<(String, std::path::PathBuf)>, SandboxError> {
+        let root = self.inner.paths.sandboxes_dir();
+        let entries = match std::fs::read_dir(&root) {
+            Ok(entries) => entries,
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(Vec::new()),
+            Err(e) => return Err(e.into()),
+        };
+        let mut marked = Vec::new();
+        for entry in entries {
+            let entry = entry?;
+            let Some(id) = entry.file_name().to_str().map(str::to_owned) else {
+                continue;
+            };
+            if entry.path().join(marker).exists() {
+                marked.push((id, entry.path()));
+            }
+        }
+        Ok(marked)
+    }
+
     /// At start, before anything else reads the sandbox directories: finishes the deletions
     /// a daemon that ended left half done. A marked directory the store still knows is a
     /// delete that never answered: the sandbox stays, only the marker goes.
     pub async fn finish_deletions(&self) -> Result<(), SandboxError> {
-        let root = self.inner.paths.sandbox_dir("x");
-        let root = root
-            .parent()
-            .map(std::path::PathBuf::from)
-            .unwrap_or_default();
-        let Ok(entries) = std::fs::read_dir(&root) else {
-            return Ok(());
-        };
-        for entry in entries.flatten() {
-            let Some(id) = entry.file_name().to_str().map(str::to_owned) else {
-                continue;
-            };
-            if !entry.path().join(DELETING).exists() {
-                continue;
-            }
+        for (id, path) in self.marked_sandboxes(DELETING)? {
             if self.inner.store.sandbox(&id)?.is_some() {
-                let _ = std::fs::remove_file(entry.path().join(DELETING));
+                remove_marker(&path.join(DELETING));
                 continue;
             }
             let dir = self.state_dir(&id);
             let Some(kind) = super::pool::backend_of_dir(&dir) else {
                 // No backend state (never launched, or already destroyed): only files.
-                let _ = tokio::fs::remove_dir_all(entry.path()).await;
-                let _ = self.release_layers(&id).await;
+                if let Err(e) = tokio::fs::remove_dir_all(&path).await {
+                    tracing::warn!(sandbox = %id, error = %e, "cannot delete a deleted sandbox's files");
+                }
+                if let Err(e) = self.release_layers(&id).await {
+                    tracing::warn!(sandbox = %id, error = %e, "cannot release a deleted sandbox's layers");
+                }
                 continue;
             };
             tracing::info!(sandbox = %id, "finishing the deletion of a sandbox");
@@ -275,6 +291,14 @@ impl Sandboxes {
         {
             tracing::warn!("teardowns still running at exit; the next start finishes them");
         }
+    }
+}
+
+/// Deletes a start-up scan's marker whose sandbox the store still holds; a marker that stays
+/// is only scanned again at the next start, so a failure is logged, not fatal.
+pub(super) fn remove_marker(marker: &std::path::Path) {
+    if let Err(e) = std::fs::remove_file(marker) {
+        tracing::warn!(marker = %marker.display(), error = %e, "cannot remove a marker");
     }
 }
 
