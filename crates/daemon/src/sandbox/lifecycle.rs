@@ -4,7 +4,7 @@ use std::time::{Duration, Instant};
 
 use belljar_api::{
     BackendChoice, CreateSandbox, ExtendSandbox, LimitsReport, ListSandboxesQuery, Sandbox,
-    SandboxLifecycle, SandboxList, SandboxStatus, UpdateSandbox,
+    SandboxLifecycle, SandboxList, SandboxStatus, UpdateSandbox, Validate,
 };
 
 use super::backend::{BackendError, LaunchSpec};
@@ -50,13 +50,11 @@ impl Sandboxes {
                 return self.get(&id);
             }
         }
+        // The API's bounds, for every caller (the HTTP layer checked them already; the
+        // compatibility layers, forks and the pool build their requests themselves).
+        req.validate().map_err(invalid)?;
         let s = &self.inner.settings;
         let timeout_ms = req.timeout_ms.unwrap_or(s.default_timeout_ms);
-        if timeout_ms <= 0 {
-            return Err(SandboxError::BadRequest(
-                "timeout_ms: must be positive".into(),
-            ));
-        }
         if timeout_ms > s.max_timeout_ms {
             return Err(SandboxError::BadRequest(format!(
                 "timeout_ms: exceeds the maximum of {} ms",
@@ -64,23 +62,8 @@ impl Sandboxes {
             )));
         }
         let vcpus = req.vcpus.unwrap_or(s.default_vcpus);
-        if vcpus == 0 || vcpus > 256 {
-            return Err(SandboxError::BadRequest("vcpus: must be 1..=256".into()));
-        }
         let memory_mib = req.memory_mib.unwrap_or(s.default_memory_mib);
-        if memory_mib < 64 {
-            return Err(SandboxError::BadRequest(
-                "memory_mib: must be at least 64".into(),
-            ));
-        }
         let disk_mib = req.disk_mib.unwrap_or(s.default_disk_mib);
-        if disk_mib < 64 {
-            return Err(SandboxError::BadRequest(
-                "disk_mib: must be at least 64".into(),
-            ));
-        }
-        validate_tags(req.tags.as_ref())?;
-        validate_env(req.env.as_ref())?;
         if let Some(source) = &req.source {
             super::source::validate(source)?;
         }
@@ -410,7 +393,7 @@ impl Sandboxes {
 
     /// Replaces tags and/or the name.
     pub async fn update(&self, id: &str, req: UpdateSandbox) -> Result<Sandbox, SandboxError> {
-        validate_tags(req.tags.as_ref())?;
+        req.validate().map_err(invalid)?;
         let lock = self.lock_for(id);
         let _guard = lock.lock().await;
         self.record(id)?;
@@ -468,28 +451,9 @@ impl Sandboxes {
     }
 }
 
-fn validate_tags(
-    tags: Option<&std::collections::BTreeMap<String, String>>,
-) -> Result<(), SandboxError> {
-    for k in tags.into_iter().flat_map(|t| t.keys()) {
-        if k.is_empty() || k.contains('=') {
-            return Err(SandboxError::BadRequest(format!(
-                "tags: key {k:?} must be non-empty and without '='"
-            )));
-        }
-    }
-    Ok(())
-}
-
-fn validate_env(
-    env: Option<&std::collections::BTreeMap<String, String>>,
-) -> Result<(), SandboxError> {
-    for k in env.into_iter().flat_map(|t| t.keys()) {
-        if k.is_empty() || k.contains('=') || k.contains('\0') {
-            return Err(SandboxError::BadRequest(format!("env: invalid name {k:?}")));
-        }
-    }
-    Ok(())
+/// A request out of the API's bounds, as the client's error naming the field.
+fn invalid(e: belljar_api::Invalid) -> SandboxError {
+    SandboxError::BadRequest(e.to_string())
 }
 
 /// The last lines a dead sandbox left, for the reason of a failed start: its console (or the
