@@ -6,6 +6,7 @@
 //! so nothing collides, and a snapshot restored anywhere keeps working.
 
 use std::net::{IpAddr, Ipv4Addr, Ipv6Addr};
+use std::time::Duration;
 
 /// The gateway's Ethernet address (locally administered, unicast).
 pub const GATEWAY_MAC: [u8; 6] = [0x02, 0x62, 0x6a, 0x00, 0x00, 0x01];
@@ -86,5 +87,49 @@ impl NetConfig {
     /// Whether `ip` is one of the gateway's addresses.
     pub fn is_gateway(&self, ip: IpAddr) -> bool {
         ip == IpAddr::V4(self.gateway_v4) || ip == IpAddr::V6(self.gateway_v6)
+    }
+}
+
+/// What a sandbox's flows may hold and for how long: the bounds a NAT keeps on what its
+/// clients leave behind. A guest that exits, crashes or just forgets its connections must
+/// not keep the daemon's descriptors (nor its flow slots, which would refuse its next
+/// connections); one that keeps a connection alive keeps it. [`Limits::default`] is for
+/// sandboxes; tests shorten the times.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Limits {
+    /// Open TCP connections one sandbox may have; more are refused (the daemon's memory and
+    /// descriptors are not the guest's to spend).
+    pub max_tcp_flows: usize,
+    /// An established connection that carries no byte either way for this long is cut (a
+    /// reset to both ends). Cloud NATs cut at 4 to 20 minutes; protocols that idle longer
+    /// send heartbeats of their own.
+    pub tcp_established_idle: Duration,
+    /// A connection one side has closed while the other keeps it open (the guest exited and
+    /// its kernel sent a FIN, or a server closed and the guest never did) that carries no
+    /// byte for this long is cut.
+    pub tcp_half_closed_idle: Duration,
+    /// A connection whose handshake with the guest has not completed in this long is dropped.
+    pub tcp_handshake: Duration,
+    /// After this long without a segment from the guest, the gateway probes it (a TCP
+    /// keep-alive): a guest that is gone answers with a reset, or not at all.
+    pub tcp_keepalive: Duration,
+    /// A guest that sends nothing for this long, not even an answer to the probes, is gone:
+    /// its connection is cut.
+    pub tcp_unanswered: Duration,
+    /// A UDP binding that carries nothing for this long is closed.
+    pub udp_idle: Duration,
+}
+
+impl Default for Limits {
+    fn default() -> Self {
+        Self {
+            max_tcp_flows: 1024,
+            tcp_established_idle: Duration::from_secs(30 * 60),
+            tcp_half_closed_idle: Duration::from_secs(120),
+            tcp_handshake: Duration::from_secs(30),
+            tcp_keepalive: Duration::from_secs(60),
+            tcp_unanswered: Duration::from_secs(130),
+            udp_idle: Duration::from_secs(60),
+        }
     }
 }

@@ -3,8 +3,12 @@
 
 mod common;
 
+use std::io::Read;
 use std::net::{IpAddr, Ipv4Addr, SocketAddr, TcpListener};
+use std::sync::mpsc;
+use std::time::{Duration, Instant};
 
+use belljar_network::config::Limits;
 use belljar_network::sniff::client_hello;
 use belljar_network::{
     DnsUpstream, DomainPattern, FlowRecord, FlowVerdict, Network, NetworkPolicy, Options, Protocol,
@@ -13,6 +17,7 @@ use belljar_network::{
 use common::guest::Guest;
 use common::*;
 use hickory_proto::op::ResponseCode;
+use smoltcp::socket::tcp::State;
 
 struct Setup {
     guest: Guest,
@@ -28,6 +33,10 @@ const GATEWAY_DNS: SocketAddr = SocketAddr::new(
 );
 
 fn setup(policy: NetworkPolicy, names: &[(&str, Ipv4Addr)]) -> Setup {
+    setup_with(policy, names, Limits::default())
+}
+
+fn setup_with(policy: NetworkPolicy, names: &[(&str, Ipv4Addr)], limits: Limits) -> Setup {
     let internet = Internet::new(names);
     let vmm = VmmSide::listen();
     let path = vmm.path().to_path_buf();
@@ -46,6 +55,7 @@ fn setup(policy: NetworkPolicy, names: &[(&str, Ipv4Addr)]) -> Setup {
                     Options {
                         policy,
                         dns: DnsUpstream::Servers(vec![v4(SERVER_IP, 53)]),
+                        limits,
                         ..Options::default()
                     },
                 )
@@ -302,4 +312,177 @@ fn the_daemon_side_reconnects_when_the_vmm_side_comes_back() {
     s.guest = Guest::new(s.vmm.accept());
     assert!(echo(&mut s, v4(SERVER_IP, ECHO_PORT), b"two"));
     assert!(!s.net.is_finished());
+}
+
+/// A server on the daemon's loopback that accepts every connection and never closes one: it
+/// reads until the client's end is gone and reports each end (EOF or reset) on the channel.
+fn holding_server(s: &Setup) -> (SocketAddr, mpsc::Receiver<()>) {
+    let listener = s
+        .internet
+        .daemon
+        .spawn(|| TcpListener::bind("127.0.0.1:0"))
+        .join()
+        .unwrap()
+        .unwrap();
+    let addr = listener.local_addr().unwrap();
+    let (tx, rx) = mpsc::channel();
+    std::thread::spawn(move || {
+        for conn in listener.incoming() {
+            let Ok(mut conn) = conn else { return };
+            let tx = tx.clone();
+            std::thread::spawn(move || {
+                let mut buf = [0; 4096];
+                while matches!(conn.read(&mut buf), Ok(n) if n > 0) {}
+                let _ = tx.send(());
+                // Held, never closed, as the server of the report does.
+                std::thread::park();
+                drop(conn);
+            });
+        }
+    });
+    (addr, rx)
+}
+
+fn loopback_allowed() -> NetworkPolicy {
+    rules(None, &["127.0.0.1/32"], &[])
+}
+
+#[test]
+fn flows_a_guest_abandons_are_freed_with_their_host_sockets() {
+    // Before, the daemon kept them until smoltcp's two-minute timeout at the earliest (the
+    // ones the guest's kernel had closed with a FIN, and the ones whose reset was lost), and
+    // every connection the sandbox tried meanwhile was refused: "too many open flows".
+    let limits = Limits {
+        max_tcp_flows: 32,
+        tcp_keepalive: Duration::from_secs(1),
+        tcp_unanswered: Duration::from_secs(3),
+        ..Limits::default()
+    };
+    let mut s = setup_with(loopback_allowed(), &[], limits);
+    let (server, ended) = holding_server(&s);
+    let (open, refused) = s.guest.connect_many(server, 40);
+    assert_eq!((open.len(), refused), (32, 8), "the flow limit holds");
+    let r = wait_flow(&mut s, "a refused flow", |r| {
+        r.rule == "too many open flows"
+    });
+    assert_eq!(r.verdict, FlowVerdict::Denied);
+    let daemon = &s.internet.daemon;
+    s.guest.run_until("the daemon's 32 host connections", |_| {
+        (held_sockets(daemon, server.port()) == 32).then_some(())
+    });
+
+    // The process exits: its kernel resets the connections with unread data and closes the
+    // others with a FIN, then forgets them all (later segments get a reset).
+    let (reset, closed) = open.split_at(16);
+    for &h in reset {
+        s.guest.tcp(h).abort();
+    }
+    for &h in closed {
+        s.guest.tcp(h).close();
+    }
+    s.guest.run_until("the FINs acknowledged", |g| {
+        closed
+            .iter()
+            .all(|&h| g.tcp(h).state() == State::FinWait2)
+            .then_some(())
+    });
+    for &h in &open {
+        s.guest.sockets.remove(h);
+    }
+
+    let mut gone = 0;
+    s.guest
+        .run_until("the server to see every connection end", |_| {
+            gone += ended.try_iter().count();
+            (gone == 32).then_some(())
+        });
+    s.guest.run_until("the daemon's host sockets closed", |_| {
+        (held_sockets(daemon, server.port()) == 0).then_some(())
+    });
+    let (h, ok) = s.guest.connect(server);
+    assert!(ok, "a new connection is not refused");
+    s.guest.tcp(h).abort();
+}
+
+#[test]
+fn idle_flows_are_cut_by_their_state_timeouts_while_live_ones_stay() {
+    // Before, smoltcp's timeout cut any connection the guest was quiet on for two minutes,
+    // busy or not, and nothing else bounded a half-closed one.
+    let limits = Limits {
+        tcp_keepalive: Duration::from_millis(500),
+        tcp_unanswered: Duration::from_secs(2),
+        tcp_half_closed_idle: Duration::from_secs(3),
+        tcp_established_idle: Duration::from_secs(6),
+        ..Limits::default()
+    };
+    let mut s = setup_with(
+        rules(None, &["127.0.0.1/32", "203.0.113.0/24"], &[]),
+        &[],
+        limits,
+    );
+    let (server, _ended) = holding_server(&s);
+    let start = Instant::now();
+    let (idle, ok) = s.guest.connect(server);
+    assert!(ok);
+    let (half, ok) = s.guest.connect(server);
+    assert!(ok);
+    let (busy, ok) = s.guest.connect(v4(SERVER_IP, ECHO_PORT));
+    assert!(ok);
+    // The guest closes its side of one; the server never closes its own.
+    s.guest.tcp(half).close();
+
+    let mut last_echo = Instant::now();
+    let mut ended = [None, None];
+    s.guest.run_until("both idle connections cut", |g| {
+        if last_echo.elapsed() > Duration::from_millis(200) {
+            last_echo = Instant::now();
+            let sock = g.tcp(busy);
+            assert_eq!(sock.state(), State::Established, "a busy connection stays");
+            let mut buf = [0; 16];
+            while sock.can_recv() {
+                sock.recv_slice(&mut buf).unwrap();
+            }
+            sock.send_slice(b"ping").unwrap();
+        }
+        for (i, h) in [idle, half].into_iter().enumerate() {
+            if ended[i].is_none() && g.tcp(h).state() == State::Closed {
+                ended[i] = Some(start.elapsed());
+            }
+        }
+        ended[0].zip(ended[1])
+    });
+    let (idle_at, half_at) = ended.map(Option::unwrap).into();
+    assert!(
+        half_at >= Duration::from_secs(3),
+        "the half-closed one lives its timeout: {half_at:?}"
+    );
+    assert!(
+        idle_at >= Duration::from_secs(6),
+        "the idle one outlives the probes' timeout, as the guest answers them: {idle_at:?}"
+    );
+    assert!(
+        half_at < idle_at,
+        "a half-closed connection's timeout is the shorter"
+    );
+    s.guest.send_all(busy, b"still");
+    let mut got = Vec::new();
+    s.guest.run_until("the busy one's echo", |g| {
+        let sock = g.tcp(busy);
+        let mut buf = [0; 4096];
+        while sock.can_recv() {
+            let n = sock.recv_slice(&mut buf).unwrap();
+            got.extend_from_slice(&buf[..n]);
+        }
+        assert_eq!(sock.state(), State::Established, "the busy one stays");
+        got.ends_with(b"still").then_some(())
+    });
+    eprintln!(
+        "cut at {idle_at:?} and {half_at:?}, echo at {:?}",
+        start.elapsed()
+    );
+    let daemon = &s.internet.daemon;
+    s.guest
+        .run_until("the cut connections' host sockets closed", |_| {
+            (held_sockets(daemon, server.port()) == 0).then_some(())
+        });
 }

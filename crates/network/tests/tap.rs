@@ -349,3 +349,66 @@ fn throughput() {
         total >> 20
     );
 }
+
+#[test]
+fn connections_a_guest_process_leaves_behind_are_freed() {
+    // A process opens more connections than the sandbox may hold to a server that never
+    // closes one, then exits: its kernel sends a FIN on each, keeps the orphans a while, then
+    // forgets them. Before, the daemon held every flow and host socket until smoltcp's
+    // two-minute timeout at the earliest, refusing the sandbox's new connections meanwhile.
+    use nix::poll::{PollFd, PollFlags, PollTimeout, poll};
+    use std::os::fd::AsFd;
+    let limits = belljar_network::config::Limits {
+        max_tcp_flows: 24,
+        tcp_keepalive: std::time::Duration::from_secs(1),
+        tcp_unanswered: std::time::Duration::from_secs(3),
+        tcp_half_closed_idle: std::time::Duration::from_secs(2),
+        ..Default::default()
+    };
+    let s = setup_limits(NetworkPolicy::AllowAll, limits);
+    let listener = s
+        .internet
+        .net
+        .spawn(|| TcpListener::bind((SERVER_IP, 0)))
+        .join()
+        .unwrap()
+        .unwrap();
+    let server = listener.local_addr().unwrap();
+    // Reports each connection the daemon resets, which it does as it closes the descriptor.
+    let (reset_tx, reset_rx) = std::sync::mpsc::channel();
+    std::thread::spawn(move || {
+        for conn in listener.incoming() {
+            let Ok(conn) = conn else { return };
+            let tx = reset_tx.clone();
+            std::thread::spawn(move || {
+                // No events asked for: only a hang-up or an error (a reset) ends the wait,
+                // not the FIN of a half-close.
+                let mut fds = [PollFd::new(conn.as_fd(), PollFlags::empty())];
+                let _ = poll(&mut fds, PollTimeout::NONE);
+                let _ = tx.send(());
+                std::thread::park();
+            });
+        }
+    });
+    let opened = s
+        .guest
+        .spawn(move || {
+            let conns: Vec<_> = (0..32)
+                .filter_map(|_| TcpStream::connect_timeout(&server, IO_DEADLINE).ok())
+                .collect();
+            conns.len() // dropped here, as the process exits
+        })
+        .join()
+        .unwrap();
+    assert_eq!(opened, 24, "the flow limit holds");
+    for i in 0..24 {
+        reset_rx
+            .recv_timeout(std::time::Duration::from_secs(20))
+            .unwrap_or_else(|_| panic!("connection {i} of 24 still held by the daemon"));
+    }
+    assert_eq!(held_sockets(&s.internet.daemon, server.port()), 0);
+    assert!(
+        kernel_echo(&s, SocketAddr::new(IpAddr::V4(SERVER_IP), 7), 100).unwrap(),
+        "a new connection is not refused"
+    );
+}

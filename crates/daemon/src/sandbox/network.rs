@@ -300,6 +300,7 @@ impl Sandboxes {
             dns: dns_upstream(),
             flow_capacity: super::network_flows::FLOWS_KEPT,
             broker: Some(Arc::new(broker)),
+            limits: belljar_network::config::Limits::default(),
         };
         let network = match sandbox.backend {
             api::Backend::Namespace => {

@@ -13,6 +13,7 @@ use tokio::net::TcpStream;
 use tokio::sync::{Notify, mpsc, oneshot};
 use tokio::task::AbortHandle;
 
+use crate::config::Limits;
 use crate::flows::{FlowRecord, FlowVerdict, Protocol, now_ms};
 use crate::policy::Verdict;
 
@@ -23,8 +24,8 @@ use super::host_read::HostRead;
 /// allocations, so an idle connection's pages are never touched. Towards the guest it holds
 /// what is in flight, unacknowledged: at 128 KiB that was two 64 KiB segments at MTU 65520,
 /// and the host's data waited for each acknowledgement.
-pub(super) const RECV_BUFFER: usize = 128 * 1024;
-pub(super) const SEND_BUFFER: usize = 512 * 1024;
+const RECV_BUFFER: usize = 128 * 1024;
+const SEND_BUFFER: usize = 512 * 1024;
 /// Chunks in flight between a connection's host tasks and the stack.
 const CHANNEL_CHUNKS: usize = 16;
 pub(super) const CHUNK: usize = 32 * 1024;
@@ -70,6 +71,13 @@ pub(super) struct Flow {
     pub(super) host_read: Option<HostRead>,
     pub(super) host_eof: bool,
     pub(super) tasks: Vec<AbortHandle>,
+    /// When the flow last carried a byte either way (or began), as of the last sweep.
+    pub(super) last_active: Instant,
+    /// `bytes_out + bytes_in` at the last sweep: a change is activity.
+    pub(super) seen: u64,
+    /// The guest socket's state at the end of the last pass: whether it reached `Closed`
+    /// through an orderly close (from `LastAck`) or a reset, a timeout or an abort.
+    pub(super) last_state: tcp::State,
 }
 
 impl Drop for Flow {
@@ -80,10 +88,8 @@ impl Drop for Flow {
     }
 }
 
-pub(super) fn new_socket(
-    sockets: &mut SocketSet<'static>,
-    dst: SocketAddr,
-) -> Option<SocketHandle> {
+/// A guest-facing socket, not yet listening or connecting.
+pub(super) fn guest_socket(limits: &Limits) -> tcp::Socket<'static> {
     let mut s = tcp::Socket::new(
         tcp::SocketBuffer::new(vec![0; RECV_BUFFER]),
         tcp::SocketBuffer::new(vec![0; SEND_BUFFER]),
@@ -91,7 +97,24 @@ pub(super) fn new_socket(
     s.set_nagle_enabled(false);
     // Acknowledge at once: on a local link a delayed ACK only stalls the sender.
     s.set_ack_delay(None);
-    s.set_timeout(Some(smoltcp::time::Duration::from_secs(120)));
+    // Probe a quiet guest, and cut the connection of one that answers nothing: without the
+    // probes, a guest that had gone (its RST lost, or its kernel's FIN followed by silence)
+    // left the connection to the idle timeouts, and without the timeout smoltcp would wait
+    // for it for ever.
+    let micros = |d: Duration| {
+        smoltcp::time::Duration::from_micros(u64::try_from(d.as_micros()).unwrap_or(u64::MAX))
+    };
+    s.set_keep_alive(Some(micros(limits.tcp_keepalive)));
+    s.set_timeout(Some(micros(limits.tcp_unanswered)));
+    s
+}
+
+pub(super) fn new_socket(
+    sockets: &mut SocketSet<'static>,
+    dst: SocketAddr,
+    limits: &Limits,
+) -> Option<SocketHandle> {
+    let mut s = guest_socket(limits);
     s.listen((smoltcp::wire::IpAddress::from(dst.ip()), dst.port()))
         .ok()?;
     Some(sockets.add(s))
@@ -175,6 +198,15 @@ fn start_connect(dst: SocketAddr) -> std::io::Result<Started> {
     })
 }
 
+/// `SO_LINGER` with a zero timeout: `close(2)` sends a reset and frees the socket at once.
+fn linger_zero(stream: &TcpStream) -> nix::Result<()> {
+    let linger = libc::linger {
+        l_onoff: 1,
+        l_linger: 0,
+    };
+    nix::sys::socket::setsockopt(stream, nix::sys::socket::sockopt::Linger, &linger)
+}
+
 impl Flow {
     pub(super) fn new(dst: SocketAddr) -> Self {
         Self {
@@ -193,6 +225,38 @@ impl Flow {
             host_read: None,
             host_eof: false,
             tasks: Vec::new(),
+            last_active: Instant::now(),
+            seen: 0,
+            last_state: tcp::State::Listen,
+        }
+    }
+
+    /// Makes the host connection end with a reset rather than a FIN when it closes, as a NAT
+    /// passes on the guest's: the server learns at once that nobody is there, and no socket
+    /// lingers in the host's kernel.
+    pub(super) fn reset_host(&self) {
+        let Some(read) = &self.host_read else {
+            return; // the host has closed (or reset) its side already
+        };
+        let stream: &TcpStream = read.stream();
+        let _ = linger_zero(stream);
+    }
+
+    /// Cuts the flow: a reset to the guest and to the host, its tasks stopped. The next pass
+    /// finds the socket closed and removes the flow.
+    pub(super) fn cut(&mut self, sockets: &mut SocketSet<'static>) {
+        self.reset_host();
+        for t in self.tasks.drain(..) {
+            t.abort();
+        }
+        self.to_host = None;
+        self.from_host = None;
+        self.host_read = None;
+        self.in_pending.clear();
+        self.host_eof = true;
+        self.phase = Phase::Open;
+        if let Some(h) = self.socket {
+            sockets.get_mut::<tcp::Socket>(h).abort();
         }
     }
 

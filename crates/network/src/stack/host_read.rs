@@ -62,6 +62,11 @@ impl HostRead {
         (this, task.abort_handle())
     }
 
+    /// The host connection.
+    pub fn stream(&self) -> &tokio::net::TcpStream {
+        (*self.half).as_ref()
+    }
+
     /// Reads what the host has into `socket`'s send buffer, as far as it has room.
     pub fn fill(&self, socket: &mut tcp::Socket) -> Filled {
         let mut moved = 0;

@@ -19,7 +19,7 @@ use smoltcp::iface::{Config, Interface, PollResult, SocketSet};
 use smoltcp::wire::{EthernetAddress, HardwareAddress, IpCidr};
 use tokio::sync::{Notify, mpsc};
 
-use crate::config::{NetConfig, TAP_MTU};
+use crate::config::{Limits, NetConfig, TAP_MTU};
 use crate::device::FrameDevice;
 use crate::dns::{Dns, DnsError, DnsUpstream};
 use crate::flows::{DEFAULT_CAPACITY, FlowLog};
@@ -52,6 +52,8 @@ pub struct Options {
     /// The sandbox's CA for credential brokering; without it, transforms are not applied
     /// (traffic to those domains passes untouched, without the secret).
     pub broker: Option<Arc<crate::broker::Broker>>,
+    /// How many flows the sandbox may hold and for how long.
+    pub limits: Limits,
 }
 
 impl Default for Options {
@@ -62,6 +64,7 @@ impl Default for Options {
             dns: DnsUpstream::default(),
             flow_capacity: DEFAULT_CAPACITY,
             broker: None,
+            limits: Limits::default(),
         }
     }
 }
@@ -272,6 +275,7 @@ pub(crate) struct Ctx {
     pub policy: Arc<NetworkPolicy>,
     pub dns: Arc<Dns>,
     pub broker: Option<Arc<crate::broker::Broker>>,
+    pub limits: Limits,
     generation: u64,
     context: Context,
     context_at: Instant,
@@ -371,6 +375,7 @@ impl Stack {
             context_at: Instant::now(),
             dns: Arc::new(Dns::new(&options.dns)?),
             broker: options.broker.clone(),
+            limits: options.limits.clone(),
             policy,
             shared,
             cfg,
@@ -448,6 +453,7 @@ impl Stack {
     /// Runs smoltcp and the flows until neither has anything more to do right now.
     fn poll(&mut self) {
         self.sync_policy();
+        self.tcp.expire(&self.cx, &mut self.sockets, Instant::now());
         for _ in 0..64 {
             let r = self
                 .iface

@@ -18,14 +18,13 @@ use crate::policy::{AddrDecision, Verdict};
 use crate::sniff::{SNIFF_LIMIT, Sniffed, sniff};
 
 use super::Ctx;
-use super::flow::{CHUNK, Flow, Phase, RECV_BUFFER, SEND_BUFFER, connect, new_socket};
+use super::flow::{CHUNK, Flow, Phase, connect, guest_socket, new_socket};
 use super::host_read::Filled;
 
-/// Open TCP connections one sandbox may have; more are refused (the daemon's memory is not
-/// the guest's to spend).
-pub(crate) const MAX_FLOWS: usize = 1024;
 /// How long a connection may take to show its TLS SNI or HTTP `Host`.
 const SNIFF_TIMEOUT: Duration = Duration::from_secs(10);
+/// How often flows are looked over for the idle timeouts of [`crate::config::Limits`].
+const SWEEP: Duration = Duration::from_secs(1);
 
 /// All TCP flows of one sandbox, keyed by (guest address, destination).
 #[derive(Default)]
@@ -36,6 +35,8 @@ pub(crate) struct TcpFlows {
     reap: Vec<SocketHandle>,
     /// The last local port given to an inbound flow.
     next_port: u16,
+    /// When flows are next looked over for idle timeouts.
+    next_sweep: Option<Instant>,
 }
 
 impl TcpFlows {
@@ -78,7 +79,7 @@ impl TcpFlows {
             // and logged as over UDP.
             let mut flow = Flow::new(dst);
             flow.inbound = true;
-            flow.socket = new_socket(sockets, dst);
+            flow.socket = new_socket(sockets, dst, &cx.limits);
             let (ours, theirs) = tokio::io::duplex(64 * 1024);
             let (rd, wr) = tokio::io::split(ours);
             flow.pump(rd, wr, &cx.shared.wake);
@@ -93,7 +94,7 @@ impl TcpFlows {
             self.flows.insert((src, dst), flow);
             return true;
         }
-        let decision = if self.flows.len() >= MAX_FLOWS {
+        let decision = if self.flows.len() >= cx.limits.max_tcp_flows {
             AddrDecision::Decided(Verdict::Deny(crate::policy::Rule::TooManyFlows))
         } else {
             cx.decide_addr(dst.ip())
@@ -118,7 +119,7 @@ impl TcpFlows {
                 false
             }
             AddrDecision::NeedName => {
-                flow.socket = new_socket(sockets, dst);
+                flow.socket = new_socket(sockets, dst, &cx.limits);
                 flow.phase = Phase::Sniffing {
                     until: Instant::now() + SNIFF_TIMEOUT,
                 };
@@ -186,12 +187,7 @@ impl TcpFlows {
         }) else {
             return;
         };
-        let mut s = tcp::Socket::new(
-            tcp::SocketBuffer::new(vec![0; RECV_BUFFER]),
-            tcp::SocketBuffer::new(vec![0; SEND_BUFFER]),
-        );
-        s.set_nagle_enabled(false);
-        s.set_ack_delay(None);
+        let mut s = guest_socket(&cx.limits);
         let remote = (smoltcp::wire::IpAddress::from(guest.ip()), guest.port());
         let local_ep = (smoltcp::wire::IpAddress::from(local.ip()), local.port());
         if s.connect(iface.context(), remote, local_ep).is_err() {
@@ -203,6 +199,39 @@ impl TcpFlows {
         flow.record(cx, peer, &Verdict::Allow(crate::policy::Rule::Forwarded));
         flow.open(stream, &cx.shared.wake);
         self.flows.insert((guest, local), flow);
+    }
+
+    /// Cuts the flows idle past their state's timeout (`Limits`): the ones a guest abandoned
+    /// without a word, and the half-open or half-closed ones nobody finishes. Looks at most
+    /// once a [`SWEEP`].
+    pub fn expire(&mut self, cx: &Ctx, sockets: &mut SocketSet<'static>, now: Instant) {
+        if self.next_sweep.is_some_and(|t| now < t) {
+            return;
+        }
+        self.next_sweep = Some(now + SWEEP);
+        let limits = &cx.limits;
+        for flow in self.flows.values_mut() {
+            let moved = flow.bytes_out + flow.bytes_in;
+            if moved != flow.seen {
+                flow.seen = moved;
+                flow.last_active = now;
+            }
+            let Some(h) = flow.socket else {
+                continue; // connecting to the host: bounded by the connect timeout
+            };
+            use tcp::State::*;
+            let state = sockets.get::<tcp::Socket>(h).state();
+            let limit = match state {
+                Listen | SynReceived | SynSent => limits.tcp_handshake,
+                Established => limits.tcp_established_idle,
+                FinWait1 | FinWait2 | CloseWait | Closing | LastAck => limits.tcp_half_closed_idle,
+                TimeWait | Closed => continue, // the next pass removes it
+            };
+            if now.saturating_duration_since(flow.last_active) >= limit {
+                tracing::debug!(dst = %flow.dst, %state, "an idle flow is cut");
+                flow.cut(sockets);
+            }
+        }
     }
 
     /// Re-decides every flow under a new policy and cuts the ones it denies.
@@ -222,19 +251,10 @@ impl TcpFlows {
                 continue;
             }
             tracing::debug!(dst = %flow.dst, rule = %verdict.rule(), "policy change cuts a flow");
-            for t in flow.tasks.drain(..) {
-                t.abort();
-            }
-            flow.to_host = None;
-            flow.from_host = None;
-            flow.host_read = None;
-            flow.in_pending.clear();
-            flow.host_eof = true;
-            flow.phase = Phase::Open;
-            match flow.socket {
-                Some(h) => sockets.get_mut::<tcp::Socket>(h).abort(),
+            flow.cut(sockets);
+            if flow.socket.is_none() {
                 // The SYN was never answered: the guest's retry is decided anew.
-                None => forget.push(*key),
+                forget.push(*key);
             }
         }
         for key in forget {
@@ -275,7 +295,9 @@ fn service_one(
         Phase::Connecting { syn, rx } => match rx.try_recv() {
             Err(oneshot::error::TryRecvError::Empty) => return Step::Idle,
             Ok(Ok(stream)) => {
-                flow.socket = new_socket(sockets, dst);
+                flow.socket = new_socket(sockets, dst, &cx.limits);
+                // The handshake with the guest starts now, however long the host's took.
+                flow.last_active = Instant::now();
                 inject.push(std::mem::take(syn));
                 flow.open(stream, &cx.shared.wake);
                 return Step::Progress;
@@ -449,12 +471,18 @@ fn service_one(
         }
     }
 
-    if matches!(socket.state(), tcp::State::Closed | tcp::State::TimeWait) {
+    let state = socket.state();
+    if matches!(state, tcp::State::Closed | tcp::State::TimeWait) {
+        if state == tcp::State::Closed && flow.last_state != tcp::State::LastAck {
+            // A reset from the guest, or a guest that answered nothing: tell the host.
+            flow.reset_host();
+        }
         if let Some(id) = flow.log_id.take() {
             cx.shared.flows.finish(id, flow.bytes_out, flow.bytes_in);
         }
         return Step::Done;
     }
+    flow.last_state = state;
     if progressed {
         Step::Progress
     } else {

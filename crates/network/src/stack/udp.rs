@@ -6,7 +6,7 @@
 use std::collections::HashMap;
 use std::net::{IpAddr, Ipv4Addr, Ipv6Addr, SocketAddr};
 use std::sync::Arc;
-use std::time::{Duration, Instant};
+use std::time::Instant;
 
 use tokio::net::UdpSocket;
 use tokio::sync::mpsc;
@@ -18,8 +18,6 @@ use crate::policy::{AddrDecision, Rule, Verdict};
 
 use super::Ctx;
 
-/// A binding unused for this long is closed.
-const IDLE: Duration = Duration::from_secs(60);
 /// UDP bindings one sandbox may have.
 const MAX_BINDINGS: usize = 1024;
 /// DNS questions being resolved at once; more are answered SERVFAIL.
@@ -245,11 +243,12 @@ impl UdpFlows {
         }
     }
 
-    /// Closes idle bindings.
+    /// Closes bindings idle for `Limits::udp_idle`.
     pub fn expire(&mut self, cx: &Ctx) {
         let now = Instant::now();
+        let idle = cx.limits.udp_idle;
         self.bindings.retain(|_, b| {
-            let keep = now.duration_since(b.last) < IDLE;
+            let keep = now.duration_since(b.last) < idle;
             if !keep {
                 cx.shared.flows.finish(b.log_id, b.bytes_out, b.bytes_in);
             }

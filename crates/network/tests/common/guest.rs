@@ -164,6 +164,44 @@ impl Guest {
         (h, ok)
     }
 
+    /// Starts `n` connections to `dst` at once (with small buffers) and waits until each is
+    /// established or refused; returns the established ones and how many were refused.
+    pub fn connect_many(&mut self, dst: SocketAddr, n: usize) -> (Vec<SocketHandle>, usize) {
+        let mut started = Vec::new();
+        for _ in 0..n {
+            let mut s = tcp::Socket::new(
+                tcp::SocketBuffer::new(vec![0; 4096]),
+                tcp::SocketBuffer::new(vec![0; 4096]),
+            );
+            let port = self.port();
+            s.connect(
+                self.iface.context(),
+                (IpAddress::from(dst.ip()), dst.port()),
+                port,
+            )
+            .expect("connect");
+            started.push(self.sockets.add(s));
+        }
+        self.run_until("the handshakes", |g| {
+            started
+                .iter()
+                .all(|&h| {
+                    matches!(
+                        g.tcp(h).state(),
+                        tcp::State::Established | tcp::State::Closed
+                    )
+                })
+                .then_some(())
+        });
+        let (open, refused): (Vec<_>, Vec<_>) = started
+            .into_iter()
+            .partition(|&h| self.tcp(h).state() == tcp::State::Established);
+        for &h in &refused {
+            self.sockets.remove(h);
+        }
+        (open, refused.len())
+    }
+
     /// Sends all of `data`.
     pub fn send_all(&mut self, h: SocketHandle, data: &[u8]) {
         let mut off = 0;

@@ -6,7 +6,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use belljar_network::config::{
-    GATEWAY_V4, GATEWAY_V6, GUEST_V4, GUEST_V6, NetConfig, PREFIX_V4, PREFIX_V6, TAP_MTU,
+    GATEWAY_V4, GATEWAY_V6, GUEST_V4, GUEST_V6, Limits, NetConfig, PREFIX_V4, PREFIX_V6, TAP_MTU,
 };
 use belljar_network::{
     Broker, DnsUpstream, FrameDevice, Network, NetworkPolicy, Options, TapDevice, tap,
@@ -29,6 +29,20 @@ pub fn setup(policy: NetworkPolicy) -> Setup {
 }
 
 pub fn setup_with(policy: NetworkPolicy, persistent: bool, broker: Option<Arc<Broker>>) -> Setup {
+    setup_full(policy, persistent, broker, Limits::default())
+}
+
+/// A setup whose flows live by `limits`.
+pub fn setup_limits(policy: NetworkPolicy, limits: Limits) -> Setup {
+    setup_full(policy, false, None, limits)
+}
+
+fn setup_full(
+    policy: NetworkPolicy,
+    persistent: bool,
+    broker: Option<Arc<Broker>>,
+    limits: Limits,
+) -> Setup {
     let internet = Internet::new(&[
         ("pypi.example.test", SERVER_IP),
         ("api.example.test", SERVER_IP),
@@ -69,7 +83,7 @@ pub fn setup_with(policy: NetworkPolicy, persistent: bool, broker: Option<Arc<Br
         })
         .join()
         .expect("runtime thread");
-    let net = start(&internet, &rt, fd, policy, broker);
+    let net = start_with(&internet, &rt, fd, policy, broker, limits);
     Setup {
         guest,
         net,
@@ -86,6 +100,17 @@ pub fn start(
     fd: std::os::fd::OwnedFd,
     policy: NetworkPolicy,
     broker: Option<Arc<Broker>>,
+) -> Network {
+    start_with(internet, rt, fd, policy, broker, Limits::default())
+}
+
+fn start_with(
+    internet: &Internet,
+    rt: &tokio::runtime::Runtime,
+    fd: std::os::fd::OwnedFd,
+    policy: NetworkPolicy,
+    broker: Option<Arc<Broker>>,
+    limits: Limits,
 ) -> Network {
     let handle = rt.handle().clone();
     internet
@@ -106,6 +131,7 @@ pub fn start(
                     policy,
                     dns: DnsUpstream::Servers(vec![v4(SERVER_IP, 53)]),
                     broker,
+                    limits,
                     ..Options::default()
                 },
             )
