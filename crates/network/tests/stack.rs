@@ -486,3 +486,56 @@ fn idle_flows_are_cut_by_their_state_timeouts_while_live_ones_stay() {
             (held_sockets(daemon, server.port()) == 0).then_some(())
         });
 }
+
+#[test]
+fn a_flood_of_denied_connections_keeps_every_one_in_the_feed() {
+    // The daemon keeps what the feed gives. Before, it read the broadcast, which lost what it
+    // fell behind on: a flooding guest could keep its denied flows out of the log.
+    let mut s = setup(NetworkPolicy::DenyAll, &[]);
+    let mut lossy = s.net.flows().subscribe();
+    let targets = [v4(SERVER_IP, 443), v4(SERVER2_IP, 22)];
+    let mut sent = std::collections::HashMap::new();
+    for round in 0..26 {
+        let dst = targets[round % 2];
+        let (open, refused) = s.guest.connect_many(dst, 100);
+        assert!(open.is_empty());
+        *sent.entry(dst).or_insert(0u64) += refused as u64;
+    }
+    let flows = s.net.flows().clone();
+    let wanted: u64 = sent.values().sum();
+    // Every refusal is logged by the time the guest sees it; wait for the last end too.
+    s.guest.run_until("the last denied flow's end", |_| {
+        flows
+            .records()
+            .last()
+            .is_some_and(|r| r.ended_ms.is_some())
+            .then_some(())
+    });
+    let stats = flows.feed_stats();
+    assert!(
+        stats.coalesced > 0,
+        "the flood overflowed the feed: {stats:?}"
+    );
+    assert_eq!(stats.dropped, 0, "no allowed flow to drop");
+    let mut ids = std::collections::HashSet::new();
+    let mut got = std::collections::HashMap::new();
+    while let Some(r) = flows.try_next_record() {
+        assert_eq!(r.verdict, FlowVerdict::Denied);
+        if ids.insert(r.id) {
+            *got.entry(r.dst).or_insert(0u64) += 1 + r.coalesced;
+        }
+    }
+    assert_eq!(
+        got, sent,
+        "each of the {wanted} denied connections is accounted for"
+    );
+    let mut lagged = 0;
+    loop {
+        match lossy.try_recv() {
+            Ok(_) => {}
+            Err(tokio::sync::broadcast::error::TryRecvError::Lagged(n)) => lagged += n,
+            Err(_) => break,
+        }
+    }
+    assert!(lagged > 0, "the broadcast, the old path, lost some");
+}

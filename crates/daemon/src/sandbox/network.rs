@@ -321,7 +321,7 @@ impl Sandboxes {
         // last save.
         let id_base = saved.next_flow_id;
         saved.next_flow_id += 1 << 32;
-        let pump = self.spawn_flow_pump(&id, network.flows().subscribe(), id_base);
+        let pump = self.spawn_flow_pump(&id, network.flows().clone(), id_base);
         let attached = Arc::new(Attached {
             network,
             forwards: Mutex::new(BTreeMap::new()),

@@ -8,7 +8,10 @@ use std::io::Write;
 use std::path::PathBuf;
 
 use belljar_api as api;
-use belljar_network::FlowRecord;
+use std::sync::Arc;
+
+use belljar_network::flows::FeedStats;
+use belljar_network::{FlowLog, FlowRecord};
 
 use futures::StreamExt;
 
@@ -17,6 +20,8 @@ use super::{SandboxError, Sandboxes};
 
 /// Flow records kept per sandbox, in memory and on disk.
 pub const FLOWS_KEPT: usize = 1000;
+/// How often a sandbox's dropped and folded flow records are logged while they grow.
+const STATS_EVERY: std::time::Duration = std::time::Duration::from_secs(5);
 
 pub(super) fn to_flow(r: &FlowRecord, base: u64) -> api::NetworkFlow {
     let ms = |v: u64| i64::try_from(v).unwrap_or(i64::MAX);
@@ -98,11 +103,14 @@ impl Sandboxes {
     }
 
     /// Keeps every flow record of a sandbox: in memory (bounded), on disk (appended,
-    /// compacted when twice the bound) and to followers.
+    /// compacted when twice the bound) and to followers. It reads the log's feed, which never
+    /// loses a denied flow (a flood's are folded into records that count them) and counts the
+    /// allowed ones' records it drops when this falls behind; both counts are logged as they
+    /// grow, at most every few seconds.
     pub(super) fn spawn_flow_pump(
         &self,
         id: &str,
-        mut rx: tokio::sync::broadcast::Receiver<FlowRecord>,
+        log: Arc<FlowLog>,
         base: u64,
     ) -> tokio::task::AbortHandle {
         let this = self.clone();
@@ -110,15 +118,20 @@ impl Sandboxes {
         let sender = self.flow_sender(&id);
         tokio::spawn(async move {
             let mut written = 0usize;
+            let mut told = FeedStats::default();
+            let mut told_at: Option<std::time::Instant> = None;
             loop {
-                let record = match rx.recv().await {
-                    Ok(r) => r,
-                    Err(tokio::sync::broadcast::error::RecvError::Lagged(n)) => {
-                        tracing::warn!(sandbox = %id, lost = n, "flow records dropped");
-                        continue;
-                    }
-                    Err(_) => break,
-                };
+                let record = log.next_record().await;
+                let stats = log.feed_stats();
+                if stats != told && told_at.is_none_or(|t| t.elapsed() >= STATS_EVERY) {
+                    tracing::warn!(
+                        sandbox = %id,
+                        dropped = stats.dropped,
+                        coalesced = stats.coalesced,
+                        "flow records of allowed flows dropped, denied ones folded: the guest opens flows faster than they are kept"
+                    );
+                    (told, told_at) = (stats, Some(std::time::Instant::now()));
+                }
                 let flow = to_flow(&record, base);
                 this.keep_flow(&id, &flow, &mut written);
                 let _ = sender.send(flow);

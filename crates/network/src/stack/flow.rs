@@ -277,6 +277,7 @@ impl Flow {
             rule: verdict.rule().to_string(),
             bytes_out: 0,
             bytes_in: 0,
+            coalesced: 0,
         });
         self.log_id = Some(id);
     }

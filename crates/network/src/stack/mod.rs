@@ -111,6 +111,7 @@ impl Shared {
             rule: verdict.rule().to_string(),
             bytes_out: 0,
             bytes_in: 0,
+            coalesced: 0,
         })
     }
 }
