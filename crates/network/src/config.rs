@@ -118,6 +118,12 @@ pub struct Limits {
     pub tcp_unanswered: Duration,
     /// A UDP binding that carries nothing for this long is closed.
     pub udp_idle: Duration,
+    /// DNS questions a second the gateway takes from the sandbox, over UDP and TCP together;
+    /// past them (and `dns_burst` saved up) it answers REFUSED without looking further, so
+    /// that one sandbox's flood does not slow the daemon's answers to the others.
+    pub dns_qps: u32,
+    /// Questions the sandbox may ask at once, above `dns_qps`, after a quiet while.
+    pub dns_burst: u32,
 }
 
 impl Default for Limits {
@@ -130,6 +136,9 @@ impl Default for Limits {
             tcp_keepalive: Duration::from_secs(60),
             tcp_unanswered: Duration::from_secs(130),
             udp_idle: Duration::from_secs(60),
+            // A build resolving its dependencies asks a few hundred names at once.
+            dns_qps: 200,
+            dns_burst: 400,
         }
     }
 }

@@ -178,6 +178,71 @@ impl Dns {
     }
 }
 
+/// REFUSED for a raw query, built from its bytes without parsing it whole: the cheap answer
+/// to a question past the rate limit. `None` for what is not a standard query with one
+/// question (it is dropped).
+pub(crate) fn refuse_raw(query: &[u8]) -> Option<Vec<u8>> {
+    let header = query.get(..12)?;
+    let (flags, qdcount) = (header[2], u16::from_be_bytes([header[4], header[5]]));
+    // A response (QR), or an opcode other than QUERY, or not one question.
+    if flags & 0xf8 != 0 || qdcount != 1 {
+        return None;
+    }
+    let mut i = 12;
+    loop {
+        let len = usize::from(*query.get(i)?);
+        i += 1;
+        match len {
+            0 => break,
+            1..=63 => i += len,
+            _ => return None, // a compression pointer or a reserved label type
+        }
+        if i > 12 + 255 {
+            return None;
+        }
+    }
+    let question = query.get(12..i + 4)?;
+    let mut r = Vec::with_capacity(12 + question.len());
+    r.extend_from_slice(&header[..2]);
+    // QR, the client's RD; RA, REFUSED: as `Dns::refuse` answers.
+    r.extend_from_slice(&[0x80 | (flags & 0x01), 0x80 | 5, 0, 1, 0, 0, 0, 0, 0, 0]);
+    r.extend_from_slice(question);
+    Some(r)
+}
+
+/// A token bucket: `rate` a second, at most `burst` saved up.
+pub(crate) struct TokenBucket {
+    rate: f64,
+    burst: f64,
+    tokens: f64,
+    at: Instant,
+}
+
+impl TokenBucket {
+    pub fn new(rate: u32, burst: u32, now: Instant) -> Self {
+        let burst = f64::from(burst.max(1));
+        Self {
+            rate: f64::from(rate),
+            burst,
+            tokens: burst,
+            at: now,
+        }
+    }
+
+    /// Takes a token if there is one.
+    pub fn take(&mut self, now: Instant) -> bool {
+        let elapsed = now.saturating_duration_since(self.at).as_secs_f64();
+        self.at = now;
+        self.tokens = (self.tokens + elapsed * self.rate).min(self.burst);
+        if self.tokens >= 1.0 {
+            self.tokens -= 1.0;
+            true
+        } else {
+            false
+        }
+    }
+}
+
 fn reply(
     request: &Message,
     code: ResponseCode,
@@ -193,4 +258,65 @@ fn reply(
     m.add_queries(request.queries().to_vec());
     m.insert_answers(answers);
     m.to_vec().unwrap_or_default()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn query(name: &str) -> Vec<u8> {
+        let mut m = Message::new();
+        m.set_id(0x1234).set_recursion_desired(true);
+        m.add_query(hickory_proto::op::Query::query(
+            hickory_proto::rr::Name::from_ascii(name).unwrap(),
+            hickory_proto::rr::RecordType::AAAA,
+        ));
+        m.to_vec().unwrap()
+    }
+
+    #[test]
+    fn a_raw_refusal_is_the_parsed_one() {
+        let q = query("pypi.example.test.");
+        let parsed = Dns::parse(&q).unwrap();
+        assert_eq!(refuse_raw(&q), Some(Dns::refuse(&parsed)));
+        let m = Message::from_vec(&refuse_raw(&q).unwrap()).unwrap();
+        assert_eq!(m.response_code(), ResponseCode::Refused);
+        assert_eq!((m.id(), m.queries().len()), (0x1234, 1));
+    }
+
+    #[test]
+    fn a_raw_refusal_drops_what_is_not_one_question() {
+        let q = query("example.test.");
+        let mut response = q.clone();
+        response[2] |= 0x80;
+        let mut two = q.clone();
+        two[5] = 2;
+        let mut pointer = q.clone();
+        pointer[12] = 0xc0;
+        for bad in [
+            &response[..],
+            &two,
+            &pointer,
+            &q[..q.len() - 1],
+            &q[..11],
+            &[],
+        ] {
+            assert_eq!(refuse_raw(bad), None);
+        }
+    }
+
+    #[test]
+    fn the_bucket_gives_its_burst_then_its_rate() {
+        let t0 = Instant::now();
+        let mut b = TokenBucket::new(10, 5, t0);
+        assert_eq!((0..8).filter(|_| b.take(t0)).count(), 5);
+        assert!(!b.take(t0 + Duration::from_millis(50)));
+        assert!(b.take(t0 + Duration::from_millis(110)));
+        let later = t0 + Duration::from_secs(60);
+        assert_eq!(
+            (0..8).filter(|_| b.take(later)).count(),
+            5,
+            "no more than the burst saved"
+        );
+    }
 }

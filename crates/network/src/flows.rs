@@ -150,6 +150,9 @@ impl Feed {
                 fold.ended_ms = record.ended_ms.max(fold.ended_ms);
                 fold.bytes_out += record.bytes_out;
                 fold.bytes_in += record.bytes_in;
+                // Flows a record stood for already (DNS questions past the rate limit).
+                fold.coalesced += record.coalesced;
+                self.stats.coalesced += record.coalesced;
             }
             if record.ended_ms.is_some() {
                 self.folded.remove(&record.id);
@@ -194,9 +197,9 @@ impl Feed {
         }
         match self.folds.get_mut(&key) {
             Some(fold) => {
-                fold.coalesced += 1;
+                fold.coalesced += 1 + record.coalesced;
                 fold.ended_ms = record.ended_ms.max(fold.ended_ms);
-                self.stats.coalesced += 1;
+                self.stats.coalesced += 1 + record.coalesced;
             }
             None => {
                 let mut fold = record.clone();
@@ -262,6 +265,15 @@ impl FlowLog {
 
     /// Ends flow `id` with its byte counts (added to the totals) and republishes it.
     pub fn finish(&self, id: u64, bytes_out: u64, bytes_in: u64) {
+        self.end(id, bytes_out, bytes_in, None);
+    }
+
+    /// Ends flow `id`, a record that stands for `1 + coalesced` denied flows.
+    pub(crate) fn finish_coalesced(&self, id: u64, bytes_out: u64, bytes_in: u64, coalesced: u64) {
+        self.end(id, bytes_out, bytes_in, Some(coalesced));
+    }
+
+    fn end(&self, id: u64, bytes_out: u64, bytes_in: u64, coalesced: Option<u64>) {
         self.bytes_out.fetch_add(bytes_out, Ordering::Relaxed);
         self.bytes_in.fetch_add(bytes_in, Ordering::Relaxed);
         let mut inner = self.lock();
@@ -270,6 +282,9 @@ impl FlowLog {
             r.ended_ms = Some(now_ms());
             r.bytes_out = bytes_out;
             r.bytes_in = bytes_in;
+            if let Some(n) = coalesced {
+                r.coalesced = n;
+            }
             feed.push(r, false);
             let r = r.clone();
             drop(inner);

@@ -73,6 +73,8 @@ pub enum Rule {
     TooManyFlows,
     /// A connection from the host to an exposed port (not egress: no policy applies).
     Forwarded,
+    /// The sandbox asks the gateway's DNS more questions a second than it may.
+    DnsRateLimit,
 }
 
 impl fmt::Display for Rule {
@@ -90,6 +92,7 @@ impl fmt::Display for Rule {
             Rule::NoName => f.write_str("no TLS SNI or HTTP Host"),
             Rule::TooManyFlows => f.write_str("too many open flows"),
             Rule::Forwarded => f.write_str("exposed port"),
+            Rule::DnsRateLimit => f.write_str("dns rate limit"),
         }
     }
 }

@@ -539,3 +539,65 @@ fn a_flood_of_denied_connections_keeps_every_one_in_the_feed() {
     }
     assert!(lagged > 0, "the broadcast, the old path, lost some");
 }
+
+#[test]
+fn a_dns_flood_is_refused_past_the_rate_while_another_sandbox_is_answered() {
+    // Before, every question was parsed, logged and resolved: one sandbox's flood took the
+    // daemon's CPU and slowed every other sandbox's DNS.
+    let names = [("api.example.test", SERVER_IP)];
+    let limits = Limits {
+        dns_qps: 1,
+        dns_burst: 20,
+        ..Limits::default()
+    };
+    let mut flooding = setup_with(NetworkPolicy::AllowAll, &names, limits);
+    let mut other = setup(NetworkPolicy::AllowAll, &names);
+    let start = Instant::now();
+    let (mut answered, mut refused) = (0u64, 0u64);
+    for id in 0..100 {
+        match dns(&mut flooding, id, "api.example.test") {
+            (ResponseCode::NoError, addrs) => {
+                assert_eq!(addrs, [SERVER_IP]);
+                answered += 1;
+            }
+            (ResponseCode::Refused, addrs) => {
+                assert!(addrs.is_empty());
+                refused += 1;
+            }
+            other => panic!("unexpected answer {other:?}"),
+        }
+    }
+    let secs = start.elapsed().as_secs();
+    assert!(
+        (20..=21 + secs).contains(&answered),
+        "the burst, then one a second: {answered} answered in {secs} s"
+    );
+    assert_eq!(flooding.net.dns_refused_for_rate(), refused);
+    assert_eq!(
+        dns(&mut flooding, 100, "api.example.test").0,
+        ResponseCode::Refused,
+        "still past the rate"
+    );
+    refused += 1;
+    for id in 0..30 {
+        assert_eq!(
+            dns(&mut other, id, "api.example.test"),
+            (ResponseCode::NoError, vec![SERVER_IP]),
+            "another sandbox's questions are answered"
+        );
+    }
+    assert_eq!(other.net.dns_refused_for_rate(), 0);
+    // The refusals are in the log: a record a second, each counting its share.
+    let flows = flooding.net.flows().clone();
+    flooding
+        .guest
+        .run_until("every refusal in an ended record", |_| {
+            let records: Vec<_> = flows
+                .records()
+                .into_iter()
+                .filter(|r| r.rule == "dns rate limit")
+                .collect();
+            let counted: u64 = records.iter().map(|r| 1 + r.coalesced).sum();
+            (records.iter().all(|r| r.ended_ms.is_some()) && counted == refused).then_some(())
+        });
+}

@@ -27,6 +27,16 @@ pub(crate) async fn serve(
         if stream.read_exact(&mut query).await.is_err() {
             return;
         }
+        if let Err(refused) = shared.dns_limit.admit(&shared, src, dst, &query) {
+            let Some(reply) = refused else { return };
+            let Ok(len) = u16::try_from(reply.len()) else {
+                return;
+            };
+            if stream.write_u16(len).await.is_err() || stream.write_all(&reply).await.is_err() {
+                return;
+            }
+            continue;
+        }
         let Some(question) = Dns::parse(&query) else {
             return;
         };

@@ -3,6 +3,7 @@
 //! Tokio task; [`Network`] is the handle the daemon keeps to replace the policy, read the flow
 //! log and stop it.
 
+mod dns_limit;
 mod dns_tcp;
 mod flow;
 pub(crate) mod frames;
@@ -75,6 +76,7 @@ pub(crate) struct Shared {
     generation: AtomicU64,
     pub flows: Arc<FlowLog>,
     pub wake: Arc<Notify>,
+    pub dns_limit: dns_limit::DnsLimit,
 }
 
 impl Shared {
@@ -166,6 +168,7 @@ impl Network {
             generation: AtomicU64::new(0),
             flows: Arc::new(FlowLog::new(options.flow_capacity)),
             wake: Arc::new(Notify::new()),
+            dns_limit: dns_limit::DnsLimit::new(&options.limits),
         });
         let (inbound, inbound_rx) = mpsc::channel(INBOUND_QUEUE);
         let stack = Stack::new(&options, shared.clone(), device.offloads_checksums())?;
@@ -246,6 +249,12 @@ impl Network {
     /// The flow log.
     pub fn flows(&self) -> &Arc<FlowLog> {
         &self.shared.flows
+    }
+
+    /// DNS questions refused because the sandbox asked more a second than
+    /// `Limits::dns_qps` allows, since the network started.
+    pub fn dns_refused_for_rate(&self) -> u64 {
+        self.shared.dns_limit.refused()
     }
 
     /// Whether the stack task has ended (its device failed).
@@ -467,6 +476,7 @@ impl Stack {
             }
         }
         self.udp.expire(&self.cx);
+        self.cx.shared.dns_limit.flush(&self.cx.shared.flows);
     }
 
     fn flush<D: FrameDevice>(&mut self, device: &D) -> Result<(), NetworkError> {

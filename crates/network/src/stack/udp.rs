@@ -180,6 +180,15 @@ impl UdpFlows {
         dst: SocketAddr,
         payload: &[u8],
     ) -> Option<Reply> {
+        // Before anything else costs: a flood is refused for the price of a copy.
+        if let Err(refused) = cx.shared.dns_limit.admit(&cx.shared, src, dst, payload) {
+            return refused.map(|data| Reply {
+                from: dst,
+                to: src,
+                data,
+                key: None,
+            });
+        }
         let question = Dns::parse(payload)?;
         let verdict = cx.policy.decide_dns(&question.name);
         let id = log(
