@@ -601,3 +601,47 @@ fn a_dns_flood_is_refused_past_the_rate_while_another_sandbox_is_answered() {
             (records.iter().all(|r| r.ended_ms.is_some()) && counted == refused).then_some(())
         });
 }
+
+#[test]
+fn an_address_added_to_the_host_is_refused_as_the_host_at_once() {
+    // Before, the host's addresses were read again every 2 s: until then a guest reached a
+    // service on 0.0.0.0 through an address just added to the host.
+    let mut s = setup(NetworkPolicy::AllowAll, &[]);
+    let listener = s
+        .internet
+        .daemon
+        .spawn(|| TcpListener::bind("0.0.0.0:0"))
+        .join()
+        .unwrap()
+        .unwrap();
+    let port = listener.local_addr().unwrap().port();
+    std::thread::spawn(move || tcp_echo(listener));
+    let added = v4(Ipv4Addr::new(198, 51, 100, 77), port);
+    let (_, ok) = s.guest.connect(added);
+    assert!(!ok, "not the host's yet, and nothing behind it");
+    let r = wait_flow(&mut s, "the first try", |r| r.dst == added);
+    assert_eq!(r.rule, "allow-all");
+
+    s.internet
+        .daemon
+        .ip(&["addr", "add", "198.51.100.77/32", "dev", "lo"]);
+    let (_, ok) = s.guest.connect(added);
+    assert!(!ok, "the host's service is not reached");
+    let refusal = wait_flow(&mut s, "the refusal", |r| {
+        r.dst == added && r.verdict == FlowVerdict::Denied
+    });
+    assert_eq!(refusal.rule, "reserved: the host itself");
+
+    s.internet
+        .daemon
+        .ip(&["addr", "del", "198.51.100.77/32", "dev", "lo"]);
+    let (_, ok) = s.guest.connect(added);
+    assert!(!ok);
+    let r = wait_flow(&mut s, "the address gone", |r| {
+        r.dst == added && r.id > refusal.id
+    });
+    assert_eq!(
+        r.rule, "allow-all",
+        "an address removed is not the host's any more"
+    );
+}

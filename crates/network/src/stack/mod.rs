@@ -7,6 +7,7 @@ mod dns_limit;
 mod dns_tcp;
 mod flow;
 pub(crate) mod frames;
+mod host_addrs;
 mod host_read;
 mod tcp;
 mod udp;
@@ -288,17 +289,15 @@ pub(crate) struct Ctx {
     pub limits: Limits,
     generation: u64,
     context: Context,
-    context_at: Instant,
+    host_addrs: host_addrs::HostAddrs,
 }
-
-/// How long the host's interface addresses are trusted before being read again.
-const CONTEXT_TTL: Duration = Duration::from_secs(2);
 
 impl Ctx {
     pub fn decide_addr(&mut self, ip: IpAddr) -> AddrDecision {
-        if self.context_at.elapsed() > CONTEXT_TTL {
-            self.context = Context::current(&self.cfg.sandbox_nets());
-            self.context_at = Instant::now();
+        // As they are now, not as they were a while ago: see `host_addrs`.
+        let now = self.host_addrs.current();
+        if now != self.context.host_addrs.as_slice() {
+            self.context.host_addrs = now.to_vec();
         }
         self.policy.decide_addr(ip, &self.context)
     }
@@ -381,8 +380,11 @@ impl Stack {
             .clone();
         let cx = Ctx {
             generation: shared.generation.load(Ordering::SeqCst),
-            context: Context::current(&cfg.sandbox_nets()),
-            context_at: Instant::now(),
+            context: Context {
+                host_addrs: Vec::new(),
+                sandbox_nets: cfg.sandbox_nets().to_vec(),
+            },
+            host_addrs: host_addrs::HostAddrs::new(),
             dns: Arc::new(Dns::new(&options.dns)?),
             broker: options.broker.clone(),
             limits: options.limits.clone(),
