@@ -7,8 +7,8 @@
 //! [`FEED_CAPACITY`] records, a denied flow is folded into a record for the same destination
 //! and rule that says how many it stands for (`coalesced`), and only allowed flows' records
 //! are dropped, counted in [`FeedStats`]. A broadcast of the same records, which drops what a
-//! slow subscriber misses, was the daemon's path before: a flood of 1 000 denied connections
-//! lost 920 of them there.
+//! slow subscriber misses, was the daemon's path before: under a flood it lost records of
+//! denied flows as readily as any (`flow records dropped lost=920`).
 
 use std::collections::{HashMap, VecDeque};
 use std::net::{IpAddr, Ipv4Addr, Ipv6Addr, SocketAddr};
