@@ -1,5 +1,6 @@
 //! The entry point of the `guest_frames` fuzz target (`crates/fuzz-harness`): every parser in
-//! this crate that bytes from the guest reach — frame classification, DNS questions, the TLS
+//! this crate that bytes from the guest reach — frame classification, DNS questions (and the
+//! refusal built from their bytes past the rate limit), the TLS
 //! SNI / HTTP `Host` sniffer — must take anything without panicking.
 
 use crate::config::NetConfig;
@@ -21,6 +22,11 @@ pub fn guest_bytes(data: &[u8]) {
 }
 
 fn dns_question(data: &[u8]) {
+    // The refusal past the rate limit, built from the raw bytes.
+    if let Some(refused) = crate::dns::refuse_raw(data) {
+        let m = hickory_proto::op::Message::from_vec(&refused).expect("a refusal that parses");
+        assert_eq!(m.response_code(), hickory_proto::op::ResponseCode::Refused);
+    }
     if let Some(q) = Dns::parse(data) {
         let refused = Dns::refuse(&q);
         assert!(hickory_proto::op::Message::from_vec(&refused).is_ok());
