@@ -30,6 +30,10 @@ pub enum CommandError {
     /// A window could not be opened.
     #[error("Cannot open a window: {0}")]
     Window(#[from] tauri::Error),
+    /// The worker thread of a command panicked or was cancelled: a bug of the app's, not the
+    /// daemon's state.
+    #[error("The app's worker failed")]
+    Worker(#[source] tauri::Error),
 }
 
 impl CommandError {
@@ -46,7 +50,7 @@ impl CommandError {
             Self::Drop(_) => "io",
             Self::Browser(BrowserError::NotWeb(_)) => "bad_request",
             Self::Browser(_) => "no_browser",
-            Self::Tray(_) | Self::Window(_) => "internal",
+            Self::Tray(_) | Self::Window(_) | Self::Worker(_) => "internal",
         }
     }
 }
@@ -77,7 +81,7 @@ pub async fn daemon_connection(state: State<'_, AppState>) -> Result<Connection,
         paths.connection()
     })
     .await
-    .map_err(|e| DaemonError::Spawn(e.to_string()))?
+    .map_err(CommandError::Worker)?
     .map_err(CommandError::from)
 }
 
@@ -92,7 +96,7 @@ pub async fn daemon_ui_url(state: State<'_, AppState>) -> Result<String, Command
         paths.ui_login_url()
     })
     .await
-    .map_err(|e| DaemonError::Spawn(e.to_string()))?
+    .map_err(CommandError::Worker)?
     .map_err(CommandError::from)
 }
 
@@ -117,7 +121,7 @@ pub fn open_terminal_window(app: AppHandle, sandbox_id: String) -> Result<(), Co
 pub async fn open_url(url: String) -> Result<(), CommandError> {
     tauri::async_runtime::spawn_blocking(move || crate::browser::open(&url))
         .await
-        .map_err(|e| DaemonError::Spawn(e.to_string()))?
+        .map_err(CommandError::Worker)?
         .map_err(CommandError::from)
 }
 

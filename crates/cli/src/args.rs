@@ -1,4 +1,4 @@
-//! The command line of `belljar`, as the issue lists it, parsed by clap.
+//! The command line of `belljar`, parsed by clap.
 
 use clap::{Args, Parser, Subcommand};
 

@@ -30,8 +30,10 @@ use crate::vfork::{self, Stacks};
 /// Errors starting the sandbox's processes.
 #[derive(Debug, thiserror::Error)]
 pub enum Error {
+    /// The starter (a `clone(CLONE_VM | CLONE_VFORK)` child, see [`crate::vfork`]) could not
+    /// be made.
     #[error("Cannot start the sandbox starter")]
-    Fork(#[source] nix::Error),
+    Spawn(#[source] std::io::Error),
     #[error("Cannot map the stacks of the sandbox's first processes")]
     Stacks(#[source] std::io::Error),
     #[error("Cannot create a pipe")]
@@ -90,7 +92,7 @@ pub(crate) enum Step {
     },
 }
 
-/// Everything the starter and PID 1 need, prepared before `fork`.
+/// Everything the starter and PID 1 need, prepared before they are spawned.
 pub(crate) struct Plan {
     /// The `tasks` file of each of the sandbox's v1 groups (see `Groups::v1_task_files`).
     pub cgroup_tasks: Vec<CString>,
@@ -120,7 +122,7 @@ pub(crate) struct Plan {
     /// PID 1's end of the socket it hands the sandbox's tap to the daemon on
     /// (`tap_handoff`).
     pub tap_handoff: Option<OwnedFd>,
-    /// Keeps the `open_tree` fd of the idmapped image alive until the fork.
+    /// Keeps the `open_tree` fd of the idmapped image alive until the spawn.
     pub _lower_tree: Option<OwnedFd>,
 }
 
@@ -180,8 +182,7 @@ pub(crate) fn start(plan: &Plan) -> Result<Started, Error> {
             unsafe { vfork::spawn(&stacks, 0, starter_entry, arg) }
         }
     };
-    let child = spawned
-        .map_err(|e| Error::Fork(nix::Error::from_raw(e.raw_os_error().unwrap_or(libc::EIO))))?;
+    let child = spawned.map_err(Error::Spawn)?;
     drop(pid_w);
     drop(err_w);
     let mut pid_text = String::new();

@@ -1,4 +1,4 @@
-//! The sizes the issue names: a 1 GiB file streamed both ways in constant memory, a command
+//! The agent at size: a 1 GiB file streamed both ways in constant memory, a command
 //! printing 100 MB, and 100 commands at once, with the agent's peak RSS checked each time.
 
 mod common;
