@@ -131,3 +131,157 @@ async fn the_disk_limit_holds() {
     ]);
     assert_eq!(stdout(&out).trim(), "written", "{}", stderr(&out));
 }
+
+/// The layer under sandboxes started from `from`, found by a file it holds.
+fn layer_holding(d: &Daemon, rel: &str) -> std::path::PathBuf {
+    let layers = d.paths.data.join("layers");
+    std::fs::read_dir(&layers)
+        .unwrap()
+        .flatten()
+        .map(|e| e.path().join(rel))
+        .find(|p| p.symlink_metadata().is_ok())
+        .unwrap_or_else(|| panic!("no layer in {} holds {rel}", layers.display()))
+}
+
+/// A 6 GiB sparse file in a 512 MiB sandbox is snapshotted as the 4 KiB it holds (it once
+/// wrote 6.1 GiB to the host and kept the sandbox frozen for minutes), and a sandbox made from
+/// the snapshot sees the same file: its size, its data where it was, zeros elsewhere.
+#[tokio::test(flavor = "multi_thread")]
+async fn a_sparse_file_cannot_fill_the_host_disk_through_a_snapshot() {
+    use std::os::unix::fs::MetadataExt;
+    if !nix::unistd::Uid::effective().is_root() {
+        assert!(std::env::var("CI").is_err(), "CI runs as root");
+        eprintln!("not root: the namespace backend cannot mount a sized disk");
+        return;
+    }
+    let d = Daemon::start();
+    let c = d.unix();
+    let s: Sandbox = d
+        .create(
+            &c,
+            CreateSandbox {
+                disk_mib: Some(512),
+                ..Default::default()
+            },
+        )
+        .await;
+    belljar_e2e::sh_ok(
+        &c,
+        &s.id,
+        "set -e; truncate -s 6G /workspace/sparse; \
+         printf middle | dd of=/workspace/sparse bs=1 seek=3221225472 conv=notrunc 2>/dev/null",
+    )
+    .await;
+    let snap = c
+        .snapshot_sandbox(
+            &s.id,
+            &belljar_api::CreateSnapshot {
+                keep_running: Some(true),
+                ..Default::default()
+            },
+        )
+        .await
+        .unwrap();
+    assert!(snap.size_bytes <= 1 << 20, "{snap:?}");
+    let copy = std::fs::metadata(layer_holding(&d, "workspace/sparse")).unwrap();
+    assert_eq!(copy.len(), 6 << 30);
+    assert!(
+        copy.blocks() * 512 <= 1 << 20,
+        "the layer's copy takes {} bytes of the host's disk",
+        copy.blocks() * 512
+    );
+    let from = d
+        .create(
+            &c,
+            CreateSandbox {
+                source: Some(belljar_api::Source::Snapshot {
+                    snapshot_id: snap.id.clone(),
+                }),
+                ..Default::default()
+            },
+        )
+        .await;
+    let seen = belljar_e2e::sh_ok(
+        &c,
+        &from.id,
+        "stat -c %s /workspace/sparse; \
+         dd if=/workspace/sparse bs=1 skip=3221225470 count=10 2>/dev/null | od -An -c",
+    )
+    .await;
+    let mut lines = seen.lines();
+    assert_eq!(lines.next().map(str::trim), Some("6442450944"), "{seen}");
+    let bytes: String = lines.collect::<Vec<_>>().join(" ");
+    let bytes: Vec<&str> = bytes.split_whitespace().collect();
+    assert_eq!(
+        bytes,
+        ["\\0", "\\0", "m", "i", "d", "d", "l", "e", "\\0", "\\0"],
+        "{seen}"
+    );
+}
+
+/// A directory snapshot reads with the sandbox's rights: a file the sandbox's root cannot read
+/// (the host's, as a bind mount or `/sys` shows them) makes it fail with `permission_denied`
+/// instead of handing the file to whoever mounts the snapshot; `/proc`, `/sys` and `/dev`, and
+/// links into them, are refused with `invalid_path` before anything is read.
+#[tokio::test(flavor = "multi_thread")]
+async fn a_directory_snapshot_reads_nothing_the_sandbox_cannot() {
+    use belljar_api::{CreateSnapshot, ErrorCode};
+    use belljar_client::ClientError;
+    if !nix::unistd::Uid::effective().is_root() {
+        assert!(std::env::var("CI").is_err(), "CI runs as root");
+        eprintln!("not root: no sandbox id block to read outside of");
+        return;
+    }
+    let d = Daemon::start();
+    let c = d.unix();
+    let s: Sandbox = d.create(&c, CreateSandbox::default()).await;
+    belljar_e2e::sh_ok(
+        &c,
+        &s.id,
+        "set -e; mkdir -p /workspace/probe /workspace/fine; echo mine > /workspace/fine/mine; \
+         ln -s /sys/kernel /workspace/kernel",
+    )
+    .await;
+    // A file of the host's root, as the sandbox sees one it did not make: through its
+    // writable layer, owned by an id outside its block.
+    let upper = d
+        .paths
+        .data
+        .join("sandboxes")
+        .join(&s.id)
+        .join("namespace/fs/upper/workspace/probe");
+    let secret = upper.join("secret");
+    std::fs::write(&secret, b"host only").unwrap();
+    std::fs::set_permissions(&secret, std::os::unix::fs::PermissionsExt::from_mode(0o600)).unwrap();
+    let (code, out) = belljar_e2e::sh(&c, &s.id, "cat /workspace/probe/secret").await;
+    assert_ne!(code, 0, "the sandbox's root reads the host's file: {out}");
+
+    let dir = |path: &str| CreateSnapshot {
+        keep_running: Some(true),
+        path: Some(path.into()),
+        ..Default::default()
+    };
+    let refused = |r: Result<belljar_api::Snapshot, ClientError>| match r {
+        Err(ClientError::Api { code, message, .. }) => (code, message),
+        other => panic!("not refused: {other:?}"),
+    };
+    let (code, message) = refused(c.snapshot_sandbox(&s.id, &dir("/workspace/probe")).await);
+    assert_eq!(code, ErrorCode::PermissionDenied, "{message}");
+    assert!(message.contains("/workspace/probe/secret"), "{message}");
+    for path in [
+        "/sys/firmware/acpi/tables",
+        "/proc",
+        "/dev",
+        "/workspace/kernel",
+    ] {
+        let (code, message) = refused(c.snapshot_sandbox(&s.id, &dir(path)).await);
+        assert_eq!(code, ErrorCode::InvalidPath, "{path}: {message}");
+    }
+    // What the sandbox may read is still captured, and the sandbox runs on.
+    let ok = c
+        .snapshot_sandbox(&s.id, &dir("/workspace/fine"))
+        .await
+        .unwrap();
+    assert_eq!(ok.path.as_deref(), Some("/workspace/fine"));
+    belljar_e2e::sh_ok(&c, &s.id, "true").await;
+}
