@@ -81,6 +81,16 @@ pub struct Config {
     #[arg(long, env = "BELLJAR_DISK_POOL", default_value_t = 2,
           value_parser = clap::value_parser!(u8).range(0..=16))]
     pub disk_pool: u8,
+    /// How long a client of the TCP port may take to send a request's headers before its
+    /// connection is closed, e.g. `10s`; a bare number is seconds. The Unix socket has no such
+    /// bound.
+    #[arg(long, env = "BELLJAR_HEADER_READ_TIMEOUT", default_value = "10s", value_parser = parse_duration)]
+    pub header_read_timeout: i64,
+    /// How many connections to the TCP port may be open that have not yet sent the token or a
+    /// session cookie; a new one over this is closed at once. 1..=65535.
+    #[arg(long, env = "BELLJAR_MAX_UNAUTHENTICATED_CONNECTIONS", default_value_t = 256,
+          value_parser = clap::value_parser!(u16).range(1..))]
+    pub max_unauthenticated_connections: u16,
     /// Extra browser origins allowed to call the daemon (e.g. a UI dev server), comma-separated.
     #[arg(long, env = "BELLJAR_ALLOWED_ORIGINS", value_delimiter = ',')]
     pub allowed_origins: Vec<String>,

@@ -179,18 +179,22 @@ async fn serve(config: Config, paths: &Paths) -> Result<(), ServerError> {
 
     let tcp_app = auth::tcp_layers(router(state.clone()), auth);
     let unix_app = router(state).layer(middleware::from_fn(auth::unix_caller));
-    // As make-services: `axum::serve` given a bare `Router` runs `with_state` on it for every
+    // As a make-service: `axum::serve` given a bare `Router` runs `with_state` on it for every
     // connection, which copies the whole route table (each client request of the CLI and the
     // SDKs is its own connection; it was a tenth of the daemon's time under many commands).
-    // The routers already have their state, so a cheap clone per connection is all they need.
-    let servers = async {
-        tokio::try_join!(
-            axum::serve(tcp, tcp_app.into_make_service()),
-            axum::serve(unix, unix_app.into_make_service())
-        )
+    // The routers already have their state, so a cheap clone per connection is all they need
+    // (the TCP loop in `http::tcp` clones its router the same way).
+    let limits = crate::http::tcp::TcpLimits {
+        header_read_timeout: std::time::Duration::from_millis(
+            config.header_read_timeout.unsigned_abs(),
+        ),
+        max_unauthenticated: usize::from(config.max_unauthenticated_connections),
     };
     let result = tokio::select! {
-        r = servers => r.map(|_| ()).map_err(io_err("The server failed")),
+        r = axum::serve(unix, unix_app.into_make_service()) => {
+            r.map_err(io_err("The server failed"))
+        }
+        never = crate::http::tcp::serve(tcp, tcp_app, limits) => match never {},
         _ = term.recv() => Ok(()),
         _ = int.recv() => Ok(()),
     };

@@ -316,6 +316,11 @@ pub async fn credentials_guard(
     }
     match auth.check_credentials(req.headers(), needs) {
         Ok(caller) => {
+            if matches!(caller, Caller::Bearer | Caller::Session)
+                && let Some(place) = req.extensions().get::<super::tcp::Unauthenticated>()
+            {
+                place.release();
+            }
             req.extensions_mut().insert(caller);
             next.run(req).await
         }

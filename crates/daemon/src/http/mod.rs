@@ -18,6 +18,7 @@ mod pause;
 mod sandboxes;
 mod snapshots;
 mod stream;
+pub mod tcp;
 mod terminal;
 mod ui;
 mod usage;
