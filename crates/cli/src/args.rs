@@ -245,7 +245,9 @@ pub struct PolicyOpts {
 
 #[derive(Debug, Subcommand)]
 pub enum VercelCmd {
-    /// Print the variables as shell `export` lines (`eval "$(belljar vercel env)"`).
+    /// Print the variables as shell `export` lines (`eval "$(belljar vercel env)"`). The
+    /// credential among them is good for an hour: programs started after that need new ones
+    /// (a program that runs longer keeps its own renewed).
     Env,
 }
 

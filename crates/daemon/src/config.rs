@@ -59,6 +59,11 @@ pub struct Config {
     #[arg(long, env = "BELLJAR_TESTING_FORCE_MICROVM", hide = true,
           value_parser = clap::builder::BoolishValueParser::new())]
     pub testing_force_microvm: bool,
+    /// Testing only: how long the Vercel layer's JWTs live (an hour), so that a test sees one
+    /// renewed and one expire in seconds.
+    #[arg(long, env = "BELLJAR_TESTING_VERCEL_TOKEN_LIFETIME", hide = true, default_value = "1h",
+          value_parser = parse_duration)]
+    pub testing_vercel_token_lifetime: i64,
     /// Output bytes a sandbox keeps per command; the agent's own default (64 MiB) when unset. Bytes over it are dropped and reported as
     /// `output_truncated_bytes`.
     #[arg(long, env = "BELLJAR_COMMAND_OUTPUT_LIMIT", value_parser = clap::value_parser!(u64).range(1..))]

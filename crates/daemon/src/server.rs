@@ -161,6 +161,7 @@ async fn serve(config: Config, paths: &Paths) -> Result<(), ServerError> {
         ui_dir: config.ui_dir(),
         dirs: paths.dirs.clone(),
         probe_exe: std::env::current_exe().map_err(io_err("Cannot find belljard's own binary"))?,
+        vercel_token_lifetime: (config.testing_vercel_token_lifetime / 1000).max(1),
     };
     let tcp = listen_tcp(config.port).await?;
     let port = tcp.local_addr().map_err(io_err("No local address"))?.port();

@@ -41,6 +41,7 @@ fn app(home: &std::path::Path) -> axum::Router {
         dirs,
         // These tests send no doctor request; a binary that fails stands for belljard.
         probe_exe: "/bin/false".into(),
+        vercel_token_lifetime: belljard::compat::vercel::token::LIFETIME_SECS,
     };
     router(state).layer(middleware::from_fn(auth::unix_caller))
 }

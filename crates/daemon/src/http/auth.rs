@@ -305,7 +305,10 @@ pub async fn credentials_guard(
     let needs = path == "/v1" || path.starts_with("/v1/") || path.starts_with("/compat/");
     if path.starts_with(crate::compat::vercel::PREFIX) {
         // Vercel's SDK sends its credential as a JWT; one the daemon signed stands for the token.
-        crate::compat::vercel::token::accept(&auth, req.headers_mut());
+        let now = crate::compat::vercel::token::now();
+        if let Err(e) = crate::compat::vercel::token::accept(&auth, req.headers_mut(), now) {
+            return crate::compat::vercel::error::VercelError::from(e).into_response();
+        }
     }
     if let Some(bearer) = websocket_query_token(&req) {
         // A browser cannot set headers on a WebSocket, so the desktop app sends its token in

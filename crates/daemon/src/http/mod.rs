@@ -48,6 +48,9 @@ pub struct AppState {
     /// The binary `GET /v1/doctor` re-runs for its probe children: `belljard` itself, whose
     /// `main` answers `belljar_doctor::PROBE_ENV`.
     pub probe_exe: PathBuf,
+    /// Seconds a JWT of the Vercel layer lives ([`crate::compat::vercel::token::LIFETIME_SECS`]
+    /// but in tests).
+    pub vercel_token_lifetime: i64,
 }
 
 /// Every `/v1` route with its OpenAPI operation. Only routes added here (through

@@ -28,6 +28,9 @@ pub enum VercelError {
     /// A name already taken by a live sandbox.
     #[error("A sandbox named {0:?} already exists")]
     NameTaken(String),
+    /// A credential of the daemon's that is out of its validity.
+    #[error(transparent)]
+    Token(#[from] super::token::TokenError),
     /// A failure of the daemon's own services.
     #[error(transparent)]
     Api(#[from] ApiError),
@@ -62,6 +65,7 @@ impl VercelError {
                 self.to_string(),
             ),
             Self::NameTaken(_) => (StatusCode::CONFLICT, "sandbox_exists", self.to_string()),
+            Self::Token(e) => (StatusCode::UNAUTHORIZED, e.code(), self.to_string()),
             Self::Api(e) => {
                 let (status, code, message) = e.parts();
                 if code == belljar_api::ErrorCode::SandboxNotRunning {

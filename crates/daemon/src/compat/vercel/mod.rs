@@ -51,15 +51,8 @@ pub const CREDENTIALS: &str = "/belljar/credentials";
 
 /// A JWT for the SDK (`VERCEL_OIDC_TOKEN`), signed under the daemon's token.
 async fn credentials(axum::extract::State(st): axum::extract::State<AppState>) -> Response {
-    let now = i64::try_from(
-        std::time::SystemTime::now()
-            .duration_since(std::time::UNIX_EPOCH)
-            .map(|d| d.as_secs())
-            .unwrap_or_default(),
-    )
-    .unwrap_or_default();
     axum::Json(serde_json::json!({
-        "token": token::mint(st.auth.token(), now),
+        "token": token::mint(st.auth.token(), token::now(), st.vercel_token_lifetime),
         "teamId": token::TEAM,
         "projectId": token::PROJECT,
     }))
