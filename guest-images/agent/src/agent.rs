@@ -60,6 +60,8 @@ fn app(config: &Config) -> Result<(Arc<App>, mpsc::Receiver<ShutdownAction>), Ru
 /// sandbox should end. Commands still running are killed before this returns.
 pub async fn run(config: &Config) -> Result<Outcome, RunError> {
     let (app, mut shutdown) = app(config)?;
+    // Before serving, so that no new upload's file is taken for an old one's.
+    crate::files::pending::start(&config.upload_journal());
     if config.selfcheck {
         let result = selfcheck(&app).await;
         app.commands.signal_all(Signal::SIGKILL);

@@ -73,6 +73,12 @@ pub struct Config {
     /// Where detached command output is kept (/run/belljar, or a temp dir in plain mode).
     #[arg(long, env = "BELLJAR_STATE_DIR")]
     pub state_dir: Option<PathBuf>,
+    /// Where uploads in progress are written down, so that the temporary files of those a
+    /// dead agent did not finish are removed at its next start (`files::pending`); default
+    /// `/var/lib/.belljar-uploads` on the sandbox's own disk, `<state dir>/uploads` in plain
+    /// mode. It exists only while an upload is in progress.
+    #[arg(long, env = "BELLJAR_UPLOAD_JOURNAL")]
+    pub upload_journal: Option<PathBuf>,
     /// The sandbox's hostname (set in microvm and namespace modes).
     #[arg(long, env = "BELLJAR_HOSTNAME")]
     pub hostname: Option<String>,
@@ -138,6 +144,17 @@ impl Config {
             (Some(addr), _) => addr.parse(),
             (None, Mode::Microvm) => Ok(ListenAddr::Vsock(belljar_agent_proto::AGENT_VSOCK_PORT)),
             (None, mode) => Err(ConfigError::NoListen(mode)),
+        }
+    }
+
+    /// The journal of uploads in progress. Not in the state directory, which is a tmpfs in a
+    /// sandbox and so forgets what it held at a restart, when the temporary files it names are
+    /// still on the sandbox's disk.
+    pub fn upload_journal(&self) -> PathBuf {
+        match (&self.upload_journal, self.mode()) {
+            (Some(dir), _) => dir.clone(),
+            (None, Mode::Plain) => self.state_dir().join("uploads"),
+            (None, _) => PathBuf::from("/var/lib/.belljar-uploads"),
         }
     }
 

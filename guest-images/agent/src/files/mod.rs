@@ -7,6 +7,7 @@
 //! descriptor, in case the path was swapped in between).
 
 mod list;
+pub mod pending;
 mod tar;
 
 pub use list::{list, parse_limit};
@@ -230,12 +231,14 @@ where
         move || create_dirs(&parent, 0o755, owner)
     })
     .await?;
-    let tmp = parent.join(format!(
+    // Removed if the upload ends before its rename, even by this future being dropped.
+    let pending = pending::Pending::new(parent.join(format!(
         ".{}.belljar-{}-{}.tmp",
         name.to_string_lossy(),
         std::process::id(),
         TMP_COUNTER.fetch_add(1, Ordering::Relaxed)
-    ));
+    )));
+    let tmp = pending.path().to_owned();
     let result = async {
         let mut file = tokio::fs::OpenOptions::new()
             .write(true)
@@ -261,9 +264,12 @@ where
         tokio::fs::rename(&tmp, &p).await.map_err(err(&p))
     }
     .await;
-    if let Err(e) = result {
-        let _ = tokio::fs::remove_file(&tmp).await;
-        return Err(e);
+    match result {
+        Ok(()) => pending.finish(),
+        Err(e) => {
+            drop(pending);
+            return Err(e);
+        }
     }
     blocking(move || stat_sync(&p)).await
 }

@@ -201,11 +201,14 @@ where
 {
     let p = check_path(path)?;
     let owner = owner(user)?;
-    let staging = p.join(format!(
+    // Removed with all it holds if the upload ends early, even by this future being dropped
+    // or the agent dying (see `pending`).
+    let pending = super::pending::Pending::new(p.join(format!(
         ".belljar-upload-{}-{}.tmp",
         std::process::id(),
         TMP_COUNTER.fetch_add(1, Ordering::Relaxed)
-    ));
+    )));
+    let staging = pending.path().to_owned();
     blocking({
         let (p, staging) = (p.clone(), staging.clone());
         move || {
@@ -218,11 +221,8 @@ where
     let reader = SyncIoBridge::new(StreamReader::new(Box::pin(body)));
     blocking(move || {
         let result = extract(reader, &staging, owner).and_then(|()| merge(&staging, &p));
-        if let Err(e) = std::fs::remove_dir_all(&staging)
-            && e.kind() != io::ErrorKind::NotFound
-        {
-            tracing::warn!(path = %staging.display(), "cannot remove the upload's staging: {e}");
-        }
+        // The guard removes the staging (here, on a blocking thread) and its journal entry.
+        drop(pending);
         result
     })
     .await

@@ -48,8 +48,33 @@ impl Agent {
         blocked: &[i32],
     ) -> Self {
         let dir = tempfile::tempdir().unwrap();
-        let socket = dir.path().join("agent.sock");
         std::fs::create_dir(dir.path().join("files")).unwrap();
+        Self::launch_in(dir, wrapper, mode, extra, ignored, blocked).await
+    }
+
+    /// Kills the agent with SIGKILL, as a sandbox stopped hard ends it, and starts a new one
+    /// on the same directories (files, state), as the sandbox's next start does.
+    pub async fn kill_and_restart(mut self) -> Self {
+        let group = nix::unistd::Pid::from_raw(self.child.id() as i32);
+        let _ = nix::sys::signal::killpg(group, nix::sys::signal::Signal::SIGKILL);
+        let _ = self.child.wait();
+        let dir = tempfile::Builder::new().tempdir().unwrap();
+        // The old harness's directory is taken over, not deleted with it.
+        let old = std::mem::replace(&mut self.dir, dir);
+        drop(self);
+        let _ = std::fs::remove_file(old.path().join("agent.sock"));
+        Self::launch_in(old, &[], "plain", &[], &[], &[]).await
+    }
+
+    async fn launch_in(
+        dir: tempfile::TempDir,
+        wrapper: &[&str],
+        mode: &str,
+        extra: &[&str],
+        ignored: &[i32],
+        blocked: &[i32],
+    ) -> Self {
+        let socket = dir.path().join("agent.sock");
         let program = env!("CARGO_BIN_EXE_belljar-agent");
         let mut cmd = match wrapper.split_first() {
             Some((first, rest)) => {
