@@ -1,5 +1,6 @@
 //! Finds, starts and stops the daemon, so that `belljar` works on a machine where nobody
-//! started `belljard` yet: the first command starts it in the background.
+//! started `belljard` yet: the first command starts it in the background, with the settings
+//! of its last start (`belljar_client::settings`).
 
 use std::fs::OpenOptions;
 use std::os::unix::fs::DirBuilderExt;
@@ -9,6 +10,7 @@ use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
 use belljar_client::ready::ReadySocket;
+use belljar_client::settings::{self, DaemonSettings};
 use belljar_client::{Client, Paths};
 use nix::errno::Errno;
 use nix::sys::signal::{Signal, kill};
@@ -145,6 +147,13 @@ async fn start_as(
         .mode(0o700)
         .create(&runtime)
         .map_err(spawn_err)?;
+    // The settings of the daemon's last start come back, so that one started by whichever
+    // command found it down is the daemon the user set up; the caller's own variables win.
+    if let Some(last) = DaemonSettings::load(&settings::path(paths)) {
+        for (name, value) in settings::restored_env(&last, |k| std::env::var_os(k).is_some()) {
+            cmd.env(name, value);
+        }
+    }
     let ready = ReadySocket::bind(&runtime).map_err(spawn_err)?;
     cmd.env(belljar_client::ready::ENV, ready.path());
     let mut child = tokio::process::Command::from(cmd)

@@ -25,6 +25,7 @@ pub mod ready;
 pub mod routes;
 mod sandboxes;
 pub mod scope;
+pub mod settings;
 mod snapshots;
 
 pub use body::{Body, BoxError, Download, empty, full, json, streamed};

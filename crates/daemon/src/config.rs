@@ -1,9 +1,22 @@
 //! The daemon's configuration: command-line flags, each also readable from a `BELLJAR_*`
-//! environment variable.
+//! environment variable, and the record of them ([`Config::load`]) that a later start by the
+//! CLI gives back (`belljar_client::settings`).
 
+use std::collections::BTreeMap;
 use std::path::PathBuf;
 
-use clap::Parser;
+use belljar_client::settings::DaemonSettings;
+use clap::parser::ValueSource;
+use clap::{CommandFactory, FromArgMatches, Parser};
+
+/// Settings read from the environment outside the flags (by the sandboxes' network and the
+/// log), recorded with the flags' so that they come back too.
+const OTHER_SETTINGS: &[&str] = &[
+    "BELLJAR_DNS_SERVERS",
+    "BELLJAR_BROKER_CA",
+    "BELLJAR_TAP_VIA_CHILD",
+    "BELLJAR_LOG",
+];
 
 /// belljard: the Belljar daemon. It owns every sandbox and serves the API on a Unix socket
 /// (`<runtime>/belljard.sock`) and on 127.0.0.1.
@@ -99,6 +112,9 @@ pub struct Config {
     /// Extra browser origins allowed to call the daemon (e.g. a UI dev server), comma-separated.
     #[arg(long, env = "BELLJAR_ALLOWED_ORIGINS", value_delimiter = ',')]
     pub allowed_origins: Vec<String>,
+    /// The settings this start was given, as [`Config::load`] found them.
+    #[arg(skip)]
+    pub settings: DaemonSettings,
 }
 
 /// A positive duration in milliseconds, read by the API's one rule (a bare number is seconds).
@@ -111,6 +127,49 @@ fn parse_duration(text: &str) -> Result<i64, String> {
 }
 
 impl Config {
+    /// Parses the command line and the environment, and records what was given: each flag
+    /// given on the command line or by its variable, under that variable, with its text as
+    /// given (not defaults, which a later start has anyway), and the [`OTHER_SETTINGS`] that
+    /// are set. Left out: `BELLJAR_HOME`, which says where the record is, and the hidden
+    /// testing flags, which a later start by the CLI must not inherit.
+    pub fn load() -> Self {
+        Self::load_from(std::env::args_os(), |name| std::env::var(name).ok())
+    }
+
+    fn load_from(
+        args: impl IntoIterator<Item = std::ffi::OsString>,
+        env: impl Fn(&str) -> Option<String>,
+    ) -> Self {
+        let command = Self::command();
+        let matches = command.clone().get_matches_from(args);
+        let mut config = Self::from_arg_matches(&matches).unwrap_or_else(|e| e.exit());
+        let mut settings = BTreeMap::new();
+        for arg in command.get_arguments() {
+            let (Some(name), id) = (arg.get_env(), arg.get_id().as_str()) else {
+                continue;
+            };
+            let given = matches!(
+                matches.value_source(id),
+                Some(ValueSource::CommandLine | ValueSource::EnvVariable)
+            );
+            if !given || arg.is_hide_set() || name == "BELLJAR_HOME" {
+                continue;
+            }
+            let Some(raw) = matches.get_raw(id) else {
+                continue;
+            };
+            let values: Vec<&str> = raw.filter_map(|v| v.to_str()).collect();
+            settings.insert(name.to_string_lossy().into_owned(), values.join(","));
+        }
+        for name in OTHER_SETTINGS {
+            if let Some(value) = env(name) {
+                settings.insert((*name).to_owned(), value);
+            }
+        }
+        config.settings = DaemonSettings { env: settings };
+        config
+    }
+
     /// The repository root this daemon was built from: the default UI and image paths of a
     /// daemon run from its build tree (an installed one uses its package's copies).
     fn repo() -> PathBuf {
@@ -140,6 +199,50 @@ impl Config {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// Flags and variables given are recorded under their variables, defaults, the home and
+    /// testing flags are not.
+    #[test]
+    fn the_settings_given_are_recorded() {
+        let args = [
+            "belljard",
+            "--home",
+            "/tmp/h",
+            "--pool",
+            "base=2",
+            "--allowed-origins",
+            "http://a,http://b",
+            "--testing-force-microvm",
+        ]
+        .map(std::ffi::OsString::from);
+        let env = |name: &str| (name == "BELLJAR_DNS_SERVERS").then(|| "127.0.0.1:5353".to_owned());
+        let c = Config::load_from(args, env);
+        assert_eq!(c.pool.0, [("base".to_owned(), 2)]);
+        // Among the names this test is about (the environment of a CI run may set others).
+        let about = [
+            "BELLJAR_ALLOWED_ORIGINS",
+            "BELLJAR_DNS_SERVERS",
+            "BELLJAR_POOL",
+            "BELLJAR_HOME",
+            "BELLJAR_TESTING_FORCE_MICROVM",
+            "BELLJAR_MAX_TIMEOUT",
+        ];
+        let recorded: Vec<(&str, &str)> = c
+            .settings
+            .env
+            .iter()
+            .filter(|(k, _)| about.contains(&k.as_str()))
+            .map(|(k, v)| (k.as_str(), v.as_str()))
+            .collect();
+        assert_eq!(
+            recorded,
+            [
+                ("BELLJAR_ALLOWED_ORIGINS", "http://a,http://b"),
+                ("BELLJAR_DNS_SERVERS", "127.0.0.1:5353"),
+                ("BELLJAR_POOL", "base=2"),
+            ]
+        );
+    }
 
     #[test]
     fn flags_parse_with_defaults() {

@@ -1,7 +1,5 @@
 //! belljard: parse the configuration, then run the daemon until SIGTERM.
 
-use clap::Parser;
-
 fn main() -> std::process::ExitCode {
     // Before any runtime thread starts: `GET /v1/doctor` re-runs this binary as a probe child,
     // which needs a single-threaded process for its user namespace.
@@ -31,7 +29,7 @@ async fn run() -> std::process::ExitCode {
         )
         .with_writer(std::io::stderr)
         .init();
-    let config = belljard::config::Config::parse();
+    let config = belljard::config::Config::load();
     match belljard::server::run(config).await {
         Ok(()) => std::process::ExitCode::SUCCESS,
         Err(e) => {

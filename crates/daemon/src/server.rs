@@ -74,6 +74,7 @@ pub async fn run(config: Config) -> Result<(), ServerError> {
     let paths = Paths::resolve(config.home.as_deref(), config.cache.as_deref())?;
     paths.create()?;
     let pid_file = claim_pid_file(&paths.dirs.pid_file())?;
+    record_settings(&config, &paths.dirs);
     let result = serve(config, &paths).await;
     for f in [
         paths.dirs.socket(),
@@ -209,6 +210,25 @@ async fn serve(config: Config, paths: &Paths) -> Result<(), ServerError> {
     squasher.abort();
     tracing::info!("belljard stopped; sandboxes keep running");
     result
+}
+
+/// Writes down the settings of this start for the next one that the CLI makes
+/// (`belljar_client::settings`), and logs which differ from the last start's: a daemon the CLI
+/// started with another environment says so. A failure costs only that record.
+fn record_settings(config: &Config, dirs: &belljar_client::Paths) {
+    let path = belljar_client::settings::path(dirs);
+    if let Some(before) = belljar_client::settings::DaemonSettings::load(&path) {
+        let changed = config.settings.changed_since(&before);
+        if !changed.is_empty() {
+            tracing::warn!(
+                settings = %changed.join(","),
+                "settings differ from the last start's"
+            );
+        }
+    }
+    if let Err(e) = config.settings.save(&path) {
+        tracing::warn!(error = %e, "cannot record the daemon's settings");
+    }
 }
 
 /// The TCP listener on 127.0.0.1: the port asked for, or else the default port and, when
