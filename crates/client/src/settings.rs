@@ -99,8 +99,8 @@ impl DaemonSettings {
 /// The variables a start of the daemon adds to its environment: the last start's settings,
 /// except those the caller's own environment sets (`caller` looks a name up there). The caller
 /// wins because a variable set for this command is meant for it (`BELLJAR_DNS_SERVERS=… belljar
-/// ls`, or set empty to clear it); one it does not set says nothing, and the last start's value
-/// stands.
+/// ls`, which is then the record too); one it does not set says nothing, and the last start's
+/// value stands.
 pub fn restored_env(
     settings: &DaemonSettings,
     caller: impl Fn(&str) -> bool,
