@@ -1,9 +1,12 @@
 #!/usr/bin/env bash
 # Schemathesis against a real daemon: belljard on the namespace backend in a temporary
-# BELLJAR_HOME (`--port 0`), with one running sandbox (and a second for stop and delete) so
-# that sandbox routes reach real code, fuzzed from its own /v1/openapi.json with the bearer
-# token. Fails on any 5xx, any answer that breaks its documented schema, and any answer slower
-# than the limit (a hang). Bounded in time: BELLJAR_FUZZ_SECONDS (default 150).
+# BELLJAR_HOME (`--port 0`), fuzzed from its own /v1/openapi.json with the bearer token. Every
+# request is pointed at real resources (hooks.py: a running sandbox and a command of it, a
+# sandbox of their own for the operations that end one, snapshots, a port, a mount; replaced
+# when the fuzzer ends them), so that every operation reaches real code. Fails on any 5xx, any
+# answer that breaks its documented schema, any answer slower than the limit (a hang), and any
+# operation whose valid requests never got past a 404 (the table of answers per operation is
+# printed at the end). Bounded in time: BELLJAR_FUZZ_SECONDS (default 150).
 #
 # Excluded, because their answers never end by design: GET /v1/events and
 # GET .../files/watch (streams that stay open), GET .../terminal (a WebSocket), and
@@ -28,18 +31,14 @@ say "starting belljard"
 . "$repo/scripts/lib/daemon.sh"
 daemon_start "$target/debug/belljar" belljar-api-fuzz
 
-create() {
-  api -X POST http://belljard/v1/sandboxes -d '{"backend":"namespace","timeout_ms":900000}' \
-    | python3 -c 'import json,sys; print(json.load(sys.stdin)["id"])'
-}
-BELLJAR_FUZZ_SANDBOX=$(create)
-BELLJAR_FUZZ_VICTIM=$(create)
-# A command that has exited: its logs and waits answer at once, and kill, stdin and resize
-# reach their checks.
-BELLJAR_FUZZ_COMMAND=$(api -X POST "http://belljard/v1/sandboxes/$BELLJAR_FUZZ_SANDBOX/commands" \
-  -d '{"argv":["echo","hello"]}' | python3 -c 'import json,sys; print(json.load(sys.stdin)["id"])')
-export BELLJAR_FUZZ_SANDBOX BELLJAR_FUZZ_VICTIM BELLJAR_FUZZ_COMMAND
-say "sandboxes $BELLJAR_FUZZ_SANDBOX and $BELLJAR_FUZZ_VICTIM; fuzzing for at most ${seconds}s"
+# hooks.py makes the sandboxes, snapshots, command, port and mount the requests are pointed at,
+# over the same TCP port and token as the fuzzer, and replaces those the fuzzer ends.
+export BELLJAR_FUZZ_URL="http://127.0.0.1:$port" BELLJAR_FUZZ_TOKEN="$token"
+# The excluded operations, for schemathesis's arguments and for the hooks' coverage table.
+export BELLJAR_FUZZ_EXCLUDED="events file_watch terminal image_build"
+excluded=()
+for op in $BELLJAR_FUZZ_EXCLUDED; do excluded+=(--exclude-operation-id "$op"); done
+say "fuzzing for at most ${seconds}s"
 
 status=0
 export SCHEMATHESIS_HOOKS=hooks
@@ -61,10 +60,7 @@ cd "$home"
   --workers 1 \
   --seed "${BELLJAR_FUZZ_SEED:-7423}" \
   --generation-database none \
-  --exclude-operation-id events \
-  --exclude-operation-id file_watch \
-  --exclude-operation-id terminal \
-  --exclude-operation-id image_build \
+  "${excluded[@]}" \
   --no-color || status=$?
 if [ "$status" -ne 0 ]; then
   say "schemathesis failed ($status); the daemon's log ends:"
