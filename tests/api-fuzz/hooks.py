@@ -5,8 +5,9 @@ would end in the same 404 before any handler code runs. Before each request goes
 path ids are replaced by those of live resources of the daemon under test (`Fixtures`, made
 when the schema has loaded):
 
-- the shared sandbox (running) and an exited command of it, for every sandbox and command
-  route;
+- the shared sandbox (running), for every sandbox route; an exited command of it for the
+  command routes that read one, and a running one on a terminal with stdin open for kill,
+  stdin and resize;
 - a victim sandbox for the operations that end one (stop, delete, snapshot);
 - a snapshot for get, update and diff, and a victim snapshot for delete;
 - an exposed port for `port_remove`; a directory snapshot mounted in the shared sandbox for
@@ -39,6 +40,8 @@ import schemathesis
 from schemathesis.cli import EventHandler, LoadingFinished, handler
 from schemathesis.engine import StopReason, events
 
+# The command operations whose `cid` is the running command (the rest get the exited one).
+LIVE_COMMAND = {"command_kill", "command_stdin", "command_resize"}
 # The operations whose path `id` gets the victim sandbox: each may end the sandbox it is given.
 VICTIM_SANDBOX = {"sandbox_stop", "sandbox_delete", "snapshot_create"}
 # The operations whose path `id` is a snapshot's: the victim one for delete, else the shared one.
@@ -78,13 +81,14 @@ class Daemon:
 
 
 class Fixtures:
-    """The live resources the fuzzer's requests are pointed at, made on first use and replaced
-    when the fuzzer has ended them."""
+    """The live resources the fuzzer's requests are pointed at, made once the schema has
+    loaded and replaced when the fuzzer has ended them."""
 
     def __init__(self, daemon: Daemon) -> None:
         self.daemon = daemon
         self.sandbox = self.new_sandbox()
         self.command = self.new_command()
+        self.live_command = self.new_live_command()
         self.victim = self.new_sandbox()
         self.snapshot = self.new_snapshot({"keep_running": True})
         self.victim_snapshot = self.new_snapshot({"keep_running": True})
@@ -110,6 +114,17 @@ class Fixtures:
         # One that has exited: its logs and waits answer at once, and kill, stdin and resize
         # reach their checks.
         body = {"argv": ["echo", "hello"]}
+        path = f"/v1/sandboxes/{self.sandbox}/commands"
+        return self.daemon.call("POST", path, json=body).json()["id"]
+
+    def new_live_command(self) -> str:
+        # Running until the fuzzer kills it or closes its stdin (or the run ends).
+        body = {
+            "argv": ["sleep", "900"],
+            "detached": True,
+            "pty": {"rows": 24, "cols": 80},
+            "stdin": True,
+        }
         path = f"/v1/sandboxes/{self.sandbox}/commands"
         return self.daemon.call("POST", path, json=body).json()["id"]
 
@@ -142,11 +157,17 @@ class Fixtures:
         r = self.daemon.call("POST", f"/v1/sandboxes/{self.sandbox}/start", ok=(200, 404, 409))
         if r.status_code != 200 or not self.running(self.sandbox):
             self.sandbox = self.new_sandbox()
-        self.suspect |= {"command", "mount", "port"}
+        self.suspect |= {"command", "live_command", "mount", "port"}
 
     def check_command(self) -> None:
         if self.daemon.get(f"/v1/sandboxes/{self.sandbox}/commands/{self.command}") is None:
             self.command = self.new_command()
+
+    def check_live_command(self) -> None:
+        path = f"/v1/sandboxes/{self.sandbox}/commands/{self.live_command}"
+        c = self.daemon.get(path)
+        if c is None or c["status"] not in ("pending", "running"):
+            self.live_command = self.new_live_command()
 
     def check_victim(self) -> None:
         if not self.running(self.victim):
@@ -182,6 +203,8 @@ class Fixtures:
             return ["snapshot"]
         if op in VICTIM_SNAPSHOT:
             return ["victim_snapshot"]
+        if op in LIVE_COMMAND:
+            return ["sandbox", "live_command"]
         if op.startswith("command_") and op not in ("command_run", "command_list"):
             return ["sandbox", "command"]
         if op in ("sandbox_mount", "sandbox_unmount"):
@@ -204,7 +227,7 @@ class Fixtures:
                 "victim_snapshot": self.victim_snapshot,
             }.get(self.uses(op)[0], self.sandbox)
         if "cid" in params:
-            params["cid"] = self.command
+            params["cid"] = self.live_command if op in LIVE_COMMAND else self.command
         if "port" in params:
             params["port"] = PORT
         meta = case.meta
@@ -225,6 +248,8 @@ class Fixtures:
 
 # The operations that end (or may end) the fixture they are pointed at when they succeed.
 ENDS = VICTIM_SANDBOX | VICTIM_SNAPSHOT | {
+    "command_kill",
+    "command_stdin",  # with close=true
     "port_remove",
     "sandbox_unmount",
     "sandbox_update",  # a short timeout_ms
