@@ -66,6 +66,14 @@ pub struct Config {
     /// Host memory (MiB) never given to sandboxes.
     #[arg(long, env = "BELLJAR_MEMORY_RESERVE_MIB", default_value_t = 512)]
     pub memory_reserve_mib: u64,
+    /// How far sandboxes' memory limits may add up past the host's RAM: the sum of the limits
+    /// of live sandboxes stays within this many times `MemTotal`. Limits are caps, and a new
+    /// sandbox is admitted by what the others use; this bounds the case of all of them
+    /// growing to their caps at once. A ratio over 0, at most 1000.
+    #[arg(long, env = "BELLJAR_MEMORY_OVERCOMMIT",
+          default_value_t = crate::sandbox::admission::DEFAULT_OVERCOMMIT,
+          value_parser = parse_overcommit)]
+    pub memory_overcommit: f64,
     /// Testing only (the nested-KVM harness, `scripts/test-microvm.sh`): accept explicit
     /// `--backend microvm` requests on KVM that the speed probe rejects as too slow. `auto`
     /// still follows the probe.
@@ -123,6 +131,15 @@ fn parse_duration(text: &str) -> Result<i64, String> {
         Ok(ms) if ms > 0 => Ok(ms),
         Ok(_) => Err(format!("{text:?}: must be longer than zero")),
         Err(e) => Err(e.to_string()),
+    }
+}
+
+/// A ratio of memory limits to host RAM: finite, over 0, at most 1000.
+fn parse_overcommit(text: &str) -> Result<f64, String> {
+    match text.parse::<f64>() {
+        Ok(ratio) if ratio > 0.0 && ratio <= 1000.0 => Ok(ratio),
+        Ok(_) => Err(format!("{text:?}: must be over 0 and at most 1000")),
+        Err(e) => Err(format!("{text:?}: {e}")),
     }
 }
 
@@ -258,6 +275,13 @@ mod tests {
         assert!(c.ui_dir().ends_with("ui/dist"));
         assert!(Config::try_parse_from(["belljard", "--max-timeout", "-5m"]).is_err());
         assert!(Config::try_parse_from(["belljard", "--max-timeout", "0"]).is_err());
+        assert_eq!(c.memory_overcommit, 10.0);
+        let c = Config::try_parse_from(["belljard", "--memory-overcommit", "1.5"]).unwrap();
+        assert_eq!(c.memory_overcommit, 1.5);
+        for bad in ["0", "-1", "nan", "inf", "1001", "x"] {
+            let parsed = Config::try_parse_from(["belljard", "--memory-overcommit", bad]);
+            assert!(parsed.is_err(), "{bad}");
+        }
     }
 
     /// A bare number is seconds, as in the CLI: `300` is five minutes, not 0.3 s (the daemon

@@ -116,6 +116,7 @@ async fn serve(config: Config, paths: &Paths) -> Result<(), ServerError> {
         default_timeout_ms: config.default_timeout,
         max_timeout_ms: config.max_timeout.max(config.default_timeout),
         memory_reserve_mib: config.memory_reserve_mib,
+        memory_overcommit: config.memory_overcommit,
         agent: config.agent.clone(),
         command_output_limit: config.command_output_limit,
         squash_depth: usize::from(config.squash_depth),

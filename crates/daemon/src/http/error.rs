@@ -26,7 +26,6 @@ use belljar_agent_proto::client::ClientError;
 use belljar_api::{ErrorBody, ErrorCode};
 
 use crate::images::ImageError;
-use crate::sandbox::admission::AdmissionError;
 use crate::sandbox::backend::BackendError;
 use crate::sandbox::{SandboxError, ThumbnailError};
 
@@ -101,9 +100,7 @@ fn sandbox_parts(e: &SandboxError) -> (StatusCode, ErrorCode, String) {
         | SandboxError::SnapshotNotFound(_) => ErrorCode::NotFound,
         SandboxError::NotRunning { .. } => ErrorCode::SandboxNotRunning,
         SandboxError::Conflict(_) => ErrorCode::Conflict,
-        SandboxError::Admission(AdmissionError::Insufficient { .. }) => {
-            ErrorCode::InsufficientResources
-        }
+        SandboxError::Admission(e) if e.is_refusal() => ErrorCode::InsufficientResources,
         SandboxError::Image(e) => image_code(e),
         SandboxError::Backend(BackendError::Unavailable { .. }) => ErrorCode::BackendUnavailable,
         SandboxError::Backend(BackendError::Unsupported { .. } | BackendError::NoFreezer(_)) => {
@@ -176,6 +173,7 @@ impl IntoResponse for ApiError {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::sandbox::admission::AdmissionError;
 
     #[test]
     fn each_failure_has_its_status_and_code() {
@@ -200,10 +198,18 @@ mod tests {
         check(ApiError::Forbidden("origin".into()), 403, "forbidden");
         check(
             ApiError::Sandbox(SandboxError::Admission(AdmissionError::Insufficient {
-                requested: 1,
-                committed: 1,
+                needed: 1,
+                starting: 1,
                 available: 1,
                 reserve: 1,
+            })),
+            507,
+            "insufficient_resources",
+        );
+        check(
+            ApiError::Sandbox(SandboxError::Admission(AdmissionError::Pressure {
+                stalled_pct: 30.0,
+                limit_pct: 20.0,
             })),
             507,
             "insufficient_resources",

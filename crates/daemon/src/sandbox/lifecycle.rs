@@ -8,7 +8,7 @@ use belljar_api::{
 };
 
 use super::backend::{BackendError, LaunchSpec};
-use super::{SandboxError, Sandboxes, admission, connect};
+use super::{SandboxError, Sandboxes, connect};
 use crate::store::EventBody;
 use crate::util::{new_id, now_ms};
 
@@ -145,13 +145,7 @@ impl Sandboxes {
         let _guard = lock.lock().await;
         {
             let _admission = self.inner.admission.lock().await;
-            let available = admission::mem_available_mib()?;
-            admission::admit(
-                memory_mib,
-                self.committed_memory_mib()?,
-                available,
-                s.memory_reserve_mib,
-            )?;
+            self.admit(memory_mib, 0)?;
             self.save(&sandbox)?;
             if let Some(key) = &idempotency_key
                 && !self.inner.store.claim_sandbox_key(&id, key)?

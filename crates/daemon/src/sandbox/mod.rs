@@ -139,6 +139,8 @@ pub struct Settings {
     pub max_timeout_ms: i64,
     /// Host memory kept free of sandboxes, MiB.
     pub memory_reserve_mib: u64,
+    /// The sum of sandboxes' memory limits may reach this many times the host's RAM.
+    pub memory_overcommit: f64,
     /// The agent binary given by `BELLJAR_AGENT`, if any.
     pub agent: Option<PathBuf>,
     /// How long a sandbox gets to end by itself before it is killed.
@@ -163,6 +165,7 @@ impl Default for Settings {
             default_timeout_ms: 5 * 60_000,
             max_timeout_ms: 24 * 3_600_000,
             memory_reserve_mib: 512,
+            memory_overcommit: admission::DEFAULT_OVERCOMMIT,
             agent: None,
             stop_grace: Duration::from_secs(2),
             ready_timeout: Duration::from_secs(20),
@@ -316,31 +319,6 @@ impl Sandboxes {
     /// [`Self::running`] without the network policy (see [`Self::record`]).
     fn running_record(&self, id: &str) -> Result<Sandbox, SandboxError> {
         must_run(self.record(id)?)
-    }
-
-    /// Host memory still free for sandboxes, MiB.
-    pub fn free_memory_mib(&self) -> u64 {
-        let available = admission::mem_available_mib().unwrap_or(0);
-        admission::free_for_sandboxes(
-            self.committed_memory_mib().unwrap_or(0),
-            available,
-            self.inner.settings.memory_reserve_mib,
-        )
-    }
-
-    fn committed_memory_mib(&self) -> Result<u64, SandboxError> {
-        Ok(self
-            .inner
-            .store
-            .sandboxes_with_status(&[
-                SandboxStatus::Pending,
-                SandboxStatus::Running,
-                SandboxStatus::Paused,
-                SandboxStatus::Stopping,
-            ])?
-            .iter()
-            .map(|s| s.memory_mib)
-            .sum())
     }
 
     fn lock_for(&self, id: &str) -> Arc<tokio::sync::Mutex<()>> {

@@ -15,7 +15,7 @@
 use belljar_api::{Sandbox, SandboxStatus, SnapshotMount};
 
 use super::snapshots::Taken;
-use super::{SandboxError, Sandboxes, admission};
+use super::{SandboxError, Sandboxes};
 use crate::util::now_ms;
 
 impl Sandboxes {
@@ -116,13 +116,7 @@ impl Sandboxes {
         let agent = self.agent_binary(&image.rootfs)?;
         {
             let _admission = self.inner.admission.lock().await;
-            let available = admission::mem_available_mib()?;
-            admission::admit(
-                s.memory_mib,
-                self.committed_memory_mib()?,
-                available,
-                self.inner.settings.memory_reserve_mib,
-            )?;
+            self.admit(s.memory_mib, 0)?;
             s.status = SandboxStatus::Pending;
             s.status_reason = Some("starting from its latest snapshot".into());
             s.stopped_at = None;

@@ -27,7 +27,7 @@ use belljar_api::{
     Backend as BackendKind, CreateSandbox, LimitsReport, Sandbox, SandboxLifecycle, SandboxStatus,
 };
 
-use super::{SandboxError, Sandboxes, admission};
+use super::{SandboxError, Sandboxes};
 use crate::util::{new_id, now_ms};
 
 /// The file that marks a sandbox directory as the pool's (not yet claimed): empty while the
@@ -337,13 +337,8 @@ impl Sandboxes {
         {
             // Pooled sandboxes are not in the store, so admission counts them here.
             let _admission = self.inner.admission.lock().await;
-            let pooled = (self.pool_ready() + 1) as u64 * class.memory_mib;
-            admission::admit(
-                class.memory_mib,
-                self.committed_memory_mib()? + pooled,
-                admission::mem_available_mib()?,
-                self.inner.settings.memory_reserve_mib,
-            )?;
+            let pooled = self.pool_ready() as u64 * class.memory_mib;
+            self.admit(class.memory_mib, pooled)?;
         }
         let id = new_id("sbx");
         self.prepare_network(&id, None, &[], None)?;
