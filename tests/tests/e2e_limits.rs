@@ -5,11 +5,13 @@
 //! as an ordinary user, delegated cgroup v2 in the rootless job's L1 guest
 //! (`tests/microvm/rootless.sh`), where the group must sit under the subtree delegated to the
 //! user. `tests/tests/e2e_ordinary_user.rs` covers an ordinary user on v1, where none can be
-//! enforced.
+//! enforced. Admission reads limits as caps: a sandbox is admitted by what the others use,
+//! up to an overcommit of the host's RAM.
 
 use std::os::unix::fs::MetadataExt;
 use std::path::{Path, PathBuf};
 
+use belljar_api::{BackendChoice, CreateSandbox};
 use belljar_e2e::{Daemon, block_on, stderr, stdout};
 use serde_json::Value;
 
@@ -184,4 +186,71 @@ fn limits_are_enforced_in_the_sandbox_group_and_reported() {
             assert_eq!(cgroup_file(&dir, "cpu.max"), "100000 100000");
         }
     }
+}
+
+/// A field of `/proc/meminfo`, MiB.
+fn meminfo_mib(name: &str) -> u64 {
+    let text = std::fs::read_to_string("/proc/meminfo").unwrap();
+    let line = text
+        .lines()
+        .find(|l| l.split(':').next() == Some(name))
+        .unwrap_or_else(|| panic!("no {name} in /proc/meminfo"));
+    line.split_whitespace()
+        .nth(1)
+        .unwrap()
+        .parse::<u64>()
+        .unwrap()
+        / 1024
+}
+
+/// Memory limits are caps, not reservations: three sandboxes whose limits (two fifths of the
+/// host's RAM each) add up to more than the host has available all start, because each uses
+/// a few MiB (the daemon used to reserve every limit whole and refused the third). The limits
+/// still bound the worst case: with `BELLJAR_MEMORY_OVERCOMMIT=1.5` a fourth would bring them
+/// to 1.6 × RAM and is refused with `insufficient_resources`, saying why.
+#[test]
+fn memory_limits_are_caps_admitted_by_use_up_to_the_overcommit() {
+    let total = meminfo_mib("MemTotal");
+    let limit = total * 2 / 5;
+    assert!(
+        3 * limit > meminfo_mib("MemAvailable"),
+        "the limits must not fit in MemAvailable, or this proves nothing"
+    );
+    let d = Daemon::start_with_env(&[("BELLJAR_MEMORY_OVERCOMMIT", "1.5")]);
+    let c = d.unix();
+    let big = CreateSandbox {
+        memory_mib: Some(limit),
+        ..CreateSandbox::default()
+    };
+    block_on(async {
+        for _ in 0..3 {
+            let s = d.create(&c, big.clone()).await;
+            let usage = c.sandbox_usage(&s.id).await.unwrap();
+            assert_eq!(usage.memory_limit_bytes, Some(limit << 20), "{usage:?}");
+            let used = usage.memory_bytes.expect("memory is measured");
+            assert!(used < (limit << 20) / 10, "{s:?} uses {used} bytes");
+        }
+        assert!(c.info().await.unwrap().free_memory_mib > 0);
+        let fourth = CreateSandbox {
+            backend: Some(BackendChoice::Namespace),
+            ..big.clone()
+        };
+        let refused = c
+            .create_sandbox(&fourth)
+            .await
+            .expect_err("a fourth passes the overcommit bound");
+        assert_eq!(refused.code(), "insufficient_resources", "{refused}");
+        let message = refused.to_string();
+        let expected = format!(
+            "{limit} MiB requested, {} MiB already given as limits to live sandboxes",
+            3 * limit
+        );
+        assert!(message.contains(&expected), "{message}");
+        assert!(
+            message.contains(&format!("1.5 × {total} MiB of host RAM")),
+            "{message}"
+        );
+        // Within the bound a small one still starts.
+        d.create(&c, CreateSandbox::default()).await;
+    });
 }
