@@ -26,6 +26,7 @@
 #![deny(unsafe_code)]
 
 pub mod broker;
+pub mod budget;
 pub mod config;
 pub mod device;
 pub mod dns;
@@ -42,6 +43,7 @@ pub mod testing;
 pub mod vnet;
 
 pub use broker::{Broker, BrokerError, Refusal, Transform};
+pub use budget::Budget;
 pub use config::NetConfig;
 pub use device::{FrameDevice, SeqpacketDevice, TapDevice};
 pub use dns::DnsUpstream;

@@ -71,6 +71,9 @@ pub enum Rule {
     NoName,
     /// The sandbox has as many open flows as it may.
     TooManyFlows,
+    /// The daemon has no host socket (or buffer memory) to spare for the flow, or the
+    /// sandbox holds its share of them (`crate::budget`).
+    FlowBudget,
     /// A connection from the host to an exposed port (not egress: no policy applies).
     Forwarded,
     /// The sandbox asks the gateway's DNS more questions a second than it may.
@@ -91,6 +94,7 @@ impl fmt::Display for Rule {
             Rule::NotResolved => f.write_str("address not resolved for an allowed name"),
             Rule::NoName => f.write_str("no TLS SNI or HTTP Host"),
             Rule::TooManyFlows => f.write_str("too many open flows"),
+            Rule::FlowBudget => f.write_str("daemon flow budget"),
             Rule::Forwarded => f.write_str("exposed port"),
             Rule::DnsRateLimit => f.write_str("dns rate limit"),
         }

@@ -8,6 +8,9 @@ use std::net::{IpAddr, Ipv4Addr, SocketAddr, TcpListener};
 use std::sync::mpsc;
 use std::time::{Duration, Instant};
 
+use std::sync::Arc;
+
+use belljar_network::budget::{self, Budget};
 use belljar_network::config::Limits;
 use belljar_network::sniff::client_hello;
 use belljar_network::{
@@ -37,6 +40,20 @@ fn setup(policy: NetworkPolicy, names: &[(&str, Ipv4Addr)]) -> Setup {
 }
 
 fn setup_with(policy: NetworkPolicy, names: &[(&str, Ipv4Addr)], limits: Limits) -> Setup {
+    setup_budget(
+        policy,
+        names,
+        limits,
+        Budget::new(100_000, budget::DEFAULT_BUFFER_BYTES),
+    )
+}
+
+fn setup_budget(
+    policy: NetworkPolicy,
+    names: &[(&str, Ipv4Addr)],
+    limits: Limits,
+    budget: Arc<Budget>,
+) -> Setup {
     let internet = Internet::new(names);
     let vmm = VmmSide::listen();
     let path = vmm.path().to_path_buf();
@@ -56,6 +73,7 @@ fn setup_with(policy: NetworkPolicy, names: &[(&str, Ipv4Addr)], limits: Limits)
                         policy,
                         dns: DnsUpstream::Servers(vec![v4(SERVER_IP, 53)]),
                         limits,
+                        budget,
                         ..Options::default()
                     },
                 )
@@ -644,4 +662,56 @@ fn an_address_added_to_the_host_is_refused_as_the_host_at_once() {
         r.rule, "allow-all",
         "an address removed is not the host's any more"
     );
+}
+
+#[test]
+fn sandboxes_share_the_daemons_flow_budget_and_get_it_back() {
+    // Before, each sandbox was held only to its own limit: eighteen of them took every
+    // descriptor of the daemon, whose API then failed with "Too many open files".
+    let budget = Budget::new(16, budget::DEFAULT_BUFFER_BYTES);
+    let policy = rules(None, &["127.0.0.1/32", "203.0.113.0/24"], &[]);
+    let mut a = setup_budget(policy.clone(), &[], Limits::default(), budget.clone());
+    let mut b = setup_budget(policy, &[], Limits::default(), budget.clone());
+    let (server_a, _) = holding_server(&a);
+    let (server_b, _) = holding_server(&b);
+
+    // Past half the budget, a sandbox holds only its share: 16 / 2.
+    let (open_a, refused) = a.guest.connect_many(server_a, 12);
+    assert_eq!((open_a.len(), refused), (8, 4), "a's share holds");
+    let r = wait_flow(&mut a, "a flow refused by the budget", |r| {
+        r.rule == "daemon flow budget"
+    });
+    assert_eq!(r.verdict, FlowVerdict::Denied);
+    assert_eq!(held_sockets(&a.internet.daemon, server_a.port()), 8);
+    let (open_b, refused) = b.guest.connect_many(server_b, 12);
+    assert_eq!((open_b.len(), refused), (8, 4), "b still gets its share");
+    assert_eq!(held_sockets(&b.internet.daemon, server_b.port()), 8);
+    assert_eq!(budget.sockets_used(), 16);
+
+    // UDP bindings are host sockets too: none is left for them.
+    let udp = a.guest.udp_socket();
+    a.guest.udp_send(udp, v4(SERVER_IP, ECHO_PORT), b"ping");
+    let r = wait_flow(&mut a, "a UDP flow refused by the budget", |r| {
+        r.protocol == Protocol::Udp
+    });
+    assert_eq!(r.rule, "daemon flow budget");
+
+    // What a's flows held comes back when they close.
+    for &h in &open_a {
+        a.guest.tcp(h).abort();
+    }
+    a.guest.run_until("a's flows given back", |_| {
+        (budget.sockets_used() == 8).then_some(())
+    });
+    let (again, refused) = a.guest.connect_many(server_a, 4);
+    assert_eq!((again.len(), refused), (4, 0));
+
+    // A sandbox that is gone no longer counts: a alone may use the whole budget.
+    drop(b);
+    a.guest.run_until("b's flows given back", |_| {
+        (budget.sockets_used() == 4 && budget.networks() == 1).then_some(())
+    });
+    let (more, refused) = a.guest.connect_many(server_a, 14);
+    assert_eq!((more.len(), refused), (12, 2), "the whole budget, no more");
+    assert_eq!(held_sockets(&a.internet.daemon, server_a.port()), 16);
 }

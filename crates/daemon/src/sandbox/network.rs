@@ -301,6 +301,9 @@ impl Sandboxes {
             flow_capacity: super::network_flows::FLOWS_KEPT,
             broker: Some(Arc::new(broker)),
             limits: belljar_network::config::Limits::default(),
+            // One budget for every sandbox: the process's descriptors less a reserve for the
+            // API, the store and the agents.
+            budget: belljar_network::Budget::process(),
         };
         let network = match sandbox.backend {
             api::Backend::Namespace => {

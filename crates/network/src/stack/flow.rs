@@ -13,6 +13,7 @@ use tokio::net::TcpStream;
 use tokio::sync::{Notify, mpsc, oneshot};
 use tokio::task::AbortHandle;
 
+use crate::budget::{BufferPermit, BufferSizes, SocketPermit};
 use crate::config::Limits;
 use crate::flows::{FlowRecord, FlowVerdict, Protocol, now_ms};
 use crate::policy::Verdict;
@@ -20,12 +21,6 @@ use crate::policy::Verdict;
 use super::Ctx;
 use super::host_read::HostRead;
 
-/// smoltcp's buffers per connection: a window that fills a fast local link. They are zeroed
-/// allocations, so an idle connection's pages are never touched. Towards the guest it holds
-/// what is in flight, unacknowledged: at 128 KiB that was two 64 KiB segments at MTU 65520,
-/// and the host's data waited for each acknowledgement.
-const RECV_BUFFER: usize = 128 * 1024;
-const SEND_BUFFER: usize = 512 * 1024;
 /// Chunks in flight between a connection's host tasks and the stack.
 const CHANNEL_CHUNKS: usize = 16;
 pub(super) const CHUNK: usize = 32 * 1024;
@@ -78,6 +73,10 @@ pub(super) struct Flow {
     /// The guest socket's state at the end of the last pass: whether it reached `Closed`
     /// through an orderly close (from `LastAck`) or a reset, a timeout or an abort.
     pub(super) last_state: tcp::State,
+    /// The flow's host socket in the daemon's budget, held while the flow lives.
+    pub(super) host_permit: Option<SocketPermit>,
+    /// Its smoltcp buffers in the daemon's budget.
+    pub(super) buffers: Option<BufferPermit>,
 }
 
 impl Drop for Flow {
@@ -88,11 +87,13 @@ impl Drop for Flow {
     }
 }
 
-/// A guest-facing socket, not yet listening or connecting.
-pub(super) fn guest_socket(limits: &Limits) -> tcp::Socket<'static> {
+/// A guest-facing socket with buffers of `sizes` (as the budget granted), not yet listening
+/// or connecting. The buffers are zeroed allocations, so an idle connection's pages may stay
+/// untouched (when the allocator maps them fresh).
+pub(super) fn guest_socket(limits: &Limits, sizes: BufferSizes) -> tcp::Socket<'static> {
     let mut s = tcp::Socket::new(
-        tcp::SocketBuffer::new(vec![0; RECV_BUFFER]),
-        tcp::SocketBuffer::new(vec![0; SEND_BUFFER]),
+        tcp::SocketBuffer::new(vec![0; sizes.recv]),
+        tcp::SocketBuffer::new(vec![0; sizes.send]),
     );
     s.set_nagle_enabled(false);
     // Acknowledge at once: on a local link a delayed ACK only stalls the sender.
@@ -113,8 +114,9 @@ pub(super) fn new_socket(
     sockets: &mut SocketSet<'static>,
     dst: SocketAddr,
     limits: &Limits,
+    sizes: BufferSizes,
 ) -> Option<SocketHandle> {
-    let mut s = guest_socket(limits);
+    let mut s = guest_socket(limits, sizes);
     s.listen((smoltcp::wire::IpAddress::from(dst.ip()), dst.port()))
         .ok()?;
     Some(sockets.add(s))
@@ -228,6 +230,8 @@ impl Flow {
             last_active: Instant::now(),
             seen: 0,
             last_state: tcp::State::Listen,
+            host_permit: None,
+            buffers: None,
         }
     }
 
@@ -258,6 +262,14 @@ impl Flow {
         if let Some(h) = self.socket {
             sockets.get_mut::<tcp::Socket>(h).abort();
         }
+    }
+
+    /// The size of the buffers the budget granted (full ones for a flow that has none: the
+    /// gateway's own).
+    pub(super) fn buffer_sizes(&self) -> BufferSizes {
+        self.buffers
+            .as_ref()
+            .map_or(BufferSizes::FULL, BufferPermit::sizes)
     }
 
     pub(super) fn record(&mut self, cx: &Ctx, src: SocketAddr, verdict: &Verdict) {

@@ -21,6 +21,7 @@ use smoltcp::iface::{Config, Interface, PollResult, SocketSet};
 use smoltcp::wire::{EthernetAddress, HardwareAddress, IpCidr};
 use tokio::sync::{Notify, mpsc};
 
+use crate::budget::{Budget, Share};
 use crate::config::{Limits, NetConfig, TAP_MTU};
 use crate::device::FrameDevice;
 use crate::dns::{Dns, DnsError, DnsUpstream};
@@ -56,6 +57,9 @@ pub struct Options {
     pub broker: Option<Arc<crate::broker::Broker>>,
     /// How many flows the sandbox may hold and for how long.
     pub limits: Limits,
+    /// What all sandboxes' networks may hold together; [`Budget::process`] unless a test
+    /// gives them another.
+    pub budget: Arc<Budget>,
 }
 
 impl Default for Options {
@@ -67,6 +71,7 @@ impl Default for Options {
             flow_capacity: DEFAULT_CAPACITY,
             broker: None,
             limits: Limits::default(),
+            budget: Budget::process(),
         }
     }
 }
@@ -287,6 +292,8 @@ pub(crate) struct Ctx {
     pub dns: Arc<Dns>,
     pub broker: Option<Arc<crate::broker::Broker>>,
     pub limits: Limits,
+    /// This sandbox's part of the daemon's budget.
+    pub share: Share,
     generation: u64,
     context: Context,
     host_addrs: host_addrs::HostAddrs,
@@ -332,6 +339,15 @@ struct Stack {
     tcp: tcp::TcpFlows,
     udp: udp::UdpFlows,
     replies: Option<mpsc::Receiver<udp::Reply>>,
+}
+
+impl Drop for Stack {
+    fn drop(&mut self) {
+        // The flows' buffers are freed here, before the budget's share (in `cx`) is dropped
+        // and asks the allocator to return the pages they held.
+        self.tcp = tcp::TcpFlows::default();
+        self.sockets = SocketSet::new(Vec::new());
+    }
 }
 
 fn smol_now() -> smoltcp::time::Instant {
@@ -388,6 +404,7 @@ impl Stack {
             dns: Arc::new(Dns::new(&options.dns)?),
             broker: options.broker.clone(),
             limits: options.limits.clone(),
+            share: Share::new(options.budget.clone()),
             policy,
             shared,
             cfg,

@@ -79,7 +79,11 @@ impl TcpFlows {
             // and logged as over UDP.
             let mut flow = Flow::new(dst);
             flow.inbound = true;
-            flow.socket = new_socket(sockets, dst, &cx.limits);
+            let Some(buffers) = cx.share.buffers() else {
+                return true; // no memory to spare: a reset, the guest asks again over UDP
+            };
+            flow.socket = new_socket(sockets, dst, &cx.limits, buffers.sizes());
+            flow.buffers = Some(buffers);
             let (ours, theirs) = tokio::io::duplex(64 * 1024);
             let (rd, wr) = tokio::io::split(ours);
             flow.pump(rd, wr, &cx.shared.wake);
@@ -94,14 +98,31 @@ impl TcpFlows {
             self.flows.insert((src, dst), flow);
             return true;
         }
-        let decision = if self.flows.len() >= cx.limits.max_tcp_flows {
+        let mut decision = if self.flows.len() >= cx.limits.max_tcp_flows {
             AddrDecision::Decided(Verdict::Deny(crate::policy::Rule::TooManyFlows))
         } else {
             cx.decide_addr(dst.ip())
         };
+        // What the flow will hold of the daemon, before anything is opened: the buffers,
+        // and the host socket if the address alone allows it.
+        let budget_refused = AddrDecision::Decided(Verdict::Deny(crate::policy::Rule::FlowBudget));
+        if let AddrDecision::Decided(Verdict::Allow(_)) | AddrDecision::NeedName = decision {
+            flow.buffers = cx.share.buffers();
+            if flow.buffers.is_none() {
+                decision = budget_refused;
+            } else if matches!(decision, AddrDecision::Decided(_)) {
+                flow.host_permit = cx.share.socket();
+                if flow.host_permit.is_none() {
+                    decision = budget_refused;
+                }
+            }
+        }
         match decision {
             AddrDecision::Decided(v @ Verdict::Deny(_)) => {
                 flow.record(cx, src, &v);
+                if v.rule() == &crate::policy::Rule::FlowBudget {
+                    tracing::debug!(%dst, "the daemon's flow budget refuses a flow");
+                }
                 if let Some(id) = flow.log_id {
                     cx.shared.flows.finish(id, 0, 0);
                 }
@@ -119,7 +140,7 @@ impl TcpFlows {
                 false
             }
             AddrDecision::NeedName => {
-                flow.socket = new_socket(sockets, dst, &cx.limits);
+                flow.socket = new_socket(sockets, dst, &cx.limits, flow.buffer_sizes());
                 flow.phase = Phase::Sniffing {
                     until: Instant::now() + SNIFF_TIMEOUT,
                 };
@@ -187,14 +208,25 @@ impl TcpFlows {
         }) else {
             return;
         };
-        let mut s = guest_socket(&cx.limits);
+        let mut flow = Flow::new(guest);
+        flow.inbound = true;
+        flow.buffers = cx.share.buffers();
+        flow.host_permit = cx.share.socket();
+        if flow.buffers.is_none() || flow.host_permit.is_none() {
+            // The connection is dropped, so its descriptor is given back at once.
+            let refused = Verdict::Deny(crate::policy::Rule::FlowBudget);
+            flow.record(cx, peer, &refused);
+            if let Some(id) = flow.log_id {
+                cx.shared.flows.finish(id, 0, 0);
+            }
+            return;
+        }
+        let mut s = guest_socket(&cx.limits, flow.buffer_sizes());
         let remote = (smoltcp::wire::IpAddress::from(guest.ip()), guest.port());
         let local_ep = (smoltcp::wire::IpAddress::from(local.ip()), local.port());
         if s.connect(iface.context(), remote, local_ep).is_err() {
             return;
         }
-        let mut flow = Flow::new(guest);
-        flow.inbound = true;
         flow.socket = Some(sockets.add(s));
         flow.record(cx, peer, &Verdict::Allow(crate::policy::Rule::Forwarded));
         flow.open(stream, &cx.shared.wake);
@@ -291,11 +323,12 @@ fn service_one(
     flow: &mut Flow,
     inject: &mut Vec<Vec<u8>>,
 ) -> Step {
+    let sizes = flow.buffer_sizes();
     match &mut flow.phase {
         Phase::Connecting { syn, rx } => match rx.try_recv() {
             Err(oneshot::error::TryRecvError::Empty) => return Step::Idle,
             Ok(Ok(stream)) => {
-                flow.socket = new_socket(sockets, dst, &cx.limits);
+                flow.socket = new_socket(sockets, dst, &cx.limits, sizes);
                 // The handshake with the guest starts now, however long the host's took.
                 flow.last_active = Instant::now();
                 inject.push(std::mem::take(syn));
@@ -351,7 +384,14 @@ fn service_one(
                 return Step::Done; // the guest gave up first
             }
             flow.name = name;
-            let verdict = cx.decide_name(flow.name.as_deref(), dst.ip());
+            let mut verdict = cx.decide_name(flow.name.as_deref(), dst.ip());
+            if verdict.is_allow() {
+                // The broker's upstream connection is a host socket as well.
+                flow.host_permit = cx.share.socket();
+                if flow.host_permit.is_none() {
+                    verdict = Verdict::Deny(crate::policy::Rule::FlowBudget);
+                }
+            }
             flow.record(cx, src, &verdict);
             let brokered = flow.name.as_deref().and_then(|name| {
                 let t = cx.policy.transform_for(name)?;

@@ -41,6 +41,8 @@ struct Binding {
     bytes_in: u64,
     last: Instant,
     task: Option<AbortHandle>,
+    /// The host socket in the daemon's budget.
+    _permit: Option<crate::budget::SocketPermit>,
 }
 
 impl Drop for Binding {
@@ -124,7 +126,7 @@ impl UdpFlows {
         if self.bindings.len() >= MAX_BINDINGS {
             self.expire(cx);
         }
-        let verdict = if self.bindings.len() >= MAX_BINDINGS {
+        let mut verdict = if self.bindings.len() >= MAX_BINDINGS {
             Verdict::Deny(Rule::TooManyFlows)
         } else {
             match cx.decide_addr(dst.ip()) {
@@ -133,6 +135,14 @@ impl UdpFlows {
                 AddrDecision::NeedName => Verdict::Deny(Rule::NoName),
             }
         };
+        let permit = if verdict.is_allow() {
+            cx.share.socket()
+        } else {
+            None
+        };
+        if verdict.is_allow() && permit.is_none() {
+            verdict = Verdict::Deny(Rule::FlowBudget);
+        }
         let log_id = log(cx, Protocol::Udp, src, dst, None, &verdict);
         let mut binding = Binding {
             socket: None,
@@ -141,6 +151,7 @@ impl UdpFlows {
             bytes_in: 0,
             last: Instant::now(),
             task: None,
+            _permit: permit,
         };
         if verdict.is_allow() {
             match host_socket(dst) {
