@@ -30,8 +30,9 @@ pub const MIN_SHARE: usize = 64;
 /// Descriptors the daemon keeps out of the networks' reach, at least: the API's connections,
 /// the store, the agents' and the VMMs' sockets, logs, image layers.
 pub const MIN_RESERVE: usize = 1024;
-/// The buffers all TCP connections may hold by default.
-pub const DEFAULT_BUFFER_BYTES: usize = 2 << 30;
+/// The buffers all TCP connections may hold by default: 819 connections with full buffers
+/// (half of it), then 8192 more with small ones.
+pub const DEFAULT_BUFFER_BYTES: usize = 1 << 30;
 /// Freed buffer bytes after which the allocator is asked to return free pages.
 const TRIM_AFTER: usize = 64 << 20;
 

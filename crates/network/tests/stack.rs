@@ -705,6 +705,12 @@ fn sandboxes_share_the_daemons_flow_budget_and_get_it_back() {
     });
     let (again, refused) = a.guest.connect_many(server_a, 4);
     assert_eq!((again.len(), refused), (4, 0));
+    let full = budget::BufferSizes::FULL.total();
+    assert_eq!(
+        budget.buffers_used(),
+        12 * full,
+        "buffers are given back too"
+    );
 
     // A sandbox that is gone no longer counts: a alone may use the whole budget.
     drop(b);
