@@ -22,6 +22,8 @@
 //!   (and rebuild with [`Broker::from_key_pem`] after a restart); the sandbox trusts
 //!   [`Broker::ca_pem`].
 //! - Exposed ports: bind a `TcpListener` on 127.0.0.1 and [`Network::forward`] it.
+//! - Budget: every network of the process shares [`Budget::process`] (`Options::budget`'s
+//!   default), so that all sandboxes together leave the daemon descriptors of its own.
 
 #![deny(unsafe_code)]
 
