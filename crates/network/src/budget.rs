@@ -90,7 +90,17 @@ impl Budget {
     /// [`Budget::for_process`], made on first use.
     pub fn process() -> Arc<Self> {
         static PROCESS: std::sync::OnceLock<Arc<Budget>> = std::sync::OnceLock::new();
-        PROCESS.get_or_init(Self::for_process).clone()
+        PROCESS
+            .get_or_init(|| {
+                let budget = Self::for_process();
+                tracing::info!(
+                    sockets = budget.sockets,
+                    buffer_bytes = budget.buffer_bytes,
+                    "the sandboxes' networks share a flow budget"
+                );
+                budget
+            })
+            .clone()
     }
 
     /// A budget for this process: its descriptor limit (`RLIMIT_NOFILE`, soft) less a
