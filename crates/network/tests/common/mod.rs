@@ -8,6 +8,7 @@
 
 pub mod guest;
 pub mod pki;
+pub mod stack_setup;
 pub mod tapnet;
 
 use std::collections::HashMap;
