@@ -75,27 +75,35 @@ async fn a_guest_cannot_redirect_the_daemon_to_another_sandbox() {
     assert!(found.is_empty(), "{found:?}");
 }
 
+/// A daemon and a sandbox on a sized disk of `mib`; `None` when not root (the namespace
+/// backend cannot mount one then), which CI never is.
+async fn with_sized_disk(mib: u64) -> Option<(Daemon, Sandbox)> {
+    if !nix::unistd::Uid::effective().is_root() {
+        assert!(std::env::var("CI").is_err(), "CI runs as root");
+        eprintln!("not root: the namespace backend cannot mount a sized disk");
+        return None;
+    }
+    let d = Daemon::start();
+    let s = d
+        .create(
+            &d.unix(),
+            CreateSandbox {
+                disk_mib: Some(mib),
+                ..Default::default()
+            },
+        )
+        .await;
+    Some((d, s))
+}
+
 /// `disk_mib` holds on the namespace backend: writes past it fail inside with ENOSPC, `df`
 /// shows the sandbox's size, the host's disk takes no more than that, and the limit is
 /// reported as enforced.
 #[tokio::test(flavor = "multi_thread")]
 async fn the_disk_limit_holds() {
-    if !nix::unistd::Uid::effective().is_root() {
-        assert!(std::env::var("CI").is_err(), "CI runs as root");
-        eprintln!("not root: the namespace backend cannot mount a sized disk");
+    let Some((d, s)) = with_sized_disk(64).await else {
         return;
-    }
-    let d = Daemon::start();
-    let c = d.unix();
-    let s: Sandbox = d
-        .create(
-            &c,
-            CreateSandbox {
-                disk_mib: Some(64),
-                ..Default::default()
-            },
-        )
-        .await;
+    };
     assert!(s.limits.disk.enforced, "{:?}", s.limits);
     let out = d.cli([
         "exec",
@@ -149,22 +157,10 @@ fn layer_holding(d: &Daemon, rel: &str) -> std::path::PathBuf {
 #[tokio::test(flavor = "multi_thread")]
 async fn a_sparse_file_cannot_fill_the_host_disk_through_a_snapshot() {
     use std::os::unix::fs::MetadataExt;
-    if !nix::unistd::Uid::effective().is_root() {
-        assert!(std::env::var("CI").is_err(), "CI runs as root");
-        eprintln!("not root: the namespace backend cannot mount a sized disk");
+    let Some((d, s)) = with_sized_disk(512).await else {
         return;
-    }
-    let d = Daemon::start();
+    };
     let c = d.unix();
-    let s: Sandbox = d
-        .create(
-            &c,
-            CreateSandbox {
-                disk_mib: Some(512),
-                ..Default::default()
-            },
-        )
-        .await;
     belljar_e2e::sh_ok(
         &c,
         &s.id,
