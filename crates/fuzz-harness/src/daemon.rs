@@ -65,6 +65,7 @@ pub fn daemon() -> &'static Daemon {
             // answers the probe variable), so `GET /v1/doctor` here runs a binary that fails:
             // the probes report a failure and the route still answers.
             probe_exe: "/bin/false".into(),
+            vercel_token_lifetime: belljard::compat::vercel::token::LIFETIME_SECS,
         };
         Daemon {
             unix: router(state.clone()).layer(middleware::from_fn(auth::unix_caller)),
