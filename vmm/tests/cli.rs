@@ -245,9 +245,18 @@ fn control_socket_pause_resume_metrics_stop() {
     assert_eq!(s.exit_reason, None);
     assert_eq!(ctl.pause().unwrap(), VmState::Paused);
     assert_eq!(ctl.resume().unwrap(), VmState::Running);
-    let m = ctl.metrics().unwrap();
+    // The control socket answers as soon as the VMM starts, before the first vCPU has run
+    // its two `out`s on a loaded host: wait for them (the guest then halts for good).
+    let t = Instant::now();
+    let m = loop {
+        let m = ctl.metrics().unwrap();
+        if m.vcpus[0].io_exits >= 2 || t.elapsed() > Duration::from_secs(30) {
+            break m;
+        }
+        std::thread::sleep(Duration::from_millis(10));
+    };
     assert_eq!(m.vcpus.len(), 2);
-    assert!(m.vcpus[0].io_exits >= 2);
+    assert!(m.vcpus[0].io_exits >= 2, "{m:?}");
     assert!(m.rss_bytes > 0);
     assert_eq!(m.guest_memory_bytes, 32u64 << 20);
     assert_eq!(m.devices[0].name, "serial");
