@@ -27,6 +27,17 @@ fn have_kvm() -> bool {
 }
 
 /// print "hi", then either reset through the i8042 or wait halted (interrupts off).
+/// Kills the VMM when an assertion fails, so it does not outlive the test (a VMM left
+/// running holds the test's output pipe, and the test run never ends).
+struct KillOnDrop(std::process::Child);
+
+impl Drop for KillOnDrop {
+    fn drop(&mut self) {
+        let _ = self.0.kill();
+        let _ = self.0.wait();
+    }
+}
+
 fn guest(dir: &Path, reset: bool) -> std::path::PathBuf {
     let mut code = vec![0x66, 0xba, 0xf8, 0x03, 0xb0, b'h', 0xee, 0xb0, b'i', 0xee];
     if reset {
@@ -108,14 +119,6 @@ fn frame_socket_accepts_a_new_peer_under_seccomp() {
     use rustix::net::{AddressFamily, RecvFlags, SocketAddrUnix, SocketType};
     let dir = tempfile::tempdir().unwrap();
     let config = net_config(dir.path(), &guest(dir.path(), false), "02:62:6a:00:00:02");
-    /// Kills the VMM when an assertion fails, so it does not outlive the test.
-    struct KillOnDrop(std::process::Child);
-    impl Drop for KillOnDrop {
-        fn drop(&mut self) {
-            let _ = self.0.kill();
-            let _ = self.0.wait();
-        }
-    }
     let child = KillOnDrop(
         Command::new(BIN)
             .args(["--config", &config])
@@ -220,15 +223,17 @@ fn control_socket_pause_resume_metrics_stop() {
     }
     let dir = tempfile::tempdir().unwrap();
     let sock = dir.path().join("vmm.sock");
-    let mut child = Command::new(BIN)
-        .arg("--kernel")
-        .arg(guest(dir.path(), false))
-        .args(["--boot", "raw", "--memory-mib", "32", "--vcpus", "2"])
-        .arg("--control-socket")
-        .arg(&sock)
-        .stdout(Stdio::null())
-        .spawn()
-        .unwrap();
+    let mut child = KillOnDrop(
+        Command::new(BIN)
+            .arg("--kernel")
+            .arg(guest(dir.path(), false))
+            .args(["--boot", "raw", "--memory-mib", "32", "--vcpus", "2"])
+            .arg("--control-socket")
+            .arg(&sock)
+            .stdout(Stdio::null())
+            .spawn()
+            .unwrap(),
+    );
     let t = Instant::now();
     let mut ctl = loop {
         match ControlClient::connect(&sock, Duration::from_secs(5)) {
@@ -281,7 +286,7 @@ fn control_socket_pause_resume_metrics_stop() {
     }
 
     assert_eq!(ctl.stop().unwrap(), VmState::Stopping);
-    let status = child.wait().unwrap();
+    let status = child.0.wait().unwrap();
     assert_eq!(
         ExitReason::from_exit_code(status.code()),
         Some(ExitReason::Stopped)
