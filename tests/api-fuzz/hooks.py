@@ -93,6 +93,8 @@ class Fixtures:
 
     def __init__(self, daemon: Daemon) -> None:
         self.daemon = daemon
+        # Names of fixtures to check before their next use.
+        self.suspect: set[str] = set()
         self.sandbox = self.new_sandbox()
         self.command = self.new_command()
         self.live_command = self.new_live_command()
@@ -108,8 +110,6 @@ class Fixtures:
         self.dir_snapshot = self.new_snapshot({"path": SNAPSHOT_DIR})
         self.add_mount()
         self.add_port()
-        # Names of fixtures to check before their next use.
-        self.suspect: set[str] = set()
         self.file_paths = itertools.cycle(FILE_PATHS)
 
     # Making them.
@@ -121,9 +121,7 @@ class Fixtures:
     def new_command(self) -> str:
         # One that has exited: its logs and waits answer at once, and kill, stdin and resize
         # reach their checks.
-        body = {"argv": ["echo", "hello"]}
-        path = f"/v1/sandboxes/{self.sandbox}/commands"
-        return self.daemon.call("POST", path, json=body).json()["id"]
+        return self.start_command({"argv": ["echo", "hello"]})
 
     def new_live_command(self) -> str:
         # Running until the fuzzer kills it or closes its stdin (or the run ends).
@@ -133,8 +131,22 @@ class Fixtures:
             "pty": {"rows": 24, "cols": 80},
             "stdin": True,
         }
+        return self.start_command(body)
+
+    def start_command(self, body: dict) -> str:
         path = f"/v1/sandboxes/{self.sandbox}/commands"
-        return self.daemon.call("POST", path, json=body).json()["id"]
+        r = self.daemon.call("POST", path, ok=(200, 201, 400), json=body)
+        if r.status_code == 400 and r.json()["error"]["code"] == "exec_failed":
+            # The fuzzer's file requests reach the sandbox's real files, so it may have removed
+            # or replaced the program: a new sandbox has it again, and what lived in the old one
+            # is made again there.
+            self.sandbox = self.new_sandbox()
+            self.suspect |= {"command", "live_command", "mount", "port"}
+            path = f"/v1/sandboxes/{self.sandbox}/commands"
+            r = self.daemon.call("POST", path, json=body)
+        elif r.status_code == 400:
+            raise FixtureError(f"POST {path}: 400 {r.text[:500]}")
+        return r.json()["id"]
 
     def new_snapshot(self, body: dict) -> str:
         path = f"/v1/sandboxes/{self.sandbox}/snapshots"
