@@ -96,13 +96,17 @@ impl Sandboxes {
                 .remove(&s.id);
             // The daemon's own stops end the process too; those are final by now (the stop
             // holds the sandbox's lock), and a deleted sandbox is gone.
-            if ended
-                && matches!(this.get(&s.id), Ok(now) if !now.status.is_final())
-                && let Err(e) = this
+            if ended && matches!(this.get(&s.id), Ok(now) if !now.status.is_final()) {
+                match this
                     .settle_dead(&s.id, "the sandbox's processes ended unexpectedly")
                     .await
-            {
-                tracing::error!(sandbox = %s.id, error = %e, "cannot record that a sandbox ended");
+                {
+                    // Deleted meanwhile: nothing is left to record.
+                    Ok(()) | Err(SandboxError::NotFound(_)) => {}
+                    Err(e) => {
+                        tracing::error!(sandbox = %s.id, error = %e, "cannot record that a sandbox ended");
+                    }
+                }
             }
         });
     }
