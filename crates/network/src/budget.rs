@@ -153,9 +153,12 @@ impl Budget {
     }
 }
 
-/// Host sockets for a process whose descriptor limit is `limit`.
+/// Host sockets for a process whose descriptor limit is `limit`: all but a quarter of it, or
+/// all but [`MIN_RESERVE`], whichever leaves fewer, but never less than half. A daemon
+/// started with the common default soft limit of 1024 (a login shell's, a plain init's) gets
+/// 512 instead of none: with none, every flow of every sandbox was refused.
 pub fn sockets_for_limit(limit: usize) -> usize {
-    let reserve = (limit / 4).max(MIN_RESERVE);
+    let reserve = (limit / 4).max(MIN_RESERVE.min(limit / 2));
     limit.saturating_sub(reserve)
 }
 
@@ -292,11 +295,14 @@ mod tests {
     use super::*;
 
     #[test]
-    fn the_reserve_is_a_quarter_of_the_limit_and_at_least_1024() {
+    fn the_reserve_is_a_quarter_of_the_limit_and_at_least_1024_or_half() {
         assert_eq!(sockets_for_limit(20_000), 15_000);
         assert_eq!(sockets_for_limit(1_048_576), 786_432);
+        assert_eq!(sockets_for_limit(4096), 3072);
         assert_eq!(sockets_for_limit(2048), 1024);
-        assert_eq!(sockets_for_limit(1024), 0);
+        // The default soft limit of most shells and inits: half, not nothing.
+        assert_eq!(sockets_for_limit(1024), 512);
+        assert_eq!(sockets_for_limit(256), 128);
     }
 
     #[test]
