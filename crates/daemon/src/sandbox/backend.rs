@@ -68,11 +68,10 @@ impl BackendError {
     /// Whether a capture stopped at the sandbox's disk size
     /// ([`belljar_namespace::layer::Error::TooLarge`]).
     pub fn is_too_large(&self) -> bool {
-        use belljar_namespace::layer::{DirError, Error};
+        use belljar_namespace::layer::Error;
         matches!(
             self,
             BackendError::Capture(Error::TooLarge { .. })
-                | BackendError::Directory(DirError::Capture(Error::TooLarge { .. }))
                 | BackendError::MicrovmCapture(super::microvm_layers::Error::Layer(
                     Error::TooLarge { .. }
                 ))
