@@ -46,6 +46,8 @@ packages=(
   chromium xvfb webkit2gtk-driver
   # API fuzzing (tests/api-fuzz)
   python3-venv
+  # OCI images' tests: a real registry on loopback and the tools that make and push images
+  docker-registry buildah skopeo
   # the UI's build and tests, when there is no npm yet
   "${node_packages[@]}"
 )

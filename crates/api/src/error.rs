@@ -123,6 +123,18 @@ pub enum ErrorCode {
     SnapshotNotUsable,
     /// 501: the sandbox's backend cannot do this yet (e.g. snapshots of microVM sandboxes).
     NotSupported,
+    /// 404: the registry or archive has no such image, tag or platform (the message holds the
+    /// registry's answer).
+    ImageNotFound,
+    /// 400: an image that breaks the rules: a digest or size that does not match, a layer
+    /// entry out of its root, a document over size or of a kind Belljar cannot read.
+    ImageInvalid,
+    /// 413: the image would hold more than the image store's cap.
+    ImageTooLarge,
+    /// 403: the registry refused access (no or wrong credentials: `belljar login`).
+    RegistryDenied,
+    /// 502: the registry cannot be reached, stalled, or broke the distribution API.
+    RegistryUnavailable,
 }
 
 impl ErrorCode {
@@ -131,16 +143,16 @@ impl ErrorCode {
         use ErrorCode::*;
         match self {
             BadRequest | ImageNotAvailable | NotAnImage | InvalidPath | IsADirectory
-            | NotADirectory | NotARegularFile | ExecFailed | UnknownUser => 400,
+            | NotADirectory | NotARegularFile | ExecFailed | UnknownUser | ImageInvalid => 400,
             Unauthorized => 401,
-            Forbidden | PermissionDenied => 403,
-            NotFound | CommandNotFound => 404,
+            Forbidden | PermissionDenied | RegistryDenied => 403,
+            NotFound | CommandNotFound | ImageNotFound => 404,
             SandboxNotRunning | Conflict | Exists | NotEmpty | CommandFinished | Busy
             | SnapshotNotUsable => 409,
-            PayloadTooLarge | FileTooLarge => 413,
+            PayloadTooLarge | FileTooLarge | ImageTooLarge => 413,
             Internal | BuildFailed => 500,
             NotSupported => 501,
-            AgentUnavailable | AgentError => 502,
+            AgentUnavailable | AgentError | RegistryUnavailable => 502,
             BackendUnavailable | TryAgain => 503,
             InsufficientResources | NoSpace => 507,
         }
@@ -225,6 +237,11 @@ mod tests {
             "try_again",
             "snapshot_not_usable",
             "not_supported",
+            "image_not_found",
+            "image_invalid",
+            "image_too_large",
+            "registry_denied",
+            "registry_unavailable",
         ];
         assert_eq!(ErrorCode::VARIANTS.len(), names.len());
         for (code, name) in ErrorCode::VARIANTS.iter().zip(names) {

@@ -4,6 +4,7 @@ use serde::{Deserialize, Serialize};
 use ts_rs::TS;
 use utoipa::ToSchema;
 
+use crate::limits::{self, Invalid, Validate};
 use crate::{Backend, ErrorCode};
 
 /// Whether one backend can run here, and why (not).
@@ -71,7 +72,54 @@ pub struct Image {
     pub built_at: Option<i64>,
 }
 
-/// One NDJSON line of `POST /v1/images/{name}/build`.
+/// The body of `POST /v1/images/pull`.
+#[derive(Debug, Clone, PartialEq, Eq, Default, Serialize, Deserialize, ToSchema, TS)]
+#[serde(deny_unknown_fields)]
+pub struct PullImage {
+    /// `[registry/]repository[:tag][@sha256:…]`. A reference without a registry is pulled
+    /// from the daemon's default registry (`belljard --default-registry`).
+    pub reference: String,
+    /// Speak plain HTTP to this registry although it is not on loopback (Docker's
+    /// `--insecure-registry`).
+    #[serde(default)]
+    #[ts(optional)]
+    pub insecure: Option<bool>,
+}
+
+impl Validate for PullImage {
+    fn validate(&self) -> Result<(), Invalid> {
+        if self.reference.is_empty() {
+            return Err(Invalid::new("reference", "must not be empty"));
+        }
+        limits::text("reference", &self.reference, 512)
+    }
+}
+
+/// `POST /v1/images/import`'s query: names the imported images get besides their own.
+#[derive(
+    Debug, Clone, PartialEq, Eq, Default, Serialize, Deserialize, ToSchema, TS, utoipa::IntoParams,
+)]
+#[serde(deny_unknown_fields)]
+#[into_params(parameter_in = Query)]
+pub struct ImportQuery {
+    /// A name (`[registry/]repository[:tag]`) for the imported image.
+    #[serde(default)]
+    #[ts(optional)]
+    #[param(max_length = 512)]
+    pub tag: Option<String>,
+}
+
+impl Validate for ImportQuery {
+    fn validate(&self) -> Result<(), Invalid> {
+        match &self.tag {
+            Some(t) => limits::text("tag", t, 512),
+            None => Ok(()),
+        }
+    }
+}
+
+/// One NDJSON line of `POST /v1/images/{name}/build`, `POST /v1/images/pull` and
+/// `POST /v1/images/import`.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, ToSchema, TS)]
 #[serde(tag = "type", rename_all = "snake_case")]
 pub enum ImageBuildEvent {

@@ -91,6 +91,8 @@ pub fn render() -> String {
         ImageStatus::decl(&cfg),
         Image::decl(&cfg),
         ImageBuildEvent::decl(&cfg),
+        PullImage::decl(&cfg),
+        ImportQuery::decl(&cfg),
         DoctorStatus::decl(&cfg),
         DoctorFinding::decl(&cfg),
         DoctorReport::decl(&cfg),

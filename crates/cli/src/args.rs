@@ -424,8 +424,27 @@ pub enum SnapshotsCmd {
 
 #[derive(Debug, Subcommand)]
 pub enum ImagesCmd {
-    /// Build (or rebuild) an image; prints progress.
+    /// Build (or rebuild) one of Belljar's images; prints progress.
     Build { name: String },
+    /// Pull an image from a registry (`[registry/]repository[:tag][@sha256:…]`).
+    Pull {
+        reference: String,
+        /// Speak plain HTTP to the registry although it is not on loopback.
+        #[arg(long)]
+        insecure_registry: bool,
+    },
+    /// Import a `docker save` / `podman save` archive or an OCI layout (directory or tar).
+    Import {
+        path: std::path::PathBuf,
+        /// Also name the image so (`[registry/]repository[:tag]`).
+        #[arg(long)]
+        tag: Option<String>,
+    },
+    /// Remove pulled or imported images (by name or id); an image goes with its last name.
+    Rm {
+        #[arg(required = true)]
+        names: Vec<String>,
+    },
 }
 
 #[derive(Debug, Subcommand)]

@@ -185,6 +185,27 @@ async fn dispatch(client: &Client, paths: &Paths, command: Cmd, json: bool) -> R
         Cmd::Images {
             action: Some(ImagesCmd::Build { name }),
         } => host::build_image(client, &name, json).await,
+        Cmd::Images {
+            action:
+                Some(ImagesCmd::Pull {
+                    reference,
+                    insecure_registry,
+                }),
+        } => host::pull_image(client, &reference, insecure_registry, json).await,
+        Cmd::Images {
+            action: Some(ImagesCmd::Import { path, tag }),
+        } => host::import_image(client, &path, tag.as_deref(), json).await,
+        Cmd::Images {
+            action: Some(ImagesCmd::Rm { names }),
+        } => {
+            for n in &names {
+                client.remove_image(n).await?;
+                if !json {
+                    outln!("{n}")?;
+                }
+            }
+            Ok(0)
+        }
         Cmd::Ui { no_open } => host::ui(client, paths, no_open).await,
         Cmd::Snapshot {
             id,

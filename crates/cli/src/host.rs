@@ -12,7 +12,61 @@ use crate::args::DaemonCmd;
 use crate::commands::print_json;
 
 pub(crate) async fn build_image(client: &Client, name: &str, json: bool) -> Result<i32> {
-    let mut events = client.build_image(name).await?;
+    let events = client.build_image(name).await?;
+    follow_image_events(events, "built", json).await
+}
+
+pub(crate) async fn pull_image(
+    client: &Client,
+    reference: &str,
+    insecure: bool,
+    json: bool,
+) -> Result<i32> {
+    let events = client.pull_image(reference, insecure).await?;
+    follow_image_events(events, "pulled", json).await
+}
+
+/// `belljar images import PATH`: a file is sent as it is, a directory (an OCI layout) as a tar
+/// of it.
+pub(crate) async fn import_image(
+    client: &Client,
+    path: &std::path::Path,
+    tag: Option<&str>,
+    json: bool,
+) -> Result<i32> {
+    let meta = tokio::fs::metadata(path)
+        .await
+        .with_context(|| format!("Cannot read {}", path.display()))?;
+    let events = if meta.is_dir() {
+        let (tarball, builder) = belljar_cli::cp::tar_stream(path.to_path_buf());
+        let events = client
+            .import_image(belljar_client::streamed(tarball), tag)
+            .await?;
+        builder
+            .await
+            .context("The archive's tar writer failed")?
+            .with_context(|| format!("Cannot read {}", path.display()))?;
+        events
+    } else {
+        let file = tokio::fs::File::open(path)
+            .await
+            .with_context(|| format!("Cannot open {}", path.display()))?;
+        let body = tokio_util::io::ReaderStream::with_capacity(file, 1 << 20);
+        client
+            .import_image(belljar_client::streamed(body), tag)
+            .await?
+    };
+    follow_image_events(events, "imported", json).await
+}
+
+/// Prints an image operation's progress (on stderr) and each image it made; the first
+/// `error` fails the command with its code.
+async fn follow_image_events(
+    mut events: belljar_client::NdjsonStream<ImageBuildEvent>,
+    verb: &str,
+    json: bool,
+) -> Result<i32> {
+    let mut done = 0;
     while let Some(event) = events.next().await? {
         if json {
             outln!("{}", serde_json::to_string(&event)?)?;
@@ -26,12 +80,12 @@ pub(crate) async fn build_image(client: &Client, name: &str, json: bool) -> Resu
             ImageBuildEvent::Done { image } => {
                 if !json {
                     outln!(
-                        "{} built{}",
+                        "{} {verb}{}",
                         image.name,
                         image.digest.map(|d| format!(" ({d})")).unwrap_or_default()
                     )?;
                 }
-                return Ok(0);
+                done += 1;
             }
             ImageBuildEvent::Error { code, message } => {
                 return Err(ClientError::Api {
@@ -43,7 +97,10 @@ pub(crate) async fn build_image(client: &Client, name: &str, json: bool) -> Resu
             }
         }
     }
-    anyhow::bail!("The image build stream ended without a result")
+    if done == 0 {
+        anyhow::bail!("The image stream ended without a result");
+    }
+    Ok(0)
 }
 
 pub(crate) async fn ui(client: &Client, paths: &Paths, no_open: bool) -> Result<i32> {

@@ -1,10 +1,10 @@
 //! The daemon-wide routes: info, doctor, the OpenAPI document, images and their builds, the event
 //! stream, the browser's sign-in token and the terminal WebSocket.
 
-use belljar_api::{DoctorReport, Event, Image, ImageBuildEvent, Info, SessionToken};
+use belljar_api::{DoctorReport, Event, Image, ImageBuildEvent, Info, PullImage, SessionToken};
 use http::Method;
 
-use crate::body::empty;
+use crate::body::{Body, empty, json};
 use crate::client::{Client, WebSocket};
 use crate::error::ClientError;
 use crate::ndjson::NdjsonStream;
@@ -50,6 +50,47 @@ impl Client {
             .request(Method::POST, &routes::image_build(name), empty(), None)
             .await?;
         Ok(NdjsonStream::new(resp.into_body()))
+    }
+
+    /// `POST /v1/images/pull`: progress lines, then `done` or `error`.
+    pub async fn pull_image(
+        &self,
+        reference: &str,
+        insecure: bool,
+    ) -> Result<NdjsonStream<ImageBuildEvent>, ClientError> {
+        let req = PullImage {
+            reference: reference.to_owned(),
+            insecure: insecure.then_some(true),
+        };
+        let resp = self
+            .request(
+                Method::POST,
+                routes::IMAGE_PULL,
+                json(&req),
+                Some("application/json"),
+            )
+            .await?;
+        Ok(NdjsonStream::new(resp.into_body()))
+    }
+
+    /// `POST /v1/images/import?tag=`: the archive `tar` (docker-archive or OCI layout) in;
+    /// progress lines, then one `done` per image, or `error`.
+    pub async fn import_image(
+        &self,
+        tar: Body,
+        tag: Option<&str>,
+    ) -> Result<NdjsonStream<ImageBuildEvent>, ClientError> {
+        let url = with_query(routes::IMAGE_IMPORT, &[("tag", tag.map(str::to_owned))]);
+        let resp = self
+            .request(Method::POST, &url, tar, Some("application/x-tar"))
+            .await?;
+        Ok(NdjsonStream::new(resp.into_body()))
+    }
+
+    /// `DELETE /v1/images/{name}`: a pulled or imported image's name.
+    pub async fn remove_image(&self, name: &str) -> Result<(), ClientError> {
+        self.call_no_content(Method::DELETE, &routes::image(name), empty(), None)
+            .await
     }
 
     /// `GET /v1/events?since=`: sandbox and command changes, replayed from after `since`

@@ -52,6 +52,16 @@ pub fn with_query(path: &str, pairs: &[(&str, Option<String>)]) -> String {
     out
 }
 
+/// `/v1/images/pull`.
+pub const IMAGE_PULL: &str = "/v1/images/pull";
+/// `/v1/images/import`.
+pub const IMAGE_IMPORT: &str = "/v1/images/import";
+
+/// `/v1/images/{name}`.
+pub fn image(name: &str) -> String {
+    format!("{IMAGES}/{}", segment(name))
+}
+
 /// `/v1/images/{name}/build`.
 pub fn image_build(name: &str) -> String {
     format!("{IMAGES}/{}/build", segment(name))

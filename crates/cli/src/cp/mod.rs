@@ -9,6 +9,7 @@
 mod between;
 mod download;
 mod upload;
+pub use upload::tar_stream;
 
 use std::path::{Path, PathBuf};
 

@@ -81,7 +81,7 @@ pub(super) async fn upload(
 /// Streams a tar of the contents of `dir` (entries relative to it), built on a blocking
 /// thread while the upload reads it. A failure ends the stream with an error, so the upload
 /// fails rather than ending like a whole archive.
-fn tar_stream(
+pub fn tar_stream(
     dir: PathBuf,
 ) -> (
     impl Stream<Item = std::io::Result<Bytes>> + Send + Sync + 'static,

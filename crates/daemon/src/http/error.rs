@@ -86,9 +86,12 @@ fn image_code(e: &ImageError) -> ErrorCode {
     match e {
         ImageError::BadName(_) => ErrorCode::BadRequest,
         ImageError::Unknown(_) | ImageError::NotBuilt { .. } => ErrorCode::ImageNotAvailable,
-        ImageError::Busy(_) => ErrorCode::Conflict,
+        ImageError::Busy(_) | ImageError::InUse(_) => ErrorCode::Conflict,
         ImageError::NeedsRoot { .. } => ErrorCode::Forbidden,
-        ImageError::NoScript(_) => ErrorCode::Internal,
+        ImageError::NoScript(_) | ImageError::NoStore(_) => ErrorCode::Internal,
+        ImageError::NoStaticAgent(_) => ErrorCode::ImageNotAvailable,
+        ImageError::NotPulled(_) => ErrorCode::ImageNotAvailable,
+        ImageError::Oci(e) => e.code().parse().unwrap_or(ErrorCode::Internal),
     }
 }
 

@@ -1,16 +1,20 @@
 //! `/v1/info`, `/v1/doctor`, `/v1/images`, image builds and the OpenAPI document.
 
 use axum::Json;
+use axum::body::Body;
 use axum::extract::State;
+use axum::http::StatusCode;
 use axum::response::Response;
-use belljar_api::{DoctorReport, Image, ImageBuildEvent, Info};
+use belljar_api::{DoctorReport, Image, ImageBuildEvent, ImportQuery, Info, PullImage};
+use futures::StreamExt;
+use tokio::io::AsyncWriteExt;
 use utoipa_axum::router::OpenApiRouter;
 use utoipa_axum::routes;
 
 use super::AppState;
 use super::error::ApiError;
-use super::extract::ApiPath;
-use super::openapi::{self, Errors, ImagePath};
+use super::extract::{ApiJson, ApiPath, ApiQuery};
+use super::openapi::{self, Errors, ImagePath, RawBytes};
 use super::stream::ndjson;
 
 pub fn router() -> OpenApiRouter<AppState> {
@@ -20,6 +24,9 @@ pub fn router() -> OpenApiRouter<AppState> {
         .routes(routes!(openapi_json))
         .routes(routes!(images))
         .routes(routes!(build))
+        .routes(routes!(pull))
+        .routes(routes!(import))
+        .routes(routes!(remove))
 }
 
 /// The daemon, its backends and images.
@@ -70,4 +77,76 @@ async fn build(
     ApiPath(ImagePath { name }): ApiPath<ImagePath>,
 ) -> Result<Response, ApiError> {
     Ok(ndjson(st.images.build(&name)?))
+}
+
+/// Pull an image from a registry into the image store; progress streams as NDJSON, ending
+/// with `done` (the image) or `error` (its stable code and the registry's answer).
+#[utoipa::path(post, path = "/v1/images/pull", operation_id = "image_pull", tag = "images",
+    request_body = PullImage,
+    responses((status = 200, description = "NDJSON of `ImageBuildEvent`", body = ImageBuildEvent,
+        content_type = "application/x-ndjson"), Errors))]
+async fn pull(
+    State(st): State<AppState>,
+    ApiJson(req): ApiJson<PullImage>,
+) -> Result<Response, ApiError> {
+    Ok(ndjson(
+        st.images
+            .pull(&req.reference, req.insecure.unwrap_or(false))?,
+    ))
+}
+
+/// Import a `docker save` / `podman save` archive or an OCI layout (as a tar), sent as the
+/// body; NDJSON progress ends with one `done` per image the archive holds, or `error`.
+#[utoipa::path(post, path = "/v1/images/import", operation_id = "image_import", tag = "images",
+    params(ImportQuery),
+    request_body(content = RawBytes, content_type = "application/x-tar"),
+    responses((status = 200, description = "NDJSON of `ImageBuildEvent`", body = ImageBuildEvent,
+        content_type = "application/x-ndjson"), Errors))]
+async fn import(
+    State(st): State<AppState>,
+    ApiQuery(q): ApiQuery<ImportQuery>,
+    body: Body,
+) -> Result<Response, ApiError> {
+    let tags: Vec<String> = q.tag.into_iter().collect();
+    for t in &tags {
+        belljar_oci::Reference::parse(t).map_err(crate::images::ImageError::from)?;
+    }
+    let dir = st.images.scratch_dir()?;
+    let path = dir.join(format!(
+        "{}upload-{}.tar",
+        belljar_oci::store::scratch_prefix(),
+        crate::util::new_id("imp")
+    ));
+    let write = async {
+        let mut file = tokio::fs::File::create(&path).await?;
+        let mut stream = body.into_data_stream();
+        let (cap, mut written) = (st.images.cap_bytes(), 0u64);
+        while let Some(chunk) = stream.next().await {
+            let chunk = chunk.map_err(std::io::Error::other)?;
+            written += chunk.len() as u64;
+            if written > cap {
+                return Err(std::io::Error::other(format!(
+                    "the archive is larger than the image store's cap of {cap} bytes"
+                )));
+            }
+            file.write_all(&chunk).await?;
+        }
+        file.sync_all().await
+    };
+    if let Err(e) = write.await {
+        let _ = tokio::fs::remove_file(&path).await;
+        return Err(ApiError::BadRequest(format!("body: {e}")));
+    }
+    Ok(ndjson(st.images.import(path, tags, true)?))
+}
+
+/// Remove a pulled or imported image's name; the image goes with its last name.
+#[utoipa::path(delete, path = "/v1/images/{name}", operation_id = "image_remove", tag = "images", params(ImagePath),
+    responses((status = 204, description = "Removed"), Errors))]
+async fn remove(
+    State(st): State<AppState>,
+    ApiPath(ImagePath { name }): ApiPath<ImagePath>,
+) -> Result<StatusCode, ApiError> {
+    st.images.remove(&name)?;
+    Ok(StatusCode::NO_CONTENT)
 }

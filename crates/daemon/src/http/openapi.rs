@@ -134,8 +134,9 @@ pub struct CommandPath {
 #[derive(Debug, Deserialize, IntoParams)]
 #[into_params(parameter_in = Path)]
 pub struct ImagePath {
-    /// `base`, `python3.13`, `node24` or `node22`.
-    #[param(max_length = 128)]
+    /// `base`, `python3.13`, `node24` or `node22`, or a pulled or imported image's name
+    /// (`localhost:5000/app:1.0`, percent-encoded) or id.
+    #[param(max_length = 512)]
     pub name: String,
 }
 
@@ -202,7 +203,7 @@ mod tests {
                 }
             }
         }
-        assert_eq!(operations, 53);
+        assert_eq!(operations, 56);
         let create = &doc["components"]["schemas"]["CreateSandbox"]["properties"];
         assert_eq!(create["vcpus"]["maximum"], 32);
         assert_eq!(create["disk_mib"]["maximum"], 1_048_576);

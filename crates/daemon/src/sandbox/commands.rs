@@ -121,11 +121,24 @@ impl Sandboxes {
             },
         };
         let cid = rec.command.id.clone();
-        let mut env = sandbox.env.clone();
+        // A user's image: its Env under the sandbox's, its WorkingDir and User by default.
+        let image = self.inner.images.run_defaults(&sandbox.image);
+        let mut env: std::collections::BTreeMap<String, String> = image
+            .as_ref()
+            .map(|d| d.env.iter().cloned().collect())
+            .unwrap_or_default();
+        env.extend(sandbox.env.clone());
         env.extend(req.env.unwrap_or_default());
+        let (cwd, user) = match &image {
+            Some(d) => (
+                req.cwd.or_else(|| Some(d.cwd.clone())),
+                user.or_else(|| Some(d.user.clone())),
+            ),
+            None => (req.cwd, user),
+        };
         let start = StartCommand {
             argv: req.argv,
-            cwd: req.cwd,
+            cwd,
             env,
             user,
             pty: req.pty.map(|p| AgentPty {

@@ -79,11 +79,26 @@ impl Sandboxes {
             .or_else(|| req.image.clone())
             .unwrap_or_else(|| s.default_image.clone());
         let image = self.inner.images.resolve(&image_name)?;
-        let (backend, backend_reason) = self
-            .inner
-            .backends
-            .choose(req.backend.unwrap_or(BackendChoice::Auto))?;
-        let agent = self.agent_binary(&image.rootfs)?;
+        let choice = req.backend.unwrap_or(BackendChoice::Auto);
+        // A user's image has no microVM disk yet: it runs in a namespace sandbox.
+        let (backend, backend_reason) = match (&image.oci, choice) {
+            (Some(_), BackendChoice::Microvm) => {
+                return Err(BackendError::Unsupported {
+                    backend: "microvm",
+                    what: "run a pulled or imported image (use the namespace backend)",
+                }
+                .into());
+            }
+            (Some(_), BackendChoice::Auto) => {
+                let (b, _) = self.inner.backends.choose(BackendChoice::Namespace)?;
+                (
+                    b,
+                    "pulled and imported images run on the namespace backend".to_owned(),
+                )
+            }
+            _ => self.inner.backends.choose(choice)?,
+        };
+        let agent = self.agent_binary(&image)?;
 
         // The warm pool's hook: a pooled sandbox (see `pool`) replaces the launch below.
         let claimed = self
@@ -292,19 +307,35 @@ impl Sandboxes {
     /// `belljar-agent` next to this executable, else the image's own.
     pub(super) fn agent_binary(
         &self,
-        rootfs: &std::path::Path,
+        image: &crate::images::ResolvedImage,
     ) -> Result<std::path::PathBuf, SandboxError> {
-        if let Some(a) = &self.inner.settings.agent {
-            return Ok(a.clone());
-        }
-        if let Some(next) = std::env::current_exe()
+        let chosen = if let Some(a) = &self.inner.settings.agent {
+            a.clone()
+        } else if let Some(next) = std::env::current_exe()
             .ok()
             .and_then(|e| e.parent().map(|d| d.join("belljar-agent")))
             .filter(|p| p.is_file())
         {
-            return Ok(next);
+            next
+        } else {
+            image.rootfs.join("sbin/belljar-agent")
+        };
+        if image.oci.is_none() || crate::util::is_static_elf(&chosen) {
+            return Ok(chosen);
         }
-        Ok(rootfs.join("sbin/belljar-agent"))
+        // A user's image need not have a C library (busybox, distroless, musl): its agent
+        // must be the static one, which every image Belljar builds carries.
+        let built = self
+            .inner
+            .paths
+            .image_dir("base")
+            .join("rootfs/sbin/belljar-agent");
+        if crate::util::is_static_elf(&built) {
+            return Ok(built);
+        }
+        Err(SandboxError::Image(
+            crate::images::ImageError::NoStaticAgent(chosen),
+        ))
     }
 
     async fn wait_ready(

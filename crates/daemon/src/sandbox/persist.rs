@@ -113,7 +113,7 @@ impl Sandboxes {
             )));
         }
         let image = self.inner.images.resolve(&s.image)?;
-        let agent = self.agent_binary(&image.rootfs)?;
+        let agent = self.agent_binary(&image)?;
         {
             let _admission = self.inner.admission.lock().await;
             self.admit(s.memory_mib, 0)?;

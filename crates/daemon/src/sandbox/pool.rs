@@ -333,7 +333,7 @@ impl Sandboxes {
 
     async fn launch_pooled(&self, class: &Class) -> Result<Ready, SandboxError> {
         let image = self.inner.images.resolve(&class.image)?;
-        let agent = self.agent_binary(&image.rootfs)?;
+        let agent = self.agent_binary(&image)?;
         {
             // Pooled sandboxes are not in the store, so admission counts them here.
             let _admission = self.inner.admission.lock().await;

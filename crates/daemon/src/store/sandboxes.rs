@@ -101,6 +101,17 @@ impl Store {
             .optional()?)
     }
 
+    /// The image names that sandboxes (in any state but gone) and usable snapshots stand on:
+    /// their images must stay.
+    pub fn images_in_use(&self) -> Result<Vec<String>, StoreError> {
+        let conn = self.conn();
+        let mut stmt = conn.prepare(
+            "SELECT image FROM sandboxes UNION SELECT image FROM snapshots WHERE status = 'created'",
+        )?;
+        let rows = stmt.query_map([], |r| r.get::<_, String>(0))?;
+        Ok(rows.collect::<Result<_, _>>()?)
+    }
+
     /// Sandboxes in any of `statuses`, oldest first.
     pub fn sandboxes_with_status(
         &self,

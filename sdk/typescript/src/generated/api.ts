@@ -4,7 +4,7 @@ export type ErrorBody = { error: ErrorDetail, };
 
 export type ErrorDetail = { code: ErrorCode, message: string, };
 
-export type ErrorCode = "bad_request" | "unauthorized" | "forbidden" | "not_found" | "sandbox_not_running" | "conflict" | "payload_too_large" | "insufficient_resources" | "image_not_available" | "backend_unavailable" | "agent_unavailable" | "agent_error" | "internal" | "not_an_image" | "build_failed" | "command_not_found" | "invalid_path" | "is_a_directory" | "not_a_directory" | "not_a_regular_file" | "exec_failed" | "unknown_user" | "exists" | "not_empty" | "command_finished" | "busy" | "permission_denied" | "file_too_large" | "no_space" | "try_again" | "snapshot_not_usable" | "not_supported";
+export type ErrorCode = "bad_request" | "unauthorized" | "forbidden" | "not_found" | "sandbox_not_running" | "conflict" | "payload_too_large" | "insufficient_resources" | "image_not_available" | "backend_unavailable" | "agent_unavailable" | "agent_error" | "internal" | "not_an_image" | "build_failed" | "command_not_found" | "invalid_path" | "is_a_directory" | "not_a_directory" | "not_a_regular_file" | "exec_failed" | "unknown_user" | "exists" | "not_empty" | "command_finished" | "busy" | "permission_denied" | "file_too_large" | "no_space" | "try_again" | "snapshot_not_usable" | "not_supported" | "image_not_found" | "image_invalid" | "image_too_large" | "registry_denied" | "registry_unavailable";
 
 export type SandboxStatus = "pending" | "running" | "paused" | "stopping" | "stopped" | "failed";
 
@@ -682,6 +682,24 @@ export type Image = {
 name: string, status: ImageStatus, digest?: string, size_bytes?: number, built_at?: number, };
 
 export type ImageBuildEvent = { "type": "progress", message: string, } | { "type": "done", image: Image, } | { "type": "error", code: ErrorCode, message: string, };
+
+export type PullImage = { 
+/**
+ * `[registry/]repository[:tag][@sha256:…]`. A reference without a registry is pulled
+ * from the daemon's default registry (`belljard --default-registry`).
+ */
+reference: string, 
+/**
+ * Speak plain HTTP to this registry although it is not on loopback (Docker's
+ * `--insecure-registry`).
+ */
+insecure?: boolean, };
+
+export type ImportQuery = { 
+/**
+ * A name (`[registry/]repository[:tag]`) for the imported image.
+ */
+tag?: string, };
 
 export type DoctorStatus = "ok" | "warning" | "problem";
 

@@ -1,0 +1,503 @@
+//! The image store on disk: every image unpacked into a root filesystem, found by its names.
+//!
+//! ```text
+//! <root>/images/<config hex>/rootfs/        the image's files, owners as the layers say
+//!                           config.json     the image configuration, as pulled
+//!                           image.json      what the store knows of it (`StoredImage`)
+//! <root>/names.json                         name → config hex
+//! <root>/tmp/                               pulls and imports in progress
+//! ```
+//!
+//! An image is identified by its config's digest, as Docker's image id. It is unpacked
+//! under `tmp/` and renamed into `images/` only when complete, and only then named: a
+//! failure or a `kill -9` mid-pull leaves nothing visible, and the next [`Store::open`]
+//! empties `tmp/`.
+
+use std::collections::BTreeMap;
+use std::io::{BufReader, Read};
+use std::path::{Path, PathBuf};
+use std::sync::{Arc, Mutex};
+
+use serde::{Deserialize, Serialize};
+use sha2::{Digest as _, Sha256};
+
+use crate::archive::Archive;
+use crate::registry::{Options, Registry};
+use crate::spec::{self, Document, ImageConfig, MAX_CONFIG};
+use crate::{Digest, Error, Reference, unpack};
+
+/// What the store knows of one image.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct StoredImage {
+    /// The config's digest.
+    pub id: Digest,
+    /// The names it is known by, canonical (`localhost:5000/app:1.0`).
+    #[serde(default)]
+    pub names: Vec<String>,
+    /// The manifest it was pulled by, when it came from a registry or layout.
+    #[serde(default)]
+    pub manifest: Option<Digest>,
+    /// Bytes of file data in the root filesystem.
+    pub size_bytes: u64,
+    pub created_ms: i64,
+    /// Where it came from (`pull REF`, `import FILE`).
+    pub source: String,
+    #[serde(skip)]
+    pub dir: PathBuf,
+}
+
+impl StoredImage {
+    pub fn rootfs(&self) -> PathBuf {
+        self.dir.join("rootfs")
+    }
+
+    pub fn config(&self) -> Result<ImageConfig, Error> {
+        let path = self.dir.join("config.json");
+        let bytes =
+            std::fs::read(&path).map_err(Error::io(format!("Cannot read {}", path.display())))?;
+        ImageConfig::parse(&bytes)
+    }
+}
+
+/// A step of a pull or import, for progress.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Progress {
+    /// The manifest is known: `layers` layers of `bytes` bytes to fetch.
+    Resolved { layers: usize, bytes: u64 },
+    /// Layer `index` (of `layers`) has `done` of its `size` bytes.
+    Layer { index: usize, done: u64, size: u64 },
+    /// Layer `index` is unpacked.
+    Unpacked { index: usize, stats: unpack::Stats },
+    /// The image is already in the store.
+    Cached,
+}
+
+#[derive(Clone)]
+pub struct Store {
+    root: PathBuf,
+    /// The most bytes of file data the whole store may hold.
+    cap_bytes: u64,
+    /// Serialises the writes of `names.json`.
+    names_lock: Arc<Mutex<()>>,
+}
+
+impl Store {
+    /// Opens (making it when needed) the store at `root`, holding at most `cap_bytes`.
+    pub fn open(root: &Path, cap_bytes: u64) -> Result<Self, Error> {
+        for d in ["images", "tmp"] {
+            std::fs::create_dir_all(root.join(d))
+                .map_err(Error::io(format!("Cannot make {}", root.join(d).display())))?;
+        }
+        // Scratch entries are named after the process that made them: those of processes
+        // gone are pulls and imports that never finished (several daemons may share a cache).
+        if let Ok(entries) = std::fs::read_dir(root.join("tmp")) {
+            for e in entries.flatten() {
+                let name = e.file_name().to_string_lossy().into_owned();
+                let owner = name.split('.').next().and_then(|p| p.parse::<i32>().ok());
+                let alive = owner.is_some_and(|pid| {
+                    rustix::process::Pid::from_raw(pid)
+                        .is_some_and(|p| rustix::process::test_kill_process(p).is_ok())
+                });
+                if !alive {
+                    let _ = remove_tree(&e.path());
+                }
+            }
+        }
+        Ok(Self {
+            root: root.to_owned(),
+            cap_bytes,
+            names_lock: Default::default(),
+        })
+    }
+
+    fn names(&self) -> BTreeMap<String, String> {
+        std::fs::read(self.root.join("names.json"))
+            .ok()
+            .and_then(|b| serde_json::from_slice(&b).ok())
+            .unwrap_or_default()
+    }
+
+    fn write_names(&self, names: &BTreeMap<String, String>) -> Result<(), Error> {
+        let tmp = self.root.join("names.json.tmp");
+        let text = serde_json::to_vec_pretty(names).map_err(|e| Error::Io {
+            what: "Cannot write names.json".into(),
+            source: e.into(),
+        })?;
+        std::fs::write(&tmp, text)
+            .and_then(|()| std::fs::rename(&tmp, self.root.join("names.json")))
+            .map_err(Error::io("Cannot write names.json"))
+    }
+
+    fn image_dir(&self, id: &Digest) -> PathBuf {
+        self.root.join("images").join(id.hex())
+    }
+
+    fn load(&self, hex: &str) -> Option<StoredImage> {
+        let dir = self.root.join("images").join(hex);
+        let bytes = std::fs::read(dir.join("image.json")).ok()?;
+        let mut image: StoredImage = serde_json::from_slice(&bytes).ok()?;
+        image.dir = dir;
+        let names = self.names();
+        image.names = names
+            .iter()
+            .filter(|(_, h)| h.as_str() == hex)
+            .map(|(n, _)| n.clone())
+            .collect();
+        Some(image)
+    }
+
+    /// The image `name` names: a canonical reference, or an id (`sha256:…`, or 12 or more
+    /// of its hex digits).
+    pub fn get(&self, name: &str) -> Option<StoredImage> {
+        if let Ok(r) = Reference::parse(name)
+            && let Some(hex) = self.names().get(&r.to_string())
+        {
+            return self.load(hex);
+        }
+        let hex = name.strip_prefix("sha256:").unwrap_or(name);
+        if hex.len() >= 12 && hex.bytes().all(|b| b.is_ascii_hexdigit()) {
+            let found: Vec<_> = self
+                .ids()
+                .into_iter()
+                .filter(|h| h.starts_with(hex))
+                .collect();
+            if let [one] = found.as_slice() {
+                return self.load(one);
+            }
+        }
+        None
+    }
+
+    fn ids(&self) -> Vec<String> {
+        std::fs::read_dir(self.root.join("images"))
+            .map(|d| {
+                d.flatten()
+                    .map(|e| e.file_name().to_string_lossy().into_owned())
+                    .filter(|n| Digest::parse(&format!("sha256:{n}")).is_ok())
+                    .collect()
+            })
+            .unwrap_or_default()
+    }
+
+    /// Every image, newest first.
+    pub fn list(&self) -> Vec<StoredImage> {
+        let mut all: Vec<_> = self.ids().iter().filter_map(|h| self.load(h)).collect();
+        all.sort_by_key(|i| std::cmp::Reverse(i.created_ms));
+        all
+    }
+
+    fn used_bytes(&self) -> u64 {
+        self.list().iter().map(|i| i.size_bytes).sum()
+    }
+
+    /// Gives image `id` the name `name` (moving the name from any other image).
+    pub fn name(&self, name: &str, id: &Digest) -> Result<(), Error> {
+        let r = Reference::parse(name)?;
+        let _guard = self.names_lock.lock().unwrap_or_else(|e| e.into_inner());
+        let mut names = self.names();
+        names.insert(r.to_string(), id.hex().to_owned());
+        self.write_names(&names)
+    }
+
+    /// Removes the name `name`; the image goes with its last name (or at once, when `name`
+    /// is its id). The image's id is returned.
+    pub fn remove(&self, name: &str) -> Result<Option<Digest>, Error> {
+        let Some(image) = self.get(name) else {
+            return Ok(None);
+        };
+        let _guard = self.names_lock.lock().unwrap_or_else(|e| e.into_inner());
+        let mut names = self.names();
+        let by_name = Reference::parse(name).ok().map(|r| r.to_string());
+        match by_name.filter(|n| names.contains_key(n)) {
+            Some(n) => {
+                names.remove(&n);
+            }
+            None => names.retain(|_, h| h != image.id.hex()),
+        }
+        self.write_names(&names)?;
+        if !names.values().any(|h| h == image.id.hex()) {
+            let trash =
+                self.root
+                    .join("tmp")
+                    .join(format!("{}rm-{}", scratch_prefix(), image.id.hex()));
+            std::fs::rename(&image.dir, &trash)
+                .map_err(Error::io(format!("Cannot remove {}", image.dir.display())))?;
+            remove_tree(&trash).map_err(Error::io("Cannot remove the image's files"))?;
+        }
+        Ok(Some(image.id))
+    }
+
+    /// Pulls `reference` (which names its registry) into the store and names it.
+    pub async fn pull(
+        &self,
+        reference: &Reference,
+        options: Options,
+        progress: &mut (dyn FnMut(Progress) + Send),
+    ) -> Result<StoredImage, Error> {
+        let registry = Registry::new(reference, options)?;
+        let shown = reference.to_string();
+        let (mt, bytes, mut manifest_digest) = registry.manifest(&reference.manifest_ref()).await?;
+        let mut doc = spec::parse_document(&mt, &bytes)?;
+        if let Document::Index(index) = &doc {
+            let chosen = spec::choose_platform(index, &shown)?.clone();
+            let (mt, bytes, d) = registry.manifest(chosen.digest.as_str()).await?;
+            if d != chosen.digest {
+                return Err(Error::Invalid(format!(
+                    "manifest {d} is not the index's {}",
+                    chosen.digest
+                )));
+            }
+            manifest_digest = d;
+            doc = spec::parse_document(&mt, &bytes)?;
+        }
+        let Document::Manifest(manifest) = doc else {
+            return Err(Error::Invalid(format!("{shown}: an index inside an index")));
+        };
+        let config_bytes = registry.blob_bytes(&manifest.config, MAX_CONFIG).await?;
+        let config = ImageConfig::parse(&config_bytes)?;
+        let id = manifest.config.digest.clone();
+        if let Some(existing) = self.load(id.hex()) {
+            progress(Progress::Cached);
+            self.name(&shown, &id)?;
+            return Ok(self.load(existing.id.hex()).unwrap_or(existing));
+        }
+        check_layers(&config, manifest.layers.len())?;
+        let total: u64 = manifest.layers.iter().map(|l| l.size).sum();
+        progress(Progress::Resolved {
+            layers: manifest.layers.len(),
+            bytes: total,
+        });
+        let work = self.scratch()?;
+        let rootfs = work.path().join("rootfs");
+        std::fs::create_dir(&rootfs).map_err(Error::io("Cannot make the image's root"))?;
+        let mut used = 0u64;
+        let budget = self.cap_bytes.saturating_sub(self.used_bytes());
+        for (index, layer) in manifest.layers.iter().enumerate() {
+            let blob = work.path().join(format!("layer-{index}"));
+            registry
+                .blob_to_file(layer, &blob, &mut |done| {
+                    progress(Progress::Layer {
+                        index,
+                        done,
+                        size: layer.size,
+                    })
+                })
+                .await?;
+            let diff_id = config.rootfs.diff_ids[index].clone();
+            let root = rootfs.clone();
+            let blob_path = blob.clone();
+            let (stats, u) = tokio::task::spawn_blocking(move || {
+                let file = std::fs::File::open(&blob_path)
+                    .map_err(Error::io(format!("Cannot open {}", blob_path.display())))?;
+                apply_checked(&root, Box::new(file), &diff_id, budget, used)
+            })
+            .await
+            .map_err(|e| Error::Io {
+                what: "The unpacking task failed".into(),
+                source: std::io::Error::other(e),
+            })??;
+            used = u;
+            let _ = std::fs::remove_file(&blob);
+            progress(Progress::Unpacked { index, stats });
+        }
+        let image = self.commit(
+            work,
+            &id,
+            &config_bytes,
+            Some(manifest_digest),
+            used,
+            format!("pull {shown}"),
+        )?;
+        self.name(&shown, &id)?;
+        Ok(self.load(image.id.hex()).unwrap_or(image))
+    }
+
+    /// Imports every image of a docker-archive or OCI layout (a directory, or a tar of
+    /// one), naming each as the archive does and by `extra_names` too. Blocking.
+    pub fn import(
+        &self,
+        path: &Path,
+        extra_names: &[String],
+        progress: &mut dyn FnMut(Progress),
+    ) -> Result<Vec<StoredImage>, Error> {
+        for n in extra_names {
+            Reference::parse(n)?;
+        }
+        let budget = self.cap_bytes.saturating_sub(self.used_bytes());
+        let archive = Archive::open(path, &self.root.join("tmp"), budget)?;
+        let images = archive.images()?;
+        if images.is_empty() {
+            return Err(Error::Invalid("the archive holds no image".into()));
+        }
+        let mut out = Vec::new();
+        for image in images {
+            let id = Digest::of(&image.config_bytes);
+            let names: Vec<String> = image
+                .names
+                .iter()
+                .chain(extra_names)
+                .filter_map(|n| Reference::parse(n).ok().map(|r| r.to_string()))
+                .collect();
+            if self.load(id.hex()).is_none() {
+                check_layers(&image.config, image.layers.len())?;
+                progress(Progress::Resolved {
+                    layers: image.layers.len(),
+                    bytes: 0,
+                });
+                let work = self.scratch()?;
+                let rootfs = work.path().join("rootfs");
+                std::fs::create_dir(&rootfs).map_err(Error::io("Cannot make the image's root"))?;
+                let mut used = 0u64;
+                for (index, layer) in image.layers.iter().enumerate() {
+                    let diff_id = &image.config.rootfs.diff_ids[index];
+                    let (stats, u) = apply_checked(&rootfs, layer.open()?, diff_id, budget, used)?;
+                    used = u;
+                    progress(Progress::Unpacked { index, stats });
+                }
+                self.commit(
+                    work,
+                    &id,
+                    &image.config_bytes,
+                    None,
+                    used,
+                    format!("import {}", path.display()),
+                )?;
+            } else {
+                progress(Progress::Cached);
+            }
+            for n in &names {
+                self.name(n, &id)?;
+            }
+            out.extend(self.load(id.hex()));
+        }
+        Ok(out)
+    }
+
+    fn scratch(&self) -> Result<tempfile::TempDir, Error> {
+        tempfile::Builder::new()
+            .prefix(&scratch_prefix())
+            .tempdir_in(self.root.join("tmp"))
+            .map_err(Error::io("Cannot make a scratch directory"))
+    }
+
+    /// Moves a complete unpacked image into place (unless a concurrent pull did first).
+    fn commit(
+        &self,
+        work: tempfile::TempDir,
+        id: &Digest,
+        config_bytes: &[u8],
+        manifest: Option<Digest>,
+        size_bytes: u64,
+        source: String,
+    ) -> Result<StoredImage, Error> {
+        let image = StoredImage {
+            id: id.clone(),
+            names: Vec::new(),
+            manifest,
+            size_bytes,
+            created_ms: now_ms(),
+            source,
+            dir: self.image_dir(id),
+        };
+        let write = |name: &str, bytes: &[u8]| {
+            std::fs::write(work.path().join(name), bytes)
+                .map_err(Error::io(format!("Cannot write {name}")))
+        };
+        write("config.json", config_bytes)?;
+        write(
+            "image.json",
+            &serde_json::to_vec_pretty(&image).map_err(|e| Error::Io {
+                what: "Cannot write image.json".into(),
+                source: e.into(),
+            })?,
+        )?;
+        let work = work.keep();
+        if std::fs::rename(&work, &image.dir).is_err() {
+            // Another pull of the same image finished first: keep its copy.
+            let _ = remove_tree(&work);
+            if !image.dir.join("image.json").is_file() {
+                return Err(Error::Io {
+                    what: format!("Cannot move the image into {}", image.dir.display()),
+                    source: std::io::Error::other("rename failed"),
+                });
+            }
+        }
+        Ok(image)
+    }
+}
+
+/// Every layer has its diff id, as the config promises.
+fn check_layers(config: &ImageConfig, layers: usize) -> Result<(), Error> {
+    if config.rootfs.diff_ids.len() != layers {
+        return Err(Error::Invalid(format!(
+            "the manifest has {layers} layers, the config names {} diff ids",
+            config.rootfs.diff_ids.len()
+        )));
+    }
+    Ok(())
+}
+
+/// Decompresses and applies one layer, checking the tar against the config's diff id
+/// (after it is applied: a layer that does not match fails the whole image, whose scratch
+/// directory is then removed). Returns the stats and the new running total.
+fn apply_checked(
+    root: &Path,
+    stored: Box<dyn Read + Send>,
+    diff_id: &Digest,
+    budget: u64,
+    mut used: u64,
+) -> Result<(unpack::Stats, u64), Error> {
+    let tar = unpack::decompressed(BufReader::with_capacity(1 << 20, stored))
+        .map_err(|e| Error::Invalid(format!("layer {diff_id}: {e}")))?;
+    let mut hashing = Hashing {
+        inner: tar,
+        hasher: Sha256::new(),
+    };
+    let limits = unpack::Limits {
+        max_bytes: budget,
+        max_entries: 4_000_000,
+    };
+    let stats = unpack::apply(root, &mut hashing, &limits, &mut used)?;
+    // The tar's end marks may leave bytes unread; the digest covers them too.
+    std::io::copy(&mut hashing, &mut std::io::sink())
+        .map_err(|e| Error::Invalid(format!("layer {diff_id}: {e}")))?;
+    let got = format!("sha256:{}", hex::encode(hashing.hasher.finalize()));
+    if got != diff_id.as_str() {
+        return Err(Error::Invalid(format!(
+            "a layer's content is {got}, the config says {diff_id}"
+        )));
+    }
+    Ok((stats, used))
+}
+
+struct Hashing<R> {
+    inner: R,
+    hasher: Sha256,
+}
+
+impl<R: Read> Read for Hashing<R> {
+    fn read(&mut self, buf: &mut [u8]) -> std::io::Result<usize> {
+        let n = self.inner.read(buf)?;
+        self.hasher.update(&buf[..n]);
+        Ok(n)
+    }
+}
+
+/// The start of a scratch entry's name: this process's id (see [`Store::open`]).
+pub fn scratch_prefix() -> String {
+    format!("{}.", std::process::id())
+}
+
+/// Removes a tree the store made (never following a link out of it).
+fn remove_tree(path: &Path) -> std::io::Result<()> {
+    match std::fs::remove_dir_all(path) {
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(()),
+        other => other,
+    }
+}
+
+fn now_ms() -> i64 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| d.as_millis() as i64)
+}
