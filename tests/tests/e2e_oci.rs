@@ -11,7 +11,7 @@ use std::time::Duration;
 
 use belljar_api::{BackendChoice, CreateSandbox, ErrorCode, ImageBuildEvent};
 use belljar_client::{Client, ClientError};
-use belljar_e2e::{Daemon, block_on, eventually, run};
+use belljar_e2e::{Daemon, block_on, eventually, run, stdout};
 
 /// The registry, killed with the test.
 struct Registry {
@@ -110,7 +110,7 @@ rm -rf "$m/gone" "$m/etc/doomed"
 echo second > "$m/etc/second"
 $B unmount "$c2"
 $B config --env FOO=from-image --env PATH=/bin --workingdir /srv --user 1000 \
-  --entrypoint '["/bin/sh","-c"]' --cmd 'echo from-cmd' "$c2"
+  --entrypoint '["/bin/sh","-c"]' --cmd '["echo from-cmd"]' "$c2"
 $B commit -q "$c2" e2e-img >/dev/null
 $B push -q --tls-verify=false e2e-img docker://127.0.0.1:{port}/e2e/busy:1
 $B push -q --tls-verify=false --compression-format zstd e2e-img docker://127.0.0.1:{port}/e2e/busy:zstd
@@ -216,8 +216,16 @@ fn pulls_imports_and_runs_images_made_by_buildah() {
     let client = daemon.unix();
     let reg = format!("127.0.0.1:{}", registry.port);
     block_on(async {
-        // Pull (gzip layers), then run.
+        // `belljar run` of an image that is not here pulls it first (gzip layers).
         let name = format!("{reg}/e2e/busy:1");
+        let out = daemon.cli(["run", name.as_str(), "--", "cat", "/etc/hello"]);
+        assert_eq!(
+            stdout(&out).trim(),
+            "hello",
+            "{}",
+            belljar_e2e::stderr(&out)
+        );
+        // Pulling again finds it here.
         let images = follow(client.pull_image(&name, false).await).await.unwrap();
         assert_eq!(images.len(), 1);
         assert_eq!(images[0].name, name);
@@ -299,6 +307,15 @@ fn pulls_imports_and_runs_images_made_by_buildah() {
             .await
             .unwrap_err();
         assert!(e.to_string().contains("belljar images pull"), "{e}");
+
+        // With no command, the image's own: Entrypoint + Cmd.
+        let out = daemon.cli(["run", name.as_str()]);
+        assert_eq!(
+            stdout(&out).trim(),
+            "from-cmd",
+            "{}",
+            belljar_e2e::stderr(&out)
+        );
 
         // Removing a name leaves the image its others; removing it by id takes all of them.
         client.remove_image(&zstd).await.unwrap();

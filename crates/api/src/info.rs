@@ -70,6 +70,11 @@ pub struct Image {
     pub size_bytes: Option<u64>,
     #[ts(optional)]
     pub built_at: Option<i64>,
+    /// What a sandbox of the image runs when `belljar run IMAGE` names no command: a pulled
+    /// or imported image's `Entrypoint` followed by its `Cmd`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[ts(optional)]
+    pub command: Option<Vec<String>>,
 }
 
 /// The body of `POST /v1/images/pull`.
@@ -77,7 +82,7 @@ pub struct Image {
 #[serde(deny_unknown_fields)]
 pub struct PullImage {
     /// `[registry/]repository[:tag][@sha256:…]`. A reference without a registry is pulled
-    /// from the daemon's default registry (`belljard --default-registry`).
+    /// from the daemon's default registry (`BELLJAR_DEFAULT_REGISTRY`), else refused.
     pub reference: String,
     /// Speak plain HTTP to this registry although it is not on loopback (Docker's
     /// `--insecure-registry`).

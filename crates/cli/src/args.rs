@@ -391,10 +391,12 @@ pub struct RunArgs {
     /// Keep the sandbox instead of deleting it afterwards.
     #[arg(long)]
     pub keep: bool,
-    /// The image: base, python3.13, node24 or node22.
+    /// The image: base, python3.13, node24, node22, or a pulled or imported one (pulled
+    /// first when it names a registry and is not here yet).
     pub image: String,
-    /// The command and its arguments.
-    #[arg(last = true, required = true)]
+    /// The command and its arguments; without one, a pulled or imported image's own
+    /// (`Entrypoint` and `Cmd`).
+    #[arg(last = true)]
     pub argv: Vec<String>,
 }
 

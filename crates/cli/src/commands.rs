@@ -6,7 +6,8 @@ use std::io::{IsTerminal, Write};
 
 use anyhow::{Context, Result};
 use belljar_api::{
-    BackendChoice, CreateSandbox, ListSandboxesQuery, SandboxStatus, Source, Stream,
+    BackendChoice, CreateSandbox, ErrorCode, ListSandboxesQuery, Sandbox, SandboxStatus, Source,
+    Stream,
 };
 use belljar_cli::cp::{self, Location};
 use belljar_cli::duration::parse_ms;
@@ -15,7 +16,7 @@ use belljar_cli::launcher;
 use belljar_cli::logs::{self, LogSink};
 use belljar_cli::output::{self, now_ms};
 use belljar_cli::terminal::{self, ShellOptions};
-use belljar_client::{Client, Paths};
+use belljar_client::{Client, ClientError, Paths};
 use clap::CommandFactory;
 
 use crate::args::{
@@ -46,6 +47,9 @@ pub enum InputError {
     /// A name that matches several sandboxes.
     #[error("Several sandboxes are named {0:?}; use the id")]
     AmbiguousName(String),
+    /// `belljar run IMAGE` with no command, of an image that has none of its own.
+    #[error("Image {0} has no command of its own: give one after --")]
+    NoImageCommand(String),
 }
 
 /// Runs one command; returns the process exit status.
@@ -387,13 +391,30 @@ fn create_request(image: Option<String>, o: &SandboxOpts) -> Result<CreateSandbo
 
 async fn create(client: &Client, a: CreateArgs, json: bool) -> Result<i32> {
     let req = create_request(a.image, &a.opts)?;
-    let s = client.create_sandbox(&req).await?;
+    let s = create_pulling(client, &req).await?;
     if json {
         print_json(&s)?;
     } else {
         outln!("{}", s.id)?;
     }
     Ok(0)
+}
+
+/// Creates the sandbox, first pulling its image when it names a registry and is not here
+/// (progress on stderr).
+async fn create_pulling(client: &Client, req: &CreateSandbox) -> Result<Sandbox> {
+    match client.create_sandbox(req).await {
+        Err(ClientError::Api {
+            code: ErrorCode::ImageNotAvailable,
+            message,
+            ..
+        }) if message.contains("belljar images pull") => {
+            let image = req.image.clone().unwrap_or_default();
+            host::pull_for_create(client, &image).await?;
+            Ok(client.create_sandbox(req).await?)
+        }
+        other => Ok(other?),
+    }
 }
 
 async fn ls(client: &Client, a: LsArgs, json: bool) -> Result<i32> {
@@ -452,9 +473,28 @@ fn warn_if_truncated(cmd: &belljar_api::Command) {
 
 async fn run_cmd(client: &Client, a: RunArgs) -> Result<i32> {
     let req = create_request(Some(a.image.clone()), &a.opts)?;
-    let s = client.create_sandbox(&req).await?;
+    let s = create_pulling(client, &req).await?;
+    let argv = if a.argv.is_empty() {
+        let images = client.images().await?;
+        let own = images
+            .iter()
+            .find(|i| {
+                i.digest.is_some()
+                    && (i.name == s.image || i.digest.as_deref() == Some(s.image.as_str()))
+            })
+            .and_then(|i| i.command.clone());
+        match own {
+            Some(argv) => argv,
+            None => {
+                let _ = client.delete_sandbox(&s.id).await;
+                return Err(InputError::NoImageCommand(s.image.clone()).into());
+            }
+        }
+    } else {
+        a.argv
+    };
     let opts = ExecOptions {
-        argv: a.argv,
+        argv,
         cwd: a.cwd,
         env: BTreeMap::new(),
         sudo: a.sudo,

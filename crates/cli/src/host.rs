@@ -26,6 +26,16 @@ pub(crate) async fn pull_image(
     follow_image_events(events, "pulled", json).await
 }
 
+/// Pulls the image a sandbox is being made of, reporting only on stderr (stdout is the
+/// sandbox's, or its command's).
+pub(crate) async fn pull_for_create(client: &Client, reference: &str) -> Result<()> {
+    eprintln!("pulling {reference}");
+    let events = client.pull_image(reference, false).await?;
+    follow_events_to(events, "pulled", false, true)
+        .await
+        .map(|_| ())
+}
+
 /// `belljar images import PATH`: a file is sent as it is, a directory (an OCI layout) as a tar
 /// of it.
 pub(crate) async fn import_image(
@@ -62,28 +72,42 @@ pub(crate) async fn import_image(
 /// Prints an image operation's progress (on stderr) and each image it made; the first
 /// `error` fails the command with its code.
 async fn follow_image_events(
-    mut events: belljar_client::NdjsonStream<ImageBuildEvent>,
+    events: belljar_client::NdjsonStream<ImageBuildEvent>,
     verb: &str,
     json: bool,
 ) -> Result<i32> {
+    follow_events_to(events, verb, json, false).await
+}
+
+/// See [`follow_image_events`]; with `stderr_only`, the images made are reported on stderr
+/// and nothing goes to stdout.
+async fn follow_events_to(
+    mut events: belljar_client::NdjsonStream<ImageBuildEvent>,
+    verb: &str,
+    json: bool,
+    stderr_only: bool,
+) -> Result<i32> {
     let mut done = 0;
     while let Some(event) = events.next().await? {
-        if json {
+        if json && !stderr_only {
             outln!("{}", serde_json::to_string(&event)?)?;
         }
         match event {
             ImageBuildEvent::Progress { message } => {
-                if !json {
+                if !json || stderr_only {
                     eprintln!("{message}");
                 }
             }
             ImageBuildEvent::Done { image } => {
-                if !json {
-                    outln!(
-                        "{} {verb}{}",
-                        image.name,
-                        image.digest.map(|d| format!(" ({d})")).unwrap_or_default()
-                    )?;
+                let line = format!(
+                    "{} {verb}{}",
+                    image.name,
+                    image.digest.map(|d| format!(" ({d})")).unwrap_or_default()
+                );
+                if stderr_only {
+                    eprintln!("{line}");
+                } else if !json {
+                    outln!("{line}")?;
                 }
                 done += 1;
             }

@@ -457,6 +457,11 @@ impl Images {
             digest: Some(image.id.to_string()),
             size_bytes: Some(image.size_bytes),
             built_at: Some(image.created_ms),
+            command: image
+                .config()
+                .ok()
+                .map(|c| c.default_argv())
+                .filter(|a| !a.is_empty()),
         }
     }
 
@@ -537,6 +542,7 @@ impl Images {
             digest: None,
             size_bytes: None,
             built_at: None,
+            command: None,
         };
         if let (true, Some(m)) = (built, manifest) {
             image.digest = m.digest;

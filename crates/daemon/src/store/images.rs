@@ -35,6 +35,7 @@ impl Store {
                 digest: r.get(1)?,
                 size_bytes: r.get::<_, Option<i64>>(2)?.map(|s| s as u64),
                 built_at: r.get(3)?,
+                command: None,
             })
         })?;
         Ok(rows.collect::<Result<_, _>>()?)
@@ -54,6 +55,7 @@ mod tests {
             digest: Some("d1".into()),
             size_bytes: Some(5),
             built_at: Some(1),
+            command: None,
         };
         store.put_image(&img, 1).unwrap();
         img.digest = Some("d2".into());

@@ -679,14 +679,19 @@ export type Image = {
 /**
  * `base`, `python3.13`, `node24`, `node22`.
  */
-name: string, status: ImageStatus, digest?: string, size_bytes?: number, built_at?: number, };
+name: string, status: ImageStatus, digest?: string, size_bytes?: number, built_at?: number, 
+/**
+ * What a sandbox of the image runs when `belljar run IMAGE` names no command: a pulled
+ * or imported image's `Entrypoint` followed by its `Cmd`.
+ */
+command?: Array<string>, };
 
 export type ImageBuildEvent = { "type": "progress", message: string, } | { "type": "done", image: Image, } | { "type": "error", code: ErrorCode, message: string, };
 
 export type PullImage = { 
 /**
  * `[registry/]repository[:tag][@sha256:…]`. A reference without a registry is pulled
- * from the daemon's default registry (`belljard --default-registry`).
+ * from the daemon's default registry (`BELLJAR_DEFAULT_REGISTRY`), else refused.
  */
 reference: string, 
 /**
