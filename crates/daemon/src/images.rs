@@ -208,6 +208,19 @@ impl Images {
         let Some(image) = store.get(name) else {
             return Ok(None);
         };
+        Ok(Some(ResolvedImage {
+            ext4: image.dir.join("rootfs.ext4"),
+            rootfs: image.rootfs(),
+            dir: image.dir.clone(),
+            oci: Some(self.defaults_of(&image)?),
+        }))
+    }
+
+    /// A user's image's run defaults, read from its config once (by id: they never change).
+    fn defaults_of(
+        &self,
+        image: &belljar_oci::store::StoredImage,
+    ) -> Result<Arc<RunDefaults>, ImageError> {
         let key = image.id.to_string();
         let cached = self
             .defaults
@@ -215,23 +228,15 @@ impl Images {
             .unwrap_or_else(|e| e.into_inner())
             .get(&key)
             .cloned();
-        let defaults = match cached {
-            Some(d) => d,
-            None => {
-                let d = Arc::new(run_defaults(&image.config()?, &image.rootfs()));
-                self.defaults
-                    .lock()
-                    .unwrap_or_else(|e| e.into_inner())
-                    .insert(key, d.clone());
-                d
-            }
-        };
-        Ok(Some(ResolvedImage {
-            ext4: image.dir.join("rootfs.ext4"),
-            rootfs: image.rootfs(),
-            dir: image.dir.clone(),
-            oci: Some(defaults),
-        }))
+        if let Some(d) = cached {
+            return Ok(d);
+        }
+        let d = Arc::new(run_defaults(&image.config()?, &image.rootfs()));
+        self.defaults
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .insert(key, d.clone());
+        Ok(d)
     }
 
     /// How commands of a sandbox of image `name` run, when it is a user's image. Cached by
@@ -308,13 +313,7 @@ impl Images {
         let (tx, rx) = mpsc::channel(256);
         let this = self.clone();
         tokio::spawn(async move {
-            let progress_tx = tx.clone();
-            let mut last_shown = std::collections::HashMap::<usize, u64>::new();
-            let mut progress = move |p: belljar_oci::store::Progress| {
-                if let Some(message) = progress_line(&p, &mut last_shown) {
-                    let _ = progress_tx.try_send(ImageBuildEvent::Progress { message });
-                }
-            };
+            let mut progress = progress_events(tx.clone());
             let got = store.pull(&parsed, options, &mut progress).await;
             this.names_changed();
             let end = match got {
@@ -339,20 +338,11 @@ impl Images {
         tags: Vec<String>,
         remove_after: bool,
     ) -> Result<impl Stream<Item = ImageBuildEvent> + use<>, ImageError> {
-        for t in &tags {
-            belljar_oci::Reference::parse(t)?;
-        }
         let store = self.oci()?.clone();
         let (tx, rx) = mpsc::channel(256);
         let this = self.clone();
         tokio::task::spawn_blocking(move || {
-            let progress_tx = tx.clone();
-            let mut last_shown = std::collections::HashMap::<usize, u64>::new();
-            let mut progress = move |p: belljar_oci::store::Progress| {
-                if let Some(message) = progress_line(&p, &mut last_shown) {
-                    let _ = progress_tx.try_send(ImageBuildEvent::Progress { message });
-                }
-            };
+            let mut progress = progress_events(tx.clone());
             let got = store.import(&path, &tags, &mut progress);
             this.names_changed();
             if remove_after {
@@ -400,17 +390,12 @@ impl Images {
             )));
         }
         let store = self.oci()?;
-        let image = store
-            .get(name)
+        let (image, last) = store
+            .removal(name)
             .ok_or_else(|| ImageError::NotPulled(name.to_owned()))?;
         // The image's files go only with its last name, and never under a sandbox or a
         // snapshot that stands on them.
-        let by_id = name.trim_start_matches("sha256:").len() >= 12
-            && image
-                .id
-                .hex()
-                .starts_with(name.trim_start_matches("sha256:"));
-        if by_id || image.names.len() <= 1 {
+        if last {
             let users: Vec<String> = self
                 .store
                 .images_in_use()
@@ -457,10 +442,10 @@ impl Images {
             digest: Some(image.id.to_string()),
             size_bytes: Some(image.size_bytes),
             built_at: Some(image.created_ms),
-            command: image
-                .config()
+            command: self
+                .defaults_of(image)
                 .ok()
-                .map(|c| c.default_argv())
+                .map(|d| d.argv.clone())
                 .filter(|a| !a.is_empty()),
         }
     }
@@ -689,6 +674,19 @@ impl Images {
         } else {
             let last = last_err.lock().unwrap_or_else(|e| e.into_inner()).clone();
             Err(format!("build-image.sh {name} failed ({status}): {last}"))
+        }
+    }
+}
+
+/// A progress callback that sends each step's line (see [`progress_line`]) as a `progress`
+/// event; a slow or gone reader must not stall the pull or import.
+fn progress_events(
+    tx: mpsc::Sender<ImageBuildEvent>,
+) -> impl FnMut(belljar_oci::store::Progress) + Send {
+    let mut last_shown = std::collections::HashMap::<usize, u64>::new();
+    move |p| {
+        if let Some(message) = progress_line(&p, &mut last_shown) {
+            let _ = tx.try_send(ImageBuildEvent::Progress { message });
         }
     }
 }

@@ -132,12 +132,13 @@ impl Store {
         self.root.join("images").join(id.hex())
     }
 
-    fn load(&self, hex: &str) -> Option<StoredImage> {
+    /// Image `hex` as stored, with its names from `names` (names.json, read once by the
+    /// caller).
+    fn load(&self, hex: &str, names: &BTreeMap<String, String>) -> Option<StoredImage> {
         let dir = self.root.join("images").join(hex);
         let bytes = std::fs::read(dir.join("image.json")).ok()?;
         let mut image: StoredImage = serde_json::from_slice(&bytes).ok()?;
         image.dir = dir;
-        let names = self.names();
         image.names = names
             .iter()
             .filter(|(_, h)| h.as_str() == hex)
@@ -149,10 +150,12 @@ impl Store {
     /// The image `name` names: a canonical reference, or an id (`sha256:…`, or 12 or more
     /// of its hex digits).
     pub fn get(&self, name: &str) -> Option<StoredImage> {
-        if let Ok(r) = Reference::parse(name)
-            && let Some(hex) = self.names().get(&r.to_string())
-        {
-            return self.load(hex);
+        self.get_in(name, &self.names())
+    }
+
+    fn get_in(&self, name: &str, names: &BTreeMap<String, String>) -> Option<StoredImage> {
+        if let Some(n) = by_name(names, name) {
+            return self.load(&names[&n], names);
         }
         let hex = name.strip_prefix("sha256:").unwrap_or(name);
         if hex.len() >= 12 && hex.bytes().all(|b| b.is_ascii_hexdigit()) {
@@ -162,7 +165,7 @@ impl Store {
                 .filter(|h| h.starts_with(hex))
                 .collect();
             if let [one] = found.as_slice() {
-                return self.load(one);
+                return self.load(one, names);
             }
         }
         None
@@ -181,7 +184,12 @@ impl Store {
 
     /// Every image, newest first.
     pub fn list(&self) -> Vec<StoredImage> {
-        let mut all: Vec<_> = self.ids().iter().filter_map(|h| self.load(h)).collect();
+        let names = self.names();
+        let mut all: Vec<_> = self
+            .ids()
+            .iter()
+            .filter_map(|h| self.load(h, &names))
+            .collect();
         all.sort_by_key(|i| std::cmp::Reverse(i.created_ms));
         all
     }
@@ -199,21 +207,26 @@ impl Store {
         self.write_names(&names)
     }
 
+    /// What removing `name` would take: the image it names, and whether the image's files
+    /// go with it (the name is its last, or `name` is its id).
+    pub fn removal(&self, name: &str) -> Option<(StoredImage, bool)> {
+        let names = self.names();
+        let image = self.get_in(name, &names)?;
+        let last = !names_after_removal(&names, name, &image)
+            .values()
+            .any(|h| h == image.id.hex());
+        Some((image, last))
+    }
+
     /// Removes the name `name`; the image goes with its last name (or at once, when `name`
     /// is its id). The image's id is returned.
     pub fn remove(&self, name: &str) -> Result<Option<Digest>, Error> {
-        let Some(image) = self.get(name) else {
+        let _guard = self.names_lock.lock().unwrap_or_else(|e| e.into_inner());
+        let names = self.names();
+        let Some(image) = self.get_in(name, &names) else {
             return Ok(None);
         };
-        let _guard = self.names_lock.lock().unwrap_or_else(|e| e.into_inner());
-        let mut names = self.names();
-        let by_name = Reference::parse(name).ok().map(|r| r.to_string());
-        match by_name.filter(|n| names.contains_key(n)) {
-            Some(n) => {
-                names.remove(&n);
-            }
-            None => names.retain(|_, h| h != image.id.hex()),
-        }
+        let names = names_after_removal(&names, name, &image);
         self.write_names(&names)?;
         if !names.values().any(|h| h == image.id.hex()) {
             let trash =
@@ -256,10 +269,10 @@ impl Store {
         let config_bytes = registry.blob_bytes(&manifest.config, MAX_CONFIG).await?;
         let config = ImageConfig::parse(&config_bytes)?;
         let id = manifest.config.digest.clone();
-        if let Some(existing) = self.load(id.hex()) {
+        if let Some(existing) = self.load(id.hex(), &self.names()) {
             progress(Progress::Cached);
             self.name(&shown, &id)?;
-            return Ok(self.load(existing.id.hex()).unwrap_or(existing));
+            return Ok(self.load(id.hex(), &self.names()).unwrap_or(existing));
         }
         check_layers(&config, manifest.layers.len())?;
         let total: u64 = manifest.layers.iter().map(|l| l.size).sum();
@@ -309,7 +322,7 @@ impl Store {
             format!("pull {shown}"),
         )?;
         self.name(&shown, &id)?;
-        Ok(self.load(image.id.hex()).unwrap_or(image))
+        Ok(self.load(id.hex(), &self.names()).unwrap_or(image))
     }
 
     /// Imports every image of a docker-archive or OCI layout (a directory, or a tar of
@@ -338,7 +351,7 @@ impl Store {
                 .chain(extra_names)
                 .filter_map(|n| Reference::parse(n).ok().map(|r| r.to_string()))
                 .collect();
-            if self.load(id.hex()).is_none() {
+            if self.load(id.hex(), &self.names()).is_none() {
                 check_layers(&image.config, image.layers.len())?;
                 progress(Progress::Resolved {
                     layers: image.layers.len(),
@@ -368,7 +381,7 @@ impl Store {
             for n in &names {
                 self.name(n, &id)?;
             }
-            out.extend(self.load(id.hex()));
+            out.extend(self.load(id.hex(), &self.names()));
         }
         Ok(out)
     }
@@ -424,6 +437,31 @@ impl Store {
         }
         Ok(image)
     }
+}
+
+/// `name`'s canonical form, when it is one of `names`.
+fn by_name(names: &BTreeMap<String, String>, name: &str) -> Option<String> {
+    Reference::parse(name)
+        .ok()
+        .map(|r| r.to_string())
+        .filter(|n| names.contains_key(n))
+}
+
+/// `names` without what removing `name` takes from `image`: that name, or (`name` being the
+/// image's id) all of its names.
+fn names_after_removal(
+    names: &BTreeMap<String, String>,
+    name: &str,
+    image: &StoredImage,
+) -> BTreeMap<String, String> {
+    let mut after = names.clone();
+    match by_name(names, name) {
+        Some(n) => {
+            after.remove(&n);
+        }
+        None => after.retain(|_, h| h != image.id.hex()),
+    }
+    after
 }
 
 /// Every layer has its diff id, as the config promises.
