@@ -46,7 +46,7 @@ impl ArchiveLayer {
             .map_err(Error::io(format!("Cannot open {}", self.path.display())))?;
         let file = BufReader::with_capacity(1 << 20, file);
         Ok(match &self.blob {
-            Some((d, size)) => Box::new(Verified::new(file, d.clone(), *size)),
+            Some((d, size)) => Box::new(Verified::new(file, d.clone(), Some(*size))),
             None => Box::new(file),
         })
     }

@@ -63,32 +63,120 @@ impl<'de> serde::Deserialize<'de> for Digest {
     }
 }
 
-/// Reads through to `inner`, hashing what passes; at the end (and only there) the bytes must
-/// be exactly `size` long and hash to `digest`, else the read fails with `InvalidData`. More
-/// than `size` bytes fail as soon as they arrive: a lying source cannot make us read on.
-pub struct Verified<R> {
-    inner: R,
+/// Content checked against a digest, and against a declared size when there is one, as it
+/// passes: [`update`](Self::update) with each piece (more than the size fails at once, so a
+/// lying source cannot make us read on), then [`finish`](Self::finish).
+pub struct Check {
     hasher: Sha256,
     expected: Digest,
-    size: u64,
-    read: u64,
-    done: bool,
+    size: Option<u64>,
+    seen: u64,
 }
 
-impl<R> Verified<R> {
-    pub fn new(inner: R, expected: Digest, size: u64) -> Self {
-        Self {
-            inner,
-            hasher: Sha256::new(),
-            expected,
-            size,
-            read: 0,
-            done: false,
+/// Content that is not what its digest (or size) says.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Mismatch {
+    pub expected: Digest,
+    pub size: Option<u64>,
+    /// The bytes seen so far.
+    pub seen: u64,
+    /// The content's digest, when it ended; `None` when it outgrew its size.
+    pub got: Option<Digest>,
+}
+
+impl fmt::Display for Mismatch {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        let declared = self
+            .size
+            .map(|s| format!(" ({s} bytes)"))
+            .unwrap_or_default();
+        match &self.got {
+            None => write!(
+                f,
+                "{MISMATCH}: {}{declared} is longer than that",
+                self.expected
+            ),
+            Some(got) => write!(
+                f,
+                "{MISMATCH}: expected {}{declared}, got {got} ({} bytes)",
+                self.expected, self.seen
+            ),
         }
     }
 }
 
-/// The message a [`Verified`] read fails with; [`is_mismatch`] finds it again.
+impl std::error::Error for Mismatch {}
+
+impl From<Mismatch> for io::Error {
+    fn from(m: Mismatch) -> Self {
+        io::Error::new(io::ErrorKind::InvalidData, m.to_string())
+    }
+}
+
+impl From<Mismatch> for Error {
+    fn from(m: Mismatch) -> Self {
+        Error::Invalid(m.to_string())
+    }
+}
+
+impl Check {
+    pub fn new(expected: Digest, size: Option<u64>) -> Self {
+        Self {
+            hasher: Sha256::new(),
+            expected,
+            size,
+            seen: 0,
+        }
+    }
+
+    pub fn update(&mut self, bytes: &[u8]) -> Result<(), Mismatch> {
+        self.seen += bytes.len() as u64;
+        if self.size.is_some_and(|size| self.seen > size) {
+            return Err(self.mismatch(None));
+        }
+        self.hasher.update(bytes);
+        Ok(())
+    }
+
+    /// At the content's end: it must be exactly the size and hash to the digest.
+    pub fn finish(self) -> Result<(), Mismatch> {
+        let got = Digest(format!(
+            "sha256:{}",
+            hex::encode(self.hasher.clone().finalize())
+        ));
+        if got != self.expected || self.size.is_some_and(|size| self.seen != size) {
+            return Err(self.mismatch(Some(got)));
+        }
+        Ok(())
+    }
+
+    fn mismatch(&self, got: Option<Digest>) -> Mismatch {
+        Mismatch {
+            expected: self.expected.clone(),
+            size: self.size,
+            seen: self.seen,
+            got,
+        }
+    }
+}
+
+/// Reads through to `inner`, [checking](Check) what passes: the read that meets the end fails
+/// with `InvalidData` unless the content matched, and one past the size fails at once.
+pub struct Verified<R> {
+    inner: R,
+    check: Option<Check>,
+}
+
+impl<R> Verified<R> {
+    pub fn new(inner: R, expected: Digest, size: Option<u64>) -> Self {
+        Self {
+            inner,
+            check: Some(Check::new(expected, size)),
+        }
+    }
+}
+
+/// The start of a mismatch's message; [`is_mismatch`] finds it again.
 const MISMATCH: &str = "belljar-oci: content does not match its digest or size";
 
 /// Whether an I/O error is a [`Verified`] reader's mismatch.
@@ -98,33 +186,15 @@ pub fn is_mismatch(e: &io::Error) -> bool {
 
 impl<R: Read> Read for Verified<R> {
     fn read(&mut self, buf: &mut [u8]) -> io::Result<usize> {
-        if self.done {
+        let Some(check) = self.check.as_mut() else {
             return Ok(0);
-        }
+        };
         let n = self.inner.read(buf)?;
-        self.read += n as u64;
-        if self.read > self.size {
-            return Err(io::Error::new(
-                io::ErrorKind::InvalidData,
-                format!(
-                    "{MISMATCH}: {} is longer than its {} bytes",
-                    self.expected, self.size
-                ),
-            ));
-        }
-        self.hasher.update(&buf[..n]);
-        if n == 0 {
-            self.done = true;
-            let got = format!("sha256:{}", hex::encode(self.hasher.clone().finalize()));
-            if self.read != self.size || got != self.expected.as_str() {
-                return Err(io::Error::new(
-                    io::ErrorKind::InvalidData,
-                    format!(
-                        "{MISMATCH}: expected {} ({} bytes), got {got} ({} bytes)",
-                        self.expected, self.size, self.read
-                    ),
-                ));
-            }
+        check.update(&buf[..n])?;
+        if n == 0
+            && let Some(check) = self.check.take()
+        {
+            check.finish()?;
         }
         Ok(n)
     }
@@ -147,21 +217,36 @@ mod tests {
     fn verified_reader_refuses_wrong_content_and_size() {
         let d = Digest::of(b"hello");
         let mut out = Vec::new();
-        Verified::new(&b"hello"[..], d.clone(), 5)
+        Verified::new(&b"hello"[..], d.clone(), Some(5))
             .read_to_end(&mut out)
             .unwrap();
         assert_eq!(out, b"hello");
-        let e = Verified::new(&b"hellp"[..], d.clone(), 5)
+        let e = Verified::new(&b"hellp"[..], d.clone(), Some(5))
             .read_to_end(&mut Vec::new())
             .unwrap_err();
         assert!(is_mismatch(&e), "{e}");
-        let e = Verified::new(&b"hello!"[..], d.clone(), 5)
+        let e = Verified::new(&b"hello!"[..], d.clone(), Some(5))
             .read_to_end(&mut Vec::new())
             .unwrap_err();
         assert!(is_mismatch(&e), "{e}");
-        let e = Verified::new(&b"hell"[..], d, 5)
+        let e = Verified::new(&b"hell"[..], d, Some(5))
             .read_to_end(&mut Vec::new())
             .unwrap_err();
         assert!(is_mismatch(&e), "{e}");
+    }
+
+    #[test]
+    fn a_check_without_a_size_checks_the_digest_only() {
+        let d = Digest::of(b"hello world");
+        let mut c = Check::new(d.clone(), None);
+        c.update(b"hello ").unwrap();
+        c.update(b"world").unwrap();
+        c.finish().unwrap();
+        let mut c = Check::new(d, None);
+        c.update(b"hello").unwrap();
+        let m = c.finish().unwrap_err();
+        assert_eq!(m.seen, 5);
+        assert!(m.got.is_some());
+        assert!(is_mismatch(&io::Error::from(m)));
     }
 }

@@ -16,10 +16,10 @@ use http::{Request, Response, StatusCode, Uri, header};
 use http_body_util::{BodyExt, Empty};
 use hyper::body::Incoming;
 use hyper_util::rt::TokioIo;
-use sha2::{Digest as _, Sha256};
 use tokio::io::AsyncWriteExt;
 use tokio::net::TcpStream;
 
+use crate::digest::Check;
 use crate::spec::{ACCEPT, Descriptor, MAX_MANIFEST};
 use crate::{Digest, Error, Reference};
 
@@ -221,30 +221,18 @@ impl Registry {
         let mut file = tokio::fs::File::create(dest)
             .await
             .map_err(Error::io(format!("Cannot create {}", dest.display())))?;
-        let mut hasher = Sha256::new();
+        let mut check = Check::new(desc.digest.clone(), Some(desc.size));
         let mut done = 0u64;
         let mut body = resp.into_body();
         while let Some(chunk) = self.next_chunk(&mut body).await? {
             done += chunk.len() as u64;
-            if done > desc.size {
-                return Err(Error::Invalid(format!(
-                    "blob {} is longer than the {} bytes its manifest says",
-                    desc.digest, desc.size
-                )));
-            }
-            hasher.update(&chunk);
+            check.update(&chunk)?;
             file.write_all(&chunk)
                 .await
                 .map_err(Error::io(format!("Cannot write {}", dest.display())))?;
             progress(done);
         }
-        let digest = format!("sha256:{}", hex::encode(hasher.finalize()));
-        if done != desc.size || digest != desc.digest.as_str() {
-            return Err(Error::Invalid(format!(
-                "blob {} does not match: {done} bytes of digest {digest}, the manifest says {} bytes",
-                desc.digest, desc.size
-            )));
-        }
+        check.finish()?;
         file.sync_all()
             .await
             .map_err(Error::io(format!("Cannot write {}", dest.display())))?;

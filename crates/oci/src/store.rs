@@ -19,9 +19,9 @@ use std::path::{Path, PathBuf};
 use std::sync::{Arc, Mutex};
 
 use serde::{Deserialize, Serialize};
-use sha2::{Digest as _, Sha256};
 
 use crate::archive::Archive;
+use crate::digest::Verified;
 use crate::registry::{Options, Registry};
 use crate::spec::{self, Document, ImageConfig, MAX_CONFIG};
 use crate::{Digest, Error, Reference, unpack};
@@ -487,10 +487,7 @@ fn apply_checked(
 ) -> Result<(unpack::Stats, u64), Error> {
     let tar = unpack::decompressed(BufReader::with_capacity(1 << 20, stored))
         .map_err(|e| Error::Invalid(format!("layer {diff_id}: {e}")))?;
-    let mut hashing = Hashing {
-        inner: tar,
-        hasher: Sha256::new(),
-    };
+    let mut hashing = Verified::new(tar, diff_id.clone(), None);
     let limits = unpack::Limits {
         max_bytes: budget,
         max_entries: 4_000_000,
@@ -498,27 +495,8 @@ fn apply_checked(
     let stats = unpack::apply(root, &mut hashing, &limits, &mut used)?;
     // The tar's end marks may leave bytes unread; the digest covers them too.
     std::io::copy(&mut hashing, &mut std::io::sink())
-        .map_err(|e| Error::Invalid(format!("layer {diff_id}: {e}")))?;
-    let got = format!("sha256:{}", hex::encode(hashing.hasher.finalize()));
-    if got != diff_id.as_str() {
-        return Err(Error::Invalid(format!(
-            "a layer's content is {got}, the config says {diff_id}"
-        )));
-    }
+        .map_err(|e| Error::Invalid(format!("layer {diff_id} against its diff id: {e}")))?;
     Ok((stats, used))
-}
-
-struct Hashing<R> {
-    inner: R,
-    hasher: Sha256,
-}
-
-impl<R: Read> Read for Hashing<R> {
-    fn read(&mut self, buf: &mut [u8]) -> std::io::Result<usize> {
-        let n = self.inner.read(buf)?;
-        self.hasher.update(&buf[..n]);
-        Ok(n)
-    }
 }
 
 /// The start of a scratch entry's name: this process's id (see [`Store::open`]).
