@@ -134,6 +134,10 @@ pub const LIST_MAX_LIMIT: usize = 5000;
 /// The most JSON one listing page carries; a page of long names ends early to stay under it.
 pub const LIST_PAGE_BYTES: usize = 4 << 20;
 
+/// The largest HTTP/2 frame either side of the agent's connection takes and sends, and what
+/// one stream may have buffered for sending: a file moves in 1 MiB pieces, not 16 KiB ones.
+pub const MAX_FRAME: u32 = 1 << 20;
+
 /// What `/v1/health` answers.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct AgentInfo {

@@ -141,7 +141,9 @@ pub async fn serve_conn(app: Arc<App>, io: Box<dyn Conn>) {
         .http2()
         .max_concurrent_streams(4096)
         .initial_stream_window_size(1 << 20)
-        .initial_connection_window_size(16 << 20);
+        .initial_connection_window_size(16 << 20)
+        .max_frame_size(belljar_agent_proto::MAX_FRAME)
+        .max_send_buf_size(belljar_agent_proto::MAX_FRAME as usize);
     let service = hyper::service::service_fn(move |req| handle(app.clone(), req));
     if let Err(e) = builder.serve_connection(TokioIo::new(io), service).await {
         tracing::debug!("connection ended: {e}");

@@ -50,7 +50,7 @@ async fn upload_dir(agent: &Agent) -> String {
 }
 
 /// Starts an upload of `target` on a connection of its own and waits until its first chunk is
-/// in the temporary file; returns that file's path, the body's sender and the connection.
+/// in the temporary file (2 MiB, past the agent's 1 MiB write buffer, so it is written at once); returns that file's path, the body's sender and the connection.
 async fn start_upload(
     agent: &Agent,
     events: &mut (
@@ -76,9 +76,7 @@ async fn start_upload(
             .write_file(&path, None, None, body_from_stream(rx))
             .await;
     });
-    tx.send(Ok(Bytes::from(vec![7u8; 64 * 1024])))
-        .await
-        .unwrap();
+    tx.send(Ok(Bytes::from(vec![7u8; 2 << 20]))).await.unwrap();
     let name = target.rsplit('/').next().unwrap();
     let prefix = format!("{}/.{name}.belljar-", target.rsplit_once('/').unwrap().0);
     let created = next_event(events, |e| {

@@ -193,6 +193,8 @@ impl AgentClient {
         let (sender, conn) = hyper::client::conn::http2::Builder::new(TokioExecutor::new())
             .initial_stream_window_size(1 << 20)
             .initial_connection_window_size(16 << 20)
+            .max_frame_size(crate::MAX_FRAME)
+            .max_send_buf_size(crate::MAX_FRAME as usize)
             .max_concurrent_reset_streams(1024)
             .handshake(TokioIo::new(io))
             .await?;
