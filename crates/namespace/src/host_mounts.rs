@@ -459,6 +459,51 @@ pub(crate) fn steps(binds: &[BindMount], trees: &[OwnedFd]) -> Vec<Step> {
     steps
 }
 
+/// A sized volume's filesystem: an ext4 file of `bytes` (`image`, made sparse once) mounted at
+/// `mnt` in the host's mount namespace, so the kernel stops writes past the size (`ENOSPC`).
+/// Mounted once and then shared by every sandbox that mounts the volume: a second
+/// filesystem from the same file would corrupt it, so an image some loop device still reads
+/// (a sandbox holds the last mount) is waited for, then refused ([`crate::disk::Error::Busy`]).
+pub fn mount_volume_disk(image: &Path, mnt: &Path, bytes: u64) -> Result<(), crate::disk::Error> {
+    use crate::disk;
+    if disk::is_mount_point(mnt) {
+        return Ok(());
+    }
+    if bytes < disk::MIN_DISK_BYTES {
+        return Err(disk::Error::TooSmall(bytes));
+    }
+    if image.exists() {
+        disk::wait_released(image, disk::RELEASE_TIMEOUT)?;
+    } else {
+        disk::create(image, bytes)?;
+    }
+    std::fs::create_dir_all(mnt).map_err(|source| disk::Error::Mount {
+        path: mnt.to_owned(),
+        source,
+    })?;
+    let device = disk::attach_loop(image)?;
+    let result = nix::mount::mount(
+        Some(device.path.as_path()),
+        mnt,
+        Some("ext4"),
+        nix::mount::MsFlags::MS_NOSUID | nix::mount::MsFlags::MS_NODEV,
+        Some(disk::MOUNT_OPTIONS),
+    );
+    drop(device);
+    result.map_err(|e| disk::Error::Mount {
+        path: mnt.to_owned(),
+        source: e.into(),
+    })
+}
+
+/// Unmounts a sized volume's filesystem (before the volume is removed); no sandbox may
+/// mount it any more.
+pub fn unmount_volume_disk(mnt: &Path) {
+    if crate::disk::is_mount_point(mnt) {
+        let _ = nix::mount::umount2(mnt, nix::mount::MntFlags::MNT_DETACH);
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -130,6 +130,15 @@ pub struct CommandPath {
     pub cid: String,
 }
 
+/// `{name}`: a volume.
+#[derive(Debug, Deserialize, IntoParams)]
+#[into_params(parameter_in = Path)]
+pub struct VolumePath {
+    /// The volume's name.
+    #[param(max_length = 64)]
+    pub name: String,
+}
+
 /// `{name}`: an image.
 #[derive(Debug, Deserialize, IntoParams)]
 #[into_params(parameter_in = Path)]

@@ -8,6 +8,7 @@ use belljar_api::{
 };
 
 use super::backend::{BackendError, LaunchSpec};
+use super::volumes::MountAuthority;
 use super::{SandboxError, Sandboxes, connect};
 use crate::store::EventBody;
 use crate::util::{new_id, now_ms};
@@ -29,7 +30,19 @@ impl Sandboxes {
         req: CreateSandbox,
         idempotency_key: Option<String>,
     ) -> Result<Sandbox, SandboxError> {
-        self.create_with(req, idempotency_key, None).await
+        self.create_with(req, idempotency_key, None, MountAuthority::Tcp)
+            .await
+    }
+
+    /// [`Sandboxes::create_with_key`] by a caller whose permissions decide which host
+    /// folders it may mount (see `volumes`).
+    pub async fn create_as(
+        &self,
+        req: CreateSandbox,
+        idempotency_key: Option<String>,
+        who: MountAuthority,
+    ) -> Result<Sandbox, SandboxError> {
+        self.create_with(req, idempotency_key, None, who).await
     }
 
     /// [`Sandboxes::create_with_key`]; `ca_of`: a fork's source, whose broker CA the new
@@ -39,6 +52,7 @@ impl Sandboxes {
         req: CreateSandbox,
         idempotency_key: Option<String>,
         ca_of: Option<&str>,
+        who: MountAuthority,
     ) -> Result<Sandbox, SandboxError> {
         if let Some(key) = &idempotency_key {
             if !belljar_api::valid_idempotency_key(key) {
@@ -99,6 +113,8 @@ impl Sandboxes {
             _ => self.inner.backends.choose(choice)?,
         };
         let agent = self.agent_binary(&image)?;
+        let volumes = req.volumes.clone().filter(|v| !v.is_empty());
+        self.check_volumes(volumes.as_deref().unwrap_or_default(), backend.kind(), who)?;
 
         // The warm pool's hook: a pooled sandbox (see `pool`) replaces the launch below.
         let claimed = self
@@ -148,6 +164,7 @@ impl Sandboxes {
             limits: LimitsReport::default(),
             network_policy: None,
             mounts: None,
+            volumes,
             lifecycle: SandboxLifecycle {
                 persistent: req.persistent.unwrap_or(false),
                 idle_timeout_ms: req.idle_timeout_ms,
@@ -162,6 +179,9 @@ impl Sandboxes {
             let _admission = self.inner.admission.lock().await;
             self.admit(memory_mib, 0)?;
             self.save(&sandbox)?;
+            if sandbox.volumes.is_some() {
+                self.inner.store.set_mounts_as(&id, who.uid())?;
+            }
             if let Some(key) = &idempotency_key
                 && !self.inner.store.claim_sandbox_key(&id, key)?
             {
@@ -264,6 +284,7 @@ impl Sandboxes {
                 .collect(),
             layers,
             mounts: self.launch_mounts(&sandbox.id)?,
+            binds: self.open_binds(sandbox)?,
             durable: sandbox.lifecycle.persistent,
         };
         std::fs::create_dir_all(&state_dir)?;
