@@ -94,6 +94,15 @@ impl Sandboxes {
             .unwrap_or_else(|| s.default_image.clone());
         let image = self.inner.images.resolve(&image_name)?;
         let choice = req.backend.unwrap_or(BackendChoice::Auto);
+        // Asked for by name, a microVM refuses mounts before its availability is looked at.
+        if choice == BackendChoice::Microvm && req.volumes.as_deref().is_some_and(|v| !v.is_empty())
+        {
+            self.check_volumes(
+                req.volumes.as_deref().unwrap_or_default(),
+                belljar_api::Backend::Microvm,
+                who,
+            )?;
+        }
         // A user's image has no microVM disk yet: it runs in a namespace sandbox.
         let (backend, backend_reason) = match (&image.oci, choice) {
             (Some(_), BackendChoice::Microvm) => {
@@ -108,6 +117,17 @@ impl Sandboxes {
                 (
                     b,
                     "pulled and imported images run on the namespace backend".to_owned(),
+                )
+            }
+            // Only the namespace backend mounts host folders and volumes (microVMs need
+            // virtio-fs, which they do not have yet).
+            (None, BackendChoice::Auto)
+                if req.volumes.as_deref().is_some_and(|v| !v.is_empty()) =>
+            {
+                let (b, _) = self.inner.backends.choose(BackendChoice::Namespace)?;
+                (
+                    b,
+                    "host folders and volumes are mounted on the namespace backend".to_owned(),
                 )
             }
             _ => self.inner.backends.choose(choice)?,
