@@ -182,14 +182,23 @@ async fn a_host_folder_is_live_both_ways_owned_right_and_no_way_out() {
         .args(["-c", "md5sum < /etc/shadow"])
         .output()
         .unwrap();
-    assert_ne!(inside, stdout(&host), "the link reached the host's /etc/shadow");
+    assert_ne!(
+        inside,
+        stdout(&host),
+        "the link reached the host's /etc/shadow"
+    );
     // `..` from the mount's root is the sandbox's directory.
     assert_eq!(
         sh_ok(&c, &s.id, "stat -c %i /home/belljar/work/.. /home/belljar").await,
         sh_ok(&c, &s.id, "stat -c %i /home/belljar /home/belljar").await
     );
     assert_eq!(
-        sh_ok(&c, &s.id, "test -x /home/belljar/work/../../../sbin/belljar-agent && echo ours").await,
+        sh_ok(
+            &c,
+            &s.id,
+            "test -x /home/belljar/work/../../../sbin/belljar-agent && echo ours"
+        )
+        .await,
         "ours\n"
     );
     // No hard link across the mount's edge.
@@ -219,10 +228,7 @@ async fn a_host_folder_is_live_both_ways_owned_right_and_no_way_out() {
 async fn only_what_the_caller_may_read_is_mounted() {
     let tmp = tempfile::tempdir().unwrap();
     let allowed = folder(&tmp, "allowed", None, 0o755);
-    let d = Daemon::start_with_env(&[(
-        "BELLJAR_ALLOW_MOUNT_ROOTS",
-        allowed.to_str().unwrap(),
-    )]);
+    let d = Daemon::start_with_env(&[("BELLJAR_ALLOW_MOUNT_ROOTS", allowed.to_str().unwrap())]);
     let c = d.unix();
     let caller = Account::create("c");
     // Root's private folder: the account cannot read it; its own folder it can.
@@ -260,7 +266,10 @@ async fn only_what_the_caller_may_read_is_mounted() {
     assert!(!out.status.success());
     assert!(stderr(&out).contains("mount_denied"), "{}", stderr(&out));
     let out = as_caller(&readable, "");
-    assert!(!out.status.success(), "rw mount of a folder it cannot write");
+    assert!(
+        !out.status.success(),
+        "rw mount of a folder it cannot write"
+    );
     assert!(stderr(&out).contains("mount_denied"), "{}", stderr(&out));
     let out = as_caller(&readable, ":ro");
     assert!(out.status.success(), "{}", stderr(&out));
@@ -282,7 +291,11 @@ async fn only_what_the_caller_may_read_is_mounted() {
     assert_eq!(s.status, SandboxStatus::Running);
     let (code, msg) = create_err(
         &http,
-        with(vec![mount(&tmp.path().join("allowed/../private"), "/w", true)]),
+        with(vec![mount(
+            &tmp.path().join("allowed/../private"),
+            "/w",
+            true,
+        )]),
     )
     .await;
     assert!(
@@ -302,11 +315,7 @@ async fn only_what_the_caller_may_read_is_mounted() {
     assert_eq!(code, ErrorCode::MountDenied, "{msg}");
     // A path through a symlink is refused, not followed.
     std::os::unix::fs::symlink(&private, tmp.path().join("link")).unwrap();
-    let (code, msg) = create_err(
-        &c,
-        with(vec![mount(&tmp.path().join("link"), "/w", true)]),
-    )
-    .await;
+    let (code, msg) = create_err(&c, with(vec![mount(&tmp.path().join("link"), "/w", true)])).await;
     assert_eq!(code, ErrorCode::BadRequest, "{msg}");
     assert!(msg.contains("symlink"), "{msg}");
     // Bad paths inside.
@@ -365,7 +374,9 @@ async fn a_volume_is_shared_capped_and_outlives_its_sandboxes() {
             with(vec![volume("shared", "/data"), volume("small", "/small")]),
         )
         .await;
-    let b = d.create(&c, with(vec![volume("shared", "/srv/data")])).await;
+    let b = d
+        .create(&c, with(vec![volume("shared", "/srv/data")]))
+        .await;
     let (code, out) = user_sh(&c, &a.id, "echo from a > /data/a && stat -c %u /data").await;
     assert_eq!((code, out.as_str()), (0, "1000\n"));
     assert_eq!(sh_ok(&c, &b.id, "cat /srv/data/a").await, "from a\n");
@@ -450,7 +461,10 @@ async fn forks_snapshots_and_restarts_keep_mounts_not_their_contents() {
         snap.size_bytes
     );
 
-    let fork = c.fork_sandbox(&s.id, &ForkSandbox::default()).await.unwrap();
+    let fork = c
+        .fork_sandbox(&s.id, &ForkSandbox::default())
+        .await
+        .unwrap();
     assert_eq!(fork.volumes, s.volumes);
     std::fs::write(work.join("after-fork"), "seen\n").unwrap();
     assert_eq!(sh_ok(&c, &fork.id, "cat /w/after-fork").await, "seen\n");
@@ -470,6 +484,9 @@ async fn forks_snapshots_and_restarts_keep_mounts_not_their_contents() {
     assert_eq!(started.volumes, s.volumes);
     let (code, out) = user_sh(&c, &s.id, "cat /w/after-restart && echo back > /w/back").await;
     assert_eq!((code, out.as_str()), (0, "still\n"));
-    assert_eq!(std::fs::metadata(work.join("back")).unwrap().uid(), owner.uid);
+    assert_eq!(
+        std::fs::metadata(work.join("back")).unwrap().uid(),
+        owner.uid
+    );
     assert!(work.join("big").exists());
 }
