@@ -618,6 +618,30 @@ mod tests {
     use super::*;
 
     #[test]
+    fn volume_flags_follow_dockers_syntax() {
+        let tmp = tempfile::tempdir().unwrap();
+        let dir = tmp.path().canonicalize().unwrap();
+        let given = [
+            format!("{}:/w", dir.display()),
+            format!("{}/./:/r:ro", dir.display()),
+            "cache:/cache:rw".to_owned(),
+        ];
+        let v = volumes(&given).unwrap().unwrap();
+        assert_eq!(v[0].source, dir.display().to_string());
+        assert_eq!((v[0].path.as_str(), v[0].read_only), ("/w", None));
+        assert_eq!(v[1].source, dir.display().to_string());
+        assert_eq!((v[1].path.as_str(), v[1].read_only), ("/r", Some(true)));
+        assert_eq!(
+            (v[2].source.as_str(), v[2].path.as_str()),
+            ("cache", "/cache")
+        );
+        for bad in ["nocolon", ":/w", "cache:", "./does-not-exist-here:/w"] {
+            assert!(volumes(&[bad.to_owned()]).is_err(), "{bad}");
+        }
+        assert!(volumes(&[]).unwrap().is_none());
+    }
+
+    #[test]
     fn key_values_need_an_equals_sign() {
         let m = key_values("--env", &["A=1".into(), "B=x=y".into(), "C=".into()]).unwrap();
         assert_eq!(m["A"], "1");
