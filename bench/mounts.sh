@@ -25,6 +25,7 @@ id=""
 
 cleanup() {
     [ -n "$id" ] && "$cli" rm "$id" >/dev/null 2>&1 || true
+    umount "$scratch/tree" 2>/dev/null || true
     "$cli" daemon stop >/dev/null 2>&1 || true
     rm -rf "$home" "$scratch"
 }
@@ -44,33 +45,37 @@ if [ ! -d "$tree/done" ]; then
 fi
 chmod 755 "$scratch"
 chown 1000:1000 "$scratch" 2>/dev/null || true
+# The cache is the daemon's own (its images), which no sandbox may mount: the tree is shown
+# to it at a path of its own.
+mkdir "$scratch/tree"
+mount --bind -o ro "$tree/src" "$scratch/tree"
 
 echo "machine: $(nproc) vCPUs; kernel $(uname -r); commit $(git -C "$repo" rev-parse --short HEAD)"
 echo "tree: $(find "$tree/src" | wc -l) entries, $(du -sh "$tree/src" | cut -f1)"
 "$cli" daemon start >/dev/null
 id=$("$cli" create --backend namespace --disk 2048 --timeout 30m \
-    -v "$tree/src:/tree:ro" -v "$scratch:/scratch")
+    -v "$scratch/tree:/tree:ro" -v "$scratch:/scratch")
 
-secs() { # seconds a command takes
+secs() { # seconds a command takes; "failed" when it fails
     local t0 t1
     t0=$(date +%s.%N)
-    "$@" >/dev/null 2>&1
+    "$@" >/dev/null 2>&1 || { echo failed; return; }
     t1=$(date +%s.%N)
     awk -v a="$t0" -v b="$t1" 'BEGIN { printf "%.2f", b - a }' 
 }
 drop() { sync; echo 3 >/proc/sys/vm/drop_caches; }
-inside() { "$cli" exec "$id" -- sh -c "$1"; }
+inside() { "$cli" exec "$id" -- sh -c "set -o pipefail 2>/dev/null; $1"; }
 
 walk='find TREE -printf "%s %T@ %p\n" | wc -l'
 read_all='tar -C TREE -cf - . | wc -c'
-write='dd if=/dev/zero of=SCRATCH/big bs=1M count=1024 conv=fsync'
-readback='dd if=SCRATCH/big of=/dev/null bs=1M'
+write='dd if=/dev/zero of=SCRATCH/big-WHO bs=1M count=1024 conv=fsync'
+readback='dd if=SCRATCH/big-WHO of=/dev/null bs=1M'
 
 cold=1
 row() { # name, host command, sandbox command; the page cache dropped first unless warm
     local host sandbox
     [ "$cold" = 1 ] && drop
-    host=$(secs sh -c "$2")
+    host=$(secs bash -o pipefail -c "$2")
     [ "$cold" = 1 ] && drop
     sandbox=$(secs inside "$3")
     printf '%-28s host %8s s   sandbox %8s s\n' "$1" "$host" "$sandbox"
@@ -83,6 +88,10 @@ for pass in cold warm; do
     row "read every file" "${read_all//TREE/$tree/src}" "${read_all//TREE//tree}"
 done
 cold=1
-row "1 GiB sequential write" "${write//SCRATCH/$scratch}" "${write//SCRATCH//scratch}"
-row "1 GiB sequential read" "${readback//SCRATCH/$scratch}" "${readback//SCRATCH//scratch}"
+host_write=${write//SCRATCH/$scratch}
+host_read=${readback//SCRATCH/$scratch}
+sandbox_write=${write//SCRATCH//scratch}
+sandbox_read=${readback//SCRATCH//scratch}
+row "1 GiB sequential write" "${host_write//WHO/host}" "${sandbox_write//WHO/sandbox}"
+row "1 GiB sequential read" "${host_read//WHO/host}" "${sandbox_read//WHO/sandbox}"
 echo "(each sandbox figure includes one \`belljar exec\`, a few ms)"
