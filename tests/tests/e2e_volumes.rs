@@ -461,6 +461,27 @@ async fn forks_snapshots_and_restarts_keep_mounts_not_their_contents() {
         snap.size_bytes
     );
 
+    // A sandbox from the snapshot mounts the same folder (its definition, live), and has
+    // its own files from the snapshot.
+    let from_snap = d
+        .create(
+            &c,
+            CreateSandbox {
+                source: Some(belljar_api::Source::Snapshot {
+                    snapshot_id: snap.id.clone(),
+                }),
+                ..Default::default()
+            },
+        )
+        .await;
+    assert_eq!(from_snap.volumes, s.volumes);
+    std::fs::write(work.join("after-snapshot"), "live\n").unwrap();
+    assert_eq!(
+        sh_ok(&c, &from_snap.id, "cat /w/after-snapshot /root/own-file").await,
+        "live\nown\n"
+    );
+    c.delete_sandbox(&from_snap.id).await.unwrap();
+
     let fork = c
         .fork_sandbox(&s.id, &ForkSandbox::default())
         .await

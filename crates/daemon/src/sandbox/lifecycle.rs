@@ -67,6 +67,7 @@ impl Sandboxes {
         // The API's bounds, for every caller (the HTTP layer checked them already; the
         // compatibility layers, forks and the pool build their requests themselves).
         req.validate().map_err(invalid)?;
+        let req = self.inherit_volumes(req)?;
         let s = &self.inner.settings;
         let timeout_ms = req.timeout_ms.unwrap_or(s.default_timeout_ms);
         if timeout_ms > s.max_timeout_ms {

@@ -96,6 +96,29 @@ impl Sandboxes {
         Ok(())
     }
 
+    /// A sandbox made from a snapshot mounts what the snapshot's sandbox mounted (its
+    /// definitions, never a copy of the contents), unless the request names its own
+    /// `volumes` (`[]` for none); they are checked as this request's caller. A snapshot whose
+    /// sandbox was deleted has none to give.
+    pub(super) fn inherit_volumes(
+        &self,
+        mut req: belljar_api::CreateSandbox,
+    ) -> Result<belljar_api::CreateSandbox, SandboxError> {
+        if req.volumes.is_some() {
+            return Ok(req);
+        }
+        let Some(belljar_api::Source::Snapshot { snapshot_id }) = &req.source else {
+            return Ok(req);
+        };
+        let Some(row) = self.inner.store.snapshot(snapshot_id)? else {
+            return Ok(req);
+        };
+        if let Some(source) = self.inner.store.sandbox(&row.snapshot.source_sandbox_id)? {
+            req.volumes = source.volumes;
+        }
+        Ok(req)
+    }
+
     /// The sandbox's mounts, opened for a launch (as the uid recorded at its create).
     pub(super) fn open_binds(
         &self,
