@@ -319,6 +319,29 @@ async fn an_agent_drives_sandboxes_through_mcp() {
     )
     .await;
     assert_eq!(restored["network_policy"], "deny-all");
+    // A host folder, mounted live.
+    let folder = tempfile::tempdir().unwrap();
+    std::fs::write(folder.path().join("f"), "from the host\n").unwrap();
+    let mounted = ok(
+        &session,
+        "create_sandbox",
+        json!({ "volumes": [{ "source": folder.path(), "path": "/host", "read_only": true }] }),
+    )
+    .await;
+    assert_eq!(mounted["volumes"][0]["path"], "/host");
+    let seen = ok(
+        &session,
+        "run_command",
+        json!({ "sandbox_id": mounted["id"], "argv": ["cat", "/host/f"] }),
+    )
+    .await;
+    assert_eq!(seen["stdout"], "from the host\n", "{seen}");
+    ok(
+        &session,
+        "delete_sandbox",
+        json!({ "sandbox_id": mounted["id"] }),
+    )
+    .await;
     let restored_id = restored["id"].as_str().unwrap().to_string();
     let cat = ok(
         &session,

@@ -120,6 +120,7 @@ impl Sandbox {
             limits,
             env: vec![],
             mounts: vec![],
+            binds: vec![],
             durable: false,
         };
         eprintln!("{id}: agent {}", spec.agent.display());

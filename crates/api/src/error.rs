@@ -135,6 +135,14 @@ pub enum ErrorCode {
     RegistryDenied,
     /// 502: the registry cannot be reached, stalled, or broke the distribution API.
     RegistryUnavailable,
+    /// 403: the caller may not mount that host folder (it cannot read it, or write it for a
+    /// read-write mount; over TCP it is under no `--allow-mount-root`), or the folder is one
+    /// no sandbox may mount (`/`, `/proc`, the daemon's own directories).
+    MountDenied,
+    /// 404: no such volume.
+    VolumeNotFound,
+    /// 409: a sandbox mounts the volume.
+    VolumeInUse,
 }
 
 impl ErrorCode {
@@ -145,10 +153,10 @@ impl ErrorCode {
             BadRequest | ImageNotAvailable | NotAnImage | InvalidPath | IsADirectory
             | NotADirectory | NotARegularFile | ExecFailed | UnknownUser | ImageInvalid => 400,
             Unauthorized => 401,
-            Forbidden | PermissionDenied | RegistryDenied => 403,
-            NotFound | CommandNotFound | ImageNotFound => 404,
+            Forbidden | PermissionDenied | RegistryDenied | MountDenied => 403,
+            NotFound | CommandNotFound | ImageNotFound | VolumeNotFound => 404,
             SandboxNotRunning | Conflict | Exists | NotEmpty | CommandFinished | Busy
-            | SnapshotNotUsable => 409,
+            | SnapshotNotUsable | VolumeInUse => 409,
             PayloadTooLarge | FileTooLarge | ImageTooLarge => 413,
             Internal | BuildFailed => 500,
             NotSupported => 501,
@@ -242,6 +250,9 @@ mod tests {
             "image_too_large",
             "registry_denied",
             "registry_unavailable",
+            "mount_denied",
+            "volume_not_found",
+            "volume_in_use",
         ];
         assert_eq!(ErrorCode::VARIANTS.len(), names.len());
         for (code, name) in ErrorCode::VARIANTS.iter().zip(names) {

@@ -25,6 +25,7 @@ pub mod sandbox;
 pub mod snapshot;
 pub mod typescript;
 pub mod usage;
+pub mod volume;
 
 pub use command::*;
 pub use diff::*;
@@ -38,3 +39,4 @@ pub use network::*;
 pub use sandbox::*;
 pub use snapshot::*;
 pub use usage::*;
+pub use volume::*;

@@ -193,6 +193,14 @@ pub struct CreateSandbox {
     #[ts(optional)]
     #[schema(max_items = 16)]
     pub mounts: Option<Vec<crate::SnapshotMount>>,
+    /// Host folders and named volumes mounted at paths of the sandbox, two-way and live
+    /// (namespace backend), at most 16. A host folder must be one the caller may read (and
+    /// write, unless `read_only`); over TCP, one under a root the daemon allows
+    /// (`belljard --allow-mount-root`).
+    #[serde(default)]
+    #[ts(optional)]
+    #[schema(max_items = 16)]
+    pub volumes: Option<Vec<crate::VolumeMount>>,
     /// Sandbox TCP ports exposed on 127.0.0.1 (each on a free host port).
     #[serde(default)]
     #[ts(optional)]
@@ -320,6 +328,10 @@ pub struct Sandbox {
     #[serde(default, skip_serializing_if = "Option::is_none")]
     #[ts(optional)]
     pub mounts: Option<Vec<crate::SnapshotMount>>,
+    /// The host folders and volumes it mounts (absent when none).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[ts(optional)]
+    pub volumes: Option<Vec<crate::VolumeMount>>,
     /// Persistence, idle pause, hard TTL and auto-resume.
     #[serde(flatten)]
     pub lifecycle: SandboxLifecycle,
@@ -387,6 +399,14 @@ impl Validate for CreateSandbox {
                 limits::MAX_NAME,
             )?;
             limits::text(&format!("mounts[{i}].path"), &m.path, 1024)?;
+        }
+        let volumes = self.volumes.as_deref().unwrap_or_default();
+        if volumes.len() > crate::MAX_VOLUME_MOUNTS {
+            return Err(Invalid::new("volumes", "more than 16"));
+        }
+        for (i, v) in volumes.iter().enumerate() {
+            v.validate()
+                .map_err(|e| Invalid::new(format!("volumes[{i}].{}", e.field), e.problem))?;
         }
         let ports = self.ports.as_deref().unwrap_or_default();
         if ports.len() > crate::MAX_PORTS {

@@ -141,6 +141,11 @@ pub enum Cmd {
         #[command(subcommand)]
         action: Option<SnapshotsCmd>,
     },
+    /// Named volumes: files that outlive sandboxes, mounted with `-v NAME:PATH`.
+    Volumes {
+        #[command(subcommand)]
+        action: VolumesCmd,
+    },
     /// List images, or build one.
     Images {
         #[command(subcommand)]
@@ -291,6 +296,11 @@ pub struct SandboxOpts {
     /// Mount a directory snapshot at a path (copy-on-write), e.g. snap_abc:/work; repeatable.
     #[arg(long = "mount", value_name = "SNAPSHOT:PATH")]
     pub mounts: Vec<String>,
+    /// Mount a host folder (a path starting with /, . or ~) or a named volume at a path of
+    /// the sandbox, two-way and live, e.g. -v .:/workspace or -v cache:/cache:ro;
+    /// repeatable (namespace backend).
+    #[arg(long = "volume", short = 'v', value_name = "SOURCE:PATH[:ro]")]
+    pub volumes: Vec<String>,
     /// Snapshot the sandbox whenever it stops; `belljar start` resumes it from there.
     #[arg(long)]
     pub persistent: bool,
@@ -398,6 +408,26 @@ pub struct RunArgs {
     /// (`Entrypoint` and `Cmd`).
     #[arg(last = true)]
     pub argv: Vec<String>,
+}
+
+#[derive(Debug, Subcommand)]
+pub enum VolumesCmd {
+    /// Create a named volume and print its name.
+    Create {
+        name: String,
+        /// Cap what it holds, in MiB (the kernel's ENOSPC past it); default: no cap.
+        #[arg(long, value_name = "MIB")]
+        size: Option<u64>,
+    },
+    /// List volumes.
+    Ls,
+    /// Delete volumes and their files (refused while a sandbox mounts one).
+    Rm {
+        #[arg(required = true)]
+        names: Vec<String>,
+    },
+    /// Show one volume and the sandboxes that mount it.
+    Inspect { name: String },
 }
 
 #[derive(Debug, Subcommand)]

@@ -20,7 +20,7 @@ use belljar_client::{Client, ClientError, Paths};
 use clap::CommandFactory;
 
 use crate::args::{
-    Cli, Cmd, CreateArgs, ExecArgs, ImagesCmd, LsArgs, RunArgs, SandboxOpts, VercelCmd,
+    Cli, Cmd, CreateArgs, ExecArgs, ImagesCmd, LsArgs, RunArgs, SandboxOpts, VercelCmd, VolumesCmd,
 };
 use crate::host;
 use crate::timeline;
@@ -41,6 +41,11 @@ pub enum InputError {
     /// `--mount` without `:`.
     #[error("--mount {0:?}: expected SNAPSHOT:PATH")]
     Mount(String),
+    /// `-v` without a `SOURCE:PATH`.
+    #[error(
+        "--volume {0:?}: expected SOURCE:PATH or SOURCE:PATH:ro (SOURCE a host path or a volume name)"
+    )]
+    Volume(String),
     /// A name that matches no sandbox.
     #[error("No sandbox with id or name {0:?}")]
     UnknownSandbox(String),
@@ -211,6 +216,7 @@ async fn dispatch(client: &Client, paths: &Paths, command: Cmd, json: bool) -> R
             Ok(0)
         }
         Cmd::Ui { no_open } => host::ui(client, paths, no_open).await,
+        Cmd::Volumes { action } => volumes_cmd(client, action, json).await,
         Cmd::Snapshot {
             id,
             keep_running,
@@ -309,6 +315,89 @@ fn mounts(items: &[String]) -> Result<Option<Vec<belljar_api::SnapshotMount>>> {
     Ok((!out.is_empty()).then_some(out))
 }
 
+/// `-v SOURCE:PATH[:ro]`, repeatable (Docker's syntax): a source starting with `/`, `.` or
+/// `~` is a host folder, resolved here to an absolute path; any other a volume's name.
+fn volumes(items: &[String]) -> Result<Option<Vec<belljar_api::VolumeMount>>> {
+    let mut out = Vec::new();
+    for item in items {
+        let bad = || InputError::Volume(item.clone());
+        let (rest, read_only) = match item.rsplit_once(':') {
+            Some((rest, "ro")) => (rest, Some(true)),
+            Some((rest, "rw")) => (rest, None),
+            _ => (item.as_str(), None),
+        };
+        let (source, path) = rest.rsplit_once(':').ok_or_else(bad)?;
+        if source.is_empty() || path.is_empty() {
+            return Err(bad().into());
+        }
+        let source = if source.starts_with(['/', '.', '~']) {
+            let expanded = match source.strip_prefix('~') {
+                Some(tail) if tail.is_empty() || tail.starts_with('/') => {
+                    let home = std::env::var_os("HOME").ok_or_else(bad)?;
+                    format!("{}{tail}", home.to_string_lossy())
+                }
+                _ => source.to_owned(),
+            };
+            std::fs::canonicalize(&expanded)
+                .with_context(|| format!("--volume {item}: {expanded}"))?
+                .display()
+                .to_string()
+        } else {
+            source.to_owned()
+        };
+        out.push(belljar_api::VolumeMount {
+            source,
+            path: path.to_owned(),
+            read_only,
+        });
+    }
+    Ok((!out.is_empty()).then_some(out))
+}
+
+/// `belljar volumes ...`.
+async fn volumes_cmd(client: &Client, action: VolumesCmd, json: bool) -> Result<i32> {
+    match action {
+        VolumesCmd::Create { name, size } => {
+            let v = client
+                .create_volume(&belljar_api::CreateVolume {
+                    name,
+                    size_mib: size,
+                })
+                .await?;
+            if json {
+                print_json(&v)?;
+            } else {
+                outln!("{}", v.name)?;
+            }
+        }
+        VolumesCmd::Ls => {
+            let list = client.list_volumes().await?;
+            if json {
+                print_json(&list)?;
+            } else {
+                out!("{}", output::volumes(&list.volumes, output::now_ms()))?;
+            }
+        }
+        VolumesCmd::Inspect { name } => {
+            let v = client.volume(&name).await?;
+            if json {
+                print_json(&v)?;
+            } else {
+                out!("{}", output::volume(&v, output::now_ms()))?;
+            }
+        }
+        VolumesCmd::Rm { names } => {
+            for n in &names {
+                client.delete_volume(n).await?;
+                if !json {
+                    outln!("{n}")?;
+                }
+            }
+        }
+    }
+    Ok(0)
+}
+
 pub(crate) fn key_values(flag: &'static str, items: &[String]) -> Result<BTreeMap<String, String>> {
     let mut map = BTreeMap::new();
     for item in items {
@@ -381,6 +470,7 @@ fn create_request(image: Option<String>, o: &SandboxOpts) -> Result<CreateSandbo
         network_policy: crate::netcmd::policy(&o.policy)?,
         ports: (!o.ports.is_empty()).then(|| o.ports.clone()),
         mounts: mounts(&o.mounts)?,
+        volumes: volumes(&o.volumes)?,
         persistent: o.persistent.then_some(true),
         idle_timeout_ms: o.idle_timeout.as_deref().map(parse_ms).transpose()?,
         hard_ttl_ms: o.hard_ttl.as_deref().map(parse_ms).transpose()?,
@@ -526,6 +616,30 @@ async fn run_cmd(client: &Client, a: RunArgs) -> Result<i32> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn volume_flags_follow_dockers_syntax() {
+        let tmp = tempfile::tempdir().unwrap();
+        let dir = tmp.path().canonicalize().unwrap();
+        let given = [
+            format!("{}:/w", dir.display()),
+            format!("{}/./:/r:ro", dir.display()),
+            "cache:/cache:rw".to_owned(),
+        ];
+        let v = volumes(&given).unwrap().unwrap();
+        assert_eq!(v[0].source, dir.display().to_string());
+        assert_eq!((v[0].path.as_str(), v[0].read_only), ("/w", None));
+        assert_eq!(v[1].source, dir.display().to_string());
+        assert_eq!((v[1].path.as_str(), v[1].read_only), ("/r", Some(true)));
+        assert_eq!(
+            (v[2].source.as_str(), v[2].path.as_str()),
+            ("cache", "/cache")
+        );
+        for bad in ["nocolon", ":/w", "cache:", "./does-not-exist-here:/w"] {
+            assert!(volumes(&[bad.to_owned()]).is_err(), "{bad}");
+        }
+        assert!(volumes(&[]).unwrap().is_none());
+    }
 
     #[test]
     fn key_values_need_an_equals_sign() {

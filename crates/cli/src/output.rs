@@ -137,6 +137,10 @@ pub fn sandbox(s: &Sandbox, now: i64) -> String {
     if !s.env.is_empty() {
         kv("env", s.env.keys().cloned().collect::<Vec<_>>().join(", "));
     }
+    for v in s.volumes.as_deref().unwrap_or_default() {
+        let ro = if v.read_only() { " (read-only)" } else { "" };
+        kv("volume", format!("{} -> {}{ro}", v.source, v.path));
+    }
     out
 }
 
@@ -221,6 +225,46 @@ pub fn images(list: &[Image]) -> String {
         })
         .collect();
     table(&["NAME", "STATUS", "SIZE", "DIGEST"], &rows)
+}
+
+/// The `belljar volumes ls` table.
+pub fn volumes(list: &[belljar_api::Volume], now: i64) -> String {
+    let rows: Vec<Vec<String>> = list
+        .iter()
+        .map(|v| {
+            vec![
+                v.name.clone(),
+                v.size_mib
+                    .map(|m| format!("{m} MiB"))
+                    .unwrap_or_else(|| "-".into()),
+                ago(v.created_at, now),
+                if v.used_by.is_empty() {
+                    "-".into()
+                } else {
+                    v.used_by.join(",")
+                },
+            ]
+        })
+        .collect();
+    table(&["NAME", "SIZE", "CREATED", "USED BY"], &rows)
+}
+
+/// The `belljar volumes inspect` block.
+pub fn volume(v: &belljar_api::Volume, now: i64) -> String {
+    let mut out = String::new();
+    let _ = writeln!(out, "name:      {}", v.name);
+    let size = v
+        .size_mib
+        .map_or_else(|| "no cap".into(), |m| format!("{m} MiB"));
+    let _ = writeln!(out, "size:      {size}");
+    let _ = writeln!(out, "created:   {}", ago(v.created_at, now));
+    let used = if v.used_by.is_empty() {
+        "no sandbox".into()
+    } else {
+        v.used_by.join(", ")
+    };
+    let _ = writeln!(out, "used by:   {used}");
+    out
 }
 
 /// The `belljar daemon status` block.

@@ -117,6 +117,15 @@ pub struct Config {
     #[arg(long, env = "BELLJAR_MAX_UNAUTHENTICATED_CONNECTIONS", default_value_t = 256,
           value_parser = clap::value_parser!(u16).range(1..))]
     pub max_unauthenticated_connections: u16,
+    /// A host folder under which TCP callers (the browser UI, SDKs) may mount folders into
+    /// sandboxes; repeatable, none by default. Unix-socket callers (the CLI) may mount what
+    /// their own user may read, wherever it is.
+    #[arg(
+        long = "allow-mount-root",
+        env = "BELLJAR_ALLOW_MOUNT_ROOTS",
+        value_delimiter = ','
+    )]
+    pub allow_mount_roots: Vec<PathBuf>,
     /// Extra browser origins allowed to call the daemon (e.g. a UI dev server), comma-separated.
     #[arg(long, env = "BELLJAR_ALLOWED_ORIGINS", value_delimiter = ',')]
     pub allowed_origins: Vec<String>,

@@ -122,6 +122,11 @@ async fn serve(config: Config, paths: &Paths) -> Result<(), ServerError> {
         squash_depth: usize::from(config.squash_depth),
         ready_timeout: std::time::Duration::from_millis(config.ready_timeout.unsigned_abs()),
         pool: config.pool.clone(),
+        allow_mount_roots: config
+            .allow_mount_roots
+            .iter()
+            .map(|r| std::fs::canonicalize(r).unwrap_or_else(|_| r.clone()))
+            .collect(),
         ..Settings::default()
     };
     let sandboxes = Sandboxes::new(
@@ -194,7 +199,7 @@ async fn serve(config: Config, paths: &Paths) -> Result<(), ServerError> {
         max_unauthenticated: usize::from(config.max_unauthenticated_connections),
     };
     let result = tokio::select! {
-        r = axum::serve(unix, unix_app.into_make_service()) => {
+        r = axum::serve(unix, unix_app.into_make_service_with_connect_info::<auth::UnixPeer>()) => {
             r.map_err(io_err("The server failed"))
         }
         never = crate::http::tcp::serve(tcp, tcp_app, limits) => match never {},

@@ -81,6 +81,7 @@ pub mod cgroup;
 mod child;
 pub mod disk;
 pub mod disk_pool;
+pub mod host_mounts;
 mod idblock;
 pub mod idmap;
 pub mod layer;
@@ -137,6 +138,9 @@ pub struct SandboxSpec {
     pub env: Vec<(String, String)>,
     /// Directory snapshots mounted at paths of the sandbox (see [`snapshot_mounts`]).
     pub mounts: Vec<LayerMount>,
+    /// Host folders and named volumes bind-mounted at paths of the sandbox (see
+    /// [`host_mounts`]; root only).
+    pub binds: Vec<host_mounts::BindMount>,
     /// Whether the writable layers keep the sandbox's syncs (a persistent sandbox's, whose
     /// files outlive it); otherwise they are `volatile` overlays that skip every sync.
     pub durable: bool,

@@ -108,6 +108,11 @@ pub fn launch(spec: &SandboxSpec) -> Result<Running, Error> {
         let _ = prev.groups.remove(Duration::from_millis(500));
     }
     let rootless = !Uid::effective().is_root();
+    if rootless && !spec.binds.is_empty() {
+        return Err(Error::Spec(
+            "host folders and volumes need a daemon run as root (id-mapped mounts)".into(),
+        ));
+    }
     let map = if rootless {
         IdMap::rootless()?
     } else {
@@ -334,6 +339,10 @@ fn start(
         crate::snapshot_mounts::steps(&spec.mounts, &mount_trees, spec.durable),
     );
     steps.extend(plan);
+    // Host folders and volumes go on after the pivot: their paths resolve inside the sandbox.
+    let bind_trees =
+        crate::host_mounts::trees(&spec.binds, &userns, (map.root_uid(), map.root_gid()))?;
+    steps.extend(crate::host_mounts::steps(&spec.binds, &bind_trees));
     steps.push(Step::HostsEntry {
         hostname: spec.hostname.clone(),
     });
@@ -387,6 +396,7 @@ fn start(
     // The layers' trees stay open until the child has attached them.
     drop(layer_trees);
     drop(mount_trees);
+    drop(bind_trees);
     Ok(started.pid)
 }
 

@@ -64,6 +64,9 @@ pub(crate) fn validate(spec: &SandboxSpec) -> Result<(), Error> {
     }
     crate::snapshot_mounts::validate(&spec.mounts, &spec.rootfs, &spec.layers)
         .map_err(Error::Spec)?;
+    for b in &spec.binds {
+        crate::host_mounts::check_path(&b.path).map_err(Error::Spec)?;
+    }
     if spec.state_dir.join(AGENT_SOCKET).as_os_str().len() >= 108 {
         return bad(format!(
             "state_dir {} is too long for a Unix socket path",
@@ -103,6 +106,7 @@ mod tests {
             limits: Default::default(),
             env: vec![],
             mounts: vec![],
+            binds: vec![],
             durable: false,
         };
         assert!(matches!(validate(&spec), Err(Error::Spec(_))));

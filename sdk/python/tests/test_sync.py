@@ -10,7 +10,7 @@ import pytest
 
 from pathlib import Path
 
-from belljar import BelljarError, Client, Endpoint, NotSupportedError, Sandbox
+from belljar import BelljarError, Client, Endpoint, NotSupportedError, Sandbox, Volume
 
 TAG = {"suite": f"py-{os.getpid()}"}
 
@@ -74,6 +74,27 @@ def test_filesystem(sb, tmp_path):
     with pytest.raises(BelljarError) as e:
         fs.read_text("/workspace/m")
     assert e.value.code == "not_found"
+
+
+def test_a_volume_is_shared_and_kept():
+    name = f"py-{os.getpid()}"
+    vol = Volume.from_name(name, create_if_missing=True)
+    assert Volume.from_name(name).name == name
+    a = Sandbox.create(volumes={"/data": vol}, tags=TAG)
+    b = Sandbox.create(volumes={"/seen": vol.read_only()}, tags=TAG)
+    assert a.exec("sh", "-c", "echo shared > /data/f").wait() == 0
+    p = b.exec("cat", "/seen/f")
+    assert p.stdout.read() == "shared\n" and p.wait() == 0
+    assert b.exec("touch", "/seen/g").wait() != 0
+    with pytest.raises(BelljarError) as e:
+        Volume.delete(name)
+    assert e.value.code == "volume_in_use"
+    a.delete()
+    b.delete()
+    Volume.delete(name)
+    with pytest.raises(BelljarError) as e:
+        Volume.from_name(name)
+    assert e.value.code == "volume_not_found"
 
 
 def test_tags(sb):

@@ -57,6 +57,20 @@ pub struct CreateParams {
     pub snapshot_id: Option<String>,
     /// The firewall (see set_network_policy); default "allow-all".
     pub network_policy: Option<serde_json::Value>,
+    /// Host folders (absolute paths) and named volumes mounted into the sandbox, two-way and
+    /// live; a folder must be one this user may read (and write, unless read_only).
+    pub volumes: Option<Vec<VolumeParams>>,
+}
+
+#[derive(Debug, Deserialize, JsonSchema)]
+#[serde(deny_unknown_fields)]
+pub struct VolumeParams {
+    /// An absolute host path, or a named volume's name.
+    pub source: String,
+    /// Absolute path in the sandbox.
+    pub path: String,
+    /// Mount read-only (default false).
+    pub read_only: Option<bool>,
 }
 
 #[derive(Debug, Default, Deserialize, JsonSchema)]

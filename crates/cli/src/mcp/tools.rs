@@ -213,6 +213,15 @@ impl Belljar {
                 .snapshot_id
                 .map(|snapshot_id| Source::Snapshot { snapshot_id }),
             network_policy: p.network_policy.map(policy_of).transpose()?,
+            volumes: p.volumes.map(|v| {
+                v.into_iter()
+                    .map(|v| belljar_api::VolumeMount {
+                        source: v.source,
+                        path: v.path,
+                        read_only: v.read_only,
+                    })
+                    .collect()
+            }),
             ..Default::default()
         };
         Ok(self.client.create_sandbox(&req).await?)

@@ -347,9 +347,36 @@ fn websocket_query_token(req: &Request) -> Option<String> {
         .map(|(_, v)| v.to_owned())
 }
 
-/// Middleware of the Unix listener: marks the caller as the socket's owner.
+/// Who is at the other end of a Unix-socket connection, as the kernel says
+/// (`SO_PEERCRED`): whose permissions decide which host folders it may mount.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct UnixPeer {
+    pub uid: Option<u32>,
+}
+
+impl
+    axum::extract::connect_info::Connected<
+        axum::serve::IncomingStream<'_, tokio::net::UnixListener>,
+    > for UnixPeer
+{
+    fn connect_info(stream: axum::serve::IncomingStream<'_, tokio::net::UnixListener>) -> Self {
+        Self {
+            uid: stream.io().peer_cred().ok().map(|c| c.uid()),
+        }
+    }
+}
+
+/// Middleware of the Unix listener: marks the caller as the socket's owner, and passes on
+/// the connection's peer credentials.
 pub async fn unix_caller(mut req: Request, next: Next) -> Response {
     req.extensions_mut().insert(Caller::Unix);
+    let peer = req
+        .extensions()
+        .get::<axum::extract::ConnectInfo<UnixPeer>>()
+        .map(|c| c.0);
+    if let Some(peer) = peer {
+        req.extensions_mut().insert(peer);
+    }
     next.run(req).await
 }
 

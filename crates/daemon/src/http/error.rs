@@ -115,6 +115,9 @@ fn sandbox_parts(e: &SandboxError) -> (StatusCode, ErrorCode, String) {
         SandboxError::PathNotFound(_) => ErrorCode::NotFound,
         SandboxError::PermissionDenied(_) => ErrorCode::PermissionDenied,
         SandboxError::SnapshotTooLarge(_) => ErrorCode::InsufficientResources,
+        SandboxError::MountDenied(_) => ErrorCode::MountDenied,
+        SandboxError::VolumeNotFound(_) => ErrorCode::VolumeNotFound,
+        SandboxError::VolumeInUse(_) => ErrorCode::VolumeInUse,
         // The reason a sandbox could not start is the user's business; it holds no secret.
         SandboxError::Backend(b) => {
             let code = ErrorCode::Internal;

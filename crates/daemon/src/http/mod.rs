@@ -22,6 +22,7 @@ pub mod tcp;
 mod terminal;
 mod ui;
 mod usage;
+mod volumes;
 
 use std::path::PathBuf;
 use std::sync::Arc;
@@ -63,6 +64,7 @@ pub fn api_router() -> OpenApiRouter<AppState> {
         .merge(pause::router())
         .merge(usage::router())
         .merge(mounts::router())
+        .merge(volumes::router())
         .merge(commands::router())
         .merge(files::router())
         .merge(terminal::router())

@@ -130,6 +130,15 @@ pub struct CommandPath {
     pub cid: String,
 }
 
+/// `{name}`: a volume.
+#[derive(Debug, Deserialize, IntoParams)]
+#[into_params(parameter_in = Path)]
+pub struct VolumePath {
+    /// The volume's name.
+    #[param(max_length = 64)]
+    pub name: String,
+}
+
 /// `{name}`: an image.
 #[derive(Debug, Deserialize, IntoParams)]
 #[into_params(parameter_in = Path)]
@@ -203,7 +212,7 @@ mod tests {
                 }
             }
         }
-        assert_eq!(operations, 56);
+        assert_eq!(operations, 60);
         let create = &doc["components"]["schemas"]["CreateSandbox"]["properties"];
         assert_eq!(create["vcpus"]["maximum"], 32);
         assert_eq!(create["disk_mib"]["maximum"], 1_048_576);

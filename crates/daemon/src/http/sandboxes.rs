@@ -16,6 +16,7 @@ use super::AppState;
 use super::error::ApiError;
 use super::extract::{ApiJson, ApiPath, ApiQuery};
 use super::openapi::{Errors, SandboxPath};
+use crate::sandbox::volumes::MountAuthority;
 
 pub fn router() -> OpenApiRouter<AppState> {
     OpenApiRouter::new()
@@ -43,13 +44,18 @@ pub async fn detached<T: Send + 'static>(
 async fn create(
     State(st): State<AppState>,
     headers: HeaderMap,
+    peer: Option<axum::Extension<super::auth::UnixPeer>>,
     ApiJson(req): ApiJson<CreateSandbox>,
 ) -> Result<(StatusCode, Json<Sandbox>), ApiError> {
     // A key that is not visible ASCII is passed on as an empty one, which the check refuses.
     let key = headers
         .get(belljar_api::IDEMPOTENCY_KEY_HEADER)
         .map(|v| v.to_str().unwrap_or_default().to_owned());
-    let s = detached(async move { st.sandboxes.create_with_key(req, key).await }).await?;
+    let who = match peer.and_then(|p| p.0.uid) {
+        Some(uid) => MountAuthority::Uid(uid),
+        None => MountAuthority::Tcp,
+    };
+    let s = detached(async move { st.sandboxes.create_as(req, key, who).await }).await?;
     Ok((StatusCode::CREATED, Json(s)))
 }
 

@@ -137,6 +137,8 @@ pub struct LaunchSpec {
     pub layers: Vec<PathBuf>,
     /// Directory snapshots mounted at paths of the sandbox.
     pub mounts: Vec<MountSpec>,
+    /// Host folders and volumes, opened for this launch (namespace backend).
+    pub binds: Vec<belljar_namespace::host_mounts::BindMount>,
     /// Whether the sandbox's writes must keep their syncs (a persistent sandbox: its files
     /// outlive it); a disposable one skips them where the backend can.
     pub durable: bool,

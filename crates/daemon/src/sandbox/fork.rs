@@ -41,6 +41,8 @@ impl Sandboxes {
         let snapshotted = started.elapsed();
         let snapshot_frozen = snapshot.frozen_ms;
         let held = self.inner.store.sandbox_layers(id)?.unwrap_or_default();
+        // The fork mounts the same host folders and volumes, as whoever mounted them first.
+        let who = self.mount_authority(id)?;
         let forked = self
             .create_with(
                 CreateSandbox {
@@ -60,6 +62,7 @@ impl Sandboxes {
                     keep_last_snapshots: held.keep_last,
                     network_policy: self.network_policy_of(id),
                     mounts: (!mounts.is_empty()).then_some(mounts),
+                    volumes: source.volumes.clone(),
                     ports: (!ports.is_empty()).then_some(ports),
                     persistent: Some(source.lifecycle.persistent),
                     idle_timeout_ms: source.lifecycle.idle_timeout_ms,
@@ -69,6 +72,7 @@ impl Sandboxes {
                 None,
                 // The source's files trust its broker CA: the fork's broker signs with it.
                 Some(id),
+                who,
             )
             .await;
         // Where a fork's time goes (`BELLJAR_LOG=belljard=debug`): its live snapshot (the

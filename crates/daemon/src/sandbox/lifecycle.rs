@@ -8,6 +8,7 @@ use belljar_api::{
 };
 
 use super::backend::{BackendError, LaunchSpec};
+use super::volumes::MountAuthority;
 use super::{SandboxError, Sandboxes, connect};
 use crate::store::EventBody;
 use crate::util::{new_id, now_ms};
@@ -29,7 +30,19 @@ impl Sandboxes {
         req: CreateSandbox,
         idempotency_key: Option<String>,
     ) -> Result<Sandbox, SandboxError> {
-        self.create_with(req, idempotency_key, None).await
+        self.create_with(req, idempotency_key, None, MountAuthority::Tcp)
+            .await
+    }
+
+    /// [`Sandboxes::create_with_key`] by a caller whose permissions decide which host
+    /// folders it may mount (see `volumes`).
+    pub async fn create_as(
+        &self,
+        req: CreateSandbox,
+        idempotency_key: Option<String>,
+        who: MountAuthority,
+    ) -> Result<Sandbox, SandboxError> {
+        self.create_with(req, idempotency_key, None, who).await
     }
 
     /// [`Sandboxes::create_with_key`]; `ca_of`: a fork's source, whose broker CA the new
@@ -39,6 +52,7 @@ impl Sandboxes {
         req: CreateSandbox,
         idempotency_key: Option<String>,
         ca_of: Option<&str>,
+        who: MountAuthority,
     ) -> Result<Sandbox, SandboxError> {
         if let Some(key) = &idempotency_key {
             if !belljar_api::valid_idempotency_key(key) {
@@ -53,6 +67,7 @@ impl Sandboxes {
         // The API's bounds, for every caller (the HTTP layer checked them already; the
         // compatibility layers, forks and the pool build their requests themselves).
         req.validate().map_err(invalid)?;
+        let req = self.inherit_volumes(req)?;
         let s = &self.inner.settings;
         let timeout_ms = req.timeout_ms.unwrap_or(s.default_timeout_ms);
         if timeout_ms > s.max_timeout_ms {
@@ -80,6 +95,15 @@ impl Sandboxes {
             .unwrap_or_else(|| s.default_image.clone());
         let image = self.inner.images.resolve(&image_name)?;
         let choice = req.backend.unwrap_or(BackendChoice::Auto);
+        // Asked for by name, a microVM refuses mounts before its availability is looked at.
+        if choice == BackendChoice::Microvm && req.volumes.as_deref().is_some_and(|v| !v.is_empty())
+        {
+            self.check_volumes(
+                req.volumes.as_deref().unwrap_or_default(),
+                belljar_api::Backend::Microvm,
+                who,
+            )?;
+        }
         // A user's image has no microVM disk yet: it runs in a namespace sandbox.
         let (backend, backend_reason) = match (&image.oci, choice) {
             (Some(_), BackendChoice::Microvm) => {
@@ -96,9 +120,22 @@ impl Sandboxes {
                     "pulled and imported images run on the namespace backend".to_owned(),
                 )
             }
+            // Only the namespace backend mounts host folders and volumes (microVMs need
+            // virtio-fs, which they do not have yet).
+            (None, BackendChoice::Auto)
+                if req.volumes.as_deref().is_some_and(|v| !v.is_empty()) =>
+            {
+                let (b, _) = self.inner.backends.choose(BackendChoice::Namespace)?;
+                (
+                    b,
+                    "host folders and volumes are mounted on the namespace backend".to_owned(),
+                )
+            }
             _ => self.inner.backends.choose(choice)?,
         };
         let agent = self.agent_binary(&image)?;
+        let volumes = req.volumes.clone().filter(|v| !v.is_empty());
+        self.check_volumes(volumes.as_deref().unwrap_or_default(), backend.kind(), who)?;
 
         // The warm pool's hook: a pooled sandbox (see `pool`) replaces the launch below.
         let claimed = self
@@ -148,6 +185,7 @@ impl Sandboxes {
             limits: LimitsReport::default(),
             network_policy: None,
             mounts: None,
+            volumes,
             lifecycle: SandboxLifecycle {
                 persistent: req.persistent.unwrap_or(false),
                 idle_timeout_ms: req.idle_timeout_ms,
@@ -162,6 +200,9 @@ impl Sandboxes {
             let _admission = self.inner.admission.lock().await;
             self.admit(memory_mib, 0)?;
             self.save(&sandbox)?;
+            if sandbox.volumes.is_some() {
+                self.inner.store.set_mounts_as(&id, who.uid())?;
+            }
             if let Some(key) = &idempotency_key
                 && !self.inner.store.claim_sandbox_key(&id, key)?
             {
@@ -264,6 +305,7 @@ impl Sandboxes {
                 .collect(),
             layers,
             mounts: self.launch_mounts(&sandbox.id)?,
+            binds: self.open_binds(sandbox)?,
             durable: sandbox.lifecycle.persistent,
         };
         std::fs::create_dir_all(&state_dir)?;

@@ -39,6 +39,7 @@ mod teardown;
 mod terminal;
 mod usage;
 pub mod vmm;
+pub mod volumes;
 
 use std::collections::HashMap;
 use std::path::PathBuf;
@@ -120,6 +121,15 @@ pub enum SandboxError {
     /// can, so the layer is not made (the host's disk is not the sandbox's to fill).
     #[error("{0}")]
     SnapshotTooLarge(String),
+    /// The caller may not mount that host folder, or no sandbox may.
+    #[error("{0}")]
+    MountDenied(String),
+    /// No such volume.
+    #[error("Volume {0} not found")]
+    VolumeNotFound(String),
+    /// A sandbox mounts the volume.
+    #[error("{0}")]
+    VolumeInUse(String),
     /// The store failed.
     #[error(transparent)]
     Store(#[from] StoreError),
@@ -153,6 +163,8 @@ pub struct Settings {
     pub squash_depth: usize,
     /// Sandboxes kept started ahead of demand, per image (see `pool`); empty: no pool.
     pub pool: PoolSizes,
+    /// Host folders under these may be mounted by TCP callers (`--allow-mount-root`).
+    pub allow_mount_roots: Vec<PathBuf>,
 }
 
 impl Default for Settings {
@@ -172,6 +184,7 @@ impl Default for Settings {
             command_output_limit: None,
             squash_depth: squash::DEFAULT_SQUASH_DEPTH,
             pool: PoolSizes::default(),
+            allow_mount_roots: Vec::new(),
         }
     }
 }

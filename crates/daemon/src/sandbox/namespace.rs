@@ -116,6 +116,7 @@ impl BackendDriver for Namespace {
             },
             env: spec.agent_env.clone(),
             mounts: spec.mounts.iter().map(layer_mount).collect(),
+            binds: spec.binds.clone(),
             durable: spec.durable,
         };
         ns::launch(&spec)

@@ -202,6 +202,7 @@ impl Sandboxes {
     ) -> Option<Claimed> {
         let servable = req.source.is_none()
             && req.mounts.as_deref().is_none_or(<[_]>::is_empty)
+            && req.volumes.as_deref().is_none_or(<[_]>::is_empty)
             && req.ports.as_deref().is_none_or(<[u32]>::is_empty)
             && self.pool_size(image) > 0;
         if !servable {
@@ -365,6 +366,7 @@ impl Sandboxes {
             limits: LimitsReport::default(),
             network_policy: None,
             mounts: None,
+            volumes: None,
             lifecycle: SandboxLifecycle {
                 persistent: false,
                 idle_timeout_ms: None,

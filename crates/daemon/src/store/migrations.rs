@@ -132,6 +132,18 @@ const MIGRATIONS: &[&str] = &[
     ALTER TABLE snapshots ADD COLUMN path TEXT;
     ALTER TABLE sandbox_layers ADD COLUMN mounts TEXT;
     "#,
+    // 7: the host folders and volumes a sandbox mounts (JSON), the uid whose permissions
+    // they were checked with (NULL: a TCP caller, held to `--allow-mount-root`), and the
+    // named volumes.
+    r#"
+    ALTER TABLE sandboxes ADD COLUMN volumes TEXT;
+    ALTER TABLE sandboxes ADD COLUMN mounts_as INTEGER;
+    CREATE TABLE volumes (
+        name            TEXT PRIMARY KEY,
+        size_mib        INTEGER,
+        created_at      INTEGER NOT NULL
+    );
+    "#,
 ];
 
 /// The schema version this daemon writes.

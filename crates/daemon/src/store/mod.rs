@@ -14,6 +14,7 @@ mod migrations;
 mod mounts;
 mod sandboxes;
 mod snapshots;
+mod volumes;
 
 use std::path::Path;
 use std::sync::atomic::{AtomicU64, Ordering};

@@ -7,7 +7,7 @@ use super::{Store, StoreError, enum_col, enum_to_sql, json_col};
 
 const COLUMNS: &str = "id, name, status, status_reason, image, backend, backend_reason, vcpus, \
     memory_mib, disk_mib, env, tags, source, created_at, started_at, stopped_at, timeout_ms, \
-    expires_at, limits, lifecycle";
+    expires_at, limits, lifecycle, volumes";
 
 /// One page of a listing and the cursor of the next one.
 #[derive(Debug, Clone, PartialEq)]
@@ -23,7 +23,7 @@ impl Store {
         // delete would cascade to the sandbox's commands.
         let sql = format!(
             "INSERT INTO sandboxes ({COLUMNS}) VALUES \
-             (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, ?11, ?12, ?13, ?14, ?15, ?16, ?17, ?18, ?19, ?20) \
+             (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, ?11, ?12, ?13, ?14, ?15, ?16, ?17, ?18, ?19, ?20, ?21) \
              ON CONFLICT (id) DO UPDATE SET {}",
             update_set(COLUMNS)
         );
@@ -51,6 +51,7 @@ impl Store {
                 s.expires_at,
                 serde_json::to_string(&s.limits)?,
                 serde_json::to_string(&s.lifecycle)?,
+                s.volumes.as_ref().map(serde_json::to_string).transpose()?,
             ],
         )?;
         Ok(())
@@ -225,6 +226,10 @@ fn row_to_sandbox(r: &Row<'_>) -> rusqlite::Result<Sandbox> {
         limits: json_col(18, &r.get::<_, String>(18)?)?,
         network_policy: None,
         mounts: None,
+        volumes: r
+            .get::<_, Option<String>>(20)?
+            .map(|v| json_col(20, &v))
+            .transpose()?,
         lifecycle: r
             .get::<_, Option<String>>(19)?
             .map(|l| json_col(19, &l))
@@ -264,6 +269,7 @@ pub(crate) mod tests {
             limits: LimitsReport::default(),
             network_policy: None,
             mounts: None,
+            volumes: None,
             lifecycle: Default::default(),
         }
     }

@@ -51,6 +51,7 @@ fn main() -> Result<()> {
                 limits,
                 env: vec![],
                 mounts: vec![],
+                binds: vec![],
                 durable: true,
             };
             let running = belljar_namespace::launch(&spec)?;
@@ -123,6 +124,7 @@ fn bench(n: usize, rootfs: PathBuf, agent: PathBuf, work: PathBuf) -> Result<()>
             },
             env: vec![],
             mounts: vec![],
+            binds: vec![],
             durable: false,
         };
         let start = Instant::now();

@@ -25,6 +25,7 @@ pub fn spec(tmp: &Path, id: &str, limits: Limits) -> SandboxSpec {
         limits,
         env: vec![("BELLJAR_TEST".into(), "1".into())],
         mounts: vec![],
+        binds: vec![],
         durable: false,
     }
 }

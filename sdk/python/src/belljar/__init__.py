@@ -4,7 +4,7 @@ same for asyncio. Errors are ``BelljarError`` with the API's stable ``code``; op
 does not support yet (``encrypted_ports``) raise ``NotSupportedError``."""
 
 from ._common import BelljarError, Endpoint, FileEntry, NotSupportedError, SnapshotImage, find_daemon
-from .sandbox import Client, ContainerProcess, Sandbox, SandboxFilesystem
+from .sandbox import Client, ContainerProcess, Sandbox, SandboxFilesystem, Volume
 
 __all__ = [
     "BelljarError",
@@ -16,5 +16,6 @@ __all__ = [
     "Sandbox",
     "SandboxFilesystem",
     "SnapshotImage",
+    "Volume",
     "find_daemon",
 ]

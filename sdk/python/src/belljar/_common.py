@@ -7,7 +7,7 @@ from __future__ import annotations
 import os
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Dict, Mapping, Optional, Sequence
+from typing import Any, Dict, List, Mapping, Optional, Sequence
 from urllib.parse import quote
 
 
@@ -87,6 +87,23 @@ def seg(s: str) -> str:
     return quote(s, safe="")
 
 
+def volumes_body(volumes: Mapping[str, Any]) -> List[Dict[str, Any]]:
+    """``volumes={"/guest/path": v}`` (Modal's form) as the API's list: ``v`` a ``Volume``, a
+    volume's name, or a host folder (a path starting with ``/``, ``.`` or ``~``)."""
+    out: List[Dict[str, Any]] = []
+    for path, v in volumes.items():
+        if isinstance(v, str):
+            host = v.startswith(("/", ".", "~"))
+            source, read_only = (os.path.realpath(os.path.expanduser(v)) if host else v), False
+        else:
+            source, read_only = str(v.name), bool(getattr(v, "mounted_read_only", False))
+        entry: Dict[str, Any] = {"source": source, "path": path}
+        if read_only:
+            entry["read_only"] = True
+        out.append(entry)
+    return out
+
+
 def create_body(
     *,
     image: Any,
@@ -99,9 +116,12 @@ def create_body(
     name: Optional[str],
     cpu: Optional[float],
     memory: Optional[int],
+    volumes: Optional[Mapping[str, Any]] = None,
 ) -> Dict[str, Any]:
     """The body of ``POST /v1/sandboxes`` for ``Sandbox.create``'s arguments."""
     body: Dict[str, Any] = {}
+    if volumes:
+        body["volumes"] = volumes_body(volumes)
     if idle_timeout is not None:
         # Modal's idle_timeout is in seconds; the daemon pauses the idle sandbox, and the next
         # exec or file call resumes it.

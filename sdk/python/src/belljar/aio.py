@@ -269,12 +269,13 @@ class AsyncSandbox:
         unencrypted_ports: Sequence[int] = (),
         encrypted_ports: Sequence[int] = (),
         h2_ports: Sequence[int] = (),
+        volumes: Optional[Mapping[str, Any]] = None,
         client: Optional[AsyncClient] = None,
     ) -> "AsyncSandbox":
         body = create_body(
             image=image, timeout=timeout, idle_timeout=idle_timeout, env=env, tags=tags,
             block_network=block_network, outbound_cidr_allowlist=outbound_cidr_allowlist,
-            name=name, cpu=cpu, memory=memory,
+            name=name, cpu=cpu, memory=memory, volumes=volumes,
         )
         check_ports(encrypted_ports, h2_ports)
         c = client or AsyncClient()

@@ -83,6 +83,51 @@ def _client(client: Optional[Client]) -> Client:
     return _default
 
 
+class Volume:
+    """A named volume (Modal's ``Volume``): files that outlive sandboxes, mounted with
+    ``Sandbox.create(volumes={"/data": vol})`` and shared by every sandbox that mounts it."""
+
+    def __init__(self, name: str, *, mounted_read_only: bool = False, size_mib: Optional[int] = None) -> None:
+        self.name = name
+        self.mounted_read_only = mounted_read_only
+        self.size_mib = size_mib
+
+    @staticmethod
+    def from_name(
+        name: str,
+        *,
+        create_if_missing: bool = False,
+        size_mib: Optional[int] = None,
+        client: Optional[Client] = None,
+    ) -> "Volume":
+        """The volume ``name``; with ``create_if_missing``, made (capped at ``size_mib``) if absent."""
+        c = _client(client)
+        try:
+            data = c.json("GET", f"/v1/volumes/{seg(name)}")
+        except BelljarError as e:
+            if e.code != "volume_not_found" or not create_if_missing:
+                raise
+            body: Dict[str, Any] = {"name": name}
+            if size_mib is not None:
+                body["size_mib"] = size_mib
+            try:
+                data = c.json("POST", "/v1/volumes", body)
+            except BelljarError as race:
+                if race.code != "conflict":
+                    raise
+                data = c.json("GET", f"/v1/volumes/{seg(name)}")
+        return Volume(str(data["name"]), size_mib=data.get("size_mib"))
+
+    def read_only(self) -> "Volume":
+        """The same volume, mounted read-only."""
+        return Volume(self.name, mounted_read_only=True, size_mib=self.size_mib)
+
+    @staticmethod
+    def delete(name: str, *, client: Optional[Client] = None) -> None:
+        """Deletes the volume and its files (``volume_in_use`` while a sandbox mounts it)."""
+        _client(client).request("DELETE", f"/v1/volumes/{seg(name)}")
+
+
 class StreamReader:
     """A process's stdout or stderr: iterate lines as they arrive, or ``read()`` it all."""
 
@@ -302,13 +347,14 @@ class Sandbox:
         unencrypted_ports: Sequence[int] = (),
         encrypted_ports: Sequence[int] = (),
         h2_ports: Sequence[int] = (),
+        volumes: Optional[Mapping[str, Any]] = None,
         client: Optional[Client] = None,
     ) -> "Sandbox":
         """Creates a sandbox (``image`` is an image name or a ``SnapshotImage``); returns once it runs."""
         body = create_body(
             image=image, timeout=timeout, idle_timeout=idle_timeout, env=env, tags=tags,
             block_network=block_network, outbound_cidr_allowlist=outbound_cidr_allowlist,
-            name=name, cpu=cpu, memory=memory,
+            name=name, cpu=cpu, memory=memory, volumes=volumes,
         )
         check_ports(encrypted_ports, h2_ports)
         c = _client(client)

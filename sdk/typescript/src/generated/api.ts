@@ -4,7 +4,7 @@ export type ErrorBody = { error: ErrorDetail, };
 
 export type ErrorDetail = { code: ErrorCode, message: string, };
 
-export type ErrorCode = "bad_request" | "unauthorized" | "forbidden" | "not_found" | "sandbox_not_running" | "conflict" | "payload_too_large" | "insufficient_resources" | "image_not_available" | "backend_unavailable" | "agent_unavailable" | "agent_error" | "internal" | "not_an_image" | "build_failed" | "command_not_found" | "invalid_path" | "is_a_directory" | "not_a_directory" | "not_a_regular_file" | "exec_failed" | "unknown_user" | "exists" | "not_empty" | "command_finished" | "busy" | "permission_denied" | "file_too_large" | "no_space" | "try_again" | "snapshot_not_usable" | "not_supported" | "image_not_found" | "image_invalid" | "image_too_large" | "registry_denied" | "registry_unavailable";
+export type ErrorCode = "bad_request" | "unauthorized" | "forbidden" | "not_found" | "sandbox_not_running" | "conflict" | "payload_too_large" | "insufficient_resources" | "image_not_available" | "backend_unavailable" | "agent_unavailable" | "agent_error" | "internal" | "not_an_image" | "build_failed" | "command_not_found" | "invalid_path" | "is_a_directory" | "not_a_directory" | "not_a_regular_file" | "exec_failed" | "unknown_user" | "exists" | "not_empty" | "command_finished" | "busy" | "permission_denied" | "file_too_large" | "no_space" | "try_again" | "snapshot_not_usable" | "not_supported" | "image_not_found" | "image_invalid" | "image_too_large" | "registry_denied" | "registry_unavailable" | "mount_denied" | "volume_not_found" | "volume_in_use";
 
 export type SandboxStatus = "pending" | "running" | "paused" | "stopping" | "stopped" | "failed";
 
@@ -61,6 +61,13 @@ network_policy?: NetworkPolicy,
  * Directory snapshots mounted at paths of the sandbox (namespace backend), at most 16.
  */
 mounts?: Array<SnapshotMount>, 
+/**
+ * Host folders and named volumes mounted at paths of the sandbox, two-way and live
+ * (namespace backend), at most 16. A host folder must be one the caller may read (and
+ * write, unless `read_only`); over TCP, one under a root the daemon allows
+ * (`belljard --allow-mount-root`).
+ */
+volumes?: Array<VolumeMount>, 
 /**
  * Sandbox TCP ports exposed on 127.0.0.1 (each on a free host port).
  */
@@ -148,6 +155,10 @@ network_policy?: NetworkPolicy,
  * The directory snapshots it mounts, in the order they were mounted (absent when none).
  */
 mounts?: Array<SnapshotMount>, 
+/**
+ * The host folders and volumes it mounts (absent when none).
+ */
+volumes?: Array<VolumeMount>, 
 /**
  * Stopping snapshots it, and `start` resumes it from its latest snapshot.
  */
@@ -272,6 +283,43 @@ export type UnmountQuery = {
  * discarded and what the path held before shows again.
  */
 path: string, };
+
+export type VolumeMount = { 
+/**
+ * An absolute host path (a host folder) or a volume's name (`[a-z0-9][a-z0-9_.-]*`).
+ */
+source: string, 
+/**
+ * Absolute path in the sandbox; not `/`, without `.` or `..`.
+ */
+path: string, 
+/**
+ * Mounted read-only (the kernel's read-only mount flag). Default `false`.
+ */
+read_only?: boolean, };
+
+export type CreateVolume = { 
+/**
+ * 1 to 64 characters of `[a-z0-9_.-]`, starting with a letter or a digit.
+ */
+name: string, 
+/**
+ * A cap on what the volume holds, enforced by the kernel (writes past it fail with
+ * ENOSPC); none when absent. 16 to 1048576 (1 TiB).
+ */
+size_mib?: number, };
+
+export type Volume = { name: string, 
+/**
+ * Its cap, when it has one.
+ */
+size_mib?: number, created_at: number, 
+/**
+ * The sandboxes (ids) that mount it.
+ */
+used_by: Array<string>, };
+
+export type VolumeList = { volumes: Array<Volume>, };
 
 export type Snapshot = { 
 /**
