@@ -55,6 +55,8 @@ pub struct Context {
 #[derive(Default)]
 pub struct Contexts {
     all: Mutex<HashMap<String, Arc<Context>>>,
+    /// Contexts deleted through the layer (their commands stay in the daemon's records).
+    deleted: Mutex<std::collections::HashSet<String>>,
 }
 
 impl Contexts {
@@ -80,6 +82,23 @@ impl Contexts {
             .lock()
             .unwrap_or_else(|e| e.into_inner())
             .remove(id);
+        self.deleted
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .insert(id.to_owned());
+    }
+
+    /// The daemon's command behind a context that was not deleted.
+    fn command(&self, st: &AppState, sid: &str, cid: &str) -> Result<Command> {
+        if self
+            .deleted
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .contains(cid)
+        {
+            return Err(Sandbox0Error::NotFound(format!("Context {cid} not found")));
+        }
+        Ok(st.sandboxes.command(sid, cid)?)
     }
 
     /// Drops the sandbox's contexts: its processes are about to end.
@@ -359,7 +378,7 @@ pub async fn get_one(
     Extension(layer): Shared,
     S0Path((sid, cid)): S0Path<(String, String)>,
 ) -> Result<Response> {
-    let c = st.sandboxes.command(&sid, &cid)?;
+    let c = layer.contexts.command(&st, &sid, &cid)?;
     let ctx = layer.contexts.get(&cid);
     Ok(Json(Success::new(view(&cid, ctx.as_deref(), &c))).into_response())
 }
@@ -369,7 +388,7 @@ pub async fn delete(
     Extension(layer): Shared,
     S0Path((sid, cid)): S0Path<(String, String)>,
 ) -> Result<Response> {
-    let c = st.sandboxes.command(&sid, &cid)?;
+    let c = layer.contexts.command(&st, &sid, &cid)?;
     if running(&c) {
         let kill = KillCommand {
             signal: Some("KILL".into()),
@@ -389,7 +408,7 @@ pub async fn delete(
 
 /// The REPL of a context, or why there is none.
 fn repl_of(layer: &super::Layer, st: &AppState, sid: &str, cid: &str) -> Result<Arc<Repl>> {
-    st.sandboxes.command(sid, cid)?;
+    layer.contexts.command(st, sid, cid)?;
     match layer.contexts.get(cid).and_then(|c| c.repl.clone()) {
         Some(r) => Ok(r),
         None => Err(Sandbox0Error::BadRequest(format!(
@@ -500,7 +519,7 @@ pub async fn ws(
     let upgrade = upgrade.map_err(|_| {
         Sandbox0Error::BadRequest("A context's stream needs a WebSocket upgrade request".into())
     })?;
-    let c = st.sandboxes.command(&sid, &cid)?;
+    let c = layer.contexts.command(&st, &sid, &cid)?;
     let ctx = layer.contexts.get(&cid);
     let pty = ctx.as_ref().is_some_and(|x| x.pty) || c.pty;
     let repl = ctx.and_then(|x| x.repl.clone());

@@ -245,13 +245,24 @@ async fn run_watch(st: AppState, id: String, socket: WebSocket) {
         tokio::select! {
             event = events.next() => match event {
                 Some(e) => {
-                    let msg = WatchMessage::Event {
+                    // A rename is the old name's `rename` and the new name's `create`, as
+                    // inotify-based watchers report it.
+                    let mut msgs = vec![WatchMessage::Event {
                         watch_id: watch_id.clone(),
                         event: event_name(e.kind),
                         path: e.path,
-                    };
-                    if sink.send(text(&msg)).await.is_err() {
-                        return;
+                    }];
+                    if let Some(to) = e.to {
+                        msgs.push(WatchMessage::Event {
+                            watch_id: watch_id.clone(),
+                            event: "create",
+                            path: to,
+                        });
+                    }
+                    for msg in &msgs {
+                        if sink.send(text(msg)).await.is_err() {
+                            return;
+                        }
                     }
                 }
                 None => {
