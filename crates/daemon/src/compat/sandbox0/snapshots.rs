@@ -30,14 +30,17 @@ use crate::http::AppState;
 use crate::sandbox::Reconfigure;
 use crate::util::now_ms;
 
+/// A snapshot's name and description.
+type Label = (Option<String>, Option<String>);
+
 /// Names and descriptions given to snapshots, by snapshot id.
 #[derive(Default)]
 pub struct Names {
-    all: Mutex<HashMap<String, (Option<String>, Option<String>)>>,
+    all: Mutex<HashMap<String, Label>>,
 }
 
 impl Names {
-    fn get(&self, id: &str) -> (Option<String>, Option<String>) {
+    fn get(&self, id: &str) -> Label {
         self.all
             .lock()
             .unwrap_or_else(|e| e.into_inner())
