@@ -98,4 +98,19 @@ try:
     raise AssertionError("a deleted sandbox was found")
 except APIError as e:
     assert e.status_code == 404 and e.code == "not_found", e
+# The soft TTL pauses (the root filesystem kept), the hard TTL deletes: waited for with the
+# SDK's own lifecycle wait.
+short = client.sandboxes.claim("default", config=SandboxConfig(ttl=2, hard_ttl=8))
+short.write_file("/root/ttl.txt", b"kept")
+paused = client.sandboxes.wait_for_lifecycle(
+    short.id, lambda s: s.status.value == "paused", timeout_sec=60, poll_interval_sec=0.2)
+assert paused.paused and paused.expires_at is None, paused
+# auto_resume: a file read wakes it, with its root filesystem.
+assert short.read_file("/root/ttl.txt") == b"kept"
+assert client.sandboxes.status(short.id).status.value == "running"
+try:
+    client.sandboxes.wait_for_lifecycle(short.id, lambda s: False, timeout_sec=60, poll_interval_sec=0.2)
+    raise AssertionError("the hard TTL did not delete the sandbox")
+except APIError as e:
+    assert e.status_code == 404, e
 print("lifecycle: ok")

@@ -309,6 +309,7 @@ pub async fn create(
         stdin: !wait,
     };
     belljar_api::Validate::validate(&run).map_err(|e| Sandbox0Error::BadRequest(e.to_string()))?;
+    super::sandboxes::wake(&st, &sid).await?;
     let sandboxes = st.sandboxes.clone();
     let sid2 = sid.clone();
     let command =
@@ -444,6 +445,7 @@ pub async fn input(
     S0Path((sid, cid)): S0Path<(String, String)>,
     S0Json(req): S0Json<ContextInput>,
 ) -> Result<Response> {
+    super::sandboxes::wake(&st, &sid).await?;
     if let Some(repl) = layer.contexts.get(&cid).and_then(|c| c.repl.clone()) {
         // Input to a REPL is code; its output goes to the context's subscribers.
         let st2 = st.clone();

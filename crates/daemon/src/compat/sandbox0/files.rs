@@ -46,6 +46,7 @@ pub async fn read(
     S0Path(id): S0Path<String>,
     S0Query(q): S0Query<PathQuery>,
 ) -> Result<Response> {
+    super::sandboxes::wake(&st, &id).await?;
     let (len, bytes) = st.sandboxes.read_file(&id, &q.path).await?;
     let mut resp = (
         [(header::CONTENT_TYPE, "application/octet-stream")],
@@ -74,6 +75,7 @@ pub async fn write(
     S0Query(q): S0Query<PathQuery>,
     body: Body,
 ) -> Result<Response> {
+    super::sandboxes::wake(&st, &id).await?;
     if q.mkdir.unwrap_or(false) {
         if !q.recursive.unwrap_or(false)
             && let Some(parent) = parent(&q.path)
@@ -113,6 +115,7 @@ pub async fn remove(
     S0Path(id): S0Path<String>,
     S0Query(q): S0Query<PathQuery>,
 ) -> Result<Response> {
+    super::sandboxes::wake(&st, &id).await?;
     st.sandboxes.remove(&id, &q.path, true).await?;
     Ok(done(Done {
         deleted: Some(true),
@@ -125,6 +128,7 @@ pub async fn stat(
     S0Path(id): S0Path<String>,
     S0Query(q): S0Query<PathQuery>,
 ) -> Result<Response> {
+    super::sandboxes::wake(&st, &id).await?;
     let e = st.sandboxes.stat(&id, &q.path).await?;
     Ok(Json(Success::new(info(e))).into_response())
 }
@@ -134,6 +138,7 @@ pub async fn list(
     S0Path(id): S0Path<String>,
     S0Query(q): S0Query<PathQuery>,
 ) -> Result<Response> {
+    super::sandboxes::wake(&st, &id).await?;
     let mut entries = Vec::new();
     let mut cursor: Option<String> = None;
     loop {
@@ -160,6 +165,7 @@ pub async fn move_path(
     S0Path(id): S0Path<String>,
     S0Json(req): S0Json<MoveRequest>,
 ) -> Result<Response> {
+    super::sandboxes::wake(&st, &id).await?;
     let req = DaemonMove {
         from: req.source,
         to: req.destination,
@@ -183,7 +189,7 @@ pub async fn watch(
     let upgrade = upgrade.map_err(|_| {
         Sandbox0Error::BadRequest("A file watch needs a WebSocket upgrade request".into())
     })?;
-    st.sandboxes.get(&id)?;
+    super::sandboxes::wake(&st, &id).await?;
     Ok(upgrade.on_upgrade(move |socket| run_watch(st, id, socket)))
 }
 

@@ -296,6 +296,18 @@ pub async fn claim(
     Ok((StatusCode::CREATED, Json(Success::new(body))).into_response())
 }
 
+/// Wakes a sandbox that its soft TTL or a pause left without a runtime, when it has
+/// `auto_resume`, before a use of its processes or files (the daemon itself resumes only a
+/// frozen one).
+pub async fn wake(st: &AppState, id: &str) -> Result<()> {
+    let s = st.sandboxes.get(id)?;
+    if s.status == SandboxStatus::Stopped && s.lifecycle.persistent && s.lifecycle.auto_resume {
+        let (sandboxes, id) = (st.sandboxes.clone(), id.to_owned());
+        detached(async move { Ok(sandboxes.start(&id).await?) }).await?;
+    }
+    Ok(())
+}
+
 pub async fn get_one(State(st): State<AppState>, S0Path(id): S0Path<String>) -> Result<Response> {
     Ok(ok(view(&st.sandboxes.get(&id)?)))
 }
