@@ -22,6 +22,12 @@ use crate::http::AppState;
 
 /// What starts a request's end marker in the interpreter's output.
 const MARK: &str = "\u{1e}BELLJAR-DONE ";
+/// The longest end marker line: a request id is 16 hex digits.
+const MAX_MARK_LINE: usize = 64;
+/// The most output one request answers with; the rest still reaches subscribers and the
+/// daemon's log. The interpreter's output is the sandbox's, so nothing it prints may grow
+/// without bound here.
+const MAX_OUTPUT: usize = 16 << 20;
 
 /// The Python driver: one namespace for every request.
 const PYTHON: &str = r#"import ast, base64, os, sys, traceback
@@ -194,9 +200,15 @@ impl Repl {
                 buf = rest['\u{1e}'.len_utf8()..].to_owned();
                 continue;
             }
-            let Some(nl) = rest.find('\n') else {
-                p.held = rest;
-                return;
+            let Some(nl) = rest.find('\n').filter(|nl| *nl <= MAX_MARK_LINE) else {
+                if rest.len() <= MAX_MARK_LINE {
+                    p.held = rest;
+                    return;
+                }
+                // Too long for a marker: output.
+                self.emit(&mut p, "\u{1e}");
+                buf = rest['\u{1e}'.len_utf8()..].to_owned();
+                continue;
             };
             let id = rest[MARK.len()..nl].trim().to_owned();
             let output = std::mem::take(&mut p.output);
@@ -213,7 +225,9 @@ impl Repl {
         if text.is_empty() {
             return;
         }
-        p.output.push_str(text);
+        if p.output.len() + text.len() <= MAX_OUTPUT {
+            p.output.push_str(text);
+        }
         let _ = self.events.send(Event::Output(text.to_owned()));
     }
 
@@ -268,6 +282,16 @@ mod tests {
         assert_eq!(r.progress.lock().unwrap().output, "later");
         r.end();
         assert!(r.ended());
+    }
+
+    #[test]
+    fn a_marker_that_never_ends_is_output() {
+        let r = repl();
+        let long = format!("{MARK}{}", "x".repeat(100));
+        r.take(&long);
+        let p = r.progress.lock().unwrap();
+        assert!(p.held.is_empty());
+        assert_eq!(p.output, long);
     }
 
     #[test]
