@@ -189,6 +189,23 @@ pub enum Cmd {
         #[arg(last = true)]
         command: Vec<String>,
     },
+    /// Run a program with Sandbox0's SDK (`sandbox0`) pointed at this daemon:
+    /// `belljar sandbox0 -- python3 app.py`; `belljar sandbox0 env` prints the variables.
+    #[command(args_conflicts_with_subcommands = true)]
+    Sandbox0 {
+        #[command(subcommand)]
+        action: Option<Sandbox0Cmd>,
+        /// The program and its arguments, after `--`.
+        #[arg(last = true)]
+        command: Vec<String>,
+    },
+}
+
+#[derive(Debug, Subcommand)]
+pub enum Sandbox0Cmd {
+    /// Print `SANDBOX0_BASE_URL` and `SANDBOX0_TOKEN` as shell `export` lines
+    /// (`eval "$(belljar sandbox0 env)"`).
+    Env,
 }
 
 #[derive(Debug, Subcommand)]

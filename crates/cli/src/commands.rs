@@ -20,7 +20,8 @@ use belljar_client::{Client, ClientError, Paths};
 use clap::CommandFactory;
 
 use crate::args::{
-    Cli, Cmd, CreateArgs, ExecArgs, ImagesCmd, LsArgs, RunArgs, SandboxOpts, VercelCmd, VolumesCmd,
+    Cli, Cmd, CreateArgs, ExecArgs, ImagesCmd, LsArgs, RunArgs, Sandbox0Cmd, SandboxOpts,
+    VercelCmd, VolumesCmd,
 };
 use crate::host;
 use crate::timeline;
@@ -232,6 +233,7 @@ async fn dispatch(client: &Client, paths: &Paths, command: Cmd, json: bool) -> R
         Cmd::Pause { ids } => timeline::pause_or_resume(client, ids, true, json).await,
         Cmd::Resume { ids } => timeline::pause_or_resume(client, ids, false, json).await,
         Cmd::Vercel { action, command } => vercel(client, paths, action, command).await,
+        Cmd::Sandbox0 { action, command } => sandbox0(paths, action, command),
         Cmd::Network { action } => crate::netcmd::network(client, action, json).await,
         Cmd::Port { action } => crate::netcmd::port(client, action, json).await,
         Cmd::Start { ids } => timeline::start(client, ids, json).await,
@@ -255,6 +257,19 @@ async fn vercel(
             Ok(0)
         }
         None => Err(belljar_cli::vercel::exec(&command, &env).into()),
+    }
+}
+
+/// `belljar sandbox0 env` prints the environment; `belljar sandbox0 -- CMD` becomes CMD
+/// with it.
+fn sandbox0(paths: &Paths, action: Option<Sandbox0Cmd>, command: Vec<String>) -> Result<i32> {
+    let env = belljar_cli::sandbox0::environment(paths)?;
+    match action {
+        Some(Sandbox0Cmd::Env) => {
+            out!("{}", belljar_cli::vercel::export_lines(&env))?;
+            Ok(0)
+        }
+        None => Err(belljar_cli::sandbox0::exec(&command, &env).into()),
     }
 }
 

@@ -15,6 +15,7 @@ pub mod launcher;
 pub mod logs;
 pub mod mcp;
 pub mod output;
+pub mod sandbox0;
 pub mod snapshots;
 pub mod terminal;
 pub mod vercel;

@@ -327,8 +327,16 @@ pub async fn credentials_guard(
             req.extensions_mut().insert(caller);
             next.run(req).await
         }
+        // Sandbox0's SDK reads only its own error envelope.
+        Err(ApiError::Unauthorized) if path_is(&req, crate::compat::sandbox0::PREFIX) => {
+            crate::compat::sandbox0::error::Sandbox0Error::Unauthorized.into_response()
+        }
         Err(e) => e.into_response(),
     }
+}
+
+fn path_is(req: &Request, prefix: &str) -> bool {
+    req.uri().path().starts_with(prefix)
 }
 
 /// The `access_token` query parameter of a WebSocket upgrade without an `Authorization` header.

@@ -30,6 +30,7 @@ mod pause;
 mod persist;
 mod pool;
 mod pump;
+mod reconfigure;
 mod snapshot_mounts;
 mod snapshots;
 mod source;
@@ -61,6 +62,7 @@ use backend::{AgentAddress, BackendError, Backends};
 pub use files::{Thumbnail, ThumbnailError};
 use logs::LogRegistry;
 pub use pool::PoolSizes;
+pub use reconfigure::Reconfigure;
 pub use terminal::{Terminal, TerminalFrame};
 
 #[derive(Debug, thiserror::Error)]
