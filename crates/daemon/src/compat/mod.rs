@@ -4,6 +4,7 @@
 //! Each layer only translates: requests become calls to the daemon's own sandbox, command,
 //! file and snapshot services (the ones `/v1` uses), never a second way into a sandbox.
 
+pub mod e2b;
 pub mod vercel;
 
 use axum::Router;
@@ -12,5 +13,7 @@ use crate::http::AppState;
 
 /// Every compatibility API, under its own prefix.
 pub fn router() -> Router<AppState> {
-    Router::new().nest(vercel::PREFIX, vercel::router())
+    Router::new()
+        .nest(vercel::PREFIX, vercel::router())
+        .nest(e2b::PREFIX, e2b::router())
 }
