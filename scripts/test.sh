@@ -70,6 +70,9 @@ timeout 600 sdk/run-tests.sh
 step "Vercel SDK compatibility: the real @vercel/sandbox 1.x and 3.x through belljar vercel (tests/compat/run.sh)"
 timeout 600 tests/compat/run.sh
 
+step "E2B SDK compatibility: the real e2b Python SDK through belljar e2b (tests/compat/e2b.sh)"
+timeout 600 tests/compat/e2b.sh
+
 if [ -x tests/ui/run.sh ]; then
   step "UI tests (Playwright in Chromium, WebDriver in the desktop app)"
   tests/ui/run.sh
