@@ -13,13 +13,14 @@ use axum::http::{HeaderValue, StatusCode};
 use axum::response::{IntoResponse, Response};
 use axum::routing::{delete, get, post};
 use belljar_api::{
-    CreateSandbox, ExtendSandbox, ListSandboxesQuery, NetworkMode, NetworkPolicy, RunCommand,
-    Sandbox, SandboxStatus, Validate,
+    CreateSandbox, DomainAllow, ExtendSandbox, ListSandboxesQuery, NetworkMode, NetworkPolicy,
+    NetworkRules, RunCommand, Sandbox, SandboxStatus, Subnets, Validate,
 };
 
 use super::error::{E2bError, Result};
 use super::wire::{
-    ConnectRequest, CreatedSandbox, ListQuery, NewSandbox, SandboxDetail, TimeoutRequest,
+    ConnectRequest, CreatedSandbox, ListQuery, NetworkConfig, NewSandbox, SandboxDetail,
+    TimeoutRequest,
 };
 use super::{ENVD_VERSION, connect, rfc3339, setup};
 use crate::http::AppState;
@@ -103,20 +104,73 @@ fn live(st: &AppState, id: &str) -> Result<Sandbox> {
     }
 }
 
+/// The daemon's policy for E2B's egress settings. In E2B an allowed address or domain wins
+/// over a denied range, and denying `0.0.0.0/0` (or `allow_internet_access: false`) denies
+/// all but what is allowed; the daemon's deny wins instead, so an allow list is only taken
+/// with all traffic denied.
+fn policy(internet: Option<bool>, net: NetworkConfig) -> Result<Option<NetworkPolicy>> {
+    let allow = net.allow_out.unwrap_or_default();
+    let deny = net.deny_out.unwrap_or_default();
+    let all = |c: &String| c == "0.0.0.0/0" || c == "::/0";
+    let deny_all = internet == Some(false) || deny.iter().any(all);
+    if deny_all {
+        if allow.is_empty() {
+            return Ok(Some(NetworkPolicy::Mode(NetworkMode::DenyAll)));
+        }
+        let (subnets, domains): (Vec<String>, Vec<String>) =
+            allow.into_iter().partition(|a| is_address(a));
+        return Ok(Some(NetworkPolicy::Rules(NetworkRules {
+            allow: (!domains.is_empty()).then_some(DomainAllow::List(domains)),
+            subnets: (!subnets.is_empty()).then(|| Subnets {
+                allow: subnets.iter().map(|s| as_cidr(s)).collect(),
+                deny: Vec::new(),
+            }),
+        })));
+    }
+    if deny.is_empty() {
+        // Nothing denied: an allow list changes nothing, as in E2B.
+        return Ok(None);
+    }
+    if !allow.is_empty() {
+        return Err(E2bError::NotImplemented(
+            "network.allowOut together with a denyOut narrower than all traffic".into(),
+        ));
+    }
+    if let Some(d) = deny.iter().find(|d| !is_address(d)) {
+        return Err(E2bError::BadRequest(format!(
+            "network.denyOut: {d:?} is not an address or CIDR range"
+        )));
+    }
+    Ok(Some(NetworkPolicy::Rules(NetworkRules {
+        allow: None,
+        subnets: Some(Subnets {
+            allow: vec!["0.0.0.0/0".into(), "::/0".into()],
+            deny: deny.iter().map(|d| as_cidr(d)).collect(),
+        }),
+    })))
+}
+
+/// Whether `s` is an IP address or a CIDR range (else a domain).
+fn is_address(s: &str) -> bool {
+    let ip = s.split_once('/').map_or(s, |(ip, _)| ip);
+    ip.parse::<std::net::IpAddr>().is_ok()
+}
+
+/// An address as a one-address range; a range as it is.
+fn as_cidr(s: &str) -> String {
+    match s.parse::<std::net::IpAddr>() {
+        Ok(std::net::IpAddr::V4(_)) => format!("{s}/32"),
+        Ok(std::net::IpAddr::V6(_)) => format!("{s}/128"),
+        Err(_) => s.to_owned(),
+    }
+}
+
 fn request(req: NewSandbox) -> Result<CreateSandbox> {
     if req.volume_mounts.as_ref().is_some_and(|v| !v.is_empty()) {
         return Err(E2bError::NotImplemented("volumeMounts".into()));
     }
     if req.mcp.as_ref().is_some_and(|m| !m.is_null()) {
         return Err(E2bError::NotImplemented("mcp".into()));
-    }
-    if let Some(n) = &req.network
-        && (n.allow_out.as_ref().is_some_and(|v| !v.is_empty())
-            || n.deny_out.as_ref().is_some_and(|v| !v.is_empty()))
-    {
-        return Err(E2bError::NotImplemented(
-            "network allowOut and denyOut".into(),
-        ));
     }
     let timeout_ms = match req.timeout {
         None => None,
@@ -131,8 +185,7 @@ fn request(req: NewSandbox) -> Result<CreateSandbox> {
         .template_id
         .filter(|t| !t.is_empty())
         .unwrap_or_else(|| DEFAULT_TEMPLATE.into());
-    let network_policy = (req.allow_internet_access == Some(false))
-        .then_some(NetworkPolicy::Mode(NetworkMode::DenyAll));
+    let network_policy = policy(req.allow_internet_access, req.network.unwrap_or_default())?;
     let create = CreateSandbox {
         image: Some(image),
         timeout_ms,
@@ -380,9 +433,39 @@ mod tests {
         );
         let bad: NewSandbox = serde_json::from_str(r#"{"timeout":-1}"#).unwrap();
         assert!(matches!(request(bad), Err(E2bError::BadRequest(_))));
-        let net: NewSandbox =
-            serde_json::from_str(r#"{"network":{"allowOut":["1.1.1.1"]}}"#).unwrap();
+        let net: NewSandbox = serde_json::from_str(
+            r#"{"network":{"allowOut":["10.0.0.1"],"denyOut":["10.0.0.0/8"]}}"#,
+        )
+        .unwrap();
         assert!(matches!(request(net), Err(E2bError::NotImplemented(_))));
+    }
+
+    #[test]
+    fn egress_settings_become_the_daemons_policy() {
+        let net = |allow: &[&str], deny: &[&str]| NetworkConfig {
+            allow_out: Some(allow.iter().map(|s| (*s).to_owned()).collect()),
+            deny_out: Some(deny.iter().map(|s| (*s).to_owned()).collect()),
+        };
+        assert_eq!(policy(None, net(&["example.com"], &[])).unwrap(), None);
+        assert_eq!(
+            policy(None, net(&[], &["0.0.0.0/0"])).unwrap(),
+            Some(NetworkPolicy::Mode(NetworkMode::DenyAll))
+        );
+        let Some(NetworkPolicy::Rules(r)) = policy(
+            Some(false),
+            net(&["example.com", "1.2.3.4", "10.0.0.0/8"], &[]),
+        )
+        .unwrap() else {
+            panic!("rules expected");
+        };
+        assert_eq!(r.allow, Some(DomainAllow::List(vec!["example.com".into()])));
+        assert_eq!(r.subnets.unwrap().allow, ["1.2.3.4/32", "10.0.0.0/8"]);
+        let Some(NetworkPolicy::Rules(r)) = policy(None, net(&[], &["192.168.0.0/16"])).unwrap()
+        else {
+            panic!("rules expected");
+        };
+        assert_eq!(r.subnets.unwrap().deny, ["192.168.0.0/16"]);
+        assert!(policy(None, net(&[], &["example.com"])).is_err());
     }
 
     #[test]
