@@ -1,11 +1,10 @@
 //! envd's `filesystem.Filesystem` service (Stat, MakeDir, Move, ListDir with a depth, Remove)
-//! and its plain HTTP routes: `GET /files` (a file's bytes), `POST /files` (a multipart upload
+//! (watching is in [`super::watch`]) and its plain HTTP routes: `GET /files` (a file's bytes), `POST /files` (a multipart upload
 //! of one or more files, or one file's bytes) and `GET /health`, over the daemon's file
 //! service.
 //!
-//! Paths resolve against the user's home; what is written belongs to that user (an upload is
-//! handed to the agent as a one-file tar extracted as the user, which also makes the missing
-//! parent directories). An upload is read whole before it is written, so it is bounded by
+//! Paths resolve against the user's home; what is written belongs to that user, and missing
+//! parent directories are made. An upload is read whole before it is written, so it is bounded by
 //! [`MAX_UPLOAD`].
 
 use axum::Extension;
@@ -45,14 +44,7 @@ pub fn router() -> Router<AppState> {
         .route("/filesystem.Filesystem/Move", post(move_path))
         .route("/filesystem.Filesystem/ListDir", post(list_dir))
         .route("/filesystem.Filesystem/Remove", post(remove))
-        .route("/filesystem.Filesystem/WatchDir", post(not_yet))
-        .route("/filesystem.Filesystem/CreateWatcher", post(not_yet))
-        .route("/filesystem.Filesystem/GetWatcherEvents", post(not_yet))
-        .route("/filesystem.Filesystem/RemoveWatcher", post(not_yet))
-}
-
-async fn not_yet() -> Response {
-    E2bError::NotImplemented("Watching directories".into()).into_connect_response()
+        .merge(super::watch::router())
 }
 
 /// The sandbox, user and home of an envd request.
@@ -318,13 +310,12 @@ async fn upload(
     let mut written = Vec::with_capacity(files.len());
     for (path, data) in files {
         let path = setup::resolve(&path, &c.home)?;
-        let tar = one_file_tar(&path, &data)?;
         let body =
             belljar_agent_proto::client::body_from_stream(futures::stream::once(async move {
-                Ok::<_, std::io::Error>(Bytes::from(tar))
+                Ok::<_, std::io::Error>(data)
             }));
         st.sandboxes
-            .upload_tar_as(&c.sandbox, "/", Some(&c.user), body)
+            .write_file_as(&c.sandbox, &path, Some(&c.user), body)
             .await?;
         let name = path.rsplit('/').next().unwrap_or_default().to_owned();
         written.push(WriteInfo {
@@ -334,21 +325,6 @@ async fn upload(
         });
     }
     Ok(Json(written).into_response())
-}
-
-/// A tar of one regular file at absolute `path` (mode 0644), to be extracted under `/`.
-fn one_file_tar(path: &str, data: &[u8]) -> Result<Vec<u8>> {
-    let mut builder = tar::Builder::new(Vec::new());
-    let mut header = tar::Header::new_gnu();
-    header.set_size(data.len() as u64);
-    header.set_mode(0o644);
-    header.set_entry_type(tar::EntryType::Regular);
-    builder
-        .append_data(&mut header, path.trim_start_matches('/'), data)
-        .map_err(|e| E2bError::BadRequest(format!("path: {e}")))?;
-    builder
-        .into_inner()
-        .map_err(|e| E2bError::Api(ApiError::Internal(e.to_string())))
 }
 
 /// The boundary of a `multipart/form-data` content type.
@@ -442,13 +418,5 @@ mod tests {
         assert_eq!(json["type"], "FILE_TYPE_DIRECTORY");
         assert_eq!(json["size"], "4096");
         assert_eq!(json["modifiedTime"], "1970-01-01T00:00:00.000Z");
-    }
-
-    #[test]
-    fn uploads_become_one_file_tars() {
-        let tar = one_file_tar("/home/user/x.txt", b"hi").unwrap();
-        let mut archive = tar::Archive::new(&tar[..]);
-        let entry = archive.entries().unwrap().next().unwrap().unwrap();
-        assert_eq!(entry.path().unwrap().to_str(), Some("home/user/x.txt"));
     }
 }

@@ -15,6 +15,7 @@ pub mod error;
 mod filesystem;
 mod process;
 mod setup;
+mod watch;
 pub mod wire;
 
 use axum::Router;
