@@ -11,10 +11,10 @@ use axum::body::Body;
 use axum::extract::{Path, State};
 use axum::http::{HeaderValue, StatusCode};
 use axum::response::{IntoResponse, Response};
-use axum::routing::{delete, get, post};
+use axum::routing::{get, post};
 use belljar_api::{
     CreateSandbox, DomainAllow, ExtendSandbox, ListSandboxesQuery, NetworkMode, NetworkPolicy,
-    NetworkRules, RunCommand, Sandbox, SandboxStatus, Subnets, Validate,
+    NetworkRules, RunCommand, Sandbox, SandboxStatus, Source, Subnets, Validate,
 };
 
 use super::error::{E2bError, Result};
@@ -43,11 +43,8 @@ pub fn router() -> Router<AppState> {
         .route("/sandboxes/{id}/connect", post(connect_one))
         .route("/v2/sandboxes/{id}/connect", post(connect_one))
         .route("/sandboxes/{id}/metrics", get(not_yet))
-        .route("/sandboxes/{id}/snapshots", post(not_yet))
-        .route("/sandboxes/{id}/fork", post(not_yet))
         .route("/sandboxes/{id}/network", axum::routing::put(not_yet))
         .route("/sandboxes/{id}/refreshes", post(not_yet))
-        .route("/templates/{id}", delete(not_yet))
 }
 
 async fn not_yet() -> E2bError {
@@ -58,7 +55,7 @@ async fn json<T: serde::de::DeserializeOwned>(body: Body) -> Result<T> {
     connect::unary(body).await
 }
 
-fn created(s: &Sandbox, token: &str) -> CreatedSandbox {
+pub fn created(s: &Sandbox, token: &str) -> CreatedSandbox {
     CreatedSandbox {
         template_id: s.image.clone(),
         sandbox_id: s.id.clone(),
@@ -92,7 +89,7 @@ fn detail(s: &Sandbox) -> SandboxDetail {
 }
 
 /// A sandbox E2B would show: running or paused (stopped and failed ones are gone to E2B).
-fn live(st: &AppState, id: &str) -> Result<Sandbox> {
+pub fn live(st: &AppState, id: &str) -> Result<Sandbox> {
     let s = st.sandboxes.get(id)?;
     if matches!(
         s.status,
@@ -181,13 +178,25 @@ fn request(req: NewSandbox) -> Result<CreateSandbox> {
             )));
         }
     };
-    let image = req
+    let template = req
         .template_id
         .filter(|t| !t.is_empty())
         .unwrap_or_else(|| DEFAULT_TEMPLATE.into());
+    // A snapshot is a template too, and brings its own image.
+    let (image, source) = if template.starts_with("snap_") {
+        (
+            None,
+            Some(Source::Snapshot {
+                snapshot_id: template,
+            }),
+        )
+    } else {
+        (Some(template), None)
+    };
     let network_policy = policy(req.allow_internet_access, req.network.unwrap_or_default())?;
     let create = CreateSandbox {
-        image: Some(image),
+        image,
+        source,
         timeout_ms,
         env: req.env_vars.filter(|e| !e.is_empty()),
         tags: req.metadata.filter(|m| !m.is_empty()),

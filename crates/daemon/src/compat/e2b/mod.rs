@@ -15,6 +15,7 @@ pub mod error;
 mod filesystem;
 mod process;
 mod setup;
+mod snapshots;
 mod watch;
 pub mod wire;
 
@@ -43,6 +44,7 @@ pub const ENVD_VERSION: &str = "0.5.4";
 /// Both APIs, and a 404 in E2B's form for anything else under the prefix.
 pub fn router() -> Router<crate::http::AppState> {
     control::router()
+        .merge(snapshots::router())
         .nest(ENVD, process::router().merge(filesystem::router()))
         .fallback(|| async {
             E2bError::NotFound("No such route in the E2B API".into()).into_response()

@@ -318,3 +318,50 @@ pub struct FilesQuery {
     pub path: Option<String>,
     pub username: Option<String>,
 }
+
+// ---- control plane: snapshots and forks ----
+
+/// `POST /sandboxes/{id}/snapshots`.
+#[derive(Debug, Default, Deserialize)]
+#[serde(default)]
+pub struct SnapshotRequest {
+    pub name: Option<String>,
+    pub memory: Option<bool>,
+}
+
+/// A snapshot, which E2B starts sandboxes from as a template.
+#[derive(Debug, Serialize)]
+pub struct SnapshotInfo {
+    #[serde(rename = "snapshotID")]
+    pub snapshot_id: String,
+    pub names: Vec<String>,
+}
+
+/// `GET /snapshots` query.
+#[derive(Debug, Default, Deserialize)]
+#[serde(rename_all = "camelCase", default)]
+pub struct SnapshotsQuery {
+    #[serde(rename = "sandboxID")]
+    pub sandbox_id: Option<String>,
+    pub name: Option<String>,
+    pub limit: Option<u32>,
+    pub next_token: Option<String>,
+}
+
+/// `POST /sandboxes/{id}/fork`.
+#[derive(Debug, Default, Deserialize)]
+#[serde(default)]
+pub struct ForkRequest {
+    /// Seconds.
+    pub timeout: Option<i64>,
+    pub count: Option<u32>,
+}
+
+/// One fork's outcome.
+#[derive(Debug, Serialize)]
+pub struct ForkResult {
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub sandbox: Option<CreatedSandbox>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub error: Option<ApiErrorBody>,
+}
