@@ -1,5 +1,5 @@
 """A sandbox's life: timeout, set_timeout, pause, connect (which resumes it), get_info,
-list by state, and a second client connecting by id."""
+list by state, a second client connecting by id, and metrics."""
 
 import datetime
 
@@ -32,4 +32,12 @@ try:
 finally:
     sbx.kill()
 assert sbx.sandbox_id not in [s.sandbox_id for s in Sandbox.list().next_items()]
+
+# Metrics: one sample of a running sandbox.
+with Sandbox.create() as measured:
+    measured.commands.run("head -c 20000000 /dev/zero | md5sum")
+    [m] = measured.get_metrics()
+    assert m.cpu_count >= 1, m
+    assert 0 < m.mem_used <= m.mem_total, m
+    assert 0 <= m.cpu_used_pct <= 100, m
 print("ok")

@@ -19,7 +19,7 @@ use belljar_api::{
 
 use super::error::{E2bError, Result};
 use super::wire::{
-    ConnectRequest, CreatedSandbox, ListQuery, NetworkConfig, NewSandbox, SandboxDetail,
+    ConnectRequest, CreatedSandbox, ListQuery, Metric, NetworkConfig, NewSandbox, SandboxDetail,
     TimeoutRequest,
 };
 use super::{ENVD_VERSION, connect, rfc3339, setup};
@@ -42,7 +42,7 @@ pub fn router() -> Router<AppState> {
         .route("/sandboxes/{id}/resume", post(connect_one))
         .route("/sandboxes/{id}/connect", post(connect_one))
         .route("/v2/sandboxes/{id}/connect", post(connect_one))
-        .route("/sandboxes/{id}/metrics", get(not_yet))
+        .route("/sandboxes/{id}/metrics", get(metrics))
         .route("/sandboxes/{id}/network", axum::routing::put(not_yet))
         .route("/sandboxes/{id}/refreshes", post(not_yet))
 }
@@ -419,6 +419,31 @@ async fn connect_one(
         StatusCode::OK
     };
     Ok((status, Json(created(&s, st.auth.token()))).into_response())
+}
+
+/// One sample, now: memory as the daemon measures it, CPU as the average over the sandbox's
+/// life (the daemon keeps no history), the disk as its size (its use is not measured).
+async fn metrics(State(st): State<AppState>, Path(id): Path<String>) -> Result<Response> {
+    let s = live(&st, &id)?;
+    let u = st.sandboxes.usage(&id).await?;
+    let started = s.started_at.unwrap_or(s.created_at);
+    let lived_us = (u.measured_at - started).max(1).saturating_mul(1000);
+    let cpu_pct = u.cpu_usec.map_or(0.0, |c| {
+        c as f64 * 100.0 / (lived_us as f64 * f64::from(s.vcpus.max(1)))
+    });
+    let mem_total = u.memory_limit_bytes.unwrap_or(s.memory_mib << 20);
+    let metric = Metric {
+        timestamp: rfc3339(u.measured_at),
+        timestamp_unix: u.measured_at / 1000,
+        cpu_count: s.vcpus,
+        cpu_used_pct: cpu_pct.clamp(0.0, 100.0),
+        mem_used: u.memory_bytes.unwrap_or(0),
+        mem_total,
+        mem_cache: 0,
+        disk_used: 0,
+        disk_total: s.disk_mib << 20,
+    };
+    Ok(Json(vec![metric]).into_response())
 }
 
 #[cfg(test)]

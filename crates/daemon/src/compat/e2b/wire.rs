@@ -365,3 +365,18 @@ pub struct ForkResult {
     #[serde(skip_serializing_if = "Option::is_none")]
     pub error: Option<ApiErrorBody>,
 }
+
+/// One sample of `GET /sandboxes/{id}/metrics`.
+#[derive(Debug, Serialize)]
+#[serde(rename_all = "camelCase")]
+pub struct Metric {
+    pub timestamp: String,
+    pub timestamp_unix: i64,
+    pub cpu_count: u32,
+    pub cpu_used_pct: f64,
+    pub mem_used: u64,
+    pub mem_total: u64,
+    pub mem_cache: u64,
+    pub disk_used: u64,
+    pub disk_total: u64,
+}
