@@ -2,6 +2,7 @@
 file, bad arguments, and a sandbox used after it was killed."""
 
 from e2b import (
+    AuthenticationException,
     CommandExitException,
     FileNotFoundException,
     InvalidArgumentException,
@@ -41,6 +42,7 @@ try:
 finally:
     sbx.kill()
 
+raises(AuthenticationException, lambda: Sandbox.create(api_key="not-the-daemons-token"))
 raises(SandboxNotFoundException, lambda: Sandbox.connect("sbx_doesnotexist"))
 raises(SandboxNotFoundException, lambda: Sandbox.get_info("sbx_doesnotexist"))
 raises(SandboxException, lambda: Sandbox.create(template="no-such-template"))

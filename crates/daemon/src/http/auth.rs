@@ -332,6 +332,8 @@ pub async fn credentials_guard(
             req.extensions_mut().insert(caller);
             next.run(req).await
         }
+        // E2B's SDKs read `{ "code": 401, "message" }`, on both of its APIs.
+        Err(e) if e2b => crate::compat::e2b::error::E2bError::from(e).into_response(),
         Err(e) => e.into_response(),
     }
 }
