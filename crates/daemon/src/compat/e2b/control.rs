@@ -335,9 +335,11 @@ async fn get_one(State(st): State<AppState>, Path(id): Path<String>) -> Result<R
 async fn kill(State(st): State<AppState>, Path(id): Path<String>) -> Result<Response> {
     live(&st, &id)?;
     let sandboxes = st.sandboxes.clone();
-    tokio::spawn(async move { sandboxes.delete(&id).await })
+    let sid = id.clone();
+    tokio::spawn(async move { sandboxes.delete(&sid).await })
         .await
         .map_err(|e| E2bError::Api(ApiError::Internal(e.to_string())))??;
+    super::process::forget(&id);
     Ok(StatusCode::NO_CONTENT.into_response())
 }
 

@@ -83,6 +83,11 @@ fn register(entry: Entry) -> u32 {
     pid
 }
 
+/// Drops the pids of a deleted sandbox.
+pub fn forget(sandbox: &str) {
+    pids().entries.retain(|_, e| e.sandbox != sandbox);
+}
+
 /// The command a selector names in `sandbox`.
 fn select(sandbox: &str, sel: &ProcessSelector) -> Result<(u32, Entry)> {
     let p = pids();
@@ -484,5 +489,7 @@ mod tests {
             tag: Some("t".into()),
         };
         assert_eq!(select("sbx_a", &by_tag).unwrap().0, pid);
+        forget("sbx_a");
+        assert!(select("sbx_a", &sel).is_err());
     }
 }
