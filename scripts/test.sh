@@ -2,7 +2,7 @@
 # Sets up everything (scripts/setup.sh) and runs every test: formatting and lints, the Rust
 # workspace (unit, KVM tiny-guest, QEMU boot, namespace escape and end-to-end tests), the
 # desktop app's own workspace (src-tauri) and the UI's type check, the API fuzzing, the SDKs,
-# Vercel's and Sandbox0's SDKs against the compatibility layers (tests/compat), the UI in a
+# Vercel's, E2B's and Sandbox0's SDKs against the compatibility layers (tests/compat), the UI in a
 # real browser and in the desktop app installed from its .deb, then real microVM sandboxes
 # (scripts/test-microvm.sh).
 set -euo pipefail
@@ -72,6 +72,9 @@ timeout 600 tests/compat/run.sh
 
 step "Sandbox0 SDK compatibility: the real sandbox0 Python SDK through belljar sandbox0 (tests/compat/sandbox0.sh)"
 timeout 600 tests/compat/sandbox0.sh
+
+step "E2B SDK compatibility: the real e2b Python SDK through belljar e2b (tests/compat/e2b.sh)"
+timeout 600 tests/compat/e2b.sh
 
 if [ -x tests/ui/run.sh ]; then
   step "UI tests (Playwright in Chromium, WebDriver in the desktop app)"

@@ -199,6 +199,16 @@ pub enum Cmd {
         #[arg(last = true)]
         command: Vec<String>,
     },
+    /// Run a program with E2B's SDKs (`e2b` on PyPI and npm) pointed at this daemon:
+    /// `belljar e2b -- python3 app.py`; `belljar e2b env` prints the variables instead.
+    #[command(args_conflicts_with_subcommands = true)]
+    E2b {
+        #[command(subcommand)]
+        action: Option<E2bCmd>,
+        /// The program and its arguments, after `--`.
+        #[arg(last = true)]
+        command: Vec<String>,
+    },
 }
 
 #[derive(Debug, Subcommand)]
@@ -263,6 +273,12 @@ pub struct PolicyOpts {
     /// sandbox): 'api.example.com:Authorization=Bearer ...'.
     #[arg(long, value_name = "DOMAIN:Header=value")]
     pub broker: Vec<String>,
+}
+
+#[derive(Debug, Subcommand)]
+pub enum E2bCmd {
+    /// Print the variables as shell `export` lines (`eval "$(belljar e2b env)"`).
+    Env,
 }
 
 #[derive(Debug, Subcommand)]

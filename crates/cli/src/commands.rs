@@ -20,7 +20,7 @@ use belljar_client::{Client, ClientError, Paths};
 use clap::CommandFactory;
 
 use crate::args::{
-    Cli, Cmd, CreateArgs, ExecArgs, ImagesCmd, LsArgs, RunArgs, Sandbox0Cmd, SandboxOpts,
+    Cli, Cmd, CreateArgs, E2bCmd, ExecArgs, ImagesCmd, LsArgs, RunArgs, Sandbox0Cmd, SandboxOpts,
     VercelCmd, VolumesCmd,
 };
 use crate::host;
@@ -234,6 +234,7 @@ async fn dispatch(client: &Client, paths: &Paths, command: Cmd, json: bool) -> R
         Cmd::Resume { ids } => timeline::pause_or_resume(client, ids, false, json).await,
         Cmd::Vercel { action, command } => vercel(client, paths, action, command).await,
         Cmd::Sandbox0 { action, command } => sandbox0(paths, action, command),
+        Cmd::E2b { action, command } => e2b(client, paths, action, command).await,
         Cmd::Network { action } => crate::netcmd::network(client, action, json).await,
         Cmd::Port { action } => crate::netcmd::port(client, action, json).await,
         Cmd::Start { ids } => timeline::start(client, ids, json).await,
@@ -270,6 +271,23 @@ fn sandbox0(paths: &Paths, action: Option<Sandbox0Cmd>, command: Vec<String>) ->
             Ok(0)
         }
         None => Err(belljar_cli::sandbox0::exec(&command, &env).into()),
+    }
+}
+
+/// `belljar e2b env` prints the environment; `belljar e2b -- CMD` becomes CMD with it.
+async fn e2b(
+    client: &Client,
+    paths: &Paths,
+    action: Option<E2bCmd>,
+    command: Vec<String>,
+) -> Result<i32> {
+    let env = belljar_cli::e2b::environment(client, paths).await?;
+    match action {
+        Some(E2bCmd::Env) => {
+            out!("{}", belljar_cli::vercel::export_lines(&env))?;
+            Ok(0)
+        }
+        None => Err(belljar_cli::e2b::exec(&command, &env).into()),
     }
 }
 

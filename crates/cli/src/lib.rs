@@ -10,6 +10,7 @@
 
 pub mod cp;
 pub mod duration;
+pub mod e2b;
 pub mod exec;
 pub mod launcher;
 pub mod logs;

@@ -303,12 +303,17 @@ pub async fn credentials_guard(
 ) -> Response {
     let path = req.uri().path();
     let needs = path == "/v1" || path.starts_with("/v1/") || path.starts_with("/compat/");
+    let e2b = path.starts_with(crate::compat::e2b::PREFIX);
     if path.starts_with(crate::compat::vercel::PREFIX) {
         // Vercel's SDK sends its credential as a JWT; one the daemon signed stands for the token.
         let now = crate::compat::vercel::token::now();
         if let Err(e) = crate::compat::vercel::token::accept(&auth, req.headers_mut(), now) {
             return crate::compat::vercel::error::VercelError::from(e).into_response();
         }
+    }
+    if e2b {
+        // E2B's SDK sends the daemon's token as its API key or envd access token.
+        crate::compat::e2b::accept(&mut req);
     }
     if let Some(bearer) = websocket_query_token(&req) {
         // A browser cannot set headers on a WebSocket, so the desktop app sends its token in
@@ -331,6 +336,8 @@ pub async fn credentials_guard(
         Err(ApiError::Unauthorized) if path_is(&req, crate::compat::sandbox0::PREFIX) => {
             crate::compat::sandbox0::error::Sandbox0Error::Unauthorized.into_response()
         }
+        // E2B's SDKs read `{ "code": 401, "message" }`, on both of its APIs.
+        Err(e) if e2b => crate::compat::e2b::error::E2bError::from(e).into_response(),
         Err(e) => e.into_response(),
     }
 }

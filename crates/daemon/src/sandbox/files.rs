@@ -127,6 +127,23 @@ impl Sandboxes {
             .map_err(|e| self.agent_error(id, e))
     }
 
+    /// Writes a file as `user`, who then owns it (the compatibility layers' users).
+    pub async fn write_file_as(
+        &self,
+        id: &str,
+        path: &str,
+        user: Option<&str>,
+        body: RequestBody,
+    ) -> Result<FileEntry, SandboxError> {
+        check_path("path", path)?;
+        let agent = self.agent_of(id).await?;
+        agent
+            .write_file(path, None, user, body)
+            .await
+            .map(entry)
+            .map_err(|e| self.agent_error(id, e))
+    }
+
     pub async fn mkdir(&self, id: &str, req: MkdirRequest) -> Result<FileEntry, SandboxError> {
         self.mkdir_as(id, req, None).await
     }
