@@ -10,6 +10,7 @@ when the schema has loaded):
   stdin and resize;
 - a victim sandbox for the operations that end one (stop, delete, snapshot);
 - a snapshot for get, update and diff, and a victim snapshot for delete;
+- a named volume for the volume routes, and a victim volume for `volume_delete`;
 - an exposed port for `port_remove`; a directory snapshot mounted in the shared sandbox for
   `sandbox_mount`'s body and `sandbox_unmount`'s query, and real files for the file routes'
   `path` where Hypothesis gave `/` (in positive cases only, so that negative ones still test
@@ -49,6 +50,9 @@ VICTIM_SANDBOX = {"sandbox_stop", "sandbox_delete", "snapshot_create"}
 # The operations whose path `id` is a snapshot's: the victim one for delete, else the shared one.
 SNAPSHOT = {"snapshot_get", "snapshot_update", "snapshot_diff"}
 VICTIM_SNAPSHOT = {"snapshot_delete"}
+# The operations whose path `name` is a volume's: the victim one for delete, else the shared one.
+VOLUME = {"volume_get"}
+VICTIM_VOLUME = {"volume_delete"}
 # Where the directory snapshot is mounted in the shared sandbox, and what it was taken of.
 MOUNT_PATH = "/mnt/belljar-fuzz"
 SNAPSHOT_DIR = "/opt/belljar-fuzz"
@@ -110,6 +114,8 @@ class Fixtures:
         self.dir_snapshot = self.new_snapshot({"path": SNAPSHOT_DIR})
         self.add_mount()
         self.add_port()
+        self.volume = self.new_volume("belljar-fuzz")
+        self.victim_volume = self.new_volume("belljar-fuzz-victim")
         self.file_paths = itertools.cycle(FILE_PATHS)
 
     # Making them.
@@ -151,6 +157,10 @@ class Fixtures:
     def new_snapshot(self, body: dict) -> str:
         path = f"/v1/sandboxes/{self.sandbox}/snapshots"
         return self.daemon.call("POST", path, json=body).json()["id"]
+
+    def new_volume(self, name: str) -> str:
+        self.daemon.call("POST", "/v1/volumes", ok=(200, 201, 409), json={"name": name})
+        return name
 
     def add_mount(self) -> None:
         body = {"snapshot_id": self.dir_snapshot, "path": MOUNT_PATH}
@@ -209,6 +219,12 @@ class Fixtures:
         if not any(m["path"] == MOUNT_PATH for m in mounts["mounts"]):
             self.add_mount()
 
+    def check_volume(self) -> None:
+        self.new_volume(self.volume)
+
+    def check_victim_volume(self) -> None:
+        self.new_volume(self.victim_volume)
+
     def check_port(self) -> None:
         ports = self.daemon.get(f"/v1/sandboxes/{self.sandbox}/ports") or {"ports": []}
         if not any(p["port"] == PORT for p in ports["ports"]):
@@ -223,6 +239,10 @@ class Fixtures:
             return ["snapshot"]
         if op in VICTIM_SNAPSHOT:
             return ["victim_snapshot"]
+        if op in VOLUME:
+            return ["volume"]
+        if op in VICTIM_VOLUME:
+            return ["victim_volume"]
         if op in LIVE_COMMAND:
             return ["sandbox", "live_command"]
         if op.startswith("command_") and op not in ("command_run", "command_list"):
@@ -246,6 +266,8 @@ class Fixtures:
                 "snapshot": self.snapshot,
                 "victim_snapshot": self.victim_snapshot,
             }.get(self.uses(op)[0], self.sandbox)
+        if "name" in params and (op in VOLUME or op in VICTIM_VOLUME):
+            params["name"] = self.victim_volume if op in VICTIM_VOLUME else self.volume
         if "cid" in params:
             params["cid"] = self.live_command if op in LIVE_COMMAND else self.command
         if "port" in params:
@@ -269,7 +291,7 @@ class Fixtures:
 
 
 # The operations that end (or may end) the fixture they are pointed at when they succeed.
-ENDS = VICTIM_SANDBOX | VICTIM_SNAPSHOT | {
+ENDS = VICTIM_SANDBOX | VICTIM_SNAPSHOT | VICTIM_VOLUME | {
     "command_kill",
     "command_stdin",  # with close=true
     "port_remove",

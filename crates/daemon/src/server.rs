@@ -137,6 +137,7 @@ async fn serve(config: Config, paths: &Paths) -> Result<(), ServerError> {
         images.clone(),
         settings,
     );
+    let stopping = sandboxes.clone();
     sandboxes.finish_deletions().await?;
     sandboxes.discard_stale_pool().await?;
     sandboxes.recover_snapshots().await?;
@@ -214,6 +215,9 @@ async fn serve(config: Config, paths: &Paths) -> Result<(), ServerError> {
     monitor.abort();
     reaper.abort();
     squasher.abort();
+    // Sandboxes keep running, and with them the volumes they mount; the others' disks are
+    // mounted again by the next start that needs them.
+    let _ = tokio::task::spawn_blocking(move || stopping.release_idle_volumes()).await;
     tracing::info!("belljard stopped; sandboxes keep running");
     result
 }

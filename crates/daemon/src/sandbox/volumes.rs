@@ -302,6 +302,25 @@ impl Sandboxes {
     }
 }
 
+impl Sandboxes {
+    /// Unmounts the disks of sized volumes that no sandbox mounts (the daemon is stopping), so
+    /// that a stopped daemon leaves no loop device or mount behind for them.
+    pub fn release_idle_volumes(&self) {
+        let volumes = match self.inner.store.volumes() {
+            Ok(v) => v,
+            Err(e) => {
+                tracing::warn!(error = %e, "cannot list the volumes to unmount the idle ones");
+                return;
+            }
+        };
+        for v in volumes {
+            if v.size_mib.is_some() && v.used_by.is_empty() {
+                host_mounts::unmount_volume_disk(&self.volumes_dir().join(&v.name).join("mnt"));
+            }
+        }
+    }
+}
+
 /// A volume's root belongs to the sandbox's user (its files keep sandbox ids).
 fn prepare_root(root: &Path) -> Result<(), SandboxError> {
     let meta = std::fs::symlink_metadata(root)?;
