@@ -3,7 +3,7 @@
 //! [`server::run`] wires it together: [`paths`] and [`config`] say where things live, [`store`]
 //! keeps state in SQLite, [`sandbox`] runs sandboxes on a backend, [`images`] finds and builds
 //! root filesystems, [`events`] numbers and broadcasts changes, and [`http`] serves the API;
-//! [`compat`] serves cloud sandbox APIs (Vercel's) on top of the same services.
+//! [`compat`] serves cloud sandbox APIs (Vercel's, E2B's, Sandbox0's) on top of the same services.
 #![forbid(unsafe_code)]
 
 pub mod compat;
@@ -15,4 +15,5 @@ pub mod paths;
 pub mod sandbox;
 pub mod server;
 pub mod store;
+pub mod time;
 pub mod util;

@@ -220,7 +220,7 @@ impl Images {
         if let (true, Some(m)) = (built, manifest) {
             image.digest = m.digest;
             image.size_bytes = m.size_bytes;
-            image.built_at = m.created.as_deref().and_then(parse_rfc3339_ms);
+            image.built_at = m.created.as_deref().and_then(crate::time::parse_rfc3339);
             if let Err(e) = self.store.put_image(&image, now_ms()) {
                 tracing::warn!(error = %e, "cannot record image");
             }
@@ -258,26 +258,6 @@ impl Images {
         }
         all
     }
-}
-
-/// Parses `YYYY-MM-DDTHH:MM:SSZ` (what the build script writes) to Unix milliseconds.
-pub fn parse_rfc3339_ms(text: &str) -> Option<i64> {
-    let b = text.as_bytes();
-    if b.len() < 20 || b[4] != b'-' || b[7] != b'-' || b[10] != b'T' || !text.ends_with('Z') {
-        return None;
-    }
-    let num = |r: std::ops::Range<usize>| text.get(r)?.parse::<i64>().ok();
-    let (y, m, d) = (num(0..4)?, num(5..7)?, num(8..10)?);
-    let (hh, mm, ss) = (num(11..13)?, num(14..16)?, num(17..19)?);
-    // Days from the civil date (Howard Hinnant's algorithm).
-    let y = if m <= 2 { y - 1 } else { y };
-    let era = y.div_euclid(400);
-    let yoe = y - era * 400;
-    let mp = (m + 9) % 12;
-    let doy = (153 * mp + 2) / 5 + d - 1;
-    let doe = yoe * 365 + yoe / 4 - yoe / 100 + doy;
-    let days = era * 146_097 + doe - 719_468;
-    Some(((days * 24 + hh) * 60 + mm) * 60_000 + ss * 1000)
 }
 
 #[cfg(test)]
@@ -337,12 +317,12 @@ mod tests {
 
     #[test]
     fn parses_build_timestamps() {
-        assert_eq!(parse_rfc3339_ms("1970-01-01T00:00:00Z"), Some(0));
+        assert_eq!(crate::time::parse_rfc3339("1970-01-01T00:00:00Z"), Some(0));
         assert_eq!(
-            parse_rfc3339_ms("2024-03-01T12:30:05Z"),
+            crate::time::parse_rfc3339("2024-03-01T12:30:05Z"),
             Some(1_709_296_205_000)
         );
-        assert_eq!(parse_rfc3339_ms("yesterday"), None);
+        assert_eq!(crate::time::parse_rfc3339("yesterday"), None);
     }
 
     #[test]

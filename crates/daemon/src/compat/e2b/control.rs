@@ -22,9 +22,10 @@ use super::wire::{
     ConnectRequest, CreatedSandbox, ListQuery, Metric, NetworkConfig, NewSandbox, SandboxDetail,
     TimeoutRequest,
 };
-use super::{ENVD_VERSION, connect, rfc3339, setup};
+use super::{ENVD_VERSION, connect, setup};
 use crate::http::AppState;
 use crate::http::error::ApiError;
+use crate::time::rfc3339;
 
 /// E2B's default template, which is Belljar's `base` image too.
 const DEFAULT_TEMPLATE: &str = "base";

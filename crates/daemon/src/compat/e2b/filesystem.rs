@@ -25,9 +25,10 @@ use super::wire::{
     EntryBody, EntryInfo, FilesQuery, ListDirRequest, ListDirResponse, MoveRequest, PathRequest,
     WriteInfo,
 };
-use super::{EnvdUser, rfc3339, sandbox_of, setup};
+use super::{EnvdUser, sandbox_of, setup};
 use crate::http::AppState;
 use crate::http::error::ApiError;
+use crate::time::rfc3339;
 
 /// The largest upload `POST /files` takes.
 pub const MAX_UPLOAD: usize = 64 << 20;

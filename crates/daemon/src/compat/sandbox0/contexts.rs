@@ -26,7 +26,6 @@ use tokio::sync::broadcast::error::RecvError;
 
 use super::error::{Result, Sandbox0Error};
 use super::repl::{self, Repl};
-use super::time::rfc3339;
 use super::wire::{
     ContextInput, ContextKind, ContextList, ContextView, CreateContextRequest, Done, ExecData,
     ResizeRequest, SignalRequest, Success, WsInput, WsOutput,
@@ -34,6 +33,7 @@ use super::wire::{
 use super::{S0Json, S0Path, Shared, detached};
 use crate::http::AppState;
 use crate::sandbox::SandboxError;
+use crate::time::rfc3339;
 
 /// The most output a waited-for command answers with; the rest stays in the daemon's log.
 const MAX_OUTPUT: usize = 16 << 20;

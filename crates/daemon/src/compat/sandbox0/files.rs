@@ -12,13 +12,13 @@ use belljar_api::{FileEntry, FileKind, MkdirRequest, MoveRequest as DaemonMove, 
 use futures::{SinkExt, StreamExt, TryStreamExt};
 
 use super::error::{Result, Sandbox0Error};
-use super::time::rfc3339;
 use super::wire::{
     Done, FileInfo, FileList, MoveRequest, PathQuery, Success, WatchMessage, WatchRequest,
 };
 use super::{S0Json, S0Path, S0Query};
 use crate::http::AppState;
 use crate::sandbox::SandboxError;
+use crate::time::rfc3339;
 
 fn info(e: FileEntry) -> FileInfo {
     FileInfo {

@@ -22,7 +22,6 @@ mod network;
 mod repl;
 mod sandboxes;
 mod snapshots;
-pub mod time;
 pub mod wire;
 
 use std::sync::Arc;
@@ -31,8 +30,6 @@ use axum::extract::{FromRequest, Request};
 use axum::response::IntoResponse;
 use axum::routing::{get, post};
 use axum::{Extension, Router};
-use belljar_api::limits::MAX_JSON_BODY;
-use http_body_util::BodyExt;
 use serde::de::DeserializeOwned;
 
 use self::error::Sandbox0Error;
@@ -135,37 +132,14 @@ pub(crate) async fn detached<T: Send + 'static>(
         .map_err(|e| Sandbox0Error::Api(ApiError::Internal(e.to_string())))?
 }
 
-/// How much of an oversized JSON body is read and dropped before the 413, so that the
-/// client reads the answer instead of a reset connection.
-const DRAIN_LIMIT: usize = 16 << 20;
-
-/// A JSON body as the SDK sends it (an empty body is `{}`), at most [`MAX_JSON_BODY`] bytes.
+/// A JSON body as the SDK sends it (an empty body is `{}`), at most `MAX_JSON_BODY` bytes.
 pub struct S0Json<T>(pub T);
 
 impl<T: DeserializeOwned, S: Send + Sync> FromRequest<S> for S0Json<T> {
     type Rejection = Sandbox0Error;
 
     async fn from_request(req: Request, _state: &S) -> Result<Self, Self::Rejection> {
-        let mut body = req.into_body();
-        let mut bytes = Vec::new();
-        let mut seen = 0usize;
-        while let Some(frame) = body.frame().await {
-            let frame = frame.map_err(|e| Sandbox0Error::BadRequest(format!("body: {e}")))?;
-            let Ok(data) = frame.into_data() else {
-                continue;
-            };
-            seen = seen.saturating_add(data.len());
-            if seen > DRAIN_LIMIT {
-                break;
-            }
-            if seen <= MAX_JSON_BODY {
-                bytes.extend_from_slice(&data);
-            }
-        }
-        if seen > MAX_JSON_BODY {
-            return Err(ApiError::PayloadTooLarge(MAX_JSON_BODY).into());
-        }
-        Ok(S0Json(crate::http::extract::parse_json(&bytes)?))
+        Ok(S0Json(super::json_body(req).await?))
     }
 }
 

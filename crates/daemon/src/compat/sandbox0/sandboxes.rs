@@ -22,7 +22,6 @@ use belljar_api::{
 };
 
 use super::error::{Result, Sandbox0Error};
-use super::time::rfc3339;
 use super::wire::{
     ClaimRequest, ClaimResponse, ExecutionStateRequest, ListData, ListQuery, MessageData,
     PauseData, RefreshData, RefreshRequest, ResumeData, SandboxView, Status, StatusView, Success,
@@ -31,6 +30,7 @@ use super::wire::{
 use super::{S0Json, S0Path, S0Query, Shared, detached, network};
 use crate::http::AppState;
 use crate::sandbox::Reconfigure;
+use crate::time::rfc3339;
 
 /// The template a sandbox was claimed from.
 pub const TAG_TEMPLATE: &str = "sandbox0.template";

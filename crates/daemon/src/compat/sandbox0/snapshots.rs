@@ -21,13 +21,13 @@ use belljar_api::{
 
 use super::error::{Result, Sandbox0Error};
 use super::sandboxes::{self, view};
-use super::time::{parse_rfc3339, rfc3339};
 use super::wire::{
     CreateSnapshotRequest, Done, ForkData, ForkRequest, SnapshotList, SnapshotView, Status, Success,
 };
 use super::{S0Json, S0Path, Shared, detached};
 use crate::http::AppState;
 use crate::sandbox::Reconfigure;
+use crate::time::{parse_rfc3339, rfc3339};
 use crate::util::now_ms;
 
 /// A snapshot's name and description.

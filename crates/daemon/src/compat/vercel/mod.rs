@@ -24,13 +24,10 @@ pub mod wire;
 use axum::Router;
 use axum::extract::{FromRequest, Request};
 use axum::response::{IntoResponse, Response};
-use belljar_api::limits::MAX_JSON_BODY;
-use http_body_util::BodyExt;
 use serde::de::DeserializeOwned;
 
 use self::error::VercelError;
 use crate::http::AppState;
-use crate::http::error::ApiError;
 
 /// Where the API is served.
 pub const PREFIX: &str = "/compat/vercel";
@@ -59,12 +56,7 @@ async fn credentials(axum::extract::State(st): axum::extract::State<AppState>) -
     .into_response()
 }
 
-/// How much of an oversized JSON body is read and dropped before the 413. A connection closed
-/// with unread data is reset, and the client (Node's fetch: "other side closed") loses the
-/// answer with it; past this much, the answer may be lost rather than read on for ever.
-const DRAIN_LIMIT: usize = 16 << 20;
-
-/// A JSON body as the SDK sends it (an empty body is `{}`), at most [`MAX_JSON_BODY`] bytes;
+/// A JSON body as the SDK sends it (an empty body is `{}`), at most `MAX_JSON_BODY` bytes;
 /// fields a newer SDK adds are ignored, as Vercel's API ignores them.
 pub struct VJson<T>(pub T);
 
@@ -72,26 +64,7 @@ impl<T: DeserializeOwned, S: Send + Sync> FromRequest<S> for VJson<T> {
     type Rejection = VercelError;
 
     async fn from_request(req: Request, _state: &S) -> Result<Self, Self::Rejection> {
-        let mut body = req.into_body();
-        let mut bytes = Vec::new();
-        let mut seen = 0usize;
-        while let Some(frame) = body.frame().await {
-            let frame = frame.map_err(|e| VercelError::BadRequest(format!("body: {e}")))?;
-            let Ok(data) = frame.into_data() else {
-                continue;
-            };
-            seen = seen.saturating_add(data.len());
-            if seen > DRAIN_LIMIT {
-                break;
-            }
-            if seen <= MAX_JSON_BODY {
-                bytes.extend_from_slice(&data);
-            }
-        }
-        if seen > MAX_JSON_BODY {
-            return Err(ApiError::PayloadTooLarge(MAX_JSON_BODY).into());
-        }
-        Ok(VJson(crate::http::extract::parse_json(&bytes)?))
+        Ok(VJson(super::json_body(req).await?))
     }
 }
 

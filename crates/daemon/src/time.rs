@@ -1,4 +1,5 @@
-//! RFC 3339 times, as Sandbox0's API writes them, from and to the daemon's Unix milliseconds.
+//! RFC 3339 times, as the compatibility layers' APIs and the image build script write them,
+//! from and to the daemon's Unix milliseconds.
 
 /// Days since 1970-01-01 of a civil date (Howard Hinnant's algorithm).
 fn days_from_civil(y: i64, m: i64, d: i64) -> i64 {
@@ -89,6 +90,7 @@ mod tests {
     #[test]
     fn times_round_trip() {
         assert_eq!(rfc3339(0), "1970-01-01T00:00:00.000Z");
+        assert_eq!(rfc3339(1_709_210_096_123), "2024-02-29T12:34:56.123Z");
         assert_eq!(rfc3339(1_767_322_245_678), "2026-01-02T02:50:45.678Z");
         for ms in [0, 951_782_400_000, 1_767_322_245_678, 4_102_444_799_999] {
             assert_eq!(parse_rfc3339(&rfc3339(ms)), Some(ms));
