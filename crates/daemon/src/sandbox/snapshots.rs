@@ -237,6 +237,69 @@ impl Sandboxes {
             .emit(crate::store::EventBody::Snapshot(Box::new(snapshot)));
     }
 
+    /// A sandbox's snapshot policy: the expiration its snapshots get by default and its
+    /// `keep_last_snapshots` (neither, for a sandbox with no layers recorded).
+    pub fn snapshot_policy(
+        &self,
+        id: &str,
+    ) -> (Option<i64>, Option<belljar_api::KeepLastSnapshots>) {
+        match self.inner.store.sandbox_layers(id) {
+            Ok(Some(held)) => (held.snapshot_expiration_ms, held.keep_last),
+            Ok(None) => (None, None),
+            Err(e) => {
+                tracing::warn!(sandbox = id, error = %e, "cannot read the snapshot policy");
+                (None, None)
+            }
+        }
+    }
+
+    /// Changes a sandbox's snapshot policy (Vercel's `update` of `snapshotExpiration` and
+    /// `keepLastSnapshots`): `Some(x)` replaces a setting (`Some(None)` removes it), `None`
+    /// keeps it. A new `keep_last_snapshots` applies at once to the snapshots the sandbox has.
+    pub async fn set_snapshot_policy(
+        &self,
+        id: &str,
+        snapshot_expiration_ms: Option<Option<i64>>,
+        keep_last: Option<Option<belljar_api::KeepLastSnapshots>>,
+    ) -> Result<(), SandboxError> {
+        if let Some(Some(ms)) = snapshot_expiration_ms
+            && ms < 0
+        {
+            return Err(SandboxError::BadRequest(
+                "snapshot_expiration_ms: must be 0 (never) or positive".into(),
+            ));
+        }
+        if let Some(Some(keep)) = &keep_last {
+            belljar_api::Validate::validate(keep)
+                .map_err(|e| SandboxError::BadRequest(e.to_string()))?;
+        }
+        let expiration = {
+            let lock = self.lock_for(id);
+            let _guard = lock.lock().await;
+            self.record(id)?;
+            let held = self
+                .inner
+                .store
+                .sandbox_layers(id)?
+                .ok_or_else(|| SandboxError::NotFound(id.to_owned()))?;
+            let expiration = snapshot_expiration_ms.unwrap_or(held.snapshot_expiration_ms);
+            let keep = keep_last.clone().unwrap_or(held.keep_last);
+            if !self
+                .inner
+                .store
+                .set_snapshot_policy(id, expiration, keep.as_ref())?
+            {
+                return Err(SandboxError::NotFound(id.to_owned()));
+            }
+            expiration
+        };
+        // As after a new snapshot: without the sandbox's lock, which deleting does not need.
+        if let Some(Some(keep)) = &keep_last {
+            self.apply_keep_last(id, expiration, keep, now_ms()).await?;
+        }
+        Ok(())
+    }
+
     /// Applies `keep_last_snapshots` to a sandbox's snapshots after a new one. Evicted ones
     /// that are not deleted are no longer counted, and the one just evicted goes from the kept
     /// ones' expiration back to the sandbox's (`own_expiration_ms`, else 30 days, from now):

@@ -210,6 +210,27 @@ impl Store {
         }))))
     }
 
+    /// Replaces a sandbox's snapshot policy: the expiration its snapshots get by default and
+    /// its `keep_last_snapshots` (`None` removes each). `Ok(false)` when the sandbox has no
+    /// layers recorded.
+    pub fn set_snapshot_policy(
+        &self,
+        sandbox_id: &str,
+        snapshot_expiration_ms: Option<i64>,
+        keep_last: Option<&KeepLastSnapshots>,
+    ) -> Result<bool, StoreError> {
+        let n = self.conn().execute(
+            "UPDATE sandbox_layers SET snapshot_expiration_ms = ?2, keep_last = ?3 \
+             WHERE sandbox_id = ?1",
+            params![
+                sandbox_id,
+                snapshot_expiration_ms,
+                keep_last.map(serde_json::to_string).transpose()?,
+            ],
+        )?;
+        Ok(n == 1)
+    }
+
     pub fn sandbox_layers(&self, sandbox_id: &str) -> Result<Option<SandboxLayers>, StoreError> {
         Ok(self
             .conn()

@@ -69,10 +69,15 @@ async fn not_implemented(uri: axum::http::Uri) -> VercelError {
     VercelError::NotImplemented(uri.path().trim_start_matches(super::PREFIX).to_owned())
 }
 
+/// The named sandbox `s` is, with its snapshot policy.
+fn named(st: &AppState, s: &Sandbox) -> NamedSandbox {
+    NamedSandbox::from(s).with_policy(st.sandboxes.snapshot_policy(&s.id))
+}
+
 /// `{ sandbox, session, routes }`, the answer of create, get and fork.
 fn full(st: &AppState, s: &Sandbox, resumed: bool) -> Response {
     Json(json!({
-        "sandbox": NamedSandbox::from(s),
+        "sandbox": named(st, s),
         "session": Session::from(s),
         "routes": lifecycle::routes(st, s),
         "resumed": resumed,
@@ -127,8 +132,9 @@ async fn get_one(
 }
 
 /// Tags pass through; a longer `timeout` extends a running session; `networkPolicy` replaces
-/// the policy; `ports` exposes more; `persistent` may repeat what the sandbox is. Everything
-/// else (changing persistence, retention or resources) has no counterpart yet.
+/// the policy; `ports` exposes more; `snapshotExpiration` and `keepLastSnapshots` replace the
+/// sandbox's snapshot policy (a new retention applies at once); `persistent` may repeat what
+/// the sandbox is. Changing persistence or resources has no counterpart yet.
 #[derive(Debug, Default, Deserialize)]
 #[serde(rename_all = "camelCase")]
 struct UpdateRequest {
@@ -167,14 +173,6 @@ async fn update(
             req.persistent.is_some_and(|p| p != s.lifecycle.persistent),
             "changing persistent",
         ),
-        (
-            req.snapshot_expiration.is_some(),
-            "changing snapshotExpiration",
-        ),
-        (
-            req.keep_last_snapshots.is_some(),
-            "changing keepLastSnapshots",
-        ),
         (req.resources.is_some(), "changing resources"),
         (req.network_id.is_some(), "networkId"),
         (req.current_snapshot_id.is_some(), "currentSnapshotId"),
@@ -182,6 +180,15 @@ async fn update(
     ];
     if let Some((_, what)) = unsupported.iter().find(|(asked, _)| *asked) {
         return Err(VercelError::NotImplemented((*what).to_owned()));
+    }
+    if req.snapshot_expiration.is_some() || req.keep_last_snapshots.is_some() {
+        st.sandboxes
+            .set_snapshot_policy(
+                &s.id,
+                req.snapshot_expiration.map(Some),
+                req.keep_last_snapshots.map(|k| Some(k.into())),
+            )
+            .await?;
     }
     if let Some(policy) = &req.network_policy {
         lifecycle::set_policy(&st, &s.id, policy).await?;
@@ -207,7 +214,7 @@ async fn update(
     }
     let s = st.sandboxes.get(&s.id)?;
     Ok(
-        Json(json!({ "sandbox": NamedSandbox::from(&s), "routes": lifecycle::routes(&st, &s) }))
+        Json(json!({ "sandbox": named(&st, &s), "routes": lifecycle::routes(&st, &s) }))
             .into_response(),
     )
 }
@@ -225,7 +232,7 @@ async fn delete(State(st): State<AppState>, VPath(name): VPath<String>) -> Resul
     })
     .await
     .map_err(|e| VercelError::Api(crate::http::error::ApiError::Internal(e.to_string())))??;
-    Ok(Json(json!({ "sandbox": NamedSandbox::from(&s) })).into_response())
+    Ok(Json(json!({ "sandbox": named(&st, &s) })).into_response())
 }
 
 async fn fork(
@@ -255,7 +262,7 @@ async fn list(State(st): State<AppState>, VQuery(q): VQuery<ListQuery>) -> Resul
     let prefix = q.name_prefix.unwrap_or_default();
     let sandboxes: Vec<NamedSandbox> = sandboxes
         .iter()
-        .map(NamedSandbox::from)
+        .map(|s| named(&st, s))
         .filter(|s| s.name.starts_with(&prefix))
         .collect();
     let pagination = CursorPagination {
@@ -356,10 +363,7 @@ async fn mkdir(
 
 async fn stop(State(st): State<AppState>, VPath(sid): VPath<String>) -> Result<Response> {
     let s = lifecycle::stop(&st, &sid).await?;
-    Ok(
-        Json(json!({ "session": Session::from(&s), "sandbox": NamedSandbox::from(&s) }))
-            .into_response(),
-    )
+    Ok(Json(json!({ "session": Session::from(&s), "sandbox": named(&st, &s) })).into_response())
 }
 
 async fn extend(

@@ -276,6 +276,27 @@ pub struct NamedSandbox {
     pub tags: BTreeMap<String, String>,
     #[serde(skip_serializing_if = "Option::is_none")]
     pub network_policy: Option<serde_json::Value>,
+    /// The sandbox's snapshot policy ([`NamedSandbox::with_policy`]).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub snapshot_expiration: Option<i64>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub keep_last_snapshots: Option<KeepLast>,
+}
+
+impl NamedSandbox {
+    /// With the sandbox's snapshot policy, which the daemon keeps beside the sandbox.
+    pub fn with_policy(
+        mut self,
+        policy: (Option<i64>, Option<belljar_api::KeepLastSnapshots>),
+    ) -> Self {
+        self.snapshot_expiration = policy.0;
+        self.keep_last_snapshots = policy.1.map(|k| KeepLast {
+            count: k.count,
+            expiration: k.expiration_ms,
+            delete_evicted: k.delete_evicted,
+        });
+        self
+    }
 }
 
 impl From<&Sandbox> for NamedSandbox {
@@ -297,6 +318,8 @@ impl From<&Sandbox> for NamedSandbox {
             cwd: runtime::CWD,
             tags: s.tags.clone(),
             network_policy: session.network_policy,
+            snapshot_expiration: None,
+            keep_last_snapshots: None,
         }
     }
 }
