@@ -14,7 +14,7 @@ use axum::response::{IntoResponse, Response};
 use axum::routing::{get, post};
 use belljar_api::{
     CreateSandbox, DomainAllow, ExtendSandbox, ListSandboxesQuery, NetworkMode, NetworkPolicy,
-    NetworkRules, RunCommand, Sandbox, SandboxStatus, Source, Subnets, Validate,
+    NetworkRules, Sandbox, SandboxStatus, Source, Subnets, Validate,
 };
 
 use super::error::{E2bError, Result};
@@ -216,24 +216,10 @@ async fn create(State(st): State<AppState>, body: Body) -> Result<Response> {
     // In its own task: a client that goes away cannot leave a sandbox half set up.
     let sandbox = tokio::spawn(async move {
         let sandbox = sandboxes.create(create).await?;
-        let run = RunCommand {
-            argv: vec!["sh".into(), "-c".into(), setup::SETUP.into()],
-            sudo: true,
-            ..RunCommand::default()
-        };
-        match sandboxes.run_command(&sandbox.id, run, None).await {
-            Ok(c) if c.exit_code == Some(0) => Ok(sandboxes.get(&sandbox.id)?),
-            other => {
-                let why = match other {
-                    Ok(c) => format!("exit status {:?}", c.exit_code),
-                    Err(e) => e.to_string(),
-                };
-                let _ = sandboxes.delete(&sandbox.id).await;
-                Err(E2bError::Api(ApiError::Internal(format!(
-                    "setting up the sandbox's user failed: {why}"
-                ))))
-            }
-        }
+        let argv = vec!["sh".into(), "-c".into(), setup::SETUP.into()];
+        Ok::<_, E2bError>(
+            crate::compat::set_up(&sandboxes, &sandbox, argv, "the sandbox's user").await?,
+        )
     })
     .await
     .map_err(|e| E2bError::Api(ApiError::Internal(e.to_string())))??;

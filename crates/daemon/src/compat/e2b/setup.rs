@@ -3,8 +3,6 @@
 //! another user, in that user's home, and relative paths resolve there. The images do not
 //! ship that user, so [`SETUP`] creates it, as root, when a sandbox is created.
 
-use std::path::{Component, Path, PathBuf};
-
 use super::error::{E2bError, Result};
 
 /// The user E2B's templates run as.
@@ -46,18 +44,7 @@ pub fn resolve(path: &str, base: &str) -> Result<String> {
     if path.contains('\0') {
         return Err(E2bError::BadRequest("path: must not contain NUL".into()));
     }
-    let joined = Path::new(base).join(path);
-    let mut out = PathBuf::from("/");
-    for c in joined.components() {
-        match c {
-            Component::Normal(part) => out.push(part),
-            Component::ParentDir => {
-                out.pop();
-            }
-            Component::RootDir | Component::CurDir | Component::Prefix(_) => {}
-        }
-    }
-    Ok(out.to_string_lossy().into_owned())
+    Ok(crate::compat::normalise(base, path))
 }
 
 #[cfg(test)]

@@ -222,24 +222,6 @@ async fn collect(st: &AppState, sid: &str, cid: &str) -> Result<(String, String,
     Ok((out, err, raw))
 }
 
-/// Kills the command after `secs`, unless it has ended by then.
-fn kill_after(st: &AppState, sid: &str, cid: &str, secs: u64) {
-    let (sandboxes, sid, cid) = (st.sandboxes.clone(), sid.to_owned(), cid.to_owned());
-    tokio::spawn(async move {
-        let waited = tokio::time::timeout(
-            Duration::from_secs(secs),
-            sandboxes.wait_command(&sid, &cid),
-        )
-        .await;
-        if waited.is_err() {
-            let kill = KillCommand {
-                signal: Some("KILL".into()),
-            };
-            let _ = sandboxes.kill_command(&sid, &cid, kill).await;
-        }
-    });
-}
-
 fn created(view: ContextView) -> Response {
     (StatusCode::CREATED, Json(Success::new(view))).into_response()
 }
@@ -315,7 +297,12 @@ pub async fn create(
     let command =
         detached(async move { Ok(sandboxes.run_command(&sid2, run, None).await?) }).await?;
     if let Some(secs) = req.ttl_sec.filter(|t| *t > 0) {
-        kill_after(&st, &sid, &command.id, secs.unsigned_abs());
+        crate::compat::kill_after(
+            &st.sandboxes,
+            &sid,
+            &command.id,
+            Duration::from_secs(secs.unsigned_abs()),
+        );
     }
     let repl = match kind {
         ContextKind::Repl => Some(Repl::start(&st, &sid, &command.id)?),

@@ -65,11 +65,11 @@ pub async fn run(st: &AppState, id: &str, req: RunRequest, line: Line) -> Result
     .await
     .map_err(|e| VercelError::Api(crate::http::error::ApiError::Internal(e.to_string())))??;
     if let Some(ms) = req.timeout {
-        kill_after(
-            st,
+        crate::compat::kill_after(
+            &st.sandboxes,
             &command.sandbox_id,
             &command.id,
-            ms.min(MAX_COMMAND_TIMEOUT_MS),
+            Duration::from_millis(ms.min(MAX_COMMAND_TIMEOUT_MS)),
         );
     }
     let first = CommandBody {
@@ -98,24 +98,6 @@ pub async fn run(st: &AppState, id: &str, req: RunRequest, line: Line) -> Result
         let _ = tx.send(Ok(last)).await;
     });
     Ok(ndjson(rx))
-}
-
-/// Kills the command after `ms`, unless it has ended by then.
-fn kill_after(st: &AppState, sid: &str, cid: &str, ms: u64) {
-    let (sandboxes, sid, cid) = (st.sandboxes.clone(), sid.to_owned(), cid.to_owned());
-    tokio::spawn(async move {
-        let ended = tokio::time::timeout(
-            Duration::from_millis(ms),
-            sandboxes.wait_command(&sid, &cid),
-        )
-        .await;
-        if ended.is_err() {
-            let kill = KillCommand {
-                signal: Some("KILL".into()),
-            };
-            let _ = sandboxes.kill_command(&sid, &cid, kill).await;
-        }
-    });
 }
 
 /// A command, once it has ended when `wait`.

@@ -114,26 +114,7 @@ pub async fn create(st: &AppState, req: CreateRequest) -> Result<Sandbox> {
         if cloned {
             argv.push("copy-workspace".into());
         }
-        let setup = RunCommand {
-            argv,
-            sudo: true,
-            ..RunCommand::default()
-        };
-        let ran = sandboxes.run_command(&sandbox.id, setup, None).await;
-        match ran {
-            Ok(c) if c.exit_code == Some(0) => Ok(sandboxes.get(&sandbox.id)?),
-            other => {
-                // A sandbox without the user and directory is not what the SDK asked for.
-                let why = match other {
-                    Ok(c) => format!("exit status {:?}", c.exit_code),
-                    Err(e) => e.to_string(),
-                };
-                let _ = sandboxes.delete(&sandbox.id).await;
-                Err(VercelError::Api(ApiError::Internal(format!(
-                    "setting up the vercel-sandbox user failed: {why}"
-                ))))
-            }
-        }
+        Ok(crate::compat::set_up(&sandboxes, &sandbox, argv, "the vercel-sandbox user").await?)
     })
     .await
 }

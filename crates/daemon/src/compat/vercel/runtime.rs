@@ -6,8 +6,6 @@
 //! through the daemon's command service: a real passwd entry, home, sudoers rule and working
 //! directory, which a snapshot of the sandbox then carries along.
 
-use std::path::{Component, Path, PathBuf};
-
 use super::error::{Result, VercelError};
 use crate::images::Images;
 
@@ -84,18 +82,7 @@ pub fn resolve(path: &str, cwd: Option<&str>) -> Result<String> {
     if !base.starts_with('/') {
         return Err(VercelError::BadRequest("cwd: must be absolute".into()));
     }
-    let joined = Path::new(base).join(path);
-    let mut out = PathBuf::from("/");
-    for c in joined.components() {
-        match c {
-            Component::Normal(part) => out.push(part),
-            Component::ParentDir => {
-                out.pop();
-            }
-            Component::RootDir | Component::CurDir | Component::Prefix(_) => {}
-        }
-    }
-    Ok(out.to_string_lossy().into_owned())
+    Ok(crate::compat::normalise(base, path))
 }
 
 #[cfg(test)]
