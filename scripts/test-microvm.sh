@@ -9,7 +9,10 @@
 # host's root shared read-only over 9p and chrooted into, so the project's own binaries,
 # guest kernel and images run unchanged. Results come back over a second, writable 9p share.
 #
-# Usage: scripts/test-microvm.sh [--nested|--direct]
+# Usage: scripts/test-microvm.sh [--nested|--direct] [--stress]
+# --stress runs only the stress test (tests/tests/e2e_microvm_stress.rs) at full length: 200
+# create/exec/round-trip/delete cycles, 4 in flight (BELLJAR_STRESS_* override each setting);
+# without it the job runs every microVM test, the stress test in its short version.
 # Environment: BELLJAR_MICROVM_TIMEOUT (seconds for the whole L1 run, default 900),
 # BELLJAR_MICROVM_TRIES (L1 tries when one crashes or hangs, default 3 with QEMU 10) and
 # BELLJAR_MICROVM_BUDGET (seconds for all tries, default tries x timeout; a try gets what is
@@ -47,12 +50,21 @@ hardware_kvm() {
     grep -qwE 'vmx|svm' /proc/cpuinfo && [ ! -e /sys/module/kvm_pvm ]
 }
 mode=auto
-case "${1:-}" in
-  --nested) mode=nested ;;
-  --direct) mode=direct ;;
-  "") ;;
-  *) echo "usage: $0 [--nested|--direct]" >&2; exit 2 ;;
-esac
+stress=0
+for arg in "$@"; do
+  case "$arg" in
+    --nested) mode=nested ;;
+    --direct) mode=direct ;;
+    --stress) stress=1 ;;
+    *) echo "usage: $0 [--nested|--direct] [--stress]" >&2; exit 2 ;;
+  esac
+done
+if [ "$stress" = 1 ]; then
+  export BELLJAR_MICROVM_FILTER=cycles_and_side_connections_under_load
+  export BELLJAR_STRESS_CYCLES="${BELLJAR_STRESS_CYCLES:-200}"
+  export BELLJAR_STRESS_INFLIGHT="${BELLJAR_STRESS_INFLIGHT:-4}"
+  export BELLJAR_MICROVM_TIMEOUT="${BELLJAR_MICROVM_TIMEOUT:-5400}"
+fi
 if [ "$mode" = auto ]; then
   if hardware_kvm; then mode=direct; else mode=nested; fi
 fi
@@ -65,7 +77,7 @@ test_exe() {
   cargo test --quiet -p "$1" --test "$2" --no-run --message-format=json |
     jq -r 'select(.reason == "compiler-artifact" and .profile.test and .executable != null) | .executable'
 }
-tests="$(test_exe belljar-vmm linux_boot):$(test_exe belljar-e2e e2e_microvm):$(test_exe belljar-e2e e2e_microvm_snapshots):$(test_exe belljar-e2e e2e_network)"
+tests="$(test_exe belljar-vmm linux_boot):$(test_exe belljar-e2e e2e_microvm):$(test_exe belljar-e2e e2e_microvm_snapshots):$(test_exe belljar-e2e e2e_network):$(test_exe belljar-e2e e2e_microvm_stress)"
 # The rootless job (tests/microvm/rootless.sh, run in its own L1 boot by scripts/test.sh): its
 # test executables (e2e_microvm last: its test needs the kvm group doctor tells the user to
 # join), belljar-ns and the namespace crate's busybox fixtures (L1 has no compiler).
@@ -104,12 +116,17 @@ cp -a "$fixtures" "$run_dir/fixtures"
 job_env=(BELLJAR_JOB_BIN="$run_dir/bin" BELLJAR_JOB_TESTS="$staged" BELLJAR_CACHE="$BELLJAR_CACHE"
   BELLJAR_KERNEL="$guest_kernel" BELLJAR_ROOTLESS_TESTS="$staged_rootless"
   BELLJAR_FIXTURES="$run_dir/fixtures" BELLJAR_MICROVM_FILTER="${BELLJAR_MICROVM_FILTER:-}"
-  BELLJAR_STALL_QUIET="${BELLJAR_STALL_QUIET:-300}" BELLJAR_KVM_TRACE="${BELLJAR_KVM_TRACE:-}")
+  BELLJAR_STALL_QUIET="${BELLJAR_STALL_QUIET:-300}" BELLJAR_KVM_TRACE="${BELLJAR_KVM_TRACE:-}"
+  BELLJAR_STRESS_CYCLES="${BELLJAR_STRESS_CYCLES:-}" BELLJAR_STRESS_INFLIGHT="${BELLJAR_STRESS_INFLIGHT:-}"
+  BELLJAR_STRESS_MIB="${BELLJAR_STRESS_MIB:-}" BELLJAR_STRESS_CONNECTIONS="${BELLJAR_STRESS_CONNECTIONS:-}")
 
 finish() {
   local status=$1 summary
   summary=$(cat "$run_dir/results/summary" 2> /dev/null || echo "microvm job: no result")
   timing "total ($mode)" "$(elapsed "$t_start")"
+  # Tries that QEMU-TCG's own crash or hang ended, counted apart from the tests: no test runs
+  # again after it failed, only those such a crash cut short (tests/microvm/progress.sh).
+  [ "$mode" = direct ] || summary="$summary; l1 crashes: ${l1_crashes:-0}"
   echo "$summary"
   exit "$status"
 }
@@ -242,7 +259,7 @@ run_l1() {
   : > "$console"
   local try_limit=$1 t=$(date +%s.%N) rc=0 runner qpid="" cpu last=-1 still=0 hung=0
   timeout -k 10 "$try_limit" "${qemu[@]}" 2> "$run_dir/qemu.log" \
-    -accel tcg,thread=multi -M q35 -cpu EPYC,+svm,+npt -smp 2 -m 3072 \
+    -accel "tcg,thread=${BELLJAR_MICROVM_TCG_THREAD:-multi}" -M q35 -cpu EPYC,+svm,+npt -smp 2 -m 3072 \
     -kernel "$l1_kernel" -initrd "$initrd" \
     -append "console=ttyS0 panic=-1 mitigations=off loglevel=4 transparent_hugepage=never" \
     -display none -vga none -nic none -audio none -no-reboot -monitor none -serial "file:$console" \
@@ -292,12 +309,13 @@ min_try="${BELLJAR_MICROVM_MIN_TRY:-240}"
 first_try=$(date +%s)
 budget_left() { echo $((budget - ($(date +%s) - first_try))); }
 attempt=1
+l1_crashes=0
 while :; do
   left=$(budget_left)
   try_limit=$((left < limit ? left : limit))
   step "microVM tests: L1 run $attempt of at most $tries (timeout ${try_limit}s, console $console)"
   crashed=0
-  run_l1 "$try_limit" || crashed=1
+  run_l1 "$try_limit" || { crashed=1; l1_crashes=$((l1_crashes + 1)); }
   if [ "$crashed" = 0 ] || [ "$attempt" -ge "$tries" ]; then break; fi
   if [ "$(budget_left)" -lt "$min_try" ]; then
     echo "no time for another L1 try within BELLJAR_MICROVM_BUDGET=${budget}s" >&2

@@ -72,6 +72,10 @@ if [ -n "${BELLJAR_KVM_TRACE:-}" ]; then
     for e in kvm_exit kvm_inj_exception kvm_page_fault kvm_pio kvm_mmio kvm_userspace_exit; do
       echo 1 > "$kvm_trace/events/kvm/$e/enable" || echo "job: no trace event kvm:$e"
     done
+    # The ring stops at a guest's triple fault (SVM's shutdown exit, 0x7f; VMX's, 2), so what
+    # the saved tail shows is what led to it, not what other guests did afterwards.
+    echo 'traceoff if exit_reason == 127 || exit_reason == 2' > "$kvm_trace/events/kvm/kvm_exit/trigger" ||
+      echo "job: no traceoff trigger on kvm:kvm_exit"
     echo "job: tracing L1's KVM events"
   else
     echo "job: no tracefs: BELLJAR_KVM_TRACE ignored"
@@ -85,7 +89,7 @@ run_tests() {
   local exe=$1 out=$2 pid tailer watcher
   shift 2
   : > "$out"
-  [ -z "$kvm_trace" ] || : > "$kvm_trace/trace"
+  [ -z "$kvm_trace" ] || { : > "$kvm_trace/trace"; echo 1 > "$kvm_trace/tracing_on"; }
   setsid "$exe" --ignored --test-threads=1 --nocapture "$@" > "$out" 2>&1 &
   pid=$!
   tail -n +1 -f --pid="$pid" "$out" &

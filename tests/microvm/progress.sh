@@ -7,10 +7,10 @@
 # $BELLJAR_RESULTS/progress (the host's run directory, over 9p): a later try runs only the
 # tests no earlier try finished.
 #
-# The file holds one line per event: `start KEY` (a run of the test began), `fail KEY` (that
-# run failed), and the outcome: `passed KEY`, `failed KEY`, and `retried KEY` before `passed
-# KEY` when it passed only on a later run. A start without a fail or an outcome after it is
-# a run that an L1 crash cut short; three of them fail the test (the crash may be its own).
+# The file holds one line per event: `start KEY` (a run of the test began) and the outcome,
+# `passed KEY` or `failed KEY`. A start without an outcome after it is a run that an L1 crash
+# cut short: only such a run is run again (by the next L1 try), never a test that failed, and
+# three of them fail the test (the crash may be its own). A test that fails once has failed.
 
 : "${BELLJAR_RESULTS:?}"
 progress="$BELLJAR_RESULTS/progress"
@@ -32,60 +32,41 @@ progress_record() {
 }
 
 # progress_run RUNNER EXE KEY TEST OUT: runs TEST of EXE through `RUNNER EXE OUT --exact TEST`
-# (which must set `rc`), unless an earlier try finished it. A test passes on its first
-# passing run and fails after three failed runs (a nested microVM occasionally fails to come
-# up: its kernel stops early in boot, or resets; one clean-clone run met that twice in a row
-# in one test, which then passed alone; a failed run prints the guest's console and the
-# daemon's log), or after three runs that L1 crashes cut short. Records the outcome and
-# prints one line about it.
+# (which must set `rc`), unless an earlier try finished it, and records its outcome: passed
+# when this run passed, failed when it failed (a failed run prints the guest's console and the
+# daemon's log) or when L1 crashes had already cut three runs of it short. Prints one line.
 progress_run() {
-  local runner=$1 exe=$2 key=$3 test=$4 out=$5 outcome starts fails
+  local runner=$1 exe=$2 key=$3 test=$4 out=$5 outcome cut
   outcome=$(progress_outcome "$key")
   if [ -n "$outcome" ]; then
     echo "progress: $key: $outcome in an earlier L1 try"
     return
   fi
-  while :; do
-    starts=$(grep -cxF "start $key" "$progress")
-    fails=$(grep -cxF "fail $key" "$progress")
-    if [ "$fails" -ge 3 ]; then
-      echo "failed $key" >> "$progress"
-      echo "progress: $key: FAILED three times"
-      return
-    fi
-    if [ $((starts - fails)) -ge "$progress_max_cut" ]; then
-      echo "failed $key" >> "$progress"
-      echo "progress: $key: $((starts - fails)) runs were cut short by L1 crashes; counted as failed"
-      return
-    fi
-    echo "start $key" >> "$progress"
-    rc=0
-    "$runner" "$exe" "$out" --exact "$test"
-    if [ "$rc" = 0 ] && grep -qE '^test result: ok\. 1 passed' "$out"; then
-      if [ "$starts" = 0 ]; then
-        echo "passed $key" >> "$progress"
-        echo "progress: $key: passed"
-      else
-        printf 'retried %s\npassed %s\n' "$key" "$key" >> "$progress"
-        echo "progress: $key: passed on run $((starts + 1))"
-      fi
-      return
-    fi
-    echo "fail $key" >> "$progress"
-    echo "progress: $key: run $((starts + 1)) failed (exit $rc)"
-  done
+  cut=$(grep -cxF "start $key" "$progress")
+  if [ "$cut" -ge "$progress_max_cut" ]; then
+    echo "failed $key" >> "$progress"
+    echo "progress: $key: $cut runs were cut short by L1 crashes; counted as failed"
+    return
+  fi
+  echo "start $key" >> "$progress"
+  rc=0
+  "$runner" "$exe" "$out" --exact "$test"
+  if [ "$rc" = 0 ] && grep -qE '^test result: ok\. 1 passed' "$out"; then
+    echo "passed $key" >> "$progress"
+    echo "progress: $key: passed"
+  else
+    echo "failed $key" >> "$progress"
+    echo "progress: $key: FAILED (exit $rc)"
+  fi
 }
 
-# One line for the summary: "N passed, M failed", the tests finished by earlier tries and those
-# that passed only when retried.
+# One line for the summary: "N passed, M failed", and the tests finished by earlier tries.
 progress_counts() {
-  local passed failed retried line
+  local passed failed line
   passed=$(grep -c '^passed ' "$progress")
   failed=$(grep -c '^failed ' "$progress")
   line="$passed passed, $failed failed"
   [ "$progress_earlier" = 0 ] || line="$line ($progress_earlier finished by earlier L1 tries)"
-  retried=$(sed -n 's/^retried //p' "$progress" | tr '\n' ' ')
-  [ -z "$retried" ] || line="$line; passed only when retried: $retried"
   echo "$line"
 }
 

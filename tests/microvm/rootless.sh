@@ -170,8 +170,7 @@ for t in "${tests[@]}"; do
   exe="$work/bin/deps/$(basename "$t")"
   name=$(basename "$t" | sed 's/-[0-9a-f]*$//')
   t0=$(now)
-  # Each test alone, run again once if it fails, and not at all if an earlier L1 try finished
-  # it (tests/microvm/progress.sh).
+  # Each test alone, and not at all if an earlier L1 try finished it (tests/microvm/progress.sh).
   for test in $(selection "$name"); do
     [[ $test == *"${BELLJAR_MICROVM_FILTER:-}"* ]] || continue
     progress_run as_user_test "$exe" "$name::$test" "$test" "$work/$name.out"
