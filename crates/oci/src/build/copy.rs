@@ -97,8 +97,78 @@ fn resolve(root: &OwnedFd, path: &str, scope: Scope, flags: OFlags) -> Result<Ow
     })
 }
 
+/// The regular file `path` of `root` (the context's, refused when it leads out; an image's,
+/// resolved inside it), at most `max` bytes.
+pub fn read_file(root: &OwnedFd, path: &str, scope: Scope, max: u64) -> Result<Vec<u8>, Error> {
+    let fd = resolve(root, path, scope, OFlags::PATH)?;
+    let stat = rustix::fs::fstat(&fd).map_err(io_err(path))?;
+    if FileType::from_raw_mode(stat.st_mode) != FileType::RegularFile {
+        return Err(refused(format!("{path} is not a regular file")));
+    }
+    if stat.st_size.max(0) as u64 > max {
+        return Err(refused(format!("{path} is larger than {max} bytes")));
+    }
+    let mut out = Vec::new();
+    reopen(&fd, path)?
+        .take(max)
+        .read_to_end(&mut out)
+        .map_err(|e| Error::Io {
+            what: format!("Cannot read {path}"),
+            source: e,
+        })?;
+    Ok(out)
+}
+
+/// `USER[:GROUP]` (names or numbers) as ids, names looked up in the image's `/etc/passwd`
+/// and `/etc/group`; a group left out is the user's own (its passwd entry's, else the same
+/// number).
+pub fn owner_ids(root: &OwnedFd, spec: &str) -> Result<(u32, u32), Error> {
+    let (user, group) = match spec.split_once(':') {
+        Some((u, g)) => (u, Some(g)),
+        None => (spec, None),
+    };
+    let table = |file: &str| {
+        read_file(root, file, Scope::Image, 4 << 20)
+            .map(|b| String::from_utf8_lossy(&b).into_owned())
+            .unwrap_or_default()
+    };
+    let passwd = table("/etc/passwd");
+    let entry = |text: &str, name: &str| -> Option<Vec<String>> {
+        text.lines()
+            .map(|l| l.split(':').map(str::to_owned).collect::<Vec<_>>())
+            .find(|f| f.len() > 3 && f[0] == name)
+    };
+    let unknown = |what: &str, n: &str| refused(format!("--chown: no {what} {n:?} in the image"));
+    let (uid, own_gid) = match user.parse::<u32>() {
+        Ok(uid) => (uid, None),
+        Err(_) => {
+            let f = entry(&passwd, user).ok_or_else(|| unknown("user", user))?;
+            (
+                f[2].parse().map_err(|_| unknown("user", user))?,
+                f[3].parse::<u32>().ok(),
+            )
+        }
+    };
+    let gid = match group {
+        None => own_gid.unwrap_or(uid),
+        Some(g) => match g.parse::<u32>() {
+            Ok(gid) => gid,
+            Err(_) => {
+                let groups = table("/etc/group");
+                let f = groups
+                    .lines()
+                    .map(|l| l.split(':').map(str::to_owned).collect::<Vec<_>>())
+                    .find(|f| f.len() > 2 && f[0] == g)
+                    .ok_or_else(|| unknown("group", g))?;
+                f[2].parse().map_err(|_| unknown("group", g))?
+            }
+        },
+    };
+    Ok((uid, gid))
+}
+
 /// Whether `path` is a directory in the root `into` (resolved as the image sees it).
-fn is_dir_in(into: &OwnedFd, path: &str) -> bool {
+pub fn is_dir_in(into: &OwnedFd, path: &str) -> bool {
     resolve(into, path, Scope::Image, OFlags::PATH | OFlags::DIRECTORY).is_ok()
 }
 

@@ -89,6 +89,12 @@ pub struct LayerFile {
 }
 
 impl Store {
+    /// A scratch directory on the store's filesystem, removed when dropped (or by the next
+    /// daemon, should this one die first).
+    pub fn build_scratch(&self) -> Result<tempfile::TempDir, Error> {
+        self.scratch()
+    }
+
     fn cache_path(&self, key: &str) -> PathBuf {
         self.root.join("build-cache").join(format!("{key}.json"))
     }
