@@ -144,7 +144,7 @@ async fn follow(
     let mut done = Vec::new();
     while let Some(e) = events.next().await.unwrap() {
         match e {
-            ImageBuildEvent::Progress { .. } => {}
+            ImageBuildEvent::Progress { .. } | ImageBuildEvent::Step { .. } => {}
             ImageBuildEvent::Done { image } => done.push(image),
             ImageBuildEvent::Error { code, message } => return Err((code, message)),
         }

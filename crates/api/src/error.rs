@@ -135,6 +135,8 @@ pub enum ErrorCode {
     RegistryDenied,
     /// 502: the registry cannot be reached, stalled, or broke the distribution API.
     RegistryUnavailable,
+    /// 400: a Dockerfile that cannot be built as written (the message names the line).
+    DockerfileInvalid,
     /// 403: the caller may not mount that host folder (it cannot read it, or write it for a
     /// read-write mount; over TCP it is under no `--allow-mount-root`), or the folder is one
     /// no sandbox may mount (`/`, `/proc`, the daemon's own directories).
@@ -151,7 +153,8 @@ impl ErrorCode {
         use ErrorCode::*;
         match self {
             BadRequest | ImageNotAvailable | NotAnImage | InvalidPath | IsADirectory
-            | NotADirectory | NotARegularFile | ExecFailed | UnknownUser | ImageInvalid => 400,
+            | NotADirectory | NotARegularFile | ExecFailed | UnknownUser | ImageInvalid
+            | DockerfileInvalid => 400,
             Unauthorized => 401,
             Forbidden | PermissionDenied | RegistryDenied | MountDenied => 403,
             NotFound | CommandNotFound | ImageNotFound | VolumeNotFound => 404,
@@ -250,6 +253,7 @@ mod tests {
             "image_too_large",
             "registry_denied",
             "registry_unavailable",
+            "dockerfile_invalid",
             "mount_denied",
             "volume_not_found",
             "volume_in_use",

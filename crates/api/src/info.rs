@@ -123,12 +123,70 @@ impl Validate for ImportQuery {
     }
 }
 
-/// One NDJSON line of `POST /v1/images/{name}/build`, `POST /v1/images/pull` and
-/// `POST /v1/images/import`.
+/// `POST /v1/images/build`'s query: what to build from the context sent as the body.
+#[derive(
+    Debug, Clone, PartialEq, Eq, Default, Serialize, Deserialize, ToSchema, TS, utoipa::IntoParams,
+)]
+#[serde(deny_unknown_fields)]
+#[into_params(parameter_in = Query)]
+pub struct BuildQuery {
+    /// The name the built image gets (`[registry/]repository[:tag]`).
+    #[param(max_length = 512)]
+    pub tag: String,
+    /// The Dockerfile's path in the context; default `Dockerfile`.
+    #[serde(default)]
+    #[ts(optional)]
+    #[param(max_length = 4096)]
+    pub dockerfile: Option<String>,
+    /// The build arguments, as a JSON object of strings (`{"VERSION":"1.2"}`), as Docker's
+    /// `buildargs`.
+    #[serde(default)]
+    #[ts(optional)]
+    #[param(max_length = 65536)]
+    pub build_args: Option<String>,
+    /// Run every step again instead of taking it from the step cache.
+    #[serde(default)]
+    #[ts(optional)]
+    pub no_cache: Option<bool>,
+}
+
+impl Validate for BuildQuery {
+    fn validate(&self) -> Result<(), Invalid> {
+        if self.tag.is_empty() {
+            return Err(Invalid::new("tag", "must not be empty"));
+        }
+        limits::text("tag", &self.tag, 512)?;
+        if let Some(d) = &self.dockerfile {
+            limits::text("dockerfile", d, 4096)?;
+        }
+        if let Some(a) = &self.build_args {
+            limits::text("build_args", a, 65536)?;
+        }
+        Ok(())
+    }
+}
+
+/// One NDJSON line of `POST /v1/images/build`, `POST /v1/images/{name}/build`,
+/// `POST /v1/images/pull` and `POST /v1/images/import`.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, ToSchema, TS)]
 #[serde(tag = "type", rename_all = "snake_case")]
 pub enum ImageBuildEvent {
-    Progress { message: String },
-    Done { image: Image },
-    Error { code: ErrorCode, message: String },
+    Progress {
+        message: String,
+    },
+    /// A Dockerfile build starts step `step` of `steps` (1-based, every stage's counted);
+    /// `cached` when its result comes from the step cache.
+    Step {
+        step: u32,
+        steps: u32,
+        instruction: String,
+        cached: bool,
+    },
+    Done {
+        image: Image,
+    },
+    Error {
+        code: ErrorCode,
+        message: String,
+    },
 }

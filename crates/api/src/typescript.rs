@@ -97,6 +97,7 @@ pub fn render() -> String {
         ImageBuildEvent::decl(&cfg),
         PullImage::decl(&cfg),
         ImportQuery::decl(&cfg),
+        BuildQuery::decl(&cfg),
         DoctorStatus::decl(&cfg),
         DoctorFinding::decl(&cfg),
         DoctorReport::decl(&cfg),

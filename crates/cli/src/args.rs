@@ -489,8 +489,24 @@ pub enum SnapshotsCmd {
 
 #[derive(Debug, Subcommand)]
 pub enum ImagesCmd {
-    /// Build (or rebuild) one of Belljar's images; prints progress.
-    Build { name: String },
+    /// Build an image from a Dockerfile (`-t NAME DIR`), or (re)build one of Belljar's own
+    /// images (`NAME`); prints progress.
+    Build {
+        /// The context directory with `-t`; else the name of one of Belljar's images.
+        target: String,
+        /// Build DIR's Dockerfile and name the image so (`[registry/]repository[:tag]`).
+        #[arg(short = 't', long = "tag")]
+        tag: Option<String>,
+        /// The Dockerfile, inside the context (default DIR/Dockerfile).
+        #[arg(short = 'f', long = "file", requires = "tag")]
+        file: Option<std::path::PathBuf>,
+        /// A build argument `KEY=VALUE` (repeatable).
+        #[arg(long = "build-arg", value_name = "KEY=VALUE", requires = "tag")]
+        build_arg: Vec<String>,
+        /// Run every step again instead of taking it from the step cache.
+        #[arg(long, requires = "tag")]
+        no_cache: bool,
+    },
     /// Pull an image from a registry (`[registry/]repository[:tag][@sha256:…]`).
     Pull {
         reference: String,

@@ -193,8 +193,29 @@ async fn dispatch(client: &Client, paths: &Paths, command: Cmd, json: bool) -> R
             Ok(0)
         }
         Cmd::Images {
-            action: Some(ImagesCmd::Build { name }),
-        } => host::build_image(client, &name, json).await,
+            action: Some(ImagesCmd::Build {
+                target, tag: None, ..
+            }),
+        } => host::build_image(client, &target, json).await,
+        Cmd::Images {
+            action:
+                Some(ImagesCmd::Build {
+                    target,
+                    tag: Some(tag),
+                    file,
+                    build_arg,
+                    no_cache,
+                }),
+        } => {
+            let build = crate::build::Build {
+                dir: target.into(),
+                tag,
+                file,
+                build_args: build_arg,
+                no_cache,
+            };
+            crate::build::build(client, build, json).await
+        }
         Cmd::Images {
             action:
                 Some(ImagesCmd::Pull {

@@ -71,7 +71,7 @@ pub(crate) async fn import_image(
 
 /// Prints an image operation's progress (on stderr) and each image it made; the first
 /// `error` fails the command with its code.
-async fn follow_image_events(
+pub(crate) async fn follow_image_events(
     events: belljar_client::NdjsonStream<ImageBuildEvent>,
     verb: &str,
     json: bool,
@@ -96,6 +96,18 @@ async fn follow_events_to(
             ImageBuildEvent::Progress { message } => {
                 if !json || stderr_only {
                     eprintln!("{message}");
+                }
+            }
+            ImageBuildEvent::Step {
+                step,
+                steps,
+                instruction,
+                cached,
+            } => {
+                if !json || stderr_only {
+                    let first = instruction.lines().next().unwrap_or_default();
+                    let mark = if cached { " CACHED" } else { "" };
+                    eprintln!("[{step}/{steps}] {first}{mark}");
                 }
             }
             ImageBuildEvent::Done { image } => {

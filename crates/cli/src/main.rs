@@ -27,6 +27,7 @@ macro_rules! outln {
 }
 
 mod args;
+mod build;
 mod commands;
 mod host;
 mod netcmd;

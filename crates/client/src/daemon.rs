@@ -1,7 +1,9 @@
 //! The daemon-wide routes: info, doctor, the OpenAPI document, images and their builds, the event
 //! stream, the browser's sign-in token and the terminal WebSocket.
 
-use belljar_api::{DoctorReport, Event, Image, ImageBuildEvent, Info, PullImage, SessionToken};
+use belljar_api::{
+    BuildQuery, DoctorReport, Event, Image, ImageBuildEvent, Info, PullImage, SessionToken,
+};
 use http::Method;
 
 use crate::body::{Body, empty, json};
@@ -81,6 +83,28 @@ impl Client {
         tag: Option<&str>,
     ) -> Result<NdjsonStream<ImageBuildEvent>, ClientError> {
         let url = with_query(routes::IMAGE_IMPORT, &[("tag", tag.map(str::to_owned))]);
+        let resp = self
+            .request(Method::POST, &url, tar, Some("application/x-tar"))
+            .await?;
+        Ok(NdjsonStream::new(resp.into_body()))
+    }
+
+    /// `POST /v1/images/build?tag=&dockerfile=&build_args=&no_cache=`: a Dockerfile build of
+    /// the context `tar`; `step` and `progress` lines, then `done` or `error`.
+    pub async fn build_dockerfile(
+        &self,
+        tar: Body,
+        query: &BuildQuery,
+    ) -> Result<NdjsonStream<ImageBuildEvent>, ClientError> {
+        let url = with_query(
+            routes::IMAGE_BUILD,
+            &[
+                ("tag", Some(query.tag.clone())),
+                ("dockerfile", query.dockerfile.clone()),
+                ("build_args", query.build_args.clone()),
+                ("no_cache", query.no_cache.map(|b| b.to_string())),
+            ],
+        );
         let resp = self
             .request(Method::POST, &url, tar, Some("application/x-tar"))
             .await?;

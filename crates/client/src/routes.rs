@@ -55,6 +55,8 @@ pub fn with_query(path: &str, pairs: &[(&str, Option<String>)]) -> String {
 
 /// `/v1/images/pull`.
 pub const IMAGE_PULL: &str = "/v1/images/pull";
+/// `/v1/images/build`.
+pub const IMAGE_BUILD: &str = "/v1/images/build";
 /// `/v1/images/import`.
 pub const IMAGE_IMPORT: &str = "/v1/images/import";
 

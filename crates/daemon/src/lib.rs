@@ -6,6 +6,7 @@
 //! [`compat`] serves cloud sandbox APIs (Vercel's, E2B's, Sandbox0's) on top of the same services.
 #![forbid(unsafe_code)]
 
+pub mod build;
 pub mod compat;
 pub mod config;
 pub mod events;

@@ -14,7 +14,9 @@
 //! Everything here treats its input as hostile: a registry, an archive and a layer may lie.
 
 pub mod archive;
+pub mod build;
 pub mod digest;
+pub mod dockerfile;
 pub mod reference;
 pub mod registry;
 pub mod spec;
@@ -52,6 +54,13 @@ pub enum Error {
         reference: String,
         available: String,
     },
+    /// A Dockerfile that cannot be built as written.
+    #[error(transparent)]
+    Dockerfile(#[from] dockerfile::ParseError),
+    /// A build step names a file it may not have: out of the build context, missing, or
+    /// with a name the image format reserves.
+    #[error("{0}")]
+    Context(String),
     /// Reading or writing local files failed.
     #[error("{what}")]
     Io {
@@ -72,6 +81,8 @@ impl Error {
             Error::Invalid(_) => "image_invalid",
             Error::TooLarge { .. } => "image_too_large",
             Error::NoPlatform { .. } => "image_not_found",
+            Error::Dockerfile(_) => "dockerfile_invalid",
+            Error::Context(_) => "invalid_path",
             Error::Io { .. } => "internal",
         }
     }

@@ -74,9 +74,9 @@ pub enum Progress {
 
 #[derive(Clone)]
 pub struct Store {
-    root: PathBuf,
+    pub(crate) root: PathBuf,
     /// The most bytes of file data the whole store may hold.
-    cap_bytes: u64,
+    pub(crate) cap_bytes: u64,
     /// Serialises the writes of `names.json`.
     names_lock: Arc<Mutex<()>>,
 }
@@ -194,7 +194,7 @@ impl Store {
         all
     }
 
-    fn used_bytes(&self) -> u64 {
+    pub(crate) fn used_bytes(&self) -> u64 {
         self.list().iter().map(|i| i.size_bytes).sum()
     }
 
@@ -386,7 +386,7 @@ impl Store {
         Ok(out)
     }
 
-    fn scratch(&self) -> Result<tempfile::TempDir, Error> {
+    pub(crate) fn scratch(&self) -> Result<tempfile::TempDir, Error> {
         tempfile::Builder::new()
             .prefix(&scratch_prefix())
             .tempdir_in(self.root.join("tmp"))
@@ -394,7 +394,7 @@ impl Store {
     }
 
     /// Moves a complete unpacked image into place (unless a concurrent pull did first).
-    fn commit(
+    pub(crate) fn commit(
         &self,
         work: tempfile::TempDir,
         id: &Digest,

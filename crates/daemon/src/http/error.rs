@@ -82,7 +82,7 @@ pub fn status(code: ErrorCode) -> StatusCode {
     StatusCode::from_u16(code.status()).unwrap_or(StatusCode::INTERNAL_SERVER_ERROR)
 }
 
-fn image_code(e: &ImageError) -> ErrorCode {
+pub(crate) fn image_code(e: &ImageError) -> ErrorCode {
     match e {
         ImageError::BadName(_) => ErrorCode::BadRequest,
         ImageError::Unknown(_) | ImageError::NotBuilt { .. } => ErrorCode::ImageNotAvailable,
@@ -95,7 +95,7 @@ fn image_code(e: &ImageError) -> ErrorCode {
     }
 }
 
-fn sandbox_parts(e: &SandboxError) -> (StatusCode, ErrorCode, String) {
+pub(crate) fn sandbox_parts(e: &SandboxError) -> (StatusCode, ErrorCode, String) {
     let code = match e {
         SandboxError::BadRequest(_) => ErrorCode::BadRequest,
         SandboxError::NotFound(_)

@@ -5,6 +5,7 @@
 //! tells them apart.
 
 pub mod auth;
+mod build;
 mod commands;
 pub mod error;
 mod events;
@@ -59,6 +60,7 @@ pub struct AppState {
 pub fn api_router() -> OpenApiRouter<AppState> {
     OpenApiRouter::with_openapi(openapi::ApiDoc::openapi())
         .merge(info::router())
+        .merge(build::router())
         .merge(sandboxes::router())
         .merge(snapshots::router())
         .merge(pause::router())

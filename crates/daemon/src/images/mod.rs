@@ -248,7 +248,8 @@ impl Images {
         let mut all: Vec<Image> = names.iter().map(|n| self.get(n)).collect();
         if let Some(store) = &self.oci {
             for image in store.list() {
-                if image.names.is_empty() {
+                // A build's unnamed images are its steps (the step cache), not the user's.
+                if image.names.is_empty() && image.source != belljar_oci::build::BUILD_SOURCE {
                     all.push(self.oci_image(&image, image.id.as_str()));
                 }
                 for n in &image.names {

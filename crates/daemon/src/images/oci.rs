@@ -58,10 +58,11 @@ impl RegistrySettings {
                     .filter(|s| !s.is_empty())
                     .collect()
             }),
+            // A fraction of a GiB is taken too (the tests' tiny stores).
             cap_bytes: var("BELLJAR_IMAGE_STORE_GIB")
-                .and_then(|v| v.parse::<u64>().ok())
-                .unwrap_or(64)
-                << 30,
+                .and_then(|v| v.trim().parse::<f64>().ok())
+                .filter(|g| g.is_finite() && *g >= 0.0)
+                .map_or(64 << 30, |g| (g * f64::from(1u32 << 30)) as u64),
         }
     }
 }
@@ -168,7 +169,7 @@ fn user_name(user: &str, rootfs: &Path) -> String {
 }
 
 impl Images {
-    fn oci(&self) -> Result<&belljar_oci::store::Store, ImageError> {
+    pub(crate) fn oci(&self) -> Result<&belljar_oci::store::Store, ImageError> {
         self.oci
             .as_ref()
             .ok_or_else(|| ImageError::NoStore(self.paths.cache.join("oci")))
@@ -234,6 +235,17 @@ impl Images {
             .unwrap_or_else(|e| e.into_inner())
             .insert(key, d.clone());
         Some(d)
+    }
+
+    /// Names a built image `tag` (moving the name from any other image).
+    pub(crate) fn name_built(
+        &self,
+        tag: &str,
+        image: &belljar_oci::store::StoredImage,
+    ) -> Result<Image, ImageError> {
+        self.oci()?.name(tag, &image.id)?;
+        self.names_changed();
+        Ok(self.oci_image(image, tag))
     }
 
     /// Forgets the run defaults cached by name (a name may now mean another image).
@@ -409,7 +421,7 @@ impl Images {
         files
     }
 
-    pub(super) fn oci_image(&self, image: &belljar_oci::store::StoredImage, name: &str) -> Image {
+    pub(crate) fn oci_image(&self, image: &belljar_oci::store::StoredImage, name: &str) -> Image {
         Image {
             name: name.to_owned(),
             status: ImageStatus::Ready,

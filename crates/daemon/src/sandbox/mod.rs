@@ -9,6 +9,7 @@
 pub mod admission;
 mod adopt;
 pub mod backend;
+mod build_step;
 mod commands;
 mod diff;
 mod files;

@@ -4,7 +4,7 @@ export type ErrorBody = { error: ErrorDetail, };
 
 export type ErrorDetail = { code: ErrorCode, message: string, };
 
-export type ErrorCode = "bad_request" | "unauthorized" | "forbidden" | "not_found" | "sandbox_not_running" | "conflict" | "payload_too_large" | "insufficient_resources" | "image_not_available" | "backend_unavailable" | "agent_unavailable" | "agent_error" | "internal" | "not_an_image" | "build_failed" | "command_not_found" | "invalid_path" | "is_a_directory" | "not_a_directory" | "not_a_regular_file" | "exec_failed" | "unknown_user" | "exists" | "not_empty" | "command_finished" | "busy" | "permission_denied" | "file_too_large" | "no_space" | "try_again" | "snapshot_not_usable" | "not_supported" | "image_not_found" | "image_invalid" | "image_too_large" | "registry_denied" | "registry_unavailable" | "mount_denied" | "volume_not_found" | "volume_in_use";
+export type ErrorCode = "bad_request" | "unauthorized" | "forbidden" | "not_found" | "sandbox_not_running" | "conflict" | "payload_too_large" | "insufficient_resources" | "image_not_available" | "backend_unavailable" | "agent_unavailable" | "agent_error" | "internal" | "not_an_image" | "build_failed" | "command_not_found" | "invalid_path" | "is_a_directory" | "not_a_directory" | "not_a_regular_file" | "exec_failed" | "unknown_user" | "exists" | "not_empty" | "command_finished" | "busy" | "permission_denied" | "file_too_large" | "no_space" | "try_again" | "snapshot_not_usable" | "not_supported" | "image_not_found" | "image_invalid" | "image_too_large" | "registry_denied" | "registry_unavailable" | "dockerfile_invalid" | "mount_denied" | "volume_not_found" | "volume_in_use";
 
 export type SandboxStatus = "pending" | "running" | "paused" | "stopping" | "stopped" | "failed";
 
@@ -734,7 +734,7 @@ name: string, status: ImageStatus, digest?: string, size_bytes?: number, built_a
  */
 command?: Array<string>, };
 
-export type ImageBuildEvent = { "type": "progress", message: string, } | { "type": "done", image: Image, } | { "type": "error", code: ErrorCode, message: string, };
+export type ImageBuildEvent = { "type": "progress", message: string, } | { "type": "step", step: number, steps: number, instruction: string, cached: boolean, } | { "type": "done", image: Image, } | { "type": "error", code: ErrorCode, message: string, };
 
 export type PullImage = { 
 /**
@@ -753,6 +753,25 @@ export type ImportQuery = {
  * A name (`[registry/]repository[:tag]`) for the imported image.
  */
 tag?: string, };
+
+export type BuildQuery = { 
+/**
+ * The name the built image gets (`[registry/]repository[:tag]`).
+ */
+tag: string, 
+/**
+ * The Dockerfile's path in the context; default `Dockerfile`.
+ */
+dockerfile?: string, 
+/**
+ * The build arguments, as a JSON object of strings (`{"VERSION":"1.2"}`), as Docker's
+ * `buildargs`.
+ */
+build_args?: string, 
+/**
+ * Run every step again instead of taking it from the step cache.
+ */
+no_cache?: boolean, };
 
 export type DoctorStatus = "ok" | "warning" | "problem";
 
