@@ -2,9 +2,9 @@
 # Sets up everything (scripts/setup.sh) and runs every test: formatting and lints, the Rust
 # workspace (unit, KVM tiny-guest, QEMU boot, namespace escape and end-to-end tests), the
 # desktop app's own workspace (src-tauri) and the UI's type check, the API fuzzing, the SDKs,
-# Vercel's, E2B's and Sandbox0's SDKs against the compatibility layers (tests/compat), the UI in a
-# real browser and in the desktop app installed from its .deb, then real microVM sandboxes
-# (scripts/test-microvm.sh).
+# Vercel's, E2B's and Sandbox0's SDKs and Modal's client against the compatibility layers
+# (tests/compat), the UI in a real browser and in the desktop app installed from its .deb,
+# then real microVM sandboxes (scripts/test-microvm.sh).
 set -euo pipefail
 here=$(cd "$(dirname "$0")/.." && pwd)
 cd "$here"
@@ -75,6 +75,9 @@ timeout 600 tests/compat/sandbox0.sh
 
 step "E2B SDK compatibility: the real e2b Python SDK through belljar e2b (tests/compat/e2b.sh)"
 timeout 600 tests/compat/e2b.sh
+
+step "Modal client compatibility: the real modal Python client through belljar modal (tests/compat/modal.sh)"
+timeout 600 tests/compat/modal.sh
 
 if [ -x tests/ui/run.sh ]; then
   step "UI tests (Playwright in Chromium, WebDriver in the desktop app)"

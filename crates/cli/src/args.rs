@@ -199,6 +199,16 @@ pub enum Cmd {
         #[arg(last = true)]
         command: Vec<String>,
     },
+    /// Run a program with Modal's Python client (`modal`) pointed at this daemon:
+    /// `belljar modal -- python3 app.py`; `belljar modal env` prints the variables instead.
+    #[command(args_conflicts_with_subcommands = true)]
+    Modal {
+        #[command(subcommand)]
+        action: Option<ModalCmd>,
+        /// The program and its arguments, after `--`.
+        #[arg(last = true)]
+        command: Vec<String>,
+    },
     /// Run a program with E2B's SDKs (`e2b` on PyPI and npm) pointed at this daemon:
     /// `belljar e2b -- python3 app.py`; `belljar e2b env` prints the variables instead.
     #[command(args_conflicts_with_subcommands = true)]
@@ -273,6 +283,12 @@ pub struct PolicyOpts {
     /// sandbox): 'api.example.com:Authorization=Bearer ...'.
     #[arg(long, value_name = "DOMAIN:Header=value")]
     pub broker: Vec<String>,
+}
+
+#[derive(Debug, Subcommand)]
+pub enum ModalCmd {
+    /// Print the variables as shell `export` lines (`eval "$(belljar modal env)"`).
+    Env,
 }
 
 #[derive(Debug, Subcommand)]

@@ -20,8 +20,8 @@ use belljar_client::{Client, ClientError, Paths};
 use clap::CommandFactory;
 
 use crate::args::{
-    Cli, Cmd, CreateArgs, E2bCmd, ExecArgs, ImagesCmd, LsArgs, RunArgs, Sandbox0Cmd, SandboxOpts,
-    VercelCmd, VolumesCmd,
+    Cli, Cmd, CreateArgs, E2bCmd, ExecArgs, ImagesCmd, LsArgs, ModalCmd, RunArgs, Sandbox0Cmd,
+    SandboxOpts, VercelCmd, VolumesCmd,
 };
 use crate::host;
 use crate::timeline;
@@ -256,6 +256,7 @@ async fn dispatch(client: &Client, paths: &Paths, command: Cmd, json: bool) -> R
         Cmd::Vercel { action, command } => vercel(client, paths, action, command).await,
         Cmd::Sandbox0 { action, command } => sandbox0(paths, action, command),
         Cmd::E2b { action, command } => e2b(client, paths, action, command).await,
+        Cmd::Modal { action, command } => modal(client, paths, action, command).await,
         Cmd::Network { action } => crate::netcmd::network(client, action, json).await,
         Cmd::Port { action } => crate::netcmd::port(client, action, json).await,
         Cmd::Start { ids } => timeline::start(client, ids, json).await,
@@ -309,6 +310,23 @@ async fn e2b(
             Ok(0)
         }
         None => Err(belljar_cli::e2b::exec(&command, &env).into()),
+    }
+}
+
+/// `belljar modal env` prints the environment; `belljar modal -- CMD` becomes CMD with it.
+async fn modal(
+    client: &Client,
+    paths: &Paths,
+    action: Option<ModalCmd>,
+    command: Vec<String>,
+) -> Result<i32> {
+    let env = belljar_cli::modal::environment(client, paths).await?;
+    match action {
+        Some(ModalCmd::Env) => {
+            out!("{}", belljar_cli::vercel::export_lines(&env))?;
+            Ok(0)
+        }
+        None => Err(belljar_cli::modal::exec(&command, &env).into()),
     }
 }
 

@@ -15,6 +15,7 @@ pub mod exec;
 pub mod launcher;
 pub mod logs;
 pub mod mcp;
+pub mod modal;
 pub mod output;
 pub mod sandbox0;
 pub mod snapshots;

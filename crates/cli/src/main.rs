@@ -123,6 +123,9 @@ fn code_of(err: &anyhow::Error) -> String {
         if let Some(e) = cause.downcast_ref::<belljar_cli::e2b::E2bError>() {
             return e.code().to_string();
         }
+        if let Some(e) = cause.downcast_ref::<belljar_cli::modal::ModalError>() {
+            return e.code().to_string();
+        }
         if cause.downcast_ref::<DurationError>().is_some()
             || cause.downcast_ref::<commands::InputError>().is_some()
         {

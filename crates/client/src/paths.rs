@@ -77,6 +77,16 @@ impl Paths {
         self.runtime.join("port")
     }
 
+    /// Holds the TCP port of the daemon's Modal layer (gRPC), as decimal text.
+    pub fn modal_port_file(&self) -> PathBuf {
+        self.runtime.join("modal-port")
+    }
+
+    /// The Modal layer's TCP port, if the daemon has written it.
+    pub fn modal_port(&self) -> Option<u16> {
+        read_trimmed(&self.modal_port_file())?.parse().ok()
+    }
+
     /// Holds the daemon's process id.
     pub fn pid_file(&self) -> PathBuf {
         self.runtime.join("belljard.pid")

@@ -1,5 +1,6 @@
 //! Starting and stopping the daemon: directories, the pid file, the store, adoption of
-//! running sandboxes, then the Unix socket and the TCP listener, until SIGTERM or SIGINT.
+//! running sandboxes, then the Unix socket, the TCP listener and the Modal layer's own port
+//! (gRPC; `<runtime>/modal-port`), until SIGTERM or SIGINT.
 //!
 //! Stopping the daemon never stops sandboxes: they keep running and are adopted at the next
 //! start. Readiness: once `<runtime>/belljard.sock` exists (and `<runtime>/port` holds the TCP
@@ -79,6 +80,7 @@ pub async fn run(config: Config) -> Result<(), ServerError> {
     for f in [
         paths.dirs.socket(),
         paths.dirs.port_file(),
+        paths.dirs.modal_port_file(),
         pid_file.path.clone(),
     ] {
         let _ = std::fs::remove_file(f);
@@ -175,6 +177,17 @@ async fn serve(config: Config, paths: &Paths) -> Result<(), ServerError> {
     let port = tcp.local_addr().map_err(io_err("No local address"))?.port();
     auth.set_port(port);
     write_private(&paths.dirs.port_file(), &format!("{port}\n"))?;
+    // The Modal layer's own port (gRPC over HTTP/2), always a free one: `belljar modal` reads
+    // it from its file.
+    let modal = TcpListener::bind(("127.0.0.1", 0))
+        .await
+        .map_err(|source| ServerError::Listen { port: 0, source })?;
+    let modal_port = modal
+        .local_addr()
+        .map_err(io_err("No local address"))?
+        .port();
+    write_private(&paths.dirs.modal_port_file(), &format!("{modal_port}\n"))?;
+    let modal_layer = crate::compat::modal::Modal::new(state.clone(), modal_port);
     let socket = paths.dirs.socket();
     let _ = std::fs::remove_file(&socket);
     let unix = UnixListener::bind(&socket)
@@ -204,6 +217,7 @@ async fn serve(config: Config, paths: &Paths) -> Result<(), ServerError> {
             r.map_err(io_err("The server failed"))
         }
         never = crate::http::tcp::serve(tcp, tcp_app, limits) => match never {},
+        never = crate::compat::modal::serve(modal, modal_layer) => match never {},
         _ = term.recv() => Ok(()),
         _ = int.recv() => Ok(()),
     };

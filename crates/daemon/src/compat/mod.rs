@@ -1,10 +1,14 @@
 //! Compatibility layers: the REST APIs of cloud sandbox products, served by the daemon so that
 //! code written for them runs against local sandboxes unchanged.
 //!
+//! Modal's layer is gRPC on a listener of its own ([`modal::serve`]); the others are routes of
+//! the daemon's HTTP API ([`router`]).
+//!
 //! Each layer only translates: requests become calls to the daemon's own sandbox, command,
 //! file and snapshot services (the ones `/v1` uses), never a second way into a sandbox.
 
 pub mod e2b;
+pub mod modal;
 pub mod sandbox0;
 pub mod vercel;
 

@@ -1,0 +1,108 @@
+//! `belljar modal`: runs a program with Modal's Python client (`modal` on PyPI, 1.x) pointed at
+//! the local daemon, or prints the environment that does it (`belljar modal env`).
+//!
+//! The client reads its server and credentials from the environment: `MODAL_SERVER_URL` is the
+//! daemon's Modal layer (gRPC on a loopback port of its own, written to `<runtime>/modal-port`;
+//! a loopback `http://` URL, because only then does the client reach a sandbox's command
+//! router in plain text), and `MODAL_TOKEN_ID`/`MODAL_TOKEN_SECRET` a fixed id and the daemon's
+//! own token. `MODAL_SANDBOX_V2=0` picks the client's sandboxes driven through the
+//! control-plane RPCs (its "V1" kind, which it also uses for GPU sandboxes), the kind the
+//! layer serves. No account and no network are involved.
+
+use std::ffi::OsString;
+
+use belljar_client::{Client, ClientError, Paths};
+
+/// The token id the daemon's Modal layer expects beside its token.
+pub const TOKEN_ID: &str = "ak-belljar";
+
+#[derive(Debug, thiserror::Error)]
+pub enum ModalError {
+    /// The daemon could not be reached.
+    #[error("Cannot reach the daemon")]
+    Daemon(#[source] ClientError),
+    /// The daemon's Modal port is not known (it writes it at start).
+    #[error("The daemon's Modal port is not known; is the daemon new enough to serve Modal?")]
+    NoPort,
+    /// The daemon's token is not readable.
+    #[error("Cannot read the daemon's token")]
+    NoToken,
+    /// The program could not be started.
+    #[error("Cannot run {program}")]
+    Exec {
+        program: String,
+        #[source]
+        source: std::io::Error,
+    },
+    /// No program was given.
+    #[error("Give a program to run: belljar modal -- python3 app.py")]
+    NoProgram,
+}
+
+impl ModalError {
+    /// The stable code printed after the message.
+    pub fn code(&self) -> &str {
+        match self {
+            Self::Daemon(e) => e.code(),
+            Self::NoPort => "daemon_not_listening",
+            Self::NoToken => "io",
+            Self::Exec { .. } => "exec_failed",
+            Self::NoProgram => "bad_request",
+        }
+    }
+}
+
+/// The variables to add to a program's environment, in order.
+pub async fn environment(
+    client: &Client,
+    paths: &Paths,
+) -> Result<Vec<(String, OsString)>, ModalError> {
+    // Starts the daemon if it is not running, so that its port and token are there.
+    client.info().await.map_err(ModalError::Daemon)?;
+    let port = paths.modal_port().ok_or(ModalError::NoPort)?;
+    let token = paths.token().ok_or(ModalError::NoToken)?;
+    Ok(variables(port, &token))
+}
+
+/// The variables for a daemon whose Modal layer is on `port`, with `token`.
+pub fn variables(port: u16, token: &str) -> Vec<(String, OsString)> {
+    vec![
+        (
+            "MODAL_SERVER_URL".into(),
+            format!("http://127.0.0.1:{port}").into(),
+        ),
+        ("MODAL_TOKEN_ID".into(), TOKEN_ID.into()),
+        ("MODAL_TOKEN_SECRET".into(), token.into()),
+        ("MODAL_SANDBOX_V2".into(), "0".into()),
+    ]
+}
+
+/// Replaces this process with `argv` under `env` (returns only on failure).
+pub fn exec(argv: &[String], env: &[(String, OsString)]) -> ModalError {
+    use std::os::unix::process::CommandExt;
+    let Some((program, args)) = argv.split_first() else {
+        return ModalError::NoProgram;
+    };
+    let mut cmd = std::process::Command::new(program);
+    cmd.args(args).envs(env.iter().map(|(k, v)| (k, v)));
+    ModalError::Exec {
+        program: program.clone(),
+        source: cmd.exec(),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_client_is_pointed_at_the_daemon() {
+        let env = variables(4242, "tok");
+        let get = |k: &str| env.iter().find(|(n, _)| n == k).unwrap().1.clone();
+        assert_eq!(get("MODAL_SERVER_URL"), "http://127.0.0.1:4242");
+        assert_eq!(get("MODAL_TOKEN_ID"), TOKEN_ID);
+        assert_eq!(get("MODAL_TOKEN_SECRET"), "tok");
+        assert_eq!(get("MODAL_SANDBOX_V2"), "0");
+        assert_eq!(exec(&[], &[]).code(), "bad_request");
+    }
+}
