@@ -21,7 +21,10 @@ fn setting(name: &str, default: usize) -> usize {
     std::env::var(name)
         .ok()
         .filter(|v| !v.is_empty())
-        .map(|v| v.parse().unwrap_or_else(|_| panic!("{name}={v}: not a number")))
+        .map(|v| {
+            v.parse()
+                .unwrap_or_else(|_| panic!("{name}={v}: not a number"))
+        })
         .unwrap_or(default)
 }
 
@@ -101,9 +104,8 @@ async fn cycle(d: &Daemon, c: &Client, i: usize, mib: usize, connections: usize)
         .join("sandboxes")
         .join(&s.id)
         .join("microvm/vsock.sock");
-    let side = futures::future::join_all(
-        (0..connections).map(|n| side_connection(socket.clone(), i, n)),
-    );
+    let side =
+        futures::future::join_all((0..connections).map(|n| side_connection(socket.clone(), i, n)));
     let data = pattern(i as u64, mib << 20);
     let main = async {
         c.write_file(
@@ -119,7 +121,10 @@ async fn cycle(d: &Daemon, c: &Client, i: usize, mib: usize, connections: usize)
             .await
             .map_err(|e| format!("download: {e}"))?;
         if back[..] != data[..] {
-            return Err(format!("downloaded {} bytes differ from the upload", back.len()));
+            return Err(format!(
+                "downloaded {} bytes differ from the upload",
+                back.len()
+            ));
         }
         Ok::<(), String>(())
     };
