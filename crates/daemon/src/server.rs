@@ -217,7 +217,7 @@ async fn serve(config: Config, paths: &Paths) -> Result<(), ServerError> {
             r.map_err(io_err("The server failed"))
         }
         never = crate::http::tcp::serve(tcp, tcp_app, limits) => match never {},
-        never = crate::compat::modal::serve(modal, modal_layer) => match never {},
+        never = crate::compat::modal::serve(modal, modal_layer, limits) => match never {},
         _ = term.recv() => Ok(()),
         _ = int.recv() => Ok(()),
     };

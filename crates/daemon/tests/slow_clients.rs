@@ -1,6 +1,7 @@
 //! Clients of the TCP port that open connections and never finish their headers: each is
 //! closed after the header timeout, one over the bound of unauthenticated connections is
-//! closed at once, and neither keeps an authenticated client or the Unix socket waiting.
+//! closed at once, and neither keeps an authenticated client or the Unix socket waiting. The
+//! Modal layer's gRPC port holds the same bounds for connections that make no request.
 
 mod common;
 
@@ -73,4 +74,59 @@ fn stalled_tcp_clients_are_bounded_in_time_and_number() {
     }
     // Their places are free again.
     assert_eq!(d.tcp_authed("GET", "/v1/info", "").status, 200);
+}
+
+/// Whether the daemon still holds the connection open, after reading what it has sent (the
+/// Modal port's HTTP/2 server sends its settings at once).
+fn open_after_reading(s: &TcpStream) -> bool {
+    s.set_nonblocking(true).unwrap();
+    let mut buf = [0u8; 4096];
+    let open = loop {
+        match (&*s).read(&mut buf) {
+            Ok(0) => break false,
+            Ok(_) => continue,
+            Err(e) => break e.kind() == ErrorKind::WouldBlock,
+        }
+    };
+    s.set_nonblocking(false).unwrap();
+    open
+}
+
+#[test]
+fn stalled_modal_clients_are_bounded_in_time_and_number() {
+    const MODAL_PLACES: usize = 4;
+    let places = MODAL_PLACES.to_string();
+    let d = Daemon::start_with(&[
+        "--port",
+        "0",
+        "--header-read-timeout",
+        "5s",
+        "--max-unauthenticated-connections",
+        &places,
+    ]);
+    let port = belljar_client::Paths::under_home(d.home.path())
+        .modal_port()
+        .expect("no Modal port file");
+    // HTTP/2's preface and nothing after it: a connection that never makes a request.
+    let preface = |port: u16| {
+        let mut s = TcpStream::connect(("127.0.0.1", port)).unwrap();
+        s.write_all(b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n").unwrap();
+        s
+    };
+    let mut stalled: Vec<TcpStream> = (0..MODAL_PLACES).map(|_| preface(port)).collect();
+    // Connections are accepted in order: this one finds every place taken.
+    let mut refused = preface(port);
+    wait_closed(&mut refused);
+    assert!(
+        stalled.iter().all(open_after_reading),
+        "a stalled Modal connection was closed before its timeout"
+    );
+    // The HTTP port's places are its own.
+    assert_eq!(d.tcp_authed("GET", "/v1/info", "").status, 200);
+    for s in &mut stalled {
+        wait_closed(s);
+    }
+    // Their places are free again: a new connection is held, not refused.
+    let again = preface(port);
+    assert!(open_after_reading(&again), "a place was not given back");
 }

@@ -34,6 +34,7 @@ use axum::http::{HeaderMap, HeaderValue, header};
 use hyper::body::Incoming;
 use hyper_util::rt::{TokioExecutor, TokioIo, TokioTimer};
 use tokio::net::TcpListener;
+use tokio::sync::{OwnedSemaphorePermit, Semaphore};
 use tokio_stream::wrappers::ReceiverStream;
 use tonic::Status;
 use tonic::body::Body;
@@ -42,6 +43,7 @@ use tonic_prost::ProstCodec;
 
 use self::error::{ModalError, Result};
 use crate::http::AppState;
+use crate::http::tcp::TcpLimits;
 
 /// The client version the layer is tested with; it answers the clients of the same minor
 /// series (`1.6.*`).
@@ -167,8 +169,14 @@ fn check_version(version: Option<&str>) -> Result<()> {
     }
 }
 
-/// Serves the layer on `listener` until the future is dropped.
-pub async fn serve(listener: TcpListener, modal: Modal) -> Infallible {
+/// Serves the layer on `listener` within `limits` (the TCP port's own, `http::tcp`), until the
+/// future is dropped. Any local process can open this port, so a connection that has not yet
+/// made a request the token lets in holds one of `limits.max_unauthenticated` places (one
+/// over is closed as soon as it is accepted) and is closed when `limits.header_read_timeout`
+/// passes before it does: HTTP/2 has no header timeout of its own, and without these bounds
+/// connections that never sent a request held a descriptor and a task each for good.
+pub async fn serve(listener: TcpListener, modal: Modal, limits: TcpLimits) -> Infallible {
+    let places = Arc::new(Semaphore::new(limits.max_unauthenticated.max(1)));
     loop {
         let stream = match listener.accept().await {
             Ok((stream, _)) => stream,
@@ -178,13 +186,31 @@ pub async fn serve(listener: TcpListener, modal: Modal) -> Infallible {
                 continue;
             }
         };
+        let Ok(place) = places.clone().try_acquire_owned() else {
+            tracing::debug!("too many unauthenticated Modal connections; closing a new one");
+            drop(stream);
+            continue;
+        };
         let modal = modal.clone();
         tokio::spawn(async move {
-            let service = hyper::service::service_fn(move |req| handle(modal.clone(), req));
-            let served = hyper::server::conn::http2::Builder::new(TokioExecutor::new())
+            let admitted = Admitted::new(place);
+            let seen = admitted.clone();
+            let service =
+                hyper::service::service_fn(move |req| handle(modal.clone(), seen.clone(), req));
+            let conn = hyper::server::conn::http2::Builder::new(TokioExecutor::new())
                 .timer(TokioTimer::new())
-                .serve_connection(TokioIo::new(stream), service)
-                .await;
+                .serve_connection(TokioIo::new(stream), service);
+            tokio::pin!(conn);
+            let served = tokio::select! {
+                r = &mut conn => r,
+                () = admitted.wait(limits.header_read_timeout) => {
+                    if !admitted.is_admitted() {
+                        tracing::debug!("a Modal connection made no admitted request in time; closing it");
+                        return;
+                    }
+                    conn.await
+                }
+            };
             if let Err(e) = served {
                 tracing::debug!(error = %e, "a Modal connection ended with an error");
             }
@@ -192,8 +218,58 @@ pub async fn serve(listener: TcpListener, modal: Modal) -> Infallible {
     }
 }
 
+/// Whether a connection has made a request the token let in; until then it holds its place
+/// among the unauthenticated ones.
+#[derive(Clone)]
+struct Admitted(Arc<AdmittedInner>);
+
+struct AdmittedInner {
+    place: Mutex<Option<OwnedSemaphorePermit>>,
+    done: tokio::sync::Notify,
+}
+
+impl Admitted {
+    fn new(place: OwnedSemaphorePermit) -> Admitted {
+        Admitted(Arc::new(AdmittedInner {
+            place: Mutex::new(Some(place)),
+            done: tokio::sync::Notify::new(),
+        }))
+    }
+
+    fn admit(&self) {
+        if self
+            .0
+            .place
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .take()
+            .is_some()
+        {
+            self.0.done.notify_one();
+        }
+    }
+
+    fn is_admitted(&self) -> bool {
+        self.0
+            .place
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .is_none()
+    }
+
+    /// Returns when the connection is admitted or `within` has passed, whichever is first.
+    async fn wait(&self, within: Duration) {
+        let done = self.0.done.notified();
+        if self.is_admitted() {
+            return;
+        }
+        let _ = tokio::time::timeout(within, done).await;
+    }
+}
+
 async fn handle(
     modal: Modal,
+    admitted: Admitted,
     req: hyper::Request<Incoming>,
 ) -> std::result::Result<hyper::Response<Body>, Infallible> {
     let path = req.uri().path().to_owned();
@@ -205,6 +281,7 @@ async fn handle(
     if let Err(e) = modal.admit(req.headers(), control) {
         return Ok(Status::from(e).into_http());
     }
+    admitted.admit();
     let answer = if control {
         objects::route(&modal, method, req).await
     } else {
