@@ -9,6 +9,7 @@ use belljar_api::{
     BackendChoice, CreateSandbox, ErrorCode, ListSandboxesQuery, Sandbox, SandboxStatus, Source,
     Stream,
 };
+use belljar_cli::compat;
 use belljar_cli::cp::{self, Location};
 use belljar_cli::duration::parse_ms;
 use belljar_cli::exec::{self, ExecOptions};
@@ -253,10 +254,26 @@ async fn dispatch(client: &Client, paths: &Paths, command: Cmd, json: bool) -> R
         Cmd::Unmount { id, path } => timeline::unmount(client, &id, &path).await,
         Cmd::Pause { ids } => timeline::pause_or_resume(client, ids, true, json).await,
         Cmd::Resume { ids } => timeline::pause_or_resume(client, ids, false, json).await,
-        Cmd::Vercel { action, command } => vercel(client, paths, action, command).await,
-        Cmd::Sandbox0 { action, command } => sandbox0(paths, action, command),
-        Cmd::E2b { action, command } => e2b(client, paths, action, command).await,
-        Cmd::Modal { action, command } => modal(client, paths, action, command).await,
+        Cmd::Vercel { action, command } => {
+            let env = belljar_cli::vercel::environment(client, paths).await?;
+            let print = matches!(action, Some(VercelCmd::Env));
+            launch(&env, print, &command, "vercel", "node app.mjs")
+        }
+        Cmd::Sandbox0 { action, command } => {
+            let env = belljar_cli::sandbox0::environment(client, paths).await?;
+            let print = matches!(action, Some(Sandbox0Cmd::Env));
+            launch(&env, print, &command, "sandbox0", "python3 app.py")
+        }
+        Cmd::E2b { action, command } => {
+            let env = belljar_cli::e2b::environment(client, paths).await?;
+            let print = matches!(action, Some(E2bCmd::Env));
+            launch(&env, print, &command, "e2b", "python3 app.py")
+        }
+        Cmd::Modal { action, command } => {
+            let env = belljar_cli::modal::environment(client, paths).await?;
+            let print = matches!(action, Some(ModalCmd::Env));
+            launch(&env, print, &command, "modal", "python3 app.py")
+        }
         Cmd::Network { action } => crate::netcmd::network(client, action, json).await,
         Cmd::Port { action } => crate::netcmd::port(client, action, json).await,
         Cmd::Start { ids } => timeline::start(client, ids, json).await,
@@ -266,68 +283,20 @@ async fn dispatch(client: &Client, paths: &Paths, command: Cmd, json: bool) -> R
     }
 }
 
-/// `belljar vercel env` prints the environment; `belljar vercel -- CMD` becomes CMD with it.
-async fn vercel(
-    client: &Client,
-    paths: &Paths,
-    action: Option<VercelCmd>,
-    command: Vec<String>,
+/// `belljar LAYER env` prints the layer's variables as `export` lines; `belljar LAYER -- CMD`
+/// becomes CMD with them (`example` is the CMD shown when none is given).
+fn launch(
+    env: &[(String, std::ffi::OsString)],
+    print_env: bool,
+    command: &[String],
+    layer: &'static str,
+    example: &'static str,
 ) -> Result<i32> {
-    let env = belljar_cli::vercel::environment(client, paths).await?;
-    match action {
-        Some(VercelCmd::Env) => {
-            out!("{}", belljar_cli::vercel::export_lines(&env))?;
-            Ok(0)
-        }
-        None => Err(belljar_cli::vercel::exec(&command, &env).into()),
+    if print_env {
+        out!("{}", compat::export_lines(env))?;
+        return Ok(0);
     }
-}
-
-/// `belljar sandbox0 env` prints the environment; `belljar sandbox0 -- CMD` becomes CMD
-/// with it.
-fn sandbox0(paths: &Paths, action: Option<Sandbox0Cmd>, command: Vec<String>) -> Result<i32> {
-    let env = belljar_cli::sandbox0::environment(paths)?;
-    match action {
-        Some(Sandbox0Cmd::Env) => {
-            out!("{}", belljar_cli::vercel::export_lines(&env))?;
-            Ok(0)
-        }
-        None => Err(belljar_cli::sandbox0::exec(&command, &env).into()),
-    }
-}
-
-/// `belljar e2b env` prints the environment; `belljar e2b -- CMD` becomes CMD with it.
-async fn e2b(
-    client: &Client,
-    paths: &Paths,
-    action: Option<E2bCmd>,
-    command: Vec<String>,
-) -> Result<i32> {
-    let env = belljar_cli::e2b::environment(client, paths).await?;
-    match action {
-        Some(E2bCmd::Env) => {
-            out!("{}", belljar_cli::vercel::export_lines(&env))?;
-            Ok(0)
-        }
-        None => Err(belljar_cli::e2b::exec(&command, &env).into()),
-    }
-}
-
-/// `belljar modal env` prints the environment; `belljar modal -- CMD` becomes CMD with it.
-async fn modal(
-    client: &Client,
-    paths: &Paths,
-    action: Option<ModalCmd>,
-    command: Vec<String>,
-) -> Result<i32> {
-    let env = belljar_cli::modal::environment(client, paths).await?;
-    match action {
-        Some(ModalCmd::Env) => {
-            out!("{}", belljar_cli::vercel::export_lines(&env))?;
-            Ok(0)
-        }
-        None => Err(belljar_cli::modal::exec(&command, &env).into()),
-    }
+    Err(compat::exec(command, env, layer, example).into())
 }
 
 pub(crate) fn print_json<T: serde::Serialize>(value: &T) -> Result<()> {

@@ -9,7 +9,9 @@
 
 use std::ffi::OsString;
 
-use belljar_client::{Client, ClientError, Paths};
+use belljar_client::{Client, Paths};
+
+use crate::compat::{self, CompatError, Port};
 
 /// Where the daemon serves E2B's control plane.
 pub const PREFIX: &str = "/compat/e2b";
@@ -17,51 +19,12 @@ pub const PREFIX: &str = "/compat/e2b";
 /// Where the daemon serves envd, under [`PREFIX`].
 pub const ENVD: &str = "/envd";
 
-#[derive(Debug, thiserror::Error)]
-pub enum E2bError {
-    /// The daemon could not be reached.
-    #[error("Cannot reach the daemon")]
-    Daemon(#[source] ClientError),
-    /// The daemon's TCP port is not known (it writes it at start).
-    #[error("The daemon's TCP port is not known; is it listening on 127.0.0.1?")]
-    NoPort,
-    /// The daemon's token is not readable.
-    #[error("Cannot read the daemon's token")]
-    NoToken,
-    /// The program could not be started.
-    #[error("Cannot run {program}")]
-    Exec {
-        program: String,
-        #[source]
-        source: std::io::Error,
-    },
-    /// No program was given.
-    #[error("Give a program to run: belljar e2b -- python3 app.py")]
-    NoProgram,
-}
-
-impl E2bError {
-    /// The stable code printed after the message.
-    pub fn code(&self) -> &str {
-        match self {
-            Self::Daemon(e) => e.code(),
-            Self::NoPort => "daemon_not_listening",
-            Self::NoToken => "io",
-            Self::Exec { .. } => "exec_failed",
-            Self::NoProgram => "bad_request",
-        }
-    }
-}
-
 /// The variables to add to a program's environment, in order.
 pub async fn environment(
     client: &Client,
     paths: &Paths,
-) -> Result<Vec<(String, OsString)>, E2bError> {
-    // Starts the daemon if it is not running, so that its port and token are there.
-    client.info().await.map_err(E2bError::Daemon)?;
-    let port = paths.port().ok_or(E2bError::NoPort)?;
-    let token = paths.token().ok_or(E2bError::NoToken)?;
+) -> Result<Vec<(String, OsString)>, CompatError> {
+    let (port, token) = compat::port_and_token(client, paths, Port::Api).await?;
     Ok(variables(port, &token))
 }
 
@@ -75,23 +38,6 @@ pub fn variables(port: u16, token: &str) -> Vec<(String, OsString)> {
         ("E2B_DOMAIN".into(), "127.0.0.1".into()),
         ("E2B_HTTP_VERSION".into(), "1.1".into()),
     ]
-}
-
-/// Replaces this process with `argv` under `env` (returns only on failure).
-pub fn exec(argv: &[String], env: &[(String, OsString)]) -> E2bError {
-    use std::os::unix::process::CommandExt;
-    let Some((program, args)) = argv.split_first() else {
-        return E2bError::NoProgram;
-    };
-    let mut cmd = std::process::Command::new(program);
-    cmd.args(args);
-    for (k, v) in env {
-        cmd.env(k, v);
-    }
-    E2bError::Exec {
-        program: program.clone(),
-        source: cmd.exec(),
-    }
 }
 
 #[cfg(test)]

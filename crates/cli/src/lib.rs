@@ -8,6 +8,7 @@
 // Only `launcher` needs `unsafe` (to call `setsid` between fork and exec); it opts in locally.
 #![deny(unsafe_code)]
 
+pub mod compat;
 pub mod cp;
 pub mod duration;
 pub mod e2b;

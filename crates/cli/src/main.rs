@@ -117,13 +117,7 @@ fn code_of(err: &anyhow::Error) -> String {
         if let Some(e) = cause.downcast_ref::<belljar_cli::vercel::VercelError>() {
             return e.code().to_string();
         }
-        if let Some(e) = cause.downcast_ref::<belljar_cli::sandbox0::Sandbox0Error>() {
-            return e.code().to_string();
-        }
-        if let Some(e) = cause.downcast_ref::<belljar_cli::e2b::E2bError>() {
-            return e.code().to_string();
-        }
-        if let Some(e) = cause.downcast_ref::<belljar_cli::modal::ModalError>() {
+        if let Some(e) = cause.downcast_ref::<belljar_cli::compat::CompatError>() {
             return e.code().to_string();
         }
         if cause.downcast_ref::<DurationError>().is_some()

@@ -11,56 +11,19 @@
 
 use std::ffi::OsString;
 
-use belljar_client::{Client, ClientError, Paths};
+use belljar_client::{Client, Paths};
+
+use crate::compat::{self, CompatError, Port};
 
 /// The token id the daemon's Modal layer expects beside its token.
 pub const TOKEN_ID: &str = "ak-belljar";
-
-#[derive(Debug, thiserror::Error)]
-pub enum ModalError {
-    /// The daemon could not be reached.
-    #[error("Cannot reach the daemon")]
-    Daemon(#[source] ClientError),
-    /// The daemon's Modal port is not known (it writes it at start).
-    #[error("The daemon's Modal port is not known; is the daemon new enough to serve Modal?")]
-    NoPort,
-    /// The daemon's token is not readable.
-    #[error("Cannot read the daemon's token")]
-    NoToken,
-    /// The program could not be started.
-    #[error("Cannot run {program}")]
-    Exec {
-        program: String,
-        #[source]
-        source: std::io::Error,
-    },
-    /// No program was given.
-    #[error("Give a program to run: belljar modal -- python3 app.py")]
-    NoProgram,
-}
-
-impl ModalError {
-    /// The stable code printed after the message.
-    pub fn code(&self) -> &str {
-        match self {
-            Self::Daemon(e) => e.code(),
-            Self::NoPort => "daemon_not_listening",
-            Self::NoToken => "io",
-            Self::Exec { .. } => "exec_failed",
-            Self::NoProgram => "bad_request",
-        }
-    }
-}
 
 /// The variables to add to a program's environment, in order.
 pub async fn environment(
     client: &Client,
     paths: &Paths,
-) -> Result<Vec<(String, OsString)>, ModalError> {
-    // Starts the daemon if it is not running, so that its port and token are there.
-    client.info().await.map_err(ModalError::Daemon)?;
-    let port = paths.modal_port().ok_or(ModalError::NoPort)?;
-    let token = paths.token().ok_or(ModalError::NoToken)?;
+) -> Result<Vec<(String, OsString)>, CompatError> {
+    let (port, token) = compat::port_and_token(client, paths, Port::Modal).await?;
     Ok(variables(port, &token))
 }
 
@@ -77,20 +40,6 @@ pub fn variables(port: u16, token: &str) -> Vec<(String, OsString)> {
     ]
 }
 
-/// Replaces this process with `argv` under `env` (returns only on failure).
-pub fn exec(argv: &[String], env: &[(String, OsString)]) -> ModalError {
-    use std::os::unix::process::CommandExt;
-    let Some((program, args)) = argv.split_first() else {
-        return ModalError::NoProgram;
-    };
-    let mut cmd = std::process::Command::new(program);
-    cmd.args(args).envs(env.iter().map(|(k, v)| (k, v)));
-    ModalError::Exec {
-        program: program.clone(),
-        source: cmd.exec(),
-    }
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -103,6 +52,5 @@ mod tests {
         assert_eq!(get("MODAL_TOKEN_ID"), TOKEN_ID);
         assert_eq!(get("MODAL_TOKEN_SECRET"), "tok");
         assert_eq!(get("MODAL_SANDBOX_V2"), "0");
-        assert_eq!(exec(&[], &[]).code(), "bad_request");
     }
 }

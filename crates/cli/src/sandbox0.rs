@@ -8,64 +8,31 @@
 
 use std::ffi::OsString;
 
-use belljar_client::Paths;
+use belljar_client::{Client, Paths};
+
+use crate::compat::{self, CompatError, Port};
 
 /// Where the daemon serves Sandbox0's API.
 pub const PREFIX: &str = "/compat/sandbox0";
 
-#[derive(Debug, thiserror::Error)]
-pub enum Sandbox0Error {
-    /// The daemon's TCP port or token is not known (it writes them at start).
-    #[error("The daemon's TCP port or token is not known; is it listening on 127.0.0.1?")]
-    NotListening,
-    /// The program could not be started.
-    #[error("Cannot run {program}")]
-    Exec {
-        program: String,
-        #[source]
-        source: std::io::Error,
-    },
-    /// No program was given.
-    #[error("Give a program to run: belljar sandbox0 -- python3 app.py")]
-    NoProgram,
-}
-
-impl Sandbox0Error {
-    /// The stable code printed after the message.
-    pub fn code(&self) -> &str {
-        match self {
-            Self::NotListening => "daemon_not_listening",
-            Self::Exec { .. } => "exec_failed",
-            Self::NoProgram => "bad_request",
-        }
-    }
-}
-
 /// The variables to add to a program's environment, in order.
-pub fn environment(paths: &Paths) -> Result<Vec<(String, OsString)>, Sandbox0Error> {
-    let port = paths.port().ok_or(Sandbox0Error::NotListening)?;
-    let token = paths.token().ok_or(Sandbox0Error::NotListening)?;
-    Ok(vec![
+pub async fn environment(
+    client: &Client,
+    paths: &Paths,
+) -> Result<Vec<(String, OsString)>, CompatError> {
+    let (port, token) = compat::port_and_token(client, paths, Port::Api).await?;
+    Ok(variables(port, &token))
+}
+
+/// The variables for a daemon on `port` with `token`.
+pub fn variables(port: u16, token: &str) -> Vec<(String, OsString)> {
+    vec![
         (
             "SANDBOX0_BASE_URL".into(),
             format!("http://127.0.0.1:{port}{PREFIX}").into(),
         ),
         ("SANDBOX0_TOKEN".into(), token.into()),
-    ])
-}
-
-/// Replaces this process with `argv` under `env` (returns only on failure).
-pub fn exec(argv: &[String], env: &[(String, OsString)]) -> Sandbox0Error {
-    use std::os::unix::process::CommandExt;
-    let Some((program, args)) = argv.split_first() else {
-        return Sandbox0Error::NoProgram;
-    };
-    let mut cmd = std::process::Command::new(program);
-    cmd.args(args).envs(env.iter().map(|(k, v)| (k, v)));
-    Sandbox0Error::Exec {
-        program: program.clone(),
-        source: cmd.exec(),
-    }
+    ]
 }
 
 #[cfg(test)]
@@ -73,7 +40,13 @@ mod tests {
     use super::*;
 
     #[test]
-    fn no_program_is_a_bad_request() {
-        assert_eq!(exec(&[], &[]).code(), "bad_request");
+    fn the_sdk_is_pointed_at_the_daemon() {
+        let env = variables(4242, "tok");
+        let get = |k: &str| env.iter().find(|(n, _)| n == k).unwrap().1.clone();
+        assert_eq!(
+            get("SANDBOX0_BASE_URL"),
+            "http://127.0.0.1:4242/compat/sandbox0"
+        );
+        assert_eq!(get("SANDBOX0_TOKEN"), "tok");
     }
 }

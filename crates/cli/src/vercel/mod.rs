@@ -40,16 +40,6 @@ pub enum VercelError {
     /// The cache directory is unknown.
     #[error(transparent)]
     Paths(#[from] belljar_client::PathsError),
-    /// The program could not be started.
-    #[error("Cannot run {program}")]
-    Exec {
-        program: String,
-        #[source]
-        source: std::io::Error,
-    },
-    /// No program was given.
-    #[error("Give a program to run: belljar vercel -- node app.mjs")]
-    NoProgram,
 }
 
 impl VercelError {
@@ -59,8 +49,6 @@ impl VercelError {
             Self::Credentials(e) => e.code(),
             Self::NoPort => "daemon_not_listening",
             Self::Preload { .. } | Self::Paths(_) => "io",
-            Self::Exec { .. } => "exec_failed",
-            Self::NoProgram => "bad_request",
         }
     }
 }
@@ -131,35 +119,6 @@ fn node_quote(s: &str) -> String {
     }
 }
 
-/// `export NAME='value'` lines.
-pub fn export_lines(env: &[(String, OsString)]) -> String {
-    env.iter()
-        .map(|(k, v)| {
-            let v = v.to_string_lossy();
-            // An environment value never holds a NUL, the one thing a shell word cannot carry.
-            let quoted = shlex::try_quote(&v).map_or_else(|_| v.to_string(), |q| q.into_owned());
-            format!("export {k}={quoted}\n")
-        })
-        .collect()
-}
-
-/// Replaces this process with `argv` under `env` (returns only on failure).
-pub fn exec(argv: &[String], env: &[(String, OsString)]) -> VercelError {
-    use std::os::unix::process::CommandExt;
-    let Some((program, args)) = argv.split_first() else {
-        return VercelError::NoProgram;
-    };
-    let mut cmd = std::process::Command::new(program);
-    cmd.args(args);
-    for (k, v) in env {
-        cmd.env(k, v);
-    }
-    VercelError::Exec {
-        program: program.clone(),
-        source: cmd.exec(),
-    }
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -169,7 +128,7 @@ mod tests {
         // A shell reads the exported values back as they were.
         let odd = "a'b c \"$HOME\" `x` \\ \n!";
         let env = [("ODD".to_owned(), OsString::from(odd))];
-        let script = format!("{}printf %s \"$ODD\"", export_lines(&env));
+        let script = format!("{}printf %s \"$ODD\"", crate::compat::export_lines(&env));
         let out = std::process::Command::new("sh")
             .args(["-c", &script])
             .output()
