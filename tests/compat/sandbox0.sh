@@ -12,45 +12,19 @@
 set -euo pipefail
 here=$(cd "$(dirname "$0")" && pwd)
 repo=$(cd "$here/../.." && pwd)
-export BELLJAR_CACHE="${BELLJAR_CACHE:-${XDG_CACHE_HOME:-$HOME/.cache}/belljar}"
-target="${CARGO_TARGET_DIR:-$BELLJAR_CACHE/cargo-target}"
-say() { printf -- '--> %s\n' "$*" >&2; }
+# shellcheck source=lib.sh
+. "$here/lib.sh"
 
-# The pinned SDK line.
-sdk=sandbox0==0.10.4
-
-(cd "$repo" && cargo build --quiet -p belljard -p belljar-cli -p belljar-agent --bins)
-
-for image in base python3.13; do
-  [ -e "$BELLJAR_CACHE/images/$image/current" ] ||
-    { echo "the $image image is not built (guest-images/build-all.sh)" >&2; exit 1; }
-done
-
-key=$(printf '%s\n' "$sdk" "$(python3 --version)" | sha256sum | cut -c1-16)
-venv="${BELLJAR_COMPAT_SANDBOX0:-$BELLJAR_CACHE/compat-sandbox0-$key}"
-if [ ! -f "$venv/.installed" ]; then
-  say "installing $sdk into $venv"
-  rm -rf "$venv"
-  python3 -m venv "$venv"
-  "$venv/bin/pip" install --quiet --disable-pip-version-check "$sdk"
-  touch "$venv/.installed"
-fi
+compat_images base python3.13
+compat_venv sandbox0 "sandbox0==0.10.4" "${BELLJAR_COMPAT_SANDBOX0:-}"
 
 say "starting belljard"
 # shellcheck source=../../scripts/lib/daemon.sh
 . "$repo/scripts/lib/daemon.sh"
-daemon_start "$target/debug/belljar" belljar-sandbox0
-belljar="$target/debug/belljar"
+daemon_start "$belljar" belljar-sandbox0
 
-failed=()
-ran=0
 for f in "$here"/sandbox0/*.py; do
-  name=$(basename "$f")
-  say "$name"
-  ran=$((ran + 1))
-  status=0
-  timeout 300 "$belljar" sandbox0 -- "$venv/bin/python" "$f" || status=$?
-  [ "$status" = 0 ] || failed+=("$name: exit $status")
+  compat_run "$(basename "$f")" "$PWD" "$belljar" sandbox0 -- "$venv/bin/python" "$f"
 done
 
 # The same variables through `eval "$(belljar sandbox0 env)"`.
@@ -59,10 +33,4 @@ ran=$((ran + 1))
 (eval "$("$belljar" sandbox0 env)" &&
   [ "$SANDBOX0_BASE_URL" = "http://127.0.0.1:$port/compat/sandbox0" ] &&
   [ "$SANDBOX0_TOKEN" = "$token" ]) || failed+=("env: wrong variables")
-
-if [ "${#failed[@]}" != 0 ]; then
-  printf 'FAILED: %s\n' "${failed[@]}" >&2
-  tail -n 40 "$daemon_log" >&2
-  exit 1
-fi
-say "$ran programs passed"
+compat_done
