@@ -7,6 +7,7 @@
 pub mod events;
 pub mod host;
 pub mod microvm;
+pub mod oci;
 pub mod snapshots;
 
 use std::path::{Path, PathBuf};

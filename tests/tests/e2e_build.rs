@@ -5,7 +5,6 @@
 //! builds, each with its stable code and no image left behind.
 
 use std::path::Path;
-use std::process::Command;
 use std::time::Duration;
 
 use belljar_api::{ErrorCode, ImageBuildEvent, ListSandboxesQuery};
@@ -15,19 +14,13 @@ const BASE: &str = "localhost/e2e/build-base:1";
 
 /// The base image: busybox, a passwd with `app` (1000), a world-writable `/tmp`.
 fn make_base(work: &Path, daemon: &Daemon) {
-    let busybox = ["/bin/busybox", "/usr/bin/busybox"]
-        .into_iter()
-        .find(|p| Path::new(p).is_file())
-        .expect("busybox-static is not installed (scripts/setup.sh installs it)");
     let archive = work.join("base.tar");
     let script = format!(
-        r#"set -euo pipefail
-B="buildah --root {w}/storage --runroot {w}/run --storage-driver vfs"
-c=$($B from scratch)
+        r#"c=$($B from scratch)
 m=$($B mount "$c")
 mkdir -p "$m/bin" "$m/etc" "$m/srv"
 mkdir -m 1777 "$m/tmp"
-cp {busybox} "$m/bin/busybox"
+cp "$BUSYBOX" "$m/bin/busybox"
 for a in sh cat stat id pwd env ls echo test mkdir sleep; do ln -s busybox "$m/bin/$a"; done
 printf 'root:x:0:0:root:/root:/bin/sh\napp:x:1000:1000:app:/srv:/bin/sh\n' > "$m/etc/passwd"
 printf 'root:x:0:\napp:x:1000:\n' > "$m/etc/group"
@@ -36,19 +29,9 @@ $B config --env PATH=/bin "$c"
 $B commit -q "$c" e2e-build-base >/dev/null
 $B push -q e2e-build-base docker-archive:{archive}:{BASE}
 "#,
-        w = work.display(),
         archive = archive.display(),
     );
-    let out = Command::new("bash")
-        .arg("-c")
-        .arg(&script)
-        .output()
-        .unwrap();
-    assert!(
-        out.status.success(),
-        "buildah: {}",
-        String::from_utf8_lossy(&out.stderr)
-    );
+    belljar_e2e::oci::buildah(work, &script);
     let out = daemon.cli(["images", "import", archive.to_str().unwrap()]);
     assert!(out.status.success(), "import: {}", stderr(&out));
 }

@@ -79,18 +79,12 @@ fn start_registry(work: &Path) -> Registry {
 /// it to the registry (gzip and zstd) and saves it as a docker-archive.
 fn build_and_push(work: &Path, port: u16) -> PathBuf {
     require("buildah");
-    let busybox = ["/bin/busybox", "/usr/bin/busybox"]
-        .into_iter()
-        .find(|p| Path::new(p).is_file())
-        .expect("busybox-static is not installed (scripts/setup.sh installs it)");
     let archive = work.join("busy.tar");
     let script = format!(
-        r#"set -euo pipefail
-B="buildah --root {w}/storage --runroot {w}/run --storage-driver vfs"
-c=$($B from scratch)
+        r#"c=$($B from scratch)
 m=$($B mount "$c")
 mkdir -p "$m/bin" "$m/etc" "$m/srv" "$m/gone/deep" "$m/data" "$m/home/app"
-cp {busybox} "$m/bin/busybox"
+cp "$BUSYBOX" "$m/bin/busybox"
 for a in sh cat stat id pwd env ls echo test; do ln -s busybox "$m/bin/$a"; done
 printf 'root:x:0:0:root:/root:/bin/sh\napp:x:1000:1000:app:/home/app:/bin/sh\n' > "$m/etc/passwd"
 printf 'root:x:0:\napp:x:1000:\n' > "$m/etc/group"
@@ -100,7 +94,7 @@ echo old > "$m/gone/deep/file"
 echo linked > "$m/data/a"
 ln "$m/data/a" "$m/data/b"
 chown 1234:5678 "$m/data/a"
-cp {busybox} "$m/data/suid" && chmod 4755 "$m/data/suid"
+cp "$BUSYBOX" "$m/data/suid" && chmod 4755 "$m/data/suid"
 python3 -c 'import os,sys; os.setxattr(sys.argv[1], "user.belljar", b"kept")' "$m/data/a"
 $B unmount "$c"
 $B commit -q "$c" e2e-l1 >/dev/null
@@ -116,19 +110,9 @@ $B push -q --tls-verify=false e2e-img docker://127.0.0.1:{port}/e2e/busy:1
 $B push -q --tls-verify=false --compression-format zstd e2e-img docker://127.0.0.1:{port}/e2e/busy:zstd
 $B push -q e2e-img docker-archive:{archive}:localhost/e2e/busy:archived
 "#,
-        w = work.display(),
         archive = archive.display(),
     );
-    let out = Command::new("bash")
-        .arg("-c")
-        .arg(&script)
-        .output()
-        .expect("run buildah");
-    assert!(
-        out.status.success(),
-        "building the test image: {}",
-        String::from_utf8_lossy(&out.stderr)
-    );
+    belljar_e2e::oci::buildah(work, &script);
     archive
 }
 
