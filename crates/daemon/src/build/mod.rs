@@ -197,7 +197,7 @@ async fn build(
             // Before the first FROM: global arguments, or the FROM itself.
             match &ins.kind {
                 Kind::Arg(_) => {
-                    let mut s = empty_stage();
+                    let mut s = Stage::empty();
                     s.args = global.clone();
                     s.apply(&ins.kind, &req.build_args, &BTreeMap::new())
                         .map_err(|b| invalid(b.0))?;
@@ -274,16 +274,7 @@ async fn build(
                 }
                 match hit {
                     Some(hit) => take(ctx, stage, key, hit)?,
-                    None => {
-                        stage.key = key.clone();
-                        ctx.store.cache_step(
-                            &key,
-                            &CachedStep {
-                                files: stage.files.clone(),
-                                config: stage.config.clone(),
-                            },
-                        )?;
-                    }
+                    None => commit(ctx, stage, key, None).await?,
                 }
             }
         }
@@ -304,18 +295,6 @@ fn at_line(e: BuildError, ins: &Instruction) -> BuildError {
             message,
         },
         other => other,
-    }
-}
-
-fn empty_stage() -> Stage {
-    Stage {
-        alias: None,
-        key: String::new(),
-        files: String::new(),
-        rootfs: PathBuf::new(),
-        config: ImageConfig::default(),
-        args: BTreeMap::new(),
-        cmd_inherited: true,
     }
 }
 

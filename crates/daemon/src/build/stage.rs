@@ -36,6 +36,19 @@ pub struct Stage {
 }
 
 impl Stage {
+    /// A stage before its `FROM` has given it files and a config.
+    pub fn empty() -> Stage {
+        Stage {
+            alias: None,
+            key: String::new(),
+            files: String::new(),
+            rootfs: PathBuf::new(),
+            config: ImageConfig::default(),
+            args: BTreeMap::new(),
+            cmd_inherited: true,
+        }
+    }
+
     /// The variables substitution sees: the build arguments, under the environment.
     pub fn vars(&self) -> BTreeMap<String, String> {
         let mut v = self.args.clone();
@@ -246,18 +259,6 @@ pub fn normalise(path: &str) -> String {
 mod tests {
     use super::*;
 
-    fn stage() -> Stage {
-        Stage {
-            alias: None,
-            key: String::new(),
-            files: String::new(),
-            rootfs: PathBuf::new(),
-            config: ImageConfig::default(),
-            args: BTreeMap::new(),
-            cmd_inherited: true,
-        }
-    }
-
     fn apply(s: &mut Stage, text: &str, build_args: &[(&str, &str)]) -> Result<String, Bad> {
         let ins = belljar_oci::dockerfile::parse(&format!("FROM x\n{text}\n")).unwrap();
         let build_args = build_args
@@ -269,7 +270,7 @@ mod tests {
 
     #[test]
     fn substitutes_args_and_env_in_order() {
-        let mut s = stage();
+        let mut s = Stage::empty();
         assert_eq!(
             apply(&mut s, "ARG V=1.0 W", &[("W", "given")]).unwrap(),
             "ARG V=1.0 W=given"
@@ -295,7 +296,7 @@ mod tests {
 
     #[test]
     fn entrypoint_clears_an_inherited_cmd() {
-        let mut s = stage();
+        let mut s = Stage::empty();
         s.config.config.cmd = Some(vec!["base-cmd".into()]);
         apply(&mut s, "ENTRYPOINT [\"/bin/app\"]", &[]).unwrap();
         assert_eq!(s.config.config.cmd, None);
