@@ -260,17 +260,35 @@ async fn dispatch(client: &Client, paths: &Paths, command: Cmd, json: bool) -> R
             launch(&env, print, &command, "vercel", "node app.mjs")
         }
         Cmd::Sandbox0 { action, command } => {
-            let env = belljar_cli::sandbox0::environment(client, paths).await?;
+            let env = compat::environment(
+                client,
+                paths,
+                compat::Port::Api,
+                belljar_cli::sandbox0::variables,
+            )
+            .await?;
             let print = matches!(action, Some(Sandbox0Cmd::Env));
             launch(&env, print, &command, "sandbox0", "python3 app.py")
         }
         Cmd::E2b { action, command } => {
-            let env = belljar_cli::e2b::environment(client, paths).await?;
+            let env = compat::environment(
+                client,
+                paths,
+                compat::Port::Api,
+                belljar_cli::e2b::variables,
+            )
+            .await?;
             let print = matches!(action, Some(E2bCmd::Env));
             launch(&env, print, &command, "e2b", "python3 app.py")
         }
         Cmd::Modal { action, command } => {
-            let env = belljar_cli::modal::environment(client, paths).await?;
+            let env = compat::environment(
+                client,
+                paths,
+                compat::Port::Modal,
+                belljar_cli::modal::variables,
+            )
+            .await?;
             let print = matches!(action, Some(ModalCmd::Env));
             launch(&env, print, &command, "modal", "python3 app.py")
         }

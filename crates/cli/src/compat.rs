@@ -56,7 +56,7 @@ pub enum Port {
 
 /// The daemon's `port` and its token, starting the daemon first if it is not running (so that
 /// it has written both).
-pub async fn port_and_token(
+async fn port_and_token(
     client: &Client,
     paths: &Paths,
     port: Port,
@@ -70,6 +70,17 @@ pub async fn port_and_token(
     }?;
     let token = paths.token().ok_or(CompatError::NoToken)?;
     Ok((number, token))
+}
+
+/// A layer's variables (`variables` of the daemon's `port` and its token), in order.
+pub async fn environment(
+    client: &Client,
+    paths: &Paths,
+    port: Port,
+    variables: fn(u16, &str) -> Vec<(String, OsString)>,
+) -> Result<Vec<(String, OsString)>, CompatError> {
+    let (number, token) = port_and_token(client, paths, port).await?;
+    Ok(variables(number, &token))
 }
 
 /// The variables as shell `export` lines, which a shell reads back as they were.

@@ -9,24 +9,11 @@
 
 use std::ffi::OsString;
 
-use belljar_client::{Client, Paths};
-
-use crate::compat::{self, CompatError, Port};
-
 /// Where the daemon serves E2B's control plane.
 pub const PREFIX: &str = "/compat/e2b";
 
 /// Where the daemon serves envd, under [`PREFIX`].
 pub const ENVD: &str = "/envd";
-
-/// The variables to add to a program's environment, in order.
-pub async fn environment(
-    client: &Client,
-    paths: &Paths,
-) -> Result<Vec<(String, OsString)>, CompatError> {
-    let (port, token) = compat::port_and_token(client, paths, Port::Api).await?;
-    Ok(variables(port, &token))
-}
 
 /// The variables for a daemon on `port` with `token`.
 pub fn variables(port: u16, token: &str) -> Vec<(String, OsString)> {

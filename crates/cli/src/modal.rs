@@ -11,21 +11,8 @@
 
 use std::ffi::OsString;
 
-use belljar_client::{Client, Paths};
-
-use crate::compat::{self, CompatError, Port};
-
 /// The token id the daemon's Modal layer expects beside its token.
 pub const TOKEN_ID: &str = "ak-belljar";
-
-/// The variables to add to a program's environment, in order.
-pub async fn environment(
-    client: &Client,
-    paths: &Paths,
-) -> Result<Vec<(String, OsString)>, CompatError> {
-    let (port, token) = compat::port_and_token(client, paths, Port::Modal).await?;
-    Ok(variables(port, &token))
-}
 
 /// The variables for a daemon whose Modal layer is on `port`, with `token`.
 pub fn variables(port: u16, token: &str) -> Vec<(String, OsString)> {

@@ -8,21 +8,8 @@
 
 use std::ffi::OsString;
 
-use belljar_client::{Client, Paths};
-
-use crate::compat::{self, CompatError, Port};
-
 /// Where the daemon serves Sandbox0's API.
 pub const PREFIX: &str = "/compat/sandbox0";
-
-/// The variables to add to a program's environment, in order.
-pub async fn environment(
-    client: &Client,
-    paths: &Paths,
-) -> Result<Vec<(String, OsString)>, CompatError> {
-    let (port, token) = compat::port_and_token(client, paths, Port::Api).await?;
-    Ok(variables(port, &token))
-}
 
 /// The variables for a daemon on `port` with `token`.
 pub fn variables(port: u16, token: &str) -> Vec<(String, OsString)> {
