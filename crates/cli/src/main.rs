@@ -78,13 +78,21 @@ fn main() -> ExitCode {
 /// for a process that the signal killed.
 const BROKEN_PIPE: i32 = 141;
 
-/// Whether the error, or any cause of it, is a write into a closed pipe.
+/// Whether the error, or any cause of it, is a write into a closed pipe. A broken pipe
+/// under a [`ClientError`] is the daemon's socket, not stdout: that one is an error to print.
 fn is_broken_pipe(err: &anyhow::Error) -> bool {
-    err.chain().any(|cause| {
-        cause
+    for cause in err.chain() {
+        if cause.is::<ClientError>() {
+            return false;
+        }
+        if cause
             .downcast_ref::<std::io::Error>()
             .is_some_and(|e| e.kind() == std::io::ErrorKind::BrokenPipe)
-    })
+        {
+            return true;
+        }
+    }
+    false
 }
 
 /// The message of an error and its causes on one line.
@@ -133,4 +141,26 @@ fn code_of(err: &anyhow::Error) -> String {
         }
     }
     "error".to_string()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn pipe() -> std::io::Error {
+        std::io::Error::from(std::io::ErrorKind::BrokenPipe)
+    }
+
+    #[test]
+    fn a_closed_stdout_ends_quietly_but_a_closed_daemon_socket_is_an_error() {
+        let stdout = anyhow::Error::from(pipe()).context("writing the listing");
+        assert!(is_broken_pipe(&stdout));
+        let socket = ClientError::Connect {
+            at: "/run/belljar.sock".into(),
+            source: pipe(),
+        };
+        assert!(!is_broken_pipe(
+            &anyhow::Error::from(socket).context("build")
+        ));
+    }
 }

@@ -4,8 +4,6 @@ use axum::body::Body;
 use axum::extract::State;
 use axum::response::Response;
 use belljar_api::{BuildQuery, ImageBuildEvent};
-use futures::StreamExt;
-use tokio::io::AsyncWriteExt;
 use utoipa_axum::router::OpenApiRouter;
 use utoipa_axum::routes;
 
@@ -13,6 +11,7 @@ use super::AppState;
 use super::error::ApiError;
 use super::extract::ApiQuery;
 use super::openapi::{Errors, RawBytes};
+use super::spool::{SpoolError, spool};
 use super::stream::ndjson;
 
 pub fn router() -> OpenApiRouter<AppState> {
@@ -44,33 +43,15 @@ async fn build_dockerfile(
         belljar_oci::store::scratch_prefix(),
         crate::util::new_id("bld")
     ));
-    let cap = st.images.cap_bytes();
-    let write = async {
-        let mut file = tokio::fs::File::create(&path).await?;
-        let mut stream = body.into_data_stream();
-        let mut written = 0u64;
-        while let Some(chunk) = stream.next().await {
-            let chunk = chunk.map_err(std::io::Error::other)?;
-            written += chunk.len() as u64;
-            if written > cap {
-                return Ok(false);
-            }
-            file.write_all(&chunk).await?;
-        }
-        file.sync_all().await.map(|()| true)
-    };
-    match write.await {
-        Ok(true) => {}
-        Ok(false) => {
-            let _ = tokio::fs::remove_file(&path).await;
+    match spool(body, &path, st.images.cap_bytes()).await {
+        Ok(()) => {}
+        Err(SpoolError::TooLarge) => {
+            let limit = st.images.cap_bytes();
             return Err(
-                crate::images::ImageError::from(belljar_oci::Error::TooLarge { limit: cap }).into(),
+                crate::images::ImageError::from(belljar_oci::Error::TooLarge { limit }).into(),
             );
         }
-        Err(e) => {
-            let _ = tokio::fs::remove_file(&path).await;
-            return Err(ApiError::BadRequest(format!("body: {e}")));
-        }
+        Err(SpoolError::Io(e)) => return Err(ApiError::BadRequest(format!("body: {e}"))),
     }
     let req = crate::build::BuildRequest {
         tag: q.tag,

@@ -6,8 +6,6 @@ use axum::extract::State;
 use axum::http::StatusCode;
 use axum::response::Response;
 use belljar_api::{DoctorReport, Image, ImageBuildEvent, ImportQuery, Info, PullImage};
-use futures::StreamExt;
-use tokio::io::AsyncWriteExt;
 use utoipa_axum::router::OpenApiRouter;
 use utoipa_axum::routes;
 
@@ -15,6 +13,7 @@ use super::AppState;
 use super::error::ApiError;
 use super::extract::{ApiJson, ApiPath, ApiQuery};
 use super::openapi::{self, Errors, ImagePath, RawBytes};
+use super::spool::{SpoolError, spool};
 use super::stream::ndjson;
 
 pub fn router() -> OpenApiRouter<AppState> {
@@ -117,25 +116,15 @@ async fn import(
         belljar_oci::store::scratch_prefix(),
         crate::util::new_id("imp")
     ));
-    let write = async {
-        let mut file = tokio::fs::File::create(&path).await?;
-        let mut stream = body.into_data_stream();
-        let (cap, mut written) = (st.images.cap_bytes(), 0u64);
-        while let Some(chunk) = stream.next().await {
-            let chunk = chunk.map_err(std::io::Error::other)?;
-            written += chunk.len() as u64;
-            if written > cap {
-                return Err(std::io::Error::other(format!(
-                    "the archive is larger than the image store's cap of {cap} bytes"
-                )));
-            }
-            file.write_all(&chunk).await?;
+    match spool(body, &path, st.images.cap_bytes()).await {
+        Ok(()) => {}
+        Err(SpoolError::TooLarge) => {
+            let limit = st.images.cap_bytes();
+            return Err(
+                crate::images::ImageError::from(belljar_oci::Error::TooLarge { limit }).into(),
+            );
         }
-        file.sync_all().await
-    };
-    if let Err(e) = write.await {
-        let _ = tokio::fs::remove_file(&path).await;
-        return Err(ApiError::BadRequest(format!("body: {e}")));
+        Err(SpoolError::Io(e)) => return Err(ApiError::BadRequest(format!("body: {e}"))),
     }
     Ok(ndjson(st.images.import(path, tags, true)?))
 }

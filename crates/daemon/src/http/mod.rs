@@ -18,6 +18,7 @@ pub mod openapi;
 mod pause;
 mod sandboxes;
 mod snapshots;
+mod spool;
 mod stream;
 pub mod tcp;
 mod terminal;
