@@ -22,6 +22,7 @@
 # run directory, default $BELLJAR_MICROVM_CACHE/run: give concurrent runs their own),
 # BELLJAR_MICROVM_HANG (seconds without any QEMU CPU time after which an L1 try counts as hung
 # and is retried, default 120),
+# BELLJAR_L1_COMPACTION=0 (L1 compacts no memory proactively, see tests/microvm/job.sh),
 # BELLJAR_MICROVM_FILTER (a test-name filter for every test executable, no spaces),
 # BELLJAR_STALL_QUIET (seconds without test output before tests/microvm/stall-watch.sh reports
 # what the microVMs and daemons do, default 300), BELLJAR_KVM_TRACE=1 (L1's KVM traces its
@@ -121,7 +122,8 @@ job_env=(BELLJAR_JOB_BIN="$run_dir/bin" BELLJAR_JOB_TESTS="$staged" BELLJAR_CACH
   BELLJAR_FIXTURES="$run_dir/fixtures" BELLJAR_MICROVM_FILTER="${BELLJAR_MICROVM_FILTER:-}"
   BELLJAR_STALL_QUIET="${BELLJAR_STALL_QUIET:-300}" BELLJAR_KVM_TRACE="${BELLJAR_KVM_TRACE:-}"
   BELLJAR_STRESS_CYCLES="${BELLJAR_STRESS_CYCLES:-}" BELLJAR_STRESS_INFLIGHT="${BELLJAR_STRESS_INFLIGHT:-}"
-  BELLJAR_STRESS_MIB="${BELLJAR_STRESS_MIB:-}" BELLJAR_STRESS_CONNECTIONS="${BELLJAR_STRESS_CONNECTIONS:-}")
+  BELLJAR_STRESS_MIB="${BELLJAR_STRESS_MIB:-}" BELLJAR_STRESS_CONNECTIONS="${BELLJAR_STRESS_CONNECTIONS:-}"
+  BELLJAR_L1_COMPACTION="${BELLJAR_L1_COMPACTION:-}")
 
 finish() {
   local status=$1 summary

@@ -82,13 +82,24 @@ if [ -n "${BELLJAR_KVM_TRACE:-}" ]; then
   fi
 fi
 
+# L1 moves guest memory under its KVM when it compacts or migrates pages; each test's line
+# says how many pages moved while it ran (`pgmigrate_success`), so a guest's triple fault can
+# be set beside the page moves of its time. BELLJAR_L1_COMPACTION=0 turns L1's proactive
+# compaction off (`vm.compaction_proactiveness`) and keeps it from moving locked pages.
+migrated() { awk '$1 == "pgmigrate_success" { print $2 }' /proc/vmstat 2> /dev/null; }
+if [ -n "${BELLJAR_IN_L1:-}" ] && [ "${BELLJAR_L1_COMPACTION:-}" = 0 ]; then
+  { echo 0 > /proc/sys/vm/compaction_proactiveness && echo 0 > /proc/sys/vm/compact_unevictable_allowed &&
+    echo "job: L1's proactive compaction is off"; } || echo "job: cannot turn L1's compaction off"
+fi
+
 # Runs one test executable in its own process group (killed afterwards: a VMM a failed test
 # left running must neither keep the output open nor the next run waiting); extra arguments
 # go to the test harness. Sets rc.
 run_tests() {
-  local exe=$1 out=$2 pid tailer watcher
+  local exe=$1 out=$2 pid tailer watcher moved
   shift 2
   : > "$out"
+  moved=$(migrated)
   [ -z "$kvm_trace" ] || { : > "$kvm_trace/trace"; echo 1 > "$kvm_trace/tracing_on"; }
   setsid "$exe" --ignored --test-threads=1 --nocapture "$@" > "$out" 2>&1 &
   pid=$!
@@ -102,6 +113,7 @@ run_tests() {
   kill -KILL -- "-$pid" 2> /dev/null || true
   kill "$watcher" 2> /dev/null || true
   wait "$tailer" "$watcher" 2> /dev/null || true
+  [ -z "$moved" ] || echo "job: pages L1 migrated during $*: $(($(migrated) - moved))"
   if [ -n "$kvm_trace" ] && [ "$rc" != 0 ]; then
     local saved
     saved="$BELLJAR_RESULTS/kvm-trace-$(basename "$out" .out)-$(date +%s).txt"
