@@ -23,7 +23,7 @@ use tauri_plugin_shell::process::CommandEvent;
 use crate::commands::CommandError;
 use crate::daemon::DaemonPaths;
 use crate::drop::DropRegistry;
-use crate::startup::Startup;
+use crate::startup::{StartError, Startup};
 use crate::tray::TrayAction;
 
 /// Events the Rust side sends to the main window's page.
@@ -117,10 +117,13 @@ fn start_daemon_if_needed(app: &AppHandle) {
     let ready = std::fs::create_dir_all(&runtime).and_then(|()| ReadySocket::bind(&runtime));
     let ready = match ready {
         Ok(r) => r,
-        Err(e) => {
-            let why = format!("cannot make a notify socket in {}: {e}", runtime.display());
-            eprintln!("belljar-app: {why}");
-            startup.finish(Err(why));
+        Err(source) => {
+            let e = StartError::NotifySocket {
+                dir: runtime,
+                source,
+            };
+            eprintln!("belljar-app: {}", belljar_client::error_chain(&e));
+            startup.finish(Err(e));
             return;
         }
     };
@@ -141,10 +144,7 @@ fn start_daemon_if_needed(app: &AppHandle) {
             let waiter = startup.clone();
             std::thread::spawn(move || {
                 let told = ready.wait_blocking(commands::DAEMON_START_TIMEOUT);
-                waiter.finish(
-                    told.map(|_| ())
-                        .map_err(|e| format!("belljard never said it was ready: {e}")),
-                );
+                waiter.finish(told.map(|_| ()).map_err(StartError::NeverReady));
             });
             tauri::async_runtime::spawn(async move {
                 while let Some(event) = rx.recv().await {
@@ -154,7 +154,7 @@ fn start_daemon_if_needed(app: &AppHandle) {
                         }
                         CommandEvent::Terminated(status) => {
                             eprintln!("belljard exited: {status:?}");
-                            startup.finish(Err(format!("belljard exited: {status:?}")));
+                            startup.finish(Err(StartError::Exited(format!("{status:?}"))));
                         }
                         _ => {}
                     }
@@ -162,8 +162,9 @@ fn start_daemon_if_needed(app: &AppHandle) {
             });
         }
         Err(e) => {
-            eprintln!("belljar-app: cannot start the bundled belljard: {e}");
-            startup.finish(Err(format!("cannot start the bundled belljard: {e}")));
+            let e = StartError::Spawn(e);
+            eprintln!("belljar-app: {}", belljar_client::error_chain(&e));
+            startup.finish(Err(e));
         }
     }
 }

@@ -22,6 +22,24 @@ enum State {
     Failed(String),
 }
 
+/// Why the daemon the app started will never be ready.
+#[derive(Debug, thiserror::Error)]
+pub enum StartError {
+    #[error("cannot make a notify socket in {}", dir.display())]
+    NotifySocket {
+        dir: std::path::PathBuf,
+        #[source]
+        source: std::io::Error,
+    },
+    #[error("cannot start the bundled belljard")]
+    Spawn(#[source] tauri_plugin_shell::Error),
+    #[error("belljard never said it was ready")]
+    NeverReady(#[source] std::io::Error),
+    /// How it ended, as the shell plugin reports it.
+    #[error("belljard exited: {0}")]
+    Exited(String),
+}
+
 /// The outcome of the app's own daemon start, shared by the commands that wait for it.
 #[derive(Debug, Default)]
 pub struct Startup {
@@ -37,12 +55,13 @@ impl Startup {
 
     /// The started daemon said it is ready, or (`Err`) why it never will be. Only the first
     /// outcome counts: a daemon that exits after it was ready is found by the next request.
-    pub fn finish(&self, outcome: Result<(), String>) {
+    /// Every waiter gets the error's text, its causes included.
+    pub fn finish(&self, outcome: Result<(), StartError>) {
         let mut state = self.state.lock().unwrap_or_else(|e| e.into_inner());
         if *state == State::Starting {
             *state = match outcome {
                 Ok(()) => State::Ready,
-                Err(why) => State::Failed(why),
+                Err(e) => State::Failed(belljar_client::error_chain(&e)),
             };
             self.changed.notify_all();
         }
@@ -135,7 +154,7 @@ mod tests {
         let startup = Arc::new(Startup::default());
         startup.starting();
         let s = startup.clone();
-        let failer = std::thread::spawn(move || s.finish(Err("belljard exited: 1".into())));
+        let failer = std::thread::spawn(move || s.finish(Err(StartError::Exited("1".into()))));
         let err = startup
             .wait_running(&daemon, Duration::from_secs(30))
             .unwrap_err();
@@ -169,7 +188,7 @@ mod tests {
         let s = startup.clone();
         let watcher = std::thread::spawn(move || {
             let told = ready.wait_blocking(Duration::from_secs(30));
-            s.finish(told.map(|_| ()).map_err(|e| e.to_string()));
+            s.finish(told.map(|_| ()).map_err(StartError::NeverReady));
         });
         let stand_in = {
             let paths = paths.clone();

@@ -40,3 +40,18 @@ pub use sandbox::*;
 pub use snapshot::*;
 pub use usage::*;
 pub use volume::*;
+
+/// An error and its sources, `: `-separated, for a person (a log line, a sandbox's
+/// `status_reason`, an error message): errors carry their cause as a source and do not repeat
+/// it in their own message. (`belljar_namespace::error_chain` is the same for the crates
+/// below this one.)
+pub fn error_chain(e: &dyn std::error::Error) -> String {
+    let mut text = e.to_string();
+    let mut source = e.source();
+    while let Some(cause) = source {
+        text.push_str(": ");
+        text.push_str(&cause.to_string());
+        source = cause.source();
+    }
+    text
+}

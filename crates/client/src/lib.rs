@@ -29,6 +29,7 @@ pub mod settings;
 mod snapshots;
 mod volumes;
 
+pub use belljar_api::error_chain;
 pub use body::{Body, BoxError, Download, empty, full, json, streamed};
 pub use client::{Client, Conn, Transport, WebSocket, check, decode};
 pub use commands::log_bytes;

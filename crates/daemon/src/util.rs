@@ -10,19 +10,7 @@ pub fn now_ms() -> i64 {
         .unwrap_or(0)
 }
 
-/// An error and its sources, `: `-separated, for a person (a log line, a sandbox's
-/// `status_reason`, an error message): errors carry their cause as a source and do not repeat
-/// it in their own message.
-pub fn error_chain(e: &dyn std::error::Error) -> String {
-    let mut text = e.to_string();
-    let mut source = e.source();
-    while let Some(s) = source {
-        text.push_str(": ");
-        text.push_str(&s.to_string());
-        source = s.source();
-    }
-    text
-}
+pub use belljar_api::error_chain;
 
 /// A new id: `prefix_` and 12 lowercase letters and digits.
 pub fn new_id(prefix: &str) -> String {

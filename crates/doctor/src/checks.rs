@@ -339,8 +339,9 @@ impl Sysctls {
 }
 
 /// overlayfs in a user namespace: the namespace backend's root filesystem needs it.
-pub fn overlayfs(result: &Result<(), String>, sysctls: &Sysctls) -> Finding {
-    let data = json!({ "works": result.is_ok(), "error": result.as_ref().err() });
+pub fn overlayfs(result: &Result<(), crate::ProbeError>, sysctls: &Sysctls) -> Finding {
+    let error = result.as_ref().err().map(ToString::to_string);
+    let data = json!({ "works": result.is_ok(), "error": error });
     let Err(why) = result else {
         return finding(
             "overlayfs",
@@ -497,7 +498,7 @@ pub fn network(f: &super::net::NetFacts) -> Finding {
         "tun_present": f.tun_present,
         "tun_openable": f.tun_openable,
         "tap_in_netns": f.tap_in_netns.is_ok(),
-        "reason": f.tap_in_netns.as_ref().err(),
+        "reason": f.tap_in_netns.as_ref().err().map(ToString::to_string),
     });
     if !f.tun_present {
         return finding(

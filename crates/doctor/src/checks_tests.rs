@@ -4,6 +4,7 @@ use std::fs;
 use std::path::Path;
 
 use super::*;
+use crate::ProbeError;
 
 fn v2_fixture(root: &Path, controllers: &str) -> Hierarchies {
     let mnt = root.join("sys/fs/cgroup");
@@ -57,7 +58,7 @@ fn kvm_on_pvm_is_a_warning_without_hardware() {
     assert_eq!(f.facts["cpu_flag"], "vmx");
 
     let denied = HostFacts {
-        kvm: Some(Err("Permission denied".into())),
+        kvm: Some(Err(std::io::ErrorKind::PermissionDenied)),
         ..hw.clone()
     };
     let f = kvm(&denied);
@@ -226,7 +227,9 @@ fn overlay_failure_names_the_sysctl_that_forbids_it() {
     assert_eq!(sysctls.apparmor_restrict, Some(1));
     assert_eq!(sysctls.unprivileged_userns_clone, None);
 
-    let failed = Err("Cannot create a user namespace: EPERM".to_owned());
+    let failed = Err(ProbeError::Refused(
+        "Cannot create a user namespace: EPERM".to_owned(),
+    ));
     let f = overlayfs(&failed, &sysctls);
     assert_eq!(f.status, Status::Problem);
     assert_eq!(
@@ -328,7 +331,7 @@ fn daemon_not_running_is_a_warning_and_problems_fail_the_report() {
     assert_eq!(running.facts["systemd_scope"], true);
     assert_eq!(f.fix.as_deref(), Some("belljar daemon start"));
     assert!(super::super::Report::new(vec![f.clone()]).ok);
-    let problem = overlayfs(&Err("x".into()), &Sysctls::default());
+    let problem = overlayfs(&Err(ProbeError::Refused("x".into())), &Sysctls::default());
     let report = super::super::Report::new(vec![f, problem]);
     assert!(!report.ok);
     assert!(crate::render(&report).contains("PROBLEM"));
@@ -340,7 +343,7 @@ fn network_needs_tun_and_a_tap_in_a_netns() {
     let missing = NetFacts {
         tun_present: false,
         tun_openable: false,
-        tap_in_netns: Err("/dev/net/tun is missing".into()),
+        tap_in_netns: Err(ProbeError::Missing("/dev/net/tun")),
     };
     let f = network(&missing);
     assert_eq!(f.status, Status::Warning);
@@ -348,7 +351,9 @@ fn network_needs_tun_and_a_tap_in_a_netns() {
     let refused = NetFacts {
         tun_present: true,
         tun_openable: true,
-        tap_in_netns: Err("Cannot create a tap device in a network namespace: EPERM".into()),
+        tap_in_netns: Err(ProbeError::Refused(
+            "Cannot create a tap device in a network namespace: EPERM".into(),
+        )),
     };
     let f = network(&refused);
     assert_eq!(f.status, Status::Warning);
@@ -364,7 +369,9 @@ fn network_needs_tun_and_a_tap_in_a_netns() {
     let root_only = NetFacts {
         tun_present: true,
         tun_openable: false,
-        tap_in_netns: Err("Cannot open /dev/net/tun: Permission denied".into()),
+        tap_in_netns: Err(ProbeError::Refused(
+            "Cannot open /dev/net/tun: Permission denied".into(),
+        )),
     };
     assert_eq!(
         network(&root_only).fix.as_deref(),

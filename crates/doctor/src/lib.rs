@@ -46,18 +46,49 @@ pub fn run_probe_if_asked() -> Option<i32> {
     })
 }
 
+/// Why a probe could not show that something works.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum ProbeError {
+    /// The probe child could not be run.
+    #[error("cannot run {}: {kind}", exe.display())]
+    Spawn {
+        exe: std::path::PathBuf,
+        kind: std::io::ErrorKind,
+    },
+    /// The probe's task ended without an answer.
+    #[error("the probe did not answer: {0}")]
+    Lost(String),
+    /// The probe's scratch files could not be made.
+    #[error("cannot prepare {}: {kind}", path.display())]
+    Scratch {
+        path: std::path::PathBuf,
+        kind: std::io::ErrorKind,
+    },
+    /// What the probe needs is not there.
+    #[error("{0} is missing")]
+    Missing(&'static str),
+    /// The child's answer: why what it tried failed (its `error:` line).
+    #[error("{0}")]
+    Refused(String),
+}
+
 /// The parent's side of a probe: re-runs `exe` with [`PROBE_ENV`] set to `probe` and waits;
-/// `Err` carries the child's reason (its stderr, which [`run_probe_if_asked`] writes).
-fn run_probe_child(exe: &Path, probe: impl AsRef<std::ffi::OsStr>) -> Result<(), String> {
+/// a failure carries the child's reason (its stderr, which [`run_probe_if_asked`] writes).
+fn run_probe_child(exe: &Path, probe: impl AsRef<std::ffi::OsStr>) -> Result<(), ProbeError> {
     let out = std::process::Command::new(exe)
         .env(PROBE_ENV, probe)
         .output()
-        .map_err(|e| format!("cannot run {}: {e}", exe.display()))?;
+        .map_err(|e| ProbeError::Spawn {
+            exe: exe.to_owned(),
+            kind: e.kind(),
+        })?;
     if out.status.success() {
         Ok(())
     } else {
         let err = String::from_utf8_lossy(&out.stderr);
-        Err(err.trim().trim_start_matches("error: ").to_owned())
+        Err(ProbeError::Refused(
+            err.trim().trim_start_matches("error: ").to_owned(),
+        ))
     }
 }
 
@@ -104,7 +135,7 @@ pub async fn gather(paths: &Paths, exe: &Path) -> Report {
         move || overlay::probe(&exe)
     })
     .await
-    .unwrap_or_else(|e| Err(e.to_string()));
+    .unwrap_or_else(|e| Err(ProbeError::Lost(e.to_string())));
     let overlay = checks::overlayfs(&overlay, &checks::Sysctls::gather(Path::new("/")));
     let network = tokio::task::spawn_blocking({
         let exe = exe.to_path_buf();
@@ -114,7 +145,7 @@ pub async fn gather(paths: &Paths, exe: &Path) -> Report {
     .unwrap_or_else(|e| net::NetFacts {
         tun_present: false,
         tun_openable: false,
-        tap_in_netns: Err(e.to_string()),
+        tap_in_netns: Err(ProbeError::Lost(e.to_string())),
     });
     let network = checks::network(&network);
     let disk = checks::disk(&disk_dirs(paths), rootless);

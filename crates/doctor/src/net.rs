@@ -40,7 +40,7 @@ pub struct NetFacts {
     /// This user may open it (udev makes it 0666; a bare devtmpfs leaves it 0600).
     pub tun_openable: bool,
     /// The child's answer: a tap was made in a fresh network namespace, or why not.
-    pub tap_in_netns: Result<(), String>,
+    pub tap_in_netns: Result<(), crate::ProbeError>,
 }
 
 impl NetFacts {
@@ -55,7 +55,7 @@ impl NetFacts {
         let tap_in_netns = if tun_present {
             probe(exe)
         } else {
-            Err(format!("{TUN} is missing"))
+            Err(crate::ProbeError::Missing(TUN))
         };
         Self {
             tun_present,
@@ -67,7 +67,7 @@ impl NetFacts {
 
 /// Runs the probe in a child (`exe` with `BELLJAR_DOCTOR_PROBE=net`); `Err` carries the
 /// child's reason.
-pub fn probe(exe: &Path) -> Result<(), String> {
+pub fn probe(exe: &Path) -> Result<(), crate::ProbeError> {
     crate::run_probe_child(exe, crate::PROBE_NET)
 }
 

@@ -38,13 +38,20 @@ pub enum OverlayError {
 
 /// Runs the probe in a child (`exe` with `BELLJAR_DOCTOR_PROBE=overlay:<scratch>`); `Err`
 /// carries its reason.
-pub fn probe(exe: &Path) -> Result<(), String> {
+pub fn probe(exe: &Path) -> Result<(), crate::ProbeError> {
     let scratch = std::env::temp_dir().join(format!("belljar-doctor-{}", std::process::id()));
     let result = (|| {
+        let failed = |path: std::path::PathBuf| {
+            move |e: std::io::Error| crate::ProbeError::Scratch {
+                path,
+                kind: e.kind(),
+            }
+        };
         for d in ["lower", "upper", "work", "merged"] {
-            fs::create_dir_all(scratch.join(d)).map_err(|e| e.to_string())?;
+            fs::create_dir_all(scratch.join(d)).map_err(failed(scratch.join(d)))?;
         }
-        fs::write(scratch.join("lower/from-lower"), "lower").map_err(|e| e.to_string())?;
+        let file = scratch.join("lower/from-lower");
+        fs::write(&file, "lower").map_err(failed(file.clone()))?;
         let mut arg = std::ffi::OsString::from(crate::PROBE_OVERLAY);
         arg.push(&scratch);
         crate::run_probe_child(exe, arg)

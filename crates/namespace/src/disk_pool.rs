@@ -220,26 +220,13 @@ impl Shared {
                     self.changed.notify_all();
                 }
                 Err(e) => {
-                    st.last_error = Some(error_chain(&e));
+                    st.last_error = Some(crate::error_chain(&e));
                     self.changed.notify_all();
                     let _ = self.changed.wait_timeout_while(st, RETRY, |s| !s.closed);
                 }
             }
         }
     }
-}
-
-/// An error and its causes in one line (as the daemon's `util::error_chain`, which this
-/// crate cannot reach).
-fn error_chain(e: &dyn std::error::Error) -> String {
-    let mut text = e.to_string();
-    let mut source = e.source();
-    while let Some(cause) = source {
-        text.push_str(": ");
-        text.push_str(&cause.to_string());
-        source = cause.source();
-    }
-    text
 }
 
 /// The pool `disk::mount` takes from, set by [`DiskPool::install`].

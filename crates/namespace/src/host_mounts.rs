@@ -340,8 +340,8 @@ fn check_allowed(fd: &OwnedFd, asked: &Path, forbidden: &[PathBuf]) -> Result<()
 
 /// Refuses a mount path the sandbox cannot take: relative, `/`, `.` or `..` components, or
 /// a place the sandbox's own set-up owns (`/proc`, `/sys`, `/dev`, `/run/belljar`, the agent).
-pub fn check_path(path: &Path) -> Result<(), String> {
-    crate::snapshot_mounts::components(path).map_err(|e| e.to_string())?;
+pub fn check_path(path: &Path) -> Result<(), crate::snapshot_mounts::PathError> {
+    crate::snapshot_mounts::components(path)?;
     for own in [
         "/proc",
         "/sys",
@@ -350,9 +350,9 @@ pub fn check_path(path: &Path) -> Result<(), String> {
         crate::AGENT_PATH_IN_SANDBOX,
     ] {
         if path.starts_with(own) {
-            return Err(format!(
-                "mount path {} is under {own}, which the sandbox's set-up owns",
-                path.display()
+            return Err(crate::snapshot_mounts::PathError::Reserved(
+                path.to_owned(),
+                own,
             ));
         }
     }

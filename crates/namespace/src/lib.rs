@@ -109,6 +109,19 @@ pub use probe::{CgroupMode, Probe, probe};
 pub use snapshot_mounts::LayerMount;
 pub use teardown::{destroy, stop};
 
+/// An error and its sources, `: `-separated, in one line: `belljar_api::error_chain` for the
+/// crates below the API's, which this one does not depend on.
+pub fn error_chain(e: &dyn std::error::Error) -> String {
+    let mut text = e.to_string();
+    let mut source = e.source();
+    while let Some(cause) = source {
+        text.push_str(": ");
+        text.push_str(&cause.to_string());
+        source = cause.source();
+    }
+    text
+}
+
 /// The agent's socket in the state directory, out of the sandbox's reach.
 pub const AGENT_SOCKET: &str = "agent.sock";
 

@@ -44,6 +44,9 @@ pub use crate::state::ExitWatch;
 pub enum Error {
     #[error("Invalid sandbox spec: {0}")]
     Spec(String),
+    /// A mount of the spec is refused.
+    #[error("Invalid sandbox spec")]
+    Mount(#[from] crate::snapshot_mounts::MountError),
     #[error("The sandbox is already running as pid {0}")]
     AlreadyRunning(u32),
     #[error("Cannot prepare {}", path.display())]

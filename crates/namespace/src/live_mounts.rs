@@ -42,8 +42,8 @@ pub enum LiveError {
     #[error(transparent)]
     Path(#[from] PathError),
     /// The layers cannot be mounted (not absolute directories a mount option can carry).
-    #[error("Invalid mount: {0}")]
-    Invalid(String),
+    #[error("Invalid mount")]
+    Invalid(#[from] crate::snapshot_mounts::MountError),
     /// A component of the path in the sandbox is a file or a symlink.
     #[error("Mount path {0} crosses something that is not a directory")]
     NotADirectory(String),
@@ -122,7 +122,7 @@ pub fn mount(state_dir: &Path, m: &LayerMount) -> Result<(), LiveError> {
         .into_iter()
         .map(|s| CString::new(s.as_bytes()).expect("checked: no NUL"))
         .collect();
-    snapshot_mounts::check_layers(m).map_err(LiveError::Invalid)?;
+    snapshot_mounts::check_layers(m)?;
     let (st, userns, mntns) = namespaces(state_dir)?;
     let fs_dir = state_dir.join("fs");
     let slot = slot_dir(m.slot);
@@ -224,13 +224,30 @@ pub fn unmount(state_dir: &Path, slot: usize, path: &Path) -> Result<(), LiveErr
     discard()
 }
 
-fn helper_error(text: String, path: &str) -> LiveError {
+fn helper_error(failure: HelperFailure, path: &str) -> LiveError {
+    let text = match failure {
+        HelperFailure::Reported(text) => text,
+        HelperFailure::Spawn(what, e) => return LiveError::Helper(format!("{what}: {e}")),
+        HelperFailure::Ended(status) => {
+            return LiveError::Helper(format!("the helper ended with {status}"));
+        }
+    };
     match text.split_once('\n') {
         Some((NOT_A_DIRECTORY, _)) => LiveError::NotADirectory(path.to_owned()),
         Some((NOT_MOUNTED, _)) => LiveError::NotMounted(path.to_owned()),
         Some((UNUSABLE, why)) => LiveError::Unusable(path.to_owned(), why.to_owned()),
         _ => LiveError::Helper(text.replace('\n', ": ")),
     }
+}
+
+/// How a forked helper failed.
+enum HelperFailure {
+    /// The pipe or the child could not be made.
+    Spawn(&'static str, nix::Error),
+    /// The helper wrote `code\nwhat: errno` to its pipe.
+    Reported(String),
+    /// The helper ended without a report, this way.
+    Ended(String),
 }
 
 /// What the mount helper needs, prepared before the fork.
@@ -253,14 +270,14 @@ struct UnmountPlan {
 }
 
 /// Forks `helper` (which ends in `_exit`: it never returns) and returns the text it reported, if any.
-fn run_helper(helper: impl FnOnce(RawFd)) -> Result<(), String> {
+fn run_helper(helper: impl FnOnce(RawFd)) -> Result<(), HelperFailure> {
     use nix::fcntl::OFlag;
-    let (err_r, err_w) =
-        nix::unistd::pipe2(OFlag::O_CLOEXEC).map_err(|e| format!("cannot create a pipe: {e}"))?;
+    let (err_r, err_w) = nix::unistd::pipe2(OFlag::O_CLOEXEC)
+        .map_err(|e| HelperFailure::Spawn("cannot create a pipe", e))?;
     // SAFETY: the child only makes system calls on data prepared before the fork (plus small
     // formatting allocations on error paths, which glibc's fork-aware malloc allows) and
     // never returns: `helper` ends in `_exit`.
-    match unsafe { nix::unistd::fork() }.map_err(|e| format!("cannot fork: {e}"))? {
+    match unsafe { nix::unistd::fork() }.map_err(|e| HelperFailure::Spawn("cannot fork", e))? {
         nix::unistd::ForkResult::Child => {
             drop(err_r);
             helper(err_w.as_raw_fd());
@@ -274,8 +291,8 @@ fn run_helper(helper: impl FnOnce(RawFd)) -> Result<(), String> {
             let status = nix::sys::wait::waitpid(child, None);
             match status {
                 Ok(nix::sys::wait::WaitStatus::Exited(_, 0)) if text.is_empty() => Ok(()),
-                _ if !text.is_empty() => Err(text),
-                other => Err(format!("the helper ended with {other:?}")),
+                _ if !text.is_empty() => Err(HelperFailure::Reported(text)),
+                other => Err(HelperFailure::Ended(format!("{other:?}"))),
             }
         }
     }

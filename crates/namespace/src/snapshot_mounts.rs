@@ -42,6 +42,27 @@ pub enum PathError {
     NotADirectory(PathBuf, PathBuf),
     #[error("Cannot look up {}", .0.display())]
     Io(PathBuf, #[source] io::Error),
+    /// Under a place the sandbox's own set-up mounts (`/proc`, `/sys`, `/dev`, ...).
+    #[error("Mount path {} is under {owner}, which the sandbox's set-up owns", .0.display(), owner = .1)]
+    Reserved(PathBuf, &'static str),
+}
+
+/// Why a directory-snapshot mount is refused before a launch or a live mount.
+#[derive(Debug, thiserror::Error)]
+pub enum MountError {
+    #[error("Mount slot {0} is used twice")]
+    SlotReused(usize),
+    #[error("Mount at {} has no layers", .0.display())]
+    NoLayers(PathBuf),
+    #[error("Layer {} must be absolute, without , : \\", .0.display())]
+    BadLayer(PathBuf),
+    #[error("Layer {} is not a directory", .0.display())]
+    LayerNotADirectory(PathBuf),
+    /// A mount option cannot carry these characters.
+    #[error("Mount path {} has , : or \\", .0.display())]
+    Unquotable(PathBuf),
+    #[error(transparent)]
+    Path(#[from] PathError),
 }
 
 /// The path's components below `/`, once it is known to be a plain absolute path.
@@ -218,16 +239,16 @@ pub(crate) fn validate(
     mounts: &[LayerMount],
     rootfs: &Path,
     layers: &[PathBuf],
-) -> Result<(), String> {
+) -> Result<(), MountError> {
     let mut lowers = layers.to_vec();
     lowers.push(rootfs.to_owned());
     let mut slots = std::collections::HashSet::new();
     for m in mounts {
         if !slots.insert(m.slot) {
-            return Err(format!("mount slot {} is used twice", m.slot));
+            return Err(MountError::SlotReused(m.slot));
         }
         check_layers(m)?;
-        check_path(&lowers, &m.path).map_err(|e| e.to_string())?;
+        check_path(&lowers, &m.path)?;
     }
     Ok(())
 }
@@ -235,25 +256,22 @@ pub(crate) fn validate(
 /// Refuses a mount without layers, with layers that are not absolute directories a mount
 /// option can carry, or a path with characters a mount option cannot carry (a persistent
 /// sandbox mounts it again at its next start).
-pub(crate) fn check_layers(m: &LayerMount) -> Result<(), String> {
+pub(crate) fn check_layers(m: &LayerMount) -> Result<(), MountError> {
     if m.layers.is_empty() {
-        return Err(format!("mount at {} has no layers", m.path.display()));
+        return Err(MountError::NoLayers(m.path.clone()));
     }
     for l in &m.layers {
         let bytes = l.as_os_str().as_encoded_bytes();
         if !l.is_absolute() || bytes.iter().any(|b| matches!(b, b',' | b':' | b'\\' | 0)) {
-            return Err(format!(
-                "layer {} must be absolute, without , : \\",
-                l.display()
-            ));
+            return Err(MountError::BadLayer(l.clone()));
         }
         if !l.is_dir() {
-            return Err(format!("layer {} is not a directory", l.display()));
+            return Err(MountError::LayerNotADirectory(l.clone()));
         }
     }
     let bytes = m.path.as_os_str().as_encoded_bytes();
     if bytes.iter().any(|b| matches!(b, b',' | b':' | b'\\')) {
-        return Err(format!("mount path {} has , : or \\", m.path.display()));
+        return Err(MountError::Unquotable(m.path.clone()));
     }
     Ok(())
 }

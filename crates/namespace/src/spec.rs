@@ -62,10 +62,10 @@ pub(crate) fn validate(spec: &SandboxSpec) -> Result<(), Error> {
     if spec.layers.len() >= 500 {
         return bad(format!("{} layers are too many", spec.layers.len()));
     }
-    crate::snapshot_mounts::validate(&spec.mounts, &spec.rootfs, &spec.layers)
-        .map_err(Error::Spec)?;
+    crate::snapshot_mounts::validate(&spec.mounts, &spec.rootfs, &spec.layers)?;
     for b in &spec.binds {
-        crate::host_mounts::check_path(&b.path).map_err(Error::Spec)?;
+        crate::host_mounts::check_path(&b.path)
+            .map_err(crate::snapshot_mounts::MountError::from)?;
     }
     if spec.state_dir.join(AGENT_SOCKET).as_os_str().len() >= 108 {
         return bad(format!(

@@ -243,6 +243,22 @@ impl<'n> EntryPath<'n> {
     }
 }
 
+/// What is wrong with an entry's header or PAX records.
+#[derive(Debug, thiserror::Error)]
+enum BadHeader {
+    #[error("has an unusable {0}")]
+    Field(&'static str),
+    /// (Shown in one message with its cause: [`invalid`] takes only the text.)
+    #[error("has unreadable PAX records: {0}")]
+    Pax(io::Error),
+    #[error("has a malformed PAX record")]
+    PaxRecord,
+    #[error("has a malformed PAX mtime")]
+    PaxTime,
+    #[error("has a NUL byte in an extended attribute's name")]
+    XattrName,
+}
+
 /// The metadata of an entry, as the header and its PAX records say.
 struct Meta {
     mode: Mode,
@@ -258,37 +274,35 @@ impl Meta {
         entry: &mut tar::Entry<'_, R>,
         as_root: bool,
         is_dir: bool,
-    ) -> Result<Self, String> {
+    ) -> Result<Self, BadHeader> {
         let header = entry.header();
         let old = header.as_old();
-        let mode = number(header.mode().map(u64::from), &old.mode).ok_or("has an unusable mode")?;
+        let mode =
+            number(header.mode().map(u64::from), &old.mode).ok_or(BadHeader::Field("mode"))?;
         let uid = number(header.uid(), &old.uid)
             .and_then(owner_id)
-            .ok_or("has an unusable uid")?;
+            .ok_or(BadHeader::Field("uid"))?;
         let gid = number(header.gid(), &old.gid)
             .and_then(owner_id)
-            .ok_or("has an unusable gid")?;
+            .ok_or(BadHeader::Field("gid"))?;
         let seconds = number(header.mtime(), &old.mtime).and_then(|t| i64::try_from(t).ok());
         let mut mtime = Timespec {
-            tv_sec: seconds.ok_or("has an unusable mtime")?,
+            tv_sec: seconds.ok_or(BadHeader::Field("mtime"))?,
             tv_nsec: 0,
         };
         let mut xattrs = Vec::new();
-        let records = entry
-            .pax_extensions()
-            .map_err(|e| format!("has unreadable PAX records: {e}"))?;
+        let records = entry.pax_extensions().map_err(BadHeader::Pax)?;
         for record in records.into_iter().flatten() {
-            let record = record.map_err(|_| "has a malformed PAX record")?;
+            let record = record.map_err(|_| BadHeader::PaxRecord)?;
             let key = record.key_bytes();
             if key == b"mtime" {
                 // Go's tar reader keeps the PAX mtime to the nanosecond; so do Docker and
                 // Podman.
-                mtime = pax_time(record.value_bytes()).ok_or("has a malformed PAX mtime")?;
+                mtime = pax_time(record.value_bytes()).ok_or(BadHeader::PaxTime)?;
             } else if let Some(name) = key.strip_prefix(b"SCHILY.xattr.")
                 && xattr_wanted(name, as_root, is_dir)
             {
-                let name = CString::new(name)
-                    .map_err(|_| "has a NUL byte in an extended attribute's name")?;
+                let name = CString::new(name).map_err(|_| BadHeader::XattrName)?;
                 xattrs.push((name, record.value_bytes().to_vec()));
             }
         }

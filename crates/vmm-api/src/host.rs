@@ -8,8 +8,8 @@ use std::path::Path;
 /// What the probe looks at, gathered from the host so the decision itself is testable.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct HostFacts {
-    /// `None` when `/dev/kvm` is missing; the open error when it cannot be opened.
-    pub kvm: Option<Result<(), String>>,
+    /// `None` when `/dev/kvm` is missing; the open error's kind when it cannot be opened.
+    pub kvm: Option<Result<(), std::io::ErrorKind>>,
     /// The `flags` of `/proc/cpuinfo`.
     pub cpu_flags: String,
     /// `/sys/module/kvm_pvm` exists: KVM is the software PVM flavour.
@@ -24,7 +24,7 @@ impl HostFacts {
                 .write(true)
                 .open("/dev/kvm")
                 .map(drop)
-                .map_err(|e| e.to_string())
+                .map_err(|e| e.kind())
         });
         let cpu_flags = std::fs::read_to_string("/proc/cpuinfo")
             .unwrap_or_default()
@@ -40,17 +40,29 @@ impl HostFacts {
     }
 }
 
-/// The host-side verdict before the tiny probe guest: `Err(reason)` when microVMs cannot work.
-pub fn host_verdict(facts: &HostFacts) -> Result<&'static str, String> {
+/// Why a host cannot run microVMs.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum Refusal {
+    #[error("no /dev/kvm: hardware virtualization is not exposed to this host")]
+    NoKvm,
+    #[error("cannot open /dev/kvm: {0}")]
+    KvmClosed(std::io::ErrorKind),
+    #[error("KVM is software-based (PVM) here: guest kernels would run emulated")]
+    Pvm,
+    #[error("the CPU has no vmx or svm flag: KVM here is not hardware-accelerated")]
+    NoVirtualization,
+}
+
+/// The host-side verdict before the tiny probe guest: the CPU's flag (`vmx` or `svm`), or
+/// why microVMs cannot work.
+pub fn host_verdict(facts: &HostFacts) -> Result<&'static str, Refusal> {
     match &facts.kvm {
-        None => {
-            return Err("no /dev/kvm: hardware virtualization is not exposed to this host".into());
-        }
-        Some(Err(e)) => return Err(format!("cannot open /dev/kvm: {e}")),
+        None => return Err(Refusal::NoKvm),
+        Some(Err(kind)) => return Err(Refusal::KvmClosed(*kind)),
         Some(Ok(())) => {}
     }
     if facts.pvm {
-        return Err("KVM is software-based (PVM) here: guest kernels would run emulated".into());
+        return Err(Refusal::Pvm);
     }
     let has = |flag: &str| facts.cpu_flags.split_whitespace().any(|f| f == flag);
     if has("vmx") {
@@ -58,7 +70,7 @@ pub fn host_verdict(facts: &HostFacts) -> Result<&'static str, String> {
     } else if has("svm") {
         Ok("svm")
     } else {
-        Err("the CPU has no vmx or svm flag: KVM here is not hardware-accelerated".into())
+        Err(Refusal::NoVirtualization)
     }
 }
 
@@ -66,7 +78,7 @@ pub fn host_verdict(facts: &HostFacts) -> Result<&'static str, String> {
 mod tests {
     use super::*;
 
-    fn facts(kvm: Option<Result<(), String>>, flags: &str, pvm: bool) -> HostFacts {
+    fn facts(kvm: Option<Result<(), std::io::ErrorKind>>, flags: &str, pvm: bool) -> HostFacts {
         HostFacts {
             kvm,
             cpu_flags: format!("flags\t\t: fpu {flags} sse"),
@@ -78,20 +90,23 @@ mod tests {
     fn pvm_and_missing_flags_rule_microvms_out() {
         let pvm = host_verdict(&facts(Some(Ok(())), "vmx", true)).unwrap_err();
         assert_eq!(
-            pvm,
+            pvm.to_string(),
             "KVM is software-based (PVM) here: guest kernels would run emulated"
         );
-        assert!(
-            host_verdict(&facts(None, "vmx", false))
-                .unwrap_err()
-                .contains("/dev/kvm")
+        assert_eq!(
+            host_verdict(&facts(None, "vmx", false)),
+            Err(Refusal::NoKvm)
         );
-        assert!(
-            host_verdict(&facts(Some(Err("denied".into())), "vmx", false))
-                .unwrap_err()
-                .contains("denied")
+        let denied = std::io::ErrorKind::PermissionDenied;
+        let closed = host_verdict(&facts(Some(Err(denied)), "vmx", false)).unwrap_err();
+        assert_eq!(
+            closed.to_string(),
+            "cannot open /dev/kvm: permission denied"
         );
-        assert!(host_verdict(&facts(Some(Ok(())), "hypervisor", false)).is_err());
+        assert_eq!(
+            host_verdict(&facts(Some(Ok(())), "hypervisor", false)),
+            Err(Refusal::NoVirtualization)
+        );
         assert_eq!(host_verdict(&facts(Some(Ok(())), "svm", false)), Ok("svm"));
         assert_eq!(host_verdict(&facts(Some(Ok(())), "vmx", false)), Ok("vmx"));
     }

@@ -65,9 +65,9 @@ impl Images {
                 Ok(()) => ImageBuildEvent::Done {
                     image: this.get(&name),
                 },
-                Err(message) => ImageBuildEvent::Error {
+                Err(e) => ImageBuildEvent::Error {
                     code: belljar_api::ErrorCode::BuildFailed,
-                    message,
+                    message: crate::util::error_chain(&e),
                 },
             };
             let _ = tx.send(end).await;
@@ -80,7 +80,7 @@ impl Images {
         script: &Path,
         name: &str,
         tx: &mpsc::Sender<ImageBuildEvent>,
-    ) -> Result<(), String> {
+    ) -> Result<(), RecipeError> {
         let mut child = tokio::process::Command::new("bash")
             .arg(script)
             .arg(name)
@@ -90,21 +90,41 @@ impl Images {
             .stderr(Stdio::piped())
             .kill_on_drop(false)
             .spawn()
-            .map_err(|e| format!("cannot start {}: {e}", script.display()))?;
+            .map_err(|e| RecipeError::Start(script.to_owned(), e))?;
         let stdout = child.stdout.take().map(|s| BufReader::new(s).lines());
         let stderr = child.stderr.take().map(|s| BufReader::new(s).lines());
         let last_err = Arc::new(Mutex::new(String::new()));
         let out = forward_lines(stdout, tx.clone(), None);
         let err = forward_lines(stderr, tx.clone(), Some(last_err.clone()));
         let ((), ()) = tokio::join!(out, err);
-        let status = child.wait().await.map_err(|e| e.to_string())?;
+        let status = child.wait().await.map_err(RecipeError::Wait)?;
         if status.success() {
             Ok(())
         } else {
             let last = last_err.lock().unwrap_or_else(|e| e.into_inner()).clone();
-            Err(format!("build-image.sh {name} failed ({status}): {last}"))
+            Err(RecipeError::Failed {
+                name: name.to_owned(),
+                status,
+                last,
+            })
         }
     }
+}
+
+/// Why one of our own images could not be built.
+#[derive(Debug, thiserror::Error)]
+enum RecipeError {
+    #[error("cannot start {}", .0.display())]
+    Start(std::path::PathBuf, #[source] std::io::Error),
+    #[error("cannot wait for the image build")]
+    Wait(#[source] std::io::Error),
+    /// `last`: the script's last line on stderr.
+    #[error("build-image.sh {name} failed ({status}): {last}")]
+    Failed {
+        name: String,
+        status: std::process::ExitStatus,
+        last: String,
+    },
 }
 
 /// See [`Images::build_command`].

@@ -50,14 +50,11 @@ impl Microvm {
     /// Boots a tiny raw guest that loops a million times in kernel mode, writes to its
     /// memory and resets through the i8042 (exit status 10). Hardware KVM finishes in a few
     /// milliseconds; software virtualization (PVM) needs seconds and fails the time limit.
-    fn probe_guest(&self) -> Result<(), String> {
-        let vmm = self
-            .vmm
-            .as_ref()
-            .ok_or("belljar-vmm was not found (set BELLJAR_VMM)")?;
-        let dir = tempfile::tempdir().map_err(|e| e.to_string())?;
+    fn probe_guest(&self) -> Result<(), ProbeFailure> {
+        let vmm = self.vmm.as_ref().ok_or(ProbeFailure::NoVmm)?;
+        let dir = tempfile::tempdir().map_err(ProbeFailure::Scratch)?;
         let code = dir.path().join("probe.bin");
-        std::fs::write(&code, probe_code(1_000_000)).map_err(|e| e.to_string())?;
+        std::fs::write(&code, probe_code(1_000_000)).map_err(ProbeFailure::Scratch)?;
         let config = dir.path().join("probe.json");
         let vm = VmConfig {
             kernel: Some(code),
@@ -67,7 +64,7 @@ impl Microvm {
             rng: false,
             ..Default::default()
         };
-        std::fs::write(&config, vm.to_json()).map_err(|e| e.to_string())?;
+        std::fs::write(&config, vm.to_json()).map_err(ProbeFailure::Scratch)?;
         let mut child = Command::new(vmm)
             .arg("--config")
             .arg(&config)
@@ -75,7 +72,7 @@ impl Microvm {
             .stdout(std::process::Stdio::null())
             .stderr(std::process::Stdio::null())
             .spawn()
-            .map_err(|e| format!("cannot run {}: {e}", vmm.display()))?;
+            .map_err(|e| ProbeFailure::Spawn(vmm.clone(), e))?;
         let deadline = std::time::Instant::now() + PROBE_LIMIT;
         loop {
             match child.try_wait() {
@@ -84,19 +81,36 @@ impl Microvm {
                 {
                     return Ok(());
                 }
-                Ok(Some(status)) => return Err(format!("the tiny probe guest failed ({status})")),
+                Ok(Some(status)) => return Err(ProbeFailure::Failed(status)),
                 Ok(None) if std::time::Instant::now() > deadline => {
                     let _ = child.kill();
                     let _ = child.wait();
-                    return Err(format!(
-                        "the tiny probe guest did not finish in {PROBE_LIMIT:?}: KVM here runs guest kernel code too slowly"
-                    ));
+                    return Err(ProbeFailure::TooSlow);
                 }
                 Ok(None) => std::thread::sleep(Duration::from_millis(5)),
-                Err(e) => return Err(e.to_string()),
+                Err(e) => return Err(ProbeFailure::Wait(e)),
             }
         }
     }
+}
+
+/// Why the tiny probe guest did not show working hardware virtualization.
+#[derive(Debug, thiserror::Error)]
+enum ProbeFailure {
+    #[error("belljar-vmm was not found (set BELLJAR_VMM)")]
+    NoVmm,
+    #[error("cannot write the probe guest's files")]
+    Scratch(#[source] std::io::Error),
+    #[error("cannot run {}", .0.display())]
+    Spawn(PathBuf, #[source] std::io::Error),
+    #[error("cannot wait for the tiny probe guest")]
+    Wait(#[source] std::io::Error),
+    #[error("the tiny probe guest failed ({0})")]
+    Failed(std::process::ExitStatus),
+    #[error(
+        "the tiny probe guest did not finish in {PROBE_LIMIT:?}: KVM here runs guest kernel code too slowly"
+    )]
+    TooSlow,
 }
 
 /// How long the probe guest may take; hardware KVM needs a few milliseconds.
@@ -141,10 +155,13 @@ impl BackendDriver for Microvm {
     }
 
     fn probe(&self) -> Probe {
-        let verdict = host_verdict(&HostFacts::gather()).and_then(|flag| {
-            self.probe_guest()
-                .map(|()| format!("KVM with hardware virtualization ({flag})"))
-        });
+        let verdict = host_verdict(&HostFacts::gather())
+            .map_err(|e| e.to_string())
+            .and_then(|flag| {
+                self.probe_guest()
+                    .map(|()| format!("KVM with hardware virtualization ({flag})"))
+                    .map_err(|e| crate::util::error_chain(&e))
+            });
         match verdict {
             Ok(reason) => Probe {
                 available: true,

@@ -113,7 +113,9 @@ impl Sandboxes {
             use belljar_namespace::snapshot_mounts::{PathError, check_path};
             check_path(lowers, Path::new(&m.path)).map_err(|e| match e {
                 PathError::NotADirectory(..) => SandboxError::NotADirectory(e.to_string()),
-                PathError::Invalid(_) => SandboxError::InvalidPath(e.to_string()),
+                PathError::Invalid(_) | PathError::Reserved(..) => {
+                    SandboxError::InvalidPath(e.to_string())
+                }
                 PathError::Io(..) => SandboxError::Io(std::io::Error::other(e.to_string())),
             })?;
         }

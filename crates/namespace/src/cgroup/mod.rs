@@ -37,6 +37,12 @@ pub enum Error {
         #[source]
         source: io::Error,
     },
+    #[error("Cannot create {}", path.display())]
+    Create {
+        path: PathBuf,
+        #[source]
+        source: io::Error,
+    },
     #[error("Cannot remove cgroup {}", path.display())]
     Remove {
         path: PathBuf,
@@ -121,19 +127,16 @@ fn enable_in_delegated(base: &Path, enable: &str) -> Result<(), Error> {
 }
 
 /// Makes `belljar/<id>` under `base` (or under `root` when `base` is not writable).
-fn make_group(base: &Path, root: &Path, id: &str) -> Result<PathBuf, String> {
-    let mut last = String::new();
-    for parent in [base, root] {
+/// The error is the last place's.
+fn make_group(base: &Path, root: &Path, id: &str) -> Result<PathBuf, Error> {
+    let make = |parent: &Path| {
         let dir = parent.join("belljar").join(id);
         match fs::create_dir_all(&dir) {
-            Ok(()) => return Ok(dir),
-            Err(e) => last = format!("cannot create {}: {e}", dir.display()),
+            Ok(()) => Ok(dir),
+            Err(source) => Err(Error::Create { path: dir, source }),
         }
-        if base == root {
-            break;
-        }
-    }
-    Err(last)
+    };
+    make(base).or_else(|e| if base == root { Err(e) } else { make(root) })
 }
 
 /// Why a v1 group could not be made. Without root that is the rule, not an accident: v1
@@ -214,7 +217,8 @@ impl Groups {
                     }
                     groups.v2 = Some(dir);
                 }
-                Err(reason) => {
+                Err(e) => {
+                    let reason = crate::error_chain(&e);
                     for c in needed {
                         v2_reasons.insert(c.to_owned(), reason.clone());
                     }
@@ -234,11 +238,11 @@ impl Groups {
                 Ok(dir) => {
                     groups.v1.insert(c.clone(), dir);
                 }
-                Err(reason) => {
+                Err(e) => {
                     let root = nix::unistd::Uid::effective().is_root();
                     v2_reasons
                         .entry(c.clone())
-                        .or_insert_with(|| v1_reason(reason, root));
+                        .or_insert_with(|| v1_reason(crate::error_chain(&e), root));
                 }
             }
         }

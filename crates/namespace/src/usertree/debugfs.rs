@@ -24,6 +24,16 @@ use std::fs;
 use std::os::unix::ffi::OsStrExt;
 use std::path::{Path, PathBuf};
 
+use super::{UnpackError, copy_err};
+
+/// An [`UnpackError::Debugfs`] with what the tool printed (or why it could not run).
+fn failed(tool: &Path, detail: impl AsRef<str>) -> UnpackError {
+    UnpackError::Debugfs {
+        tool: tool.to_owned(),
+        detail: detail.as_ref().trim().to_owned(),
+    }
+}
+
 /// ext4's root directory inode.
 const ROOT_INO: u32 = 2;
 const S_IFMT: u32 = 0o170_000;
@@ -45,27 +55,24 @@ pub(super) fn debugfs() -> Option<PathBuf> {
 }
 
 /// A path inside a `debugfs` command, in double quotes (its parser's only quoting).
-fn quoted(path: &Path) -> Result<String, String> {
+fn quoted(path: &Path) -> Result<String, UnpackError> {
     let text = path.to_string_lossy();
     if text.contains('"') {
-        return Err(format!("{text}: a path with a quote"));
+        return Err(UnpackError::Unquotable(text.into_owned()));
     }
     Ok(format!("\"{text}\""))
 }
 
 /// `debugfs -R 'rdump / DEST' IMAGE`: the image's root directory's contents into `dest`.
-pub(super) fn rdump(debugfs: &Path, ext4: &Path, dest: &Path) -> Result<(), String> {
+pub(super) fn rdump(debugfs: &Path, ext4: &Path, dest: &Path) -> Result<(), UnpackError> {
     let out = std::process::Command::new(debugfs)
         .arg("-R")
         .arg(format!("rdump / {}", quoted(dest)?))
         .arg(ext4)
         .output()
-        .map_err(|e| format!("{}: {e}", debugfs.display()))?;
+        .map_err(|e| failed(debugfs, e.to_string()))?;
     if !out.status.success() {
-        return Err(format!(
-            "debugfs failed: {}",
-            String::from_utf8_lossy(&out.stderr).trim()
-        ));
+        return Err(failed(debugfs, String::from_utf8_lossy(&out.stderr)));
     }
     Ok(())
 }
@@ -73,21 +80,23 @@ pub(super) fn rdump(debugfs: &Path, ext4: &Path, dest: &Path) -> Result<(), Stri
 /// Runs the commands of `script` (one per line) in one `debugfs` process; its standard output,
 /// where each command's output follows a `debugfs: COMMAND` line. The script goes through a
 /// file in `scratch`: this runs in a forked child, where a writer thread is best avoided.
-fn batch(debugfs: &Path, ext4: &Path, scratch: &Path, script: &str) -> Result<Vec<u8>, String> {
+fn batch(
+    debugfs: &Path,
+    ext4: &Path,
+    scratch: &Path,
+    script: &str,
+) -> Result<Vec<u8>, UnpackError> {
     let file = scratch.join("debugfs-commands");
-    fs::write(&file, script).map_err(|e| format!("{}: {e}", file.display()))?;
+    fs::write(&file, script).map_err(copy_err(&file))?;
     let out = std::process::Command::new(debugfs)
         .arg("-f")
         .arg(&file)
         .arg(ext4)
         .output()
-        .map_err(|e| format!("{}: {e}", debugfs.display()))?;
+        .map_err(|e| failed(debugfs, e.to_string()))?;
     let _ = fs::remove_file(&file);
     if !out.status.success() {
-        return Err(format!(
-            "debugfs failed: {}",
-            String::from_utf8_lossy(&out.stderr).trim()
-        ));
+        return Err(failed(debugfs, String::from_utf8_lossy(&out.stderr)));
     }
     Ok(out.stdout)
 }
@@ -128,7 +137,7 @@ fn parse_ls(line: &[u8]) -> Option<(u32, u32, &[u8])> {
 
 /// Every name below the image's root (but `lost+found`), listed breadth first, one `debugfs`
 /// run per depth.
-pub(super) fn list(debugfs: &Path, ext4: &Path, scratch: &Path) -> Result<Vec<Entry>, String> {
+pub(super) fn list(debugfs: &Path, ext4: &Path, scratch: &Path) -> Result<Vec<Entry>, UnpackError> {
     let mut entries = Vec::new();
     let mut seen = HashSet::from([ROOT_INO]);
     let mut level = vec![(ROOT_INO, PathBuf::new())];
@@ -165,7 +174,7 @@ pub(super) fn list(debugfs: &Path, ext4: &Path, scratch: &Path) -> Result<Vec<En
 
 /// Makes every further name of a hard-linked regular file a link to its first name again.
 /// Returns the directories whose entries changed (their times need setting back).
-pub(super) fn relink(entries: &[Entry], dest: &Path) -> Result<BTreeSet<PathBuf>, String> {
+pub(super) fn relink(entries: &[Entry], dest: &Path) -> Result<BTreeSet<PathBuf>, UnpackError> {
     let mut first: HashMap<u32, &Path> = HashMap::new();
     let mut touched = BTreeSet::new();
     for e in entries.iter().filter(|e| e.mode & S_IFMT == S_IFREG) {
@@ -174,9 +183,8 @@ pub(super) fn relink(entries: &[Entry], dest: &Path) -> Result<BTreeSet<PathBuf>
             continue;
         };
         let to = dest.join(&e.path);
-        let what = |err: std::io::Error| format!("{}: {err}", to.display());
-        fs::remove_file(&to).map_err(what)?;
-        fs::hard_link(dest.join(original), &to).map_err(what)?;
+        fs::remove_file(&to).map_err(copy_err(&to))?;
+        fs::hard_link(dest.join(original), &to).map_err(copy_err(&to))?;
         touched.insert(e.path.parent().map(Path::to_owned).unwrap_or_default());
     }
     Ok(touched)
@@ -220,7 +228,7 @@ pub(super) fn copy_xattrs(
     entries: &[Entry],
     dest: &Path,
     scratch: &Path,
-) -> Result<usize, String> {
+) -> Result<usize, UnpackError> {
     let mut path_of: HashMap<u32, PathBuf> = HashMap::from([(ROOT_INO, PathBuf::new())]);
     for e in entries {
         path_of.entry(e.ino).or_insert_with(|| e.path.clone());
@@ -239,9 +247,7 @@ pub(super) fn copy_xattrs(
     let mut script = String::new();
     for (i, (ino, name)) in wanted.iter().enumerate() {
         if name.contains(|c: char| c.is_whitespace() || c == '"' || c == '\\') {
-            return Err(format!(
-                "inode {ino}: an attribute name debugfs cannot take: {name:?}"
-            ));
+            return Err(UnpackError::Unquotable(format!("inode {ino}'s {name:?}")));
         }
         let file = quoted(&scratch.join(format!("xattr-{i}")))?;
         script.push_str(&format!("ea_get -f {file} <{ino}> {name}\n"));
@@ -250,7 +256,7 @@ pub(super) fn copy_xattrs(
     let mut set = 0;
     for (i, (ino, name)) in wanted.iter().enumerate() {
         let file = scratch.join(format!("xattr-{i}"));
-        let value = fs::read(&file).map_err(|e| format!("{}: {e}", file.display()))?;
+        let value = fs::read(&file).map_err(copy_err(&file))?;
         let _ = fs::remove_file(&file);
         let to = dest.join(&path_of[ino]);
         match crate::layer::xattr::set_xattr(&to, OsStr::new(name), &value) {
@@ -260,7 +266,13 @@ pub(super) fn copy_xattrs(
             // dropped silently.
             Err(e)
                 if e.raw_os_error() == Some(libc::EOPNOTSUPP) && name != "security.capability" => {}
-            Err(e) => return Err(format!("{}: cannot set {name}: {e}", to.display())),
+            Err(source) => {
+                return Err(UnpackError::Attribute {
+                    path: to,
+                    name: name.clone(),
+                    source,
+                });
+            }
         }
     }
     Ok(set)

@@ -50,9 +50,66 @@ pub enum Error {
         #[source]
         source: io::Error,
     },
-    /// The copy inside the user namespace failed.
+    /// The copy inside the user namespace failed (`reason`: the child's [`UnpackError`]
+    /// with its causes, or how the child ended).
     #[error("Cannot unpack {} for this user: {reason}", ext4.display())]
     Unpack { ext4: PathBuf, reason: String },
+}
+
+/// Why copying an image's tree failed, in the child that copies it; its parent gets the text
+/// of it, causes included, as [`Error::Unpack`]'s reason.
+#[derive(Debug, thiserror::Error)]
+pub enum UnpackError {
+    /// A path of the image cannot be read.
+    #[error("{path} in the image")]
+    Image {
+        path: String,
+        #[source]
+        source: ext4_view::Ext4Error,
+    },
+    /// A file of the copy cannot be made or changed.
+    #[error("{}", path.display())]
+    Copy {
+        path: PathBuf,
+        #[source]
+        source: io::Error,
+    },
+    /// `debugfs` cannot run or failed (`detail`: what it printed).
+    #[error("{} failed: {detail}", tool.display())]
+    Debugfs { tool: PathBuf, detail: String },
+    /// An extended attribute of the image cannot be set on the copy.
+    #[error("cannot set {name} on {}", path.display())]
+    Attribute {
+        path: PathBuf,
+        name: String,
+        #[source]
+        source: io::Error,
+    },
+    /// A path or attribute name that `debugfs`'s command parser cannot take.
+    #[error("{0}: a name debugfs cannot take")]
+    Unquotable(String),
+    /// `debugfs` left out a file of the image.
+    #[error("debugfs did not copy {0}")]
+    Missed(String),
+    /// The child could not become root of the user namespace.
+    #[error("cannot become root of the user namespace")]
+    Join(#[source] io::Error),
+}
+
+/// An [`UnpackError::Copy`] of `path`.
+fn copy_err(path: &Path) -> impl FnOnce(io::Error) -> UnpackError + '_ {
+    move |source| UnpackError::Copy {
+        path: path.to_owned(),
+        source,
+    }
+}
+
+/// An [`UnpackError::Image`] of the image's `path`.
+fn image_err(path: &ext4_view::PathBuf) -> impl FnOnce(ext4_view::Ext4Error) -> UnpackError + '_ {
+    move |source| UnpackError::Image {
+        path: shown(path),
+        source,
+    }
 }
 
 fn io_err(path: &Path) -> impl FnOnce(io::Error) -> Error + '_ {
@@ -152,14 +209,12 @@ fn in_namespace(map: &IdMap, ext4: &Path, dest: &Path) -> Result<(), Error> {
             let result = if joined {
                 unpack(ext4, dest)
             } else {
-                Err(format!(
-                    "cannot become root of the user namespace: {}",
-                    io::Error::last_os_error()
-                ))
+                Err(UnpackError::Join(io::Error::last_os_error()))
             };
             let code = match result {
                 Ok(()) => 0,
-                Err(text) => {
+                Err(e) => {
+                    let text = crate::error_chain(&e);
                     let _ = fs::File::from(err_w).write_all(text.as_bytes());
                     1
                 }
@@ -192,14 +247,14 @@ fn in_namespace(map: &IdMap, ext4: &Path, dest: &Path) -> Result<(), Error> {
 /// the test harness), but its `chown` after `chmod` drops setuid, setgid and sticky bits; a
 /// walk of the image's metadata puts those back and checks that every file arrived. Without
 /// `debugfs` the tree is copied through `ext4_view` alone.
-pub fn unpack(ext4: &Path, dest: &Path) -> Result<(), String> {
-    let fs = ext4_view::Ext4::load_from_path(ext4).map_err(|e| format!("{e}"))?;
+pub fn unpack(ext4: &Path, dest: &Path) -> Result<(), UnpackError> {
+    let root = ext4_view::PathBuf::new("/");
+    let fs = ext4_view::Ext4::load_from_path(ext4).map_err(image_err(&root))?;
     fs::DirBuilder::new()
         .mode(0o700)
         .create(dest)
-        .map_err(|e| format!("{}: {e}", dest.display()))?;
-    let root = ext4_view::PathBuf::new("/");
-    let meta = fs.metadata(&root).map_err(|e| format!("/: {e}"))?;
+        .map_err(copy_err(dest))?;
+    let meta = fs.metadata(&root).map_err(image_err(&root))?;
     match debugfs::debugfs() {
         Some(tool) => {
             debugfs::rdump(&tool, ext4, dest)?;
@@ -209,7 +264,7 @@ pub fn unpack(ext4: &Path, dest: &Path) -> Result<(), String> {
             fs::DirBuilder::new()
                 .mode(0o700)
                 .create(&scratch)
-                .map_err(|e| format!("{}: {e}", scratch.display()))?;
+                .map_err(copy_err(&scratch))?;
             let kept = keep_links_and_xattrs(&fs, &tool, ext4, dest, &scratch);
             let _ = fs::remove_dir_all(&scratch);
             kept?;
@@ -228,16 +283,14 @@ fn keep_links_and_xattrs(
     ext4: &Path,
     dest: &Path,
     scratch: &Path,
-) -> Result<(), String> {
+) -> Result<(), UnpackError> {
     let entries = debugfs::list(tool, ext4, scratch)?;
     for dir in debugfs::relink(&entries, dest)? {
         let mut image_path = b"/".to_vec();
         image_path.extend_from_slice(dir.as_os_str().as_bytes());
         let image_path = ext4_view::PathBuf::try_from(image_path)
-            .map_err(|e| format!("{}: {e}", dir.display()))?;
-        let meta = fs
-            .metadata(&image_path)
-            .map_err(|e| format!("{}: {e}", dir.display()))?;
+            .map_err(|_| UnpackError::Unquotable(dir.display().to_string()))?;
+        let meta = fs.metadata(&image_path).map_err(image_err(&image_path))?;
         finish(&dest.join(&dir), &meta, false)?;
     }
     debugfs::copy_xattrs(tool, ext4, &entries, dest, scratch)?;
@@ -266,14 +319,12 @@ fn walk_image(
         &ext4_view::PathBuf,
         &Path,
         &ext4_view::Metadata,
-    ) -> Result<Visit, String>,
-    after: &mut dyn FnMut(&Path, &ext4_view::Metadata) -> Result<(), String>,
-) -> Result<(), String> {
-    let entries = fs
-        .read_dir(src)
-        .map_err(|e| format!("{}: {e}", shown(src)))?;
+    ) -> Result<Visit, UnpackError>,
+    after: &mut dyn FnMut(&Path, &ext4_view::Metadata) -> Result<(), UnpackError>,
+) -> Result<(), UnpackError> {
+    let entries = fs.read_dir(src).map_err(image_err(src))?;
     for entry in entries {
-        let entry = entry.map_err(|e| format!("{}: {e}", shown(src)))?;
+        let entry = entry.map_err(image_err(src))?;
         let name = entry.file_name();
         let bytes: &[u8] = name.as_ref();
         if bytes == b"." || bytes == b".." || (top && bytes == b"lost+found") {
@@ -281,9 +332,7 @@ fn walk_image(
         }
         let from = entry.path();
         let to = dest.join(OsStr::from_bytes(bytes));
-        let meta = entry
-            .metadata()
-            .map_err(|e| format!("{}: {e}", shown(&from)))?;
+        let meta = entry.metadata().map_err(image_err(&from))?;
         match visit(&from, &to, &meta)? {
             Visit::Skip => continue,
             Visit::Visited => {}
@@ -300,19 +349,22 @@ fn shown(p: &ext4_view::PathBuf) -> String {
 
 /// After `rdump`: every directory, file and link of the image exists in `dest`, and modes
 /// with setuid, setgid or sticky bits are set again.
-fn fix_modes(fs: &ext4_view::Ext4, src: &ext4_view::PathBuf, dest: &Path) -> Result<(), String> {
+fn fix_modes(
+    fs: &ext4_view::Ext4,
+    src: &ext4_view::PathBuf,
+    dest: &Path,
+) -> Result<(), UnpackError> {
     let mut visit = |from: &ext4_view::PathBuf, to: &Path, meta: &ext4_view::Metadata| {
         let ft = meta.file_type();
         if !(ft.is_dir() || ft.is_regular_file() || ft.is_symlink()) {
             return Ok(Visit::Skip);
         }
         if fs::symlink_metadata(to).is_err() {
-            return Err(format!("debugfs did not copy {}", shown(from)));
+            return Err(UnpackError::Missed(shown(from)));
         }
         let mode = u32::from(meta.mode()) & 0o7777;
         if !ft.is_symlink() && mode & 0o7000 != 0 {
-            fs::set_permissions(to, fs::Permissions::from_mode(mode))
-                .map_err(|e| format!("{}: {e}", to.display()))?;
+            fs::set_permissions(to, fs::Permissions::from_mode(mode)).map_err(copy_err(to))?;
         }
         Ok(if ft.is_dir() {
             Visit::Descend
@@ -325,15 +377,19 @@ fn fix_modes(fs: &ext4_view::Ext4, src: &ext4_view::PathBuf, dest: &Path) -> Res
 
 /// Copies the image below `src` into `dest` file by file (without debugfs): directories,
 /// regular files and symbolic links, each with its owner, mode and times.
-fn copy_dir(fs: &ext4_view::Ext4, src: &ext4_view::PathBuf, dest: &Path) -> Result<(), String> {
+fn copy_dir(
+    fs: &ext4_view::Ext4,
+    src: &ext4_view::PathBuf,
+    dest: &Path,
+) -> Result<(), UnpackError> {
     let mut visit = |from: &ext4_view::PathBuf, to: &Path, meta: &ext4_view::Metadata| {
-        let what = |e: io::Error| format!("{}: {e}", to.display());
+        let what = |e: io::Error| copy_err(to)(e);
         let ft = meta.file_type();
         if ft.is_dir() {
             fs::DirBuilder::new().mode(0o700).create(to).map_err(what)?;
             Ok(Visit::Descend)
         } else if ft.is_regular_file() {
-            let mut file = fs.open(from).map_err(|e| format!("{}: {e}", shown(from)))?;
+            let mut file = fs.open(from).map_err(image_err(from))?;
             let mut out = fs::OpenOptions::new()
                 .write(true)
                 .create_new(true)
@@ -343,9 +399,7 @@ fn copy_dir(fs: &ext4_view::Ext4, src: &ext4_view::PathBuf, dest: &Path) -> Resu
             io::copy(&mut file, &mut out).map_err(what)?;
             Ok(Visit::Visited)
         } else if ft.is_symlink() {
-            let target = fs
-                .read_link(from)
-                .map_err(|e| format!("{}: {e}", shown(from)))?;
+            let target = fs.read_link(from).map_err(image_err(from))?;
             std::os::unix::fs::symlink(OsStr::from_bytes(target.as_ref()), to).map_err(what)?;
             Ok(Visit::Visited)
         } else {
@@ -359,8 +413,8 @@ fn copy_dir(fs: &ext4_view::Ext4, src: &ext4_view::PathBuf, dest: &Path) -> Resu
 }
 
 /// Owner, then mode (a `chown` clears setuid bits, so the mode comes after), then times.
-fn finish(path: &Path, meta: &ext4_view::Metadata, symlink: bool) -> Result<(), String> {
-    let what = |e: io::Error| format!("{}: {e}", path.display());
+fn finish(path: &Path, meta: &ext4_view::Metadata, symlink: bool) -> Result<(), UnpackError> {
+    let what = |e: io::Error| copy_err(path)(e);
     match std::os::unix::fs::lchown(path, Some(meta.uid()), Some(meta.gid())) {
         Ok(()) => {}
         // An id outside the sandbox's 65536 stays the namespace root's.

@@ -104,7 +104,7 @@ pub fn parse(text: &str) -> Result<Vec<Instruction>, ParseError> {
         let trimmed = raw.trim();
         if directives {
             if let Some(d) = directive(trimmed) {
-                check_directive(d).map_err(|m| err(n, m))?;
+                check_directive(n, d)?;
                 continue;
             }
             directives = false;
@@ -155,14 +155,15 @@ fn directive(line: &str) -> Option<(String, String)> {
     Some((name.to_ascii_lowercase(), value.trim().to_owned()))
 }
 
-fn check_directive((name, value): (String, String)) -> Result<(), String> {
+fn check_directive(line: usize, (name, value): (String, String)) -> Result<(), ParseError> {
+    let err = |message: String| Err(ParseError { line, message });
     match name.as_str() {
         "syntax" if value.contains("docker/dockerfile") => Ok(()),
-        "syntax" => Err(format!(
+        "syntax" => err(format!(
             "the syntax directive {value:?} names another frontend; Belljar reads the standard Dockerfile syntax only"
         )),
         "escape" if value == "\\" => Ok(()),
-        "escape" => Err(format!(
+        "escape" => err(format!(
             "the escape directive {value:?} is not supported (only the default \\)"
         )),
         // Docker ignores directives it does not know, as comments.

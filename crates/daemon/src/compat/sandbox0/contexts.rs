@@ -527,11 +527,11 @@ fn text(msg: &WsOutput) -> Message {
 /// What a client asks on a context's socket; `None` at its end.
 async fn next_input(
     stream: &mut futures::stream::SplitStream<WebSocket>,
-) -> Option<std::result::Result<WsInput, String>> {
+) -> Option<std::result::Result<WsInput, serde_json::Error>> {
     loop {
         match stream.next().await? {
             Ok(Message::Text(t)) => {
-                return Some(serde_json::from_str(&t).map_err(|e| e.to_string()));
+                return Some(serde_json::from_str(&t));
             }
             Ok(Message::Close(_)) | Err(_) => return None,
             Ok(_) => {}
