@@ -169,7 +169,7 @@ pub(crate) fn start(plan: &Plan) -> Result<Started, Error> {
         in_v2_group: std::cell::Cell::new(true),
     };
     let arg = std::ptr::from_ref(&ctx).cast_mut().cast();
-    // SAFETY (both calls): `starter_entry` walks the plan with system calls and ends in
+    // SAFETY: (this call and the one below) `starter_entry` walks the plan with system calls and ends in
     // `_exit`; `ctx`, the plan and the stacks outlive the call, which returns once the
     // starter has exited (and PID 1 exec'd or died).
     let born = plan.cgroup_v2.as_ref().and_then(|g| unsafe {
@@ -179,6 +179,7 @@ pub(crate) fn start(plan: &Plan) -> Result<Started, Error> {
         Some(result) => result,
         None => {
             ctx.in_v2_group.set(false);
+            // SAFETY: as for `spawn_into` above.
             unsafe { vfork::spawn(&stacks, 0, starter_entry, arg) }
         }
     };
@@ -228,7 +229,7 @@ pub(crate) fn check(ret: libc::c_int, err_fd: RawFd, what: &str) {
 
 fn starter(ctx: &Context<'_>) -> ! {
     let (plan, pid_fd, err_fd) = (ctx.plan, ctx.pid_fd, ctx.err_fd);
-    // SAFETY (for every block in this function): plain system calls on fds and C strings
+    // SAFETY: (for every block in this function) plain system calls on fds and C strings
     // owned by `plan`, which outlives the calls; pointers passed are valid for the call.
     unsafe {
         check(libc::setsid(), err_fd, "setsid");
@@ -282,7 +283,7 @@ fn starter(ctx: &Context<'_>) -> ! {
 }
 
 fn pid1(plan: &Plan, err_fd: RawFd) -> ! {
-    // SAFETY (for every block in this function): plain system calls on fds, C strings and a
+    // SAFETY: (for every block in this function) plain system calls on fds, C strings and a
     // BPF program owned by `plan`, which outlives the calls; all pointers are valid for the
     // duration of each call and the structs passed are fully initialised.
     unsafe {

@@ -312,7 +312,9 @@ fn check_allowed(fd: &OwnedFd, asked: &Path, forbidden: &[PathBuf]) -> Result<()
     }
     // SAFETY: fstatfs into a zeroed struct on a descriptor we own.
     let mut st: libc::statfs = unsafe { std::mem::zeroed() };
-    if unsafe { libc::fstatfs(fd.as_raw_fd(), &mut st) } == 0 {
+    // SAFETY: `st` is valid for writes for the call; `fd` is open.
+    let got = unsafe { libc::fstatfs(fd.as_raw_fd(), &mut st) };
+    if got == 0 {
         const KERNEL_FS: [i64; 8] = [
             0x9fa0,      // proc
             0x6265_6572, // sysfs

@@ -407,7 +407,7 @@ unsafe fn walk_in_sandbox(
 }
 
 fn mount_helper(plan: &MountPlan, err: RawFd) -> ! {
-    // SAFETY (for every block in this function): plain system calls on fds and C strings
+    // SAFETY: (for every block in this function) plain system calls on fds and C strings
     // owned by `plan`, which outlives them; all pointers are valid for each call.
     unsafe {
         check(libc::chdir(plan.workdir.as_ptr()).into(), err, "chdir");
@@ -487,7 +487,7 @@ fn mount_helper(plan: &MountPlan, err: RawFd) -> ! {
 }
 
 fn unmount_helper(plan: &UnmountPlan, err: RawFd) -> ! {
-    // SAFETY (for every block in this function): as in `mount_helper`.
+    // SAFETY: (for every block in this function) as in `mount_helper`.
     unsafe {
         become_sandbox_root(&plan.userns, err);
         let dir = walk_in_sandbox(&plan.mntns, &plan.parents, false, err, |_| NOT_MOUNTED);

@@ -125,27 +125,21 @@ pub fn setup(setup: &NetSetup) -> Result<(), NetError> {
     let mut req = ifreq();
     req.ifr_ifru.ifru_mtu = i32::try_from(setup.mtu).unwrap_or(1500);
     // SAFETY: as above.
-    check(
-        unsafe { libc::ioctl(fd, libc::SIOCSIFMTU, &req) },
-        "set the MTU of eth0",
-    )?;
+    let r = unsafe { libc::ioctl(fd, libc::SIOCSIFMTU, &req) };
+    check(r, "set the MTU of eth0")?;
     let mut req = ifreq();
     req.ifr_ifru.ifru_addr = sockaddr_v4(setup.v4);
     // SAFETY: as above.
-    check(
-        unsafe { libc::ioctl(fd, libc::SIOCSIFADDR, &req) },
-        "address eth0",
-    )?;
+    let r = unsafe { libc::ioctl(fd, libc::SIOCSIFADDR, &req) };
+    check(r, "address eth0")?;
     let mask = u32::MAX
         .checked_shl(32 - u32::from(setup.prefix_v4))
         .unwrap_or(0);
     let mut req = ifreq();
     req.ifr_ifru.ifru_netmask = sockaddr_v4(Ipv4Addr::from(mask));
     // SAFETY: as above.
-    check(
-        unsafe { libc::ioctl(fd, libc::SIOCSIFNETMASK, &req) },
-        "set the netmask of eth0",
-    )?;
+    let r = unsafe { libc::ioctl(fd, libc::SIOCSIFNETMASK, &req) };
+    check(r, "set the netmask of eth0")?;
     // Duplicate address detection would hold the IPv6 address back for a second, and again
     // whenever the tap's carrier returns after a daemon restart; nothing else is on the link.
     let _ = std::fs::write(
@@ -154,23 +148,17 @@ pub fn setup(setup: &NetSetup) -> Result<(), NetError> {
     );
     let mut req = ifreq();
     // SAFETY: as above.
-    check(
-        unsafe { libc::ioctl(fd, libc::SIOCGIFFLAGS, &mut req) },
-        "read the flags of eth0",
-    )?;
+    let r = unsafe { libc::ioctl(fd, libc::SIOCGIFFLAGS, &mut req) };
+    check(r, "read the flags of eth0")?;
     // SAFETY: after SIOCGIFFLAGS the flags member is the initialised one.
     unsafe { req.ifr_ifru.ifru_flags |= (libc::IFF_UP | libc::IFF_RUNNING) as libc::c_short };
     // SAFETY: as above.
-    check(
-        unsafe { libc::ioctl(fd, libc::SIOCSIFFLAGS, &req) },
-        "bring eth0 up",
-    )?;
+    let r = unsafe { libc::ioctl(fd, libc::SIOCSIFFLAGS, &req) };
+    check(r, "bring eth0 up")?;
     let mut req = ifreq();
     // SAFETY: as above.
-    check(
-        unsafe { libc::ioctl(fd, libc::SIOCGIFINDEX, &mut req) },
-        "find eth0",
-    )?;
+    let r = unsafe { libc::ioctl(fd, libc::SIOCGIFINDEX, &mut req) };
+    check(r, "find eth0")?;
     // SAFETY: after SIOCGIFINDEX the index member is the initialised one.
     let index = unsafe { req.ifr_ifru.ifru_ifindex };
 
@@ -278,18 +266,16 @@ const LINUX_CAPABILITY_VERSION_3: u32 = 0x2008_0522;
 /// the agent nor any command it starts can change the sandbox's network again.
 pub fn drop_net_admin() -> Result<(), NetError> {
     // SAFETY: PR_CAPBSET_DROP takes the capability number by value.
-    check(
-        unsafe {
-            libc::prctl(
-                libc::PR_CAPBSET_DROP,
-                libc::c_ulong::from(CAP_NET_ADMIN),
-                0,
-                0,
-                0,
-            )
-        },
-        "drop CAP_NET_ADMIN from the bounding set",
-    )?;
+    let r = unsafe {
+        libc::prctl(
+            libc::PR_CAPBSET_DROP,
+            libc::c_ulong::from(CAP_NET_ADMIN),
+            0,
+            0,
+            0,
+        )
+    };
+    check(r, "drop CAP_NET_ADMIN from the bounding set")?;
     let mut header = CapHeader {
         version: LINUX_CAPABILITY_VERSION_3,
         pid: 0,
