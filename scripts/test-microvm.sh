@@ -45,7 +45,7 @@ elapsed() { awk -v a="$1" -v b="$(date +%s.%N)" 'BEGIN { printf "%.1f", b - a }'
 timing() { printf 'timing: %-32s %6ss\n' "$1" "$2" >&2; }
 
 # Hardware KVM: /dev/kvm opens, the CPU has vmx or svm, and it is not PVM (the same facts
-# crates/daemon/src/sandbox/microvm.rs probes).
+# crates/daemon/src/sandbox/microvm/mod.rs probes).
 hardware_kvm() {
   [ -c /dev/kvm ] && { : < /dev/kvm; } 2> /dev/null &&
     grep -qwE 'vmx|svm' /proc/cpuinfo && [ ! -e /sys/module/kvm_pvm ]

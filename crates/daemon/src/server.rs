@@ -106,7 +106,7 @@ async fn serve(config: Config, paths: &Paths) -> Result<(), ServerError> {
     let kernel = config
         .kernel
         .clone()
-        .or_else(|| crate::sandbox::vmm::find_kernel(&paths.cache));
+        .or_else(|| crate::sandbox::microvm::vmm::find_kernel(&paths.cache));
     let backends: Vec<Box<dyn BackendDriver>> = vec![
         Box::new(Microvm::new(vmm, kernel).force_for_testing(config.testing_force_microvm)),
         Box::new(Namespace::default()),

@@ -34,7 +34,7 @@ pub enum BackendError {
     Namespace(Step, #[source] belljar_namespace::Error),
     /// A microVM could not be started, measured, paused, resumed, stopped or deleted.
     #[error("{0} the microVM failed")]
-    Microvm(Step, #[source] super::vmm::VmmError),
+    Microvm(Step, #[source] super::microvm::vmm::VmmError),
     /// This backend cannot do that (yet).
     #[error("The {backend} backend cannot {what} yet")]
     Unsupported {
@@ -47,10 +47,10 @@ pub enum BackendError {
     Capture(#[source] belljar_namespace::layer::Error),
     /// A microVM's writable disk could not be copied and read for a snapshot.
     #[error("Capturing the microVM's files failed")]
-    MicrovmCapture(#[source] super::microvm_layers::Error),
+    MicrovmCapture(#[source] super::microvm::layers::Error),
     /// The disks a microVM starts from (its snapshot layers and mounts) could not be made.
     #[error("Making the microVM's snapshot disks failed")]
-    LayerDisks(#[source] super::microvm_layers::Error),
+    LayerDisks(#[source] super::microvm::layers::Error),
     /// The sandbox has no freezer (a rootless daemon on cgroup v1, or without delegation), so
     /// it cannot be paused, forked or snapshotted while it runs: a limit of this host, not a
     /// failure. Its message is the host's reason, a sentence of its own.
@@ -72,7 +72,7 @@ impl BackendError {
         matches!(
             self,
             BackendError::Capture(Error::TooLarge { .. })
-                | BackendError::MicrovmCapture(super::microvm_layers::Error::Layer(
+                | BackendError::MicrovmCapture(super::microvm::layers::Error::Layer(
                     Error::TooLarge { .. }
                 ))
         )

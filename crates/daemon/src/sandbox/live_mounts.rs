@@ -18,7 +18,7 @@ use crate::store::SnapshotRow;
 use crate::util::{new_id, now_ms};
 
 use super::backend::BackendError;
-use super::snapshot_mounts::{mount_path, refused_error};
+use super::snapshots::mounts::{mount_path, refused_error};
 use super::{SandboxError, Sandboxes};
 
 impl Sandboxes {

@@ -11,7 +11,6 @@ mod adopt;
 pub mod backend;
 mod build_step;
 mod commands;
-mod diff;
 mod files;
 mod fork;
 mod frozen;
@@ -20,27 +19,19 @@ mod lifetime;
 mod live_mounts;
 mod logs;
 pub mod microvm;
-mod microvm_dirs;
-mod microvm_layers;
 mod monitor;
 pub mod namespace;
 pub mod network;
-mod network_flows;
-mod network_policy;
 mod pause;
 mod persist;
 mod pool;
 mod pump;
 mod reconfigure;
-mod snapshot_mounts;
 mod snapshots;
 mod source;
-mod squash;
-mod stopping_snapshot;
 mod teardown;
 mod terminal;
 mod usage;
-pub mod vmm;
 pub mod volumes;
 
 use std::collections::HashMap;
@@ -185,7 +176,7 @@ impl Default for Settings {
             stop_grace: Duration::from_secs(2),
             ready_timeout: Duration::from_secs(20),
             command_output_limit: None,
-            squash_depth: squash::DEFAULT_SQUASH_DEPTH,
+            squash_depth: snapshots::squash::DEFAULT_SQUASH_DEPTH,
             pool: PoolSizes::default(),
             allow_mount_roots: Vec::new(),
         }

@@ -76,7 +76,7 @@ impl Sandboxes {
                 .inner
                 .store
                 .replace_mounts(&s.id, &moves)?
-                .map_err(super::snapshot_mounts::refused_error)?;
+                .map_err(super::snapshots::mounts::refused_error)?;
             self.remove_layers(&freed);
             Ok::<_, SandboxError>(made)
         };

@@ -15,15 +15,15 @@ use belljar_network::{FlowLog, FlowRecord};
 
 use futures::StreamExt;
 
-use super::network::lock;
-use super::{SandboxError, Sandboxes};
+use crate::sandbox::network::lock;
+use crate::sandbox::{SandboxError, Sandboxes};
 
 /// Flow records kept per sandbox, in memory and on disk.
 pub const FLOWS_KEPT: usize = 1000;
 /// How often a sandbox's dropped and folded flow records are logged while they grow.
 const STATS_EVERY: std::time::Duration = std::time::Duration::from_secs(5);
 
-pub(super) fn to_flow(r: &FlowRecord, base: u64) -> api::NetworkFlow {
+pub(in crate::sandbox) fn to_flow(r: &FlowRecord, base: u64) -> api::NetworkFlow {
     let ms = |v: u64| i64::try_from(v).unwrap_or(i64::MAX);
     api::NetworkFlow {
         id: base + r.id,
@@ -53,7 +53,7 @@ impl Sandboxes {
     }
 
     /// The flows kept, oldest first.
-    pub(super) fn flow_records(&self, id: &str) -> Vec<api::NetworkFlow> {
+    pub(in crate::sandbox) fn flow_records(&self, id: &str) -> Vec<api::NetworkFlow> {
         let mut all = lock(&self.inner.network.flows);
         let flows = all.entry(id.to_owned()).or_insert_with(|| {
             let text = std::fs::read_to_string(self.flows_file(id)).unwrap_or_default();
@@ -107,7 +107,7 @@ impl Sandboxes {
     /// loses a denied flow (a flood's are folded into records that count them) and counts the
     /// allowed ones' records it drops when this falls behind; both counts are logged as they
     /// grow, at most every few seconds.
-    pub(super) fn spawn_flow_pump(
+    pub(in crate::sandbox) fn spawn_flow_pump(
         &self,
         id: &str,
         log: Arc<FlowLog>,

@@ -227,7 +227,7 @@ impl Sandboxes {
         ca_of: Option<&str>,
     ) -> Result<bool, SandboxError> {
         let policy = policy.cloned().unwrap_or_default();
-        super::network_policy::firewall(&policy)?;
+        super::network::policy::firewall(&policy)?;
         let kept = ca_of
             .map(|source| self.load_saved(source))
             .and_then(|s| Some((s.ca_key_pem?, s.ca_cert_pem)));
@@ -281,7 +281,7 @@ impl Sandboxes {
         let id = sandbox.id.clone();
         self.detach_network(&id);
         let mut saved = self.load_saved(&id);
-        let firewall = super::network_policy::firewall(&saved.policy)?;
+        let firewall = super::network::policy::firewall(&saved.policy)?;
         let roots = broker_roots();
         let broker = match &saved.ca_key_pem {
             Some(pem) => Broker::from_key_pem(pem, roots),
@@ -298,7 +298,7 @@ impl Sandboxes {
             },
             policy: firewall,
             dns: dns_upstream(),
-            flow_capacity: super::network_flows::FLOWS_KEPT,
+            flow_capacity: super::network::flows::FLOWS_KEPT,
             broker: Some(Arc::new(broker)),
             limits: belljar_network::config::Limits::default(),
             // One budget for every sandbox: the process's descriptors less a reserve for the
@@ -378,7 +378,7 @@ impl Sandboxes {
     ) -> Result<(), SandboxError> {
         let mut saved = self.load_saved(id);
         let policy = policy.unredacted(&saved.policy);
-        let firewall = super::network_policy::firewall(&policy)?;
+        let firewall = super::network::policy::firewall(&policy)?;
         saved.policy = policy;
         self.store_saved(id, &saved)?;
         if let Some(a) = self.attached(id) {
@@ -544,8 +544,9 @@ pub(super) fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
     m.lock().unwrap_or_else(|e| e.into_inner())
 }
 
-#[path = "network_ca.rs"]
 mod ca;
+pub(super) mod flows;
+pub(super) mod policy;
 
 #[cfg(test)]
 mod tests {

@@ -8,6 +8,10 @@
 //! `belljar_vmm_api::host`, shared with `belljar doctor`. Each sandbox is one `belljar-vmm`
 //! process ([`vmm`]).
 
+pub(super) mod dirs;
+pub(super) mod layers;
+pub mod vmm;
+
 use std::path::{Path, PathBuf};
 use std::process::Command;
 use std::time::Duration;
@@ -21,7 +25,6 @@ use super::backend::{
     AgentAddress, BackendDriver, BackendError, CapturedLayer, ExitWatch, LaunchSpec, Launched,
     Probe, Step,
 };
-use super::{microvm_layers, vmm};
 
 pub struct Microvm {
     vmm: Option<PathBuf>,
@@ -182,15 +185,14 @@ impl BackendDriver for Microvm {
             .map(|m| {
                 Ok(vmm::VmMount {
                     slot: m.slot,
-                    disk: microvm_layers::mount_disk(&m.layers)
-                        .map_err(BackendError::LayerDisks)?,
+                    disk: layers::mount_disk(&m.layers).map_err(BackendError::LayerDisks)?,
                     path: m.path.clone(),
                 })
             })
             .collect::<Result<Vec<_>, BackendError>>()?;
-        let lower_disks = microvm_layers::layer_disks_within(
+        let lower_disks = layers::layer_disks_within(
             &spec.layers,
-            microvm_layers::MAX_LAYER_DISKS.saturating_sub(mounts.len()),
+            layers::MAX_LAYER_DISKS.saturating_sub(mounts.len()),
         )
         .map_err(BackendError::LayerDisks)?;
         let err = |e: vmm::VmmError| BackendError::Microvm(Step::Launch, e);
@@ -259,7 +261,7 @@ impl BackendDriver for Microvm {
     /// session reads it. A paused VM was flushed when it was paused.
     fn stop(&self, state_dir: &Path, grace: Duration) -> Result<(), BackendError> {
         if vmm::adopt(state_dir).is_some() && !vmm::is_paused(state_dir) {
-            let synced = microvm_layers::guest_sync(state_dir, microvm_layers::SYNC_TIMEOUT);
+            let synced = layers::guest_sync(state_dir, layers::SYNC_TIMEOUT);
             if let Err(e) = synced {
                 tracing::warn!(dir = %state_dir.display(), error = %crate::util::error_chain(&e), "cannot flush the guest before stopping it");
             }
@@ -295,7 +297,7 @@ impl BackendDriver for Microvm {
     /// The guest flushes its filesystems, then the VMM pauses every vCPU: the processes stay in
     /// guest memory where they were, and the writable layer's disk is consistent while paused.
     fn freeze(&self, state_dir: &Path) -> Result<(), BackendError> {
-        if let Err(e) = microvm_layers::guest_sync(state_dir, microvm_layers::SYNC_TIMEOUT) {
+        if let Err(e) = layers::guest_sync(state_dir, layers::SYNC_TIMEOUT) {
             tracing::warn!(dir = %state_dir.display(), error = %crate::util::error_chain(&e), "cannot flush the guest before pausing it");
         }
         vmm::pause(state_dir).map_err(|e| BackendError::Microvm(Step::Freeze, e))
@@ -306,7 +308,7 @@ impl BackendDriver for Microvm {
     }
 
     fn capture(&self, state_dir: &Path, layers_dir: &Path) -> Result<CapturedLayer, BackendError> {
-        microvm_layers::DiskCopy::take(state_dir)?.capture(layers_dir)
+        layers::DiskCopy::take(state_dir)?.capture(layers_dir)
     }
 
     /// One copy of the writable disk serves every mount: each one's writes are its
@@ -320,7 +322,7 @@ impl BackendDriver for Microvm {
         if slots.is_empty() {
             return Ok(Vec::new());
         }
-        microvm_layers::DiskCopy::take(state_dir)?.capture_mounts(slots, layers_dir)
+        layers::DiskCopy::take(state_dir)?.capture_mounts(slots, layers_dir)
     }
 
     fn capture_dir(
@@ -329,7 +331,7 @@ impl BackendDriver for Microvm {
         path: &str,
         layers_dir: &Path,
     ) -> Result<CapturedLayer, BackendError> {
-        super::microvm_dirs::capture_dir(state_dir, path, layers_dir)
+        super::microvm::dirs::capture_dir(state_dir, path, layers_dir)
     }
 
     fn forced_for_testing(&self) -> Option<String> {

@@ -23,7 +23,7 @@ use std::time::Duration;
 use belljar_agent_proto::client::{AgentClient, ClientError};
 use belljar_agent_proto::{CommandStatus, StartCommand};
 
-use super::backend::{BackendError, CapturedLayer};
+use crate::sandbox::backend::{BackendError, CapturedLayer};
 
 /// Errors reading a microVM's writable disk on the host and making the disks of its layers.
 #[derive(Debug, thiserror::Error)]
@@ -418,7 +418,7 @@ fn prune(cache: &Path, layers_dir: &Path) {
 
 /// `mkfs.ext4 -d` of one layer directory, under a temporary name until complete; a disk that
 /// turns out too small (ext4's own metadata is only estimated) is made again twice as big.
-pub(super) fn make_disk(layer: &Path, disk: &Path) -> Result<(), Error> {
+pub(in crate::sandbox) fn make_disk(layer: &Path, disk: &Path) -> Result<(), Error> {
     let (bytes, entries) = tree_size(layer).map_err(io_err("read", layer))?;
     // No journal and no reserved blocks: the disk is never written.
     let mut size = (bytes + bytes / 4 + (8 << 20)).next_multiple_of(1 << 20);
@@ -498,5 +498,5 @@ fn tree_size(root: &Path) -> std::io::Result<(u64, u64)> {
 }
 
 #[cfg(test)]
-#[path = "microvm_layers_tests.rs"]
+#[path = "layers_tests.rs"]
 mod tests;

@@ -7,8 +7,8 @@
 
 use std::path::{Path, PathBuf};
 
-use super::backend::{BackendError, CapturedLayer};
-use super::microvm_layers::{DiskCopy, Error, ReadOnlyMount};
+use crate::sandbox::backend::{BackendError, CapturedLayer};
+use crate::sandbox::microvm::layers::{DiskCopy, Error, ReadOnlyMount};
 
 /// Copies directory `path` of the paused microVM in `state_dir` into `layers_dir/<digest>`.
 pub fn capture_dir(
@@ -17,7 +17,8 @@ pub fn capture_dir(
     layers_dir: &Path,
 ) -> Result<CapturedLayer, BackendError> {
     let failed = BackendError::MicrovmCapture;
-    let config = super::vmm::read_config(state_dir).map_err(|e| failed(Error::Config(e)))?;
+    let config = crate::sandbox::microvm::vmm::read_config(state_dir)
+        .map_err(|e| failed(Error::Config(e)))?;
     let disk = |id: &str| config.disks.iter().find(|d| d.id == id).map(|d| &d.path);
     let root = disk("root").ok_or(failed(Error::NoRootDisk))?;
     // Topmost first, as the daemon lists them (`lower0`, `lower1`, ...).
@@ -98,7 +99,7 @@ mod tests {
             ("lower", t.join("lower0.ext4")),
             ("writable", state.join("layer.ext4")),
         ] {
-            super::super::microvm_layers::make_disk(&t.join(dir), &disk).unwrap();
+            crate::sandbox::microvm::layers::make_disk(&t.join(dir), &disk).unwrap();
         }
         let disk = |id: &str, path: PathBuf, read_only| DiskConfig {
             path,

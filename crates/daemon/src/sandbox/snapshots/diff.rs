@@ -10,8 +10,8 @@ use belljar_api::{
 };
 use belljar_namespace::layer::diff::{self, Change, Entry, Kind, Layer};
 
-use super::backend::BackendError;
-use super::{SandboxError, Sandboxes};
+use crate::sandbox::backend::BackendError;
+use crate::sandbox::{SandboxError, Sandboxes};
 use crate::store::SnapshotRow;
 
 impl Sandboxes {

@@ -3,7 +3,7 @@
 //! Each sandbox made from a snapshot (a persistent sandbox's every session, a fork of a fork)
 //! stacks one more layer, and overlayfs pays for each lower directory on every lookup and
 //! stacks at most 500 of them. When a created snapshot's chain is deeper than the limit
-//! ([`Settings::squash_depth`](super::Settings), default [`DEFAULT_SQUASH_DEPTH`]), one
+//! ([`Settings::squash_depth`](crate::sandbox::Settings), default [`DEFAULT_SQUASH_DEPTH`]), one
 //! background worker merges that whole chain into a single layer and moves every snapshot
 //! built on the chain onto it. Snapshot ids, their files and everything the API shows but
 //! `depth` stay as they were; sandboxes already running keep the layers they mounted (they
@@ -22,7 +22,7 @@
 
 use belljar_api::SnapshotStatus;
 
-use super::{SandboxError, Sandboxes};
+use crate::sandbox::{SandboxError, Sandboxes};
 use crate::util::now_ms;
 
 /// The chain depth past which a snapshot is squashed: a lookup through 16 lower directories
@@ -31,13 +31,13 @@ pub const DEFAULT_SQUASH_DEPTH: usize = 16;
 
 /// The squash worker's wake-up: one permit is kept when it is busy, so no request is lost.
 #[derive(Default)]
-pub(super) struct SquashState {
+pub(in crate::sandbox) struct SquashState {
     wake: tokio::sync::Notify,
 }
 
 impl Sandboxes {
     /// Asks the worker to look for chains deeper than the limit.
-    pub(super) fn squash_soon(&self) {
+    pub(in crate::sandbox) fn squash_soon(&self) {
         self.inner.snapshots.squash.wake.notify_one();
     }
 

@@ -12,8 +12,8 @@ use std::path::{Component, Path, PathBuf};
 
 use belljar_api::{Backend, Sandbox, Snapshot, SnapshotMount, SnapshotStatus};
 
-use super::backend::{BackendError, MountSpec};
-use super::{SandboxError, Sandboxes};
+use crate::sandbox::backend::{BackendError, MountSpec};
+use crate::sandbox::{SandboxError, Sandboxes};
 use crate::store::{HeldMount, MountRefused, SnapshotRow};
 use crate::util::{new_id, now_ms};
 
@@ -37,7 +37,7 @@ fn plain_path(field: &str, path: &str) -> Result<(), SandboxError> {
 impl Sandboxes {
     /// Snapshots directory `path` of a running sandbox (its lock held): frozen while it is
     /// copied, running again after.
-    pub(super) async fn snapshot_directory(
+    pub(in crate::sandbox) async fn snapshot_directory(
         &self,
         sandbox: &Sandbox,
         path: String,
@@ -92,7 +92,7 @@ impl Sandboxes {
     /// Holds the layers of a new sandbox's `mounts` (after its own chain, `lowers` being
     /// that chain's directories, topmost first, and the image's tree last), once each path
     /// is checked against them. On an error nothing of the mounts is held.
-    pub(super) fn hold_mounts(
+    pub(in crate::sandbox) fn hold_mounts(
         &self,
         sandbox: &Sandbox,
         mounts: &[SnapshotMount],
@@ -101,7 +101,7 @@ impl Sandboxes {
         if mounts.is_empty() {
             return Ok(());
         }
-        let most = super::microvm_layers::MAX_MOUNTS;
+        let most = crate::sandbox::microvm::layers::MAX_MOUNTS;
         if sandbox.backend == Backend::Microvm && mounts.len() > most {
             // Each takes one of the microVM's few virtio devices.
             return Err(SandboxError::BadRequest(format!(
@@ -130,7 +130,10 @@ impl Sandboxes {
     }
 
     /// What a sandbox mounts at launch: its held mounts' layer directories and paths.
-    pub(super) fn launch_mounts(&self, sandbox_id: &str) -> Result<Vec<MountSpec>, SandboxError> {
+    pub(in crate::sandbox) fn launch_mounts(
+        &self,
+        sandbox_id: &str,
+    ) -> Result<Vec<MountSpec>, SandboxError> {
         let held: Vec<HeldMount> = self.inner.store.sandbox_mounts(sandbox_id)?;
         let slots = crate::store::mount_slots(&held);
         Ok(held
@@ -141,7 +144,7 @@ impl Sandboxes {
     }
 
     /// A held mount as the backend mounts it.
-    pub(super) fn mount_spec(&self, m: HeldMount, slot: usize) -> MountSpec {
+    pub(in crate::sandbox) fn mount_spec(&self, m: HeldMount, slot: usize) -> MountSpec {
         MountSpec {
             layers: m.layers.iter().map(|d| self.layers_dir().join(d)).collect(),
             path: m.path,
@@ -152,7 +155,7 @@ impl Sandboxes {
 
 /// Checks a mount's path as [`plain_path`] does, and refuses characters a mount option
 /// cannot carry (a persistent sandbox mounts it again at each start).
-pub(super) fn mount_path(field: &str, path: &str) -> Result<(), SandboxError> {
+pub(in crate::sandbox) fn mount_path(field: &str, path: &str) -> Result<(), SandboxError> {
     plain_path(field, path)?;
     if path.bytes().any(|b| matches!(b, b',' | b':' | b'\\')) {
         return Err(SandboxError::InvalidPath(format!(
@@ -163,7 +166,7 @@ pub(super) fn mount_path(field: &str, path: &str) -> Result<(), SandboxError> {
 }
 
 /// A mount the store refused, as the user's error.
-pub(super) fn refused_error(refused: MountRefused) -> SandboxError {
+pub(in crate::sandbox) fn refused_error(refused: MountRefused) -> SandboxError {
     match refused {
         MountRefused::NotFound(id) => SandboxError::SnapshotNotFound(id),
         MountRefused::NotUsable(id, status) => SandboxError::SnapshotNotUsable {

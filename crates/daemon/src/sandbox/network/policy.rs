@@ -6,7 +6,7 @@ use belljar_api as api;
 use belljar_network::{DomainPattern, NetworkPolicy, Rules, Transform};
 use ipnet::IpNet;
 
-use super::SandboxError;
+use crate::sandbox::SandboxError;
 
 fn bad(field: &str, problem: impl std::fmt::Display) -> SandboxError {
     SandboxError::BadRequest(format!("{field}: {problem}"))

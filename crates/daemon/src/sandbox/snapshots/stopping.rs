@@ -16,8 +16,8 @@ use serde::{Deserialize, Serialize};
 
 use belljar_api::{Sandbox, SandboxStatus, Snapshot};
 
-use super::snapshots::Taken;
-use super::{SandboxError, Sandboxes};
+use crate::sandbox::snapshots::Taken;
+use crate::sandbox::{SandboxError, Sandboxes};
 use crate::store::SandboxLayers;
 use crate::util::new_id;
 
@@ -34,7 +34,7 @@ struct Intent {
 impl Sandboxes {
     /// Stops `sandbox` (its lock held by the caller, like `layer_lock`) and records its
     /// writable layer as a new snapshot.
-    pub(super) async fn stop_and_snapshot(
+    pub(in crate::sandbox) async fn stop_and_snapshot(
         &self,
         sandbox: &Sandbox,
         held: &SandboxLayers,
@@ -77,7 +77,7 @@ impl Sandboxes {
 
     /// Whether a stopping snapshot of sandbox `id` was under way when the daemon died (so
     /// adoption stops it without a persistent sandbox's own snapshot: this one is taken).
-    pub(super) fn stopping_snapshot_pending(&self, id: &str) -> bool {
+    pub(in crate::sandbox) fn stopping_snapshot_pending(&self, id: &str) -> bool {
         self.inner
             .paths
             .sandbox_dir(id)

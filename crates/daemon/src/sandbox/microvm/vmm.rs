@@ -192,7 +192,7 @@ pub fn config(spec: &VmSpec, now_ms: i64) -> Result<VmConfig, VmmError> {
         // The guest's eth0: frames go to the daemon's stack over this socket, so the VMM
         // opens no network socket of its own.
         net: Some(belljar_vmm_api::net::NetConfig {
-            socket: dir.join(super::network::NET_SOCKET),
+            socket: dir.join(crate::sandbox::network::NET_SOCKET),
             mac: belljar_vmm_api::net::MacAddr(belljar_network::config::GUEST_MAC),
             mtu: u16::try_from(belljar_network::config::MTU).unwrap_or(1500),
         }),

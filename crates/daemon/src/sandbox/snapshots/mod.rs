@@ -12,7 +12,12 @@
 //! only when complete, and the snapshot row that references it is committed after that; the
 //! start-up [`Sandboxes::recover_snapshots`] deletes half-made and unreferenced directories
 //! and thaws a sandbox left frozen by a live snapshot (a marker file in its directory says so);
-//! a stopping snapshot is finished after a crash (`stopping_snapshot.rs`).
+//! a stopping snapshot is finished after a crash (`stopping.rs`).
+
+pub(super) mod diff;
+pub(super) mod mounts;
+pub(super) mod squash;
+pub(super) mod stopping;
 
 use std::path::PathBuf;
 use std::time::Duration;
@@ -42,7 +47,7 @@ pub(super) const FROZEN_MARKER: &str = "snapshot-frozen";
 #[derive(Default)]
 pub(super) struct SnapshotState {
     pub(super) layers: tokio::sync::Mutex<()>,
-    pub(super) squash: super::squash::SquashState,
+    pub(super) squash: super::snapshots::squash::SquashState,
 }
 
 /// A capture to record as a snapshot ([`Sandboxes::record_snapshot`]).
@@ -591,5 +596,4 @@ impl Sandboxes {
 }
 
 #[cfg(test)]
-#[path = "snapshots_tests.rs"]
 mod tests;
