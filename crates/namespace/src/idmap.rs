@@ -430,6 +430,8 @@ mod tests {
     #[test]
     fn namespace_is_created_with_the_map() {
         if !Uid::effective().is_root() {
+            assert!(std::env::var("CI").is_err(), "CI runs as root");
+            eprintln!("not root: skipped");
             return;
         }
         let m = IdMap::shifted(1_500_000_000);
