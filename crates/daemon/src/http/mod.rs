@@ -20,6 +20,7 @@ mod sandboxes;
 mod snapshots;
 mod stream;
 pub mod tcp;
+mod templates;
 mod terminal;
 mod ui;
 mod usage;
@@ -67,6 +68,7 @@ pub fn api_router() -> OpenApiRouter<AppState> {
         .merge(usage::router())
         .merge(mounts::router())
         .merge(volumes::router())
+        .merge(templates::router())
         .merge(commands::router())
         .merge(files::router())
         .merge(terminal::router())

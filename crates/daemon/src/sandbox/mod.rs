@@ -38,6 +38,7 @@ mod source;
 mod squash;
 mod stopping_snapshot;
 mod teardown;
+mod templates;
 mod terminal;
 mod usage;
 pub mod vmm;
@@ -133,6 +134,9 @@ pub enum SandboxError {
     /// A sandbox mounts the volume.
     #[error("{0}")]
     VolumeInUse(String),
+    /// No such template.
+    #[error("Template {0} not found")]
+    TemplateNotFound(String),
     /// The store failed.
     #[error(transparent)]
     Store(#[from] StoreError),
