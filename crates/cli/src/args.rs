@@ -472,7 +472,7 @@ pub struct RunArgs {
 #[derive(Debug, Subcommand)]
 pub enum TemplatesCmd {
     /// Create a template and print its name; its pool starts filling in the background.
-    Create(TemplateCreateArgs),
+    Create(Box<TemplateCreateArgs>),
     /// List templates, with their pools (ready/target).
     Ls,
     /// Delete templates and their pooled sandboxes (sandboxes made from them stay).

@@ -15,7 +15,7 @@ use crate::commands::{backend_choice, key_values, print_json};
 pub async fn templates(client: &Client, action: TemplatesCmd, json: bool) -> Result<i32> {
     match action {
         TemplatesCmd::Create(a) => {
-            let t = client.create_template(&request(a)?).await?;
+            let t = client.create_template(&request(*a)?).await?;
             if json {
                 print_json(&t)?;
             } else {
