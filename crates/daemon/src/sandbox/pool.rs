@@ -15,8 +15,8 @@
 //!   stack). A request with files, a source, a snapshot, ports or other limits than the pool's
 //!   is launched as usual.
 //! - A pool refills in the background. A launch that admission refuses waits (backing off,
-//!   and woken by a stop of the daemon or the removal of its template) and tries again: a
-//!   pool never takes room a create asks for at the same time, it only fills what is left.
+//!   and woken by a stop of the daemon or the removal of its template) and tries again; a
+//!   create never waits for a pool.
 //! - Removing a template drains its pool: ready sandboxes are destroyed, and launches under
 //!   way are destroyed when they land.
 //! - Each pooled sandbox's directory holds a [`MARKER`]. At start the daemon destroys every
