@@ -425,7 +425,7 @@ impl Sandboxes {
                         this.discard(&ready.id).await;
                     }
                     Ok(ready) => {
-                        tracing::info!(sandbox = %ready.id, image = %class.image, "pooled");
+                        tracing::info!(sandbox = %ready.id, image = %class.image, template = ?class.template, "pooled");
                         // Filling, then ready, as in `fill`: a sandbox is always counted once.
                         let mut filling = lock(&this.inner.pool.filling);
                         lock(&this.inner.pool.ready)
