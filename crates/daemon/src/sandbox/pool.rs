@@ -194,8 +194,9 @@ impl Sandboxes {
 
     /// The pool of template `name`: ready and starting sandboxes.
     pub(super) fn template_pool(&self, name: &str) -> (u32, u32) {
-        let ready = lock(&self.inner.pool.ready);
+        // Filling, then ready, as in `fill`.
         let filling = lock(&self.inner.pool.filling);
+        let ready = lock(&self.inner.pool.ready);
         let mine = |c: &&Class| c.template.as_deref() == Some(name);
         let count = |n: usize| u32::try_from(n).unwrap_or(u32::MAX);
         (
@@ -216,7 +217,7 @@ impl Sandboxes {
         )
     }
 
-    /// Starts (or, with `size` 0, only records) template `name`'s pool of `class`.
+    /// Starts template `name`'s pool of `class` (none with `size` 0).
     pub(super) fn add_template_pool(&self, name: &str, class: Class, size: usize) {
         if size == 0 {
             return;
@@ -257,8 +258,9 @@ impl Sandboxes {
 
     /// The pool's configured and current size per image, for `GET /v1/info`.
     pub fn pool_info(&self) -> Vec<belljar_api::PoolInfo> {
-        let ready = lock(&self.inner.pool.ready);
+        // Filling, then ready, as in `fill`: the other order could deadlock with it.
         let filling = lock(&self.inner.pool.filling);
+        let ready = lock(&self.inner.pool.ready);
         self.inner
             .settings
             .pool
