@@ -145,6 +145,8 @@ pub enum ErrorCode {
     VolumeNotFound,
     /// 409: a sandbox mounts the volume.
     VolumeInUse,
+    /// 404: no such template.
+    TemplateNotFound,
 }
 
 impl ErrorCode {
@@ -157,7 +159,7 @@ impl ErrorCode {
             | DockerfileInvalid => 400,
             Unauthorized => 401,
             Forbidden | PermissionDenied | RegistryDenied | MountDenied => 403,
-            NotFound | CommandNotFound | ImageNotFound | VolumeNotFound => 404,
+            NotFound | CommandNotFound | ImageNotFound | VolumeNotFound | TemplateNotFound => 404,
             SandboxNotRunning | Conflict | Exists | NotEmpty | CommandFinished | Busy
             | SnapshotNotUsable | VolumeInUse => 409,
             PayloadTooLarge | FileTooLarge | ImageTooLarge => 413,
@@ -257,6 +259,7 @@ mod tests {
             "mount_denied",
             "volume_not_found",
             "volume_in_use",
+            "template_not_found",
         ];
         assert_eq!(ErrorCode::VARIANTS.len(), names.len());
         for (code, name) in ErrorCode::VARIANTS.iter().zip(names) {

@@ -23,6 +23,7 @@ pub mod network;
 pub mod routes;
 pub mod sandbox;
 pub mod snapshot;
+pub mod template;
 pub mod typescript;
 pub mod usage;
 pub mod volume;
@@ -38,6 +39,7 @@ pub use limits::{Invalid, Validate};
 pub use network::*;
 pub use sandbox::*;
 pub use snapshot::*;
+pub use template::*;
 pub use usage::*;
 pub use volume::*;
 

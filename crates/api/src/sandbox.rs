@@ -128,6 +128,13 @@ pub enum Source {
 #[derive(Debug, Clone, PartialEq, Eq, Default, Serialize, Deserialize, ToSchema, TS)]
 #[serde(deny_unknown_fields)]
 pub struct CreateSandbox {
+    /// A template (`/v1/templates`) whose defaults apply to every field this request leaves
+    /// out; a sandbox its pool holds ready serves the create when the request asks for
+    /// nothing a pooled sandbox cannot take at claim.
+    #[serde(default)]
+    #[ts(optional)]
+    #[schema(max_length = 64)]
+    pub template: Option<String>,
     /// `base` (default), `python3.13`, `node24` or `node22`.
     #[serde(default)]
     #[ts(optional)]
@@ -354,6 +361,9 @@ impl Validate for Source {
 
 impl Validate for CreateSandbox {
     fn validate(&self) -> Result<(), Invalid> {
+        if let Some(template) = &self.template {
+            limits::text("template", template, 64)?;
+        }
         if let Some(image) = &self.image {
             limits::text("image", image, limits::MAX_NAME)?;
         }

@@ -146,6 +146,12 @@ pub enum Cmd {
         #[command(subcommand)]
         action: VolumesCmd,
     },
+    /// Templates: an image plus the defaults of the sandboxes made from it (limits, env,
+    /// network policy, timeout) and a warm pool; `belljar create --template NAME`.
+    Templates {
+        #[command(subcommand)]
+        action: TemplatesCmd,
+    },
     /// List images, or build one.
     Images {
         #[command(subcommand)]
@@ -369,6 +375,10 @@ pub struct CreateArgs {
     /// base (default), python3.13, node24 or node22.
     #[arg(long)]
     pub image: Option<String>,
+    /// A template (`belljar templates create`): its defaults apply to what the other flags
+    /// leave out, and its pool serves the create when it can.
+    #[arg(long, value_name = "NAME")]
+    pub template: Option<String>,
     #[command(flatten)]
     pub opts: SandboxOpts,
 }
@@ -457,6 +467,56 @@ pub struct RunArgs {
     /// (`Entrypoint` and `Cmd`).
     #[arg(last = true)]
     pub argv: Vec<String>,
+}
+
+#[derive(Debug, Subcommand)]
+pub enum TemplatesCmd {
+    /// Create a template and print its name; its pool starts filling in the background.
+    Create(Box<TemplateCreateArgs>),
+    /// List templates, with their pools (ready/target).
+    Ls,
+    /// Delete templates and their pooled sandboxes (sandboxes made from them stay).
+    Rm {
+        #[arg(required = true)]
+        names: Vec<String>,
+    },
+    /// Show one template.
+    Inspect { name: String },
+}
+
+/// `belljar templates create`: the API's `CreateTemplate`.
+#[derive(Debug, Args)]
+pub struct TemplateCreateArgs {
+    /// 1 to 64 characters of [a-z0-9_.-], starting with a letter or digit.
+    pub name: String,
+    /// Any image the daemon has: base, python3.13, node24, node22, or a pulled, imported or
+    /// built one.
+    #[arg(long)]
+    pub image: String,
+    /// Number of vCPUs (default: the daemon's, 2).
+    #[arg(long)]
+    pub vcpus: Option<u32>,
+    /// Memory in MiB (default: the daemon's, 1024).
+    #[arg(long, value_name = "MiB")]
+    pub memory: Option<u64>,
+    /// Size of the writable disk layer in MiB (default: the daemon's, 4096).
+    #[arg(long, value_name = "MiB")]
+    pub disk: Option<u64>,
+    /// Environment of every command, K=V; repeatable.
+    #[arg(long = "env", short = 'e', value_name = "K=V")]
+    pub env: Vec<String>,
+    /// Time until a sandbox of the template stops by itself, e.g. 10m; a bare number is
+    /// seconds.
+    #[arg(long)]
+    pub timeout: Option<String>,
+    /// auto (default), microvm or namespace.
+    #[arg(long)]
+    pub backend: Option<String>,
+    #[command(flatten)]
+    pub policy: PolicyOpts,
+    /// Sandboxes kept started ahead of demand, refilled in the background (default 0).
+    #[arg(long, value_name = "N")]
+    pub pool: Option<u32>,
 }
 
 #[derive(Debug, Subcommand)]

@@ -240,6 +240,7 @@ async fn dispatch(client: &Client, paths: &Paths, command: Cmd, json: bool) -> R
         }
         Cmd::Ui { no_open } => host::ui(client, paths, no_open).await,
         Cmd::Volumes { action } => volumes_cmd(client, action, json).await,
+        Cmd::Templates { action } => crate::templates::templates(client, action, json).await,
         Cmd::Snapshot {
             id,
             keep_running,
@@ -496,18 +497,20 @@ fn source(text: &str) -> Result<Source> {
     })
 }
 
-fn create_request(image: Option<String>, o: &SandboxOpts) -> Result<CreateSandbox> {
-    let backend = o
-        .backend
-        .as_deref()
-        .map(|b| {
-            b.parse::<BackendChoice>().map_err(|_| InputError::Choice {
-                flag: "--backend",
-                value: b.to_string(),
-                allowed: "auto, microvm, namespace",
-            })
+/// `--backend NAME`.
+pub(crate) fn backend_choice(b: Option<&str>) -> Result<Option<BackendChoice>> {
+    Ok(b.map(|b| {
+        b.parse::<BackendChoice>().map_err(|_| InputError::Choice {
+            flag: "--backend",
+            value: b.to_string(),
+            allowed: "auto, microvm, namespace",
         })
-        .transpose()?;
+    })
+    .transpose()?)
+}
+
+fn create_request(image: Option<String>, o: &SandboxOpts) -> Result<CreateSandbox> {
+    let backend = backend_choice(o.backend.as_deref())?;
     let env = key_values("--env", &o.env)?;
     let tags = key_values("--tag", &o.tags)?;
     Ok(CreateSandbox {
@@ -539,7 +542,8 @@ fn create_request(image: Option<String>, o: &SandboxOpts) -> Result<CreateSandbo
 }
 
 async fn create(client: &Client, a: CreateArgs, json: bool) -> Result<i32> {
-    let req = create_request(a.image, &a.opts)?;
+    let mut req = create_request(a.image, &a.opts)?;
+    req.template = a.template;
     let s = create_pulling(client, &req).await?;
     if json {
         print_json(&s)?;

@@ -31,6 +31,7 @@ mod build;
 mod commands;
 mod host;
 mod netcmd;
+mod templates;
 mod timeline;
 
 use std::io::Write;

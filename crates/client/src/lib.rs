@@ -27,6 +27,7 @@ mod sandboxes;
 pub mod scope;
 pub mod settings;
 mod snapshots;
+mod templates;
 mod volumes;
 
 pub use belljar_api::error_chain;

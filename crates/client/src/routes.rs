@@ -29,6 +29,7 @@ pub const SESSION_TOKEN: &str = "/v1/session/token";
 pub const SANDBOXES: &str = "/v1/sandboxes";
 pub const SNAPSHOTS: &str = "/v1/snapshots";
 pub const VOLUMES: &str = "/v1/volumes";
+pub const TEMPLATES: &str = "/v1/templates";
 
 /// Percent-encodes one path segment.
 pub fn segment(s: &str) -> String {

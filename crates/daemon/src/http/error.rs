@@ -118,6 +118,7 @@ pub(crate) fn sandbox_parts(e: &SandboxError) -> (StatusCode, ErrorCode, String)
         SandboxError::MountDenied(_) => ErrorCode::MountDenied,
         SandboxError::VolumeNotFound(_) => ErrorCode::VolumeNotFound,
         SandboxError::VolumeInUse(_) => ErrorCode::VolumeInUse,
+        SandboxError::TemplateNotFound(_) => ErrorCode::TemplateNotFound,
         // The reason a sandbox could not start is the user's business; it holds no secret.
         SandboxError::Backend(b) => {
             let code = ErrorCode::Internal;

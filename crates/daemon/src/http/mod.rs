@@ -21,6 +21,7 @@ mod snapshots;
 mod spool;
 mod stream;
 pub mod tcp;
+mod templates;
 mod terminal;
 mod ui;
 mod usage;
@@ -68,6 +69,7 @@ pub fn api_router() -> OpenApiRouter<AppState> {
         .merge(usage::router())
         .merge(mounts::router())
         .merge(volumes::router())
+        .merge(templates::router())
         .merge(commands::router())
         .merge(files::router())
         .merge(terminal::router())

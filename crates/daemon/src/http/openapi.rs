@@ -73,7 +73,8 @@ pub enum Errors {
     /// `permission_denied`.
     #[response(status = 403)]
     Forbidden(#[to_schema] ErrorBody),
-    /// `not_found`: no such sandbox, command, image or file, or no such route.
+    /// `not_found`: no such sandbox, command, image or file, or no such route;
+    /// `volume_not_found`, `template_not_found`.
     #[response(status = 404)]
     NotFound(#[to_schema] ErrorBody),
     /// `sandbox_not_running`, `conflict`, `snapshot_not_usable`, or the agent's `exists`,
@@ -135,6 +136,15 @@ pub struct CommandPath {
 #[into_params(parameter_in = Path)]
 pub struct VolumePath {
     /// The volume's name.
+    #[param(max_length = 64)]
+    pub name: String,
+}
+
+/// `{name}`: a template.
+#[derive(Debug, Deserialize, IntoParams)]
+#[into_params(parameter_in = Path)]
+pub struct TemplatePath {
+    /// The template's name.
     #[param(max_length = 64)]
     pub name: String,
 }
@@ -212,7 +222,7 @@ mod tests {
                 }
             }
         }
-        assert_eq!(operations, 61);
+        assert_eq!(operations, 65);
         let create = &doc["components"]["schemas"]["CreateSandbox"]["properties"];
         assert_eq!(create["vcpus"]["maximum"], 32);
         assert_eq!(create["disk_mib"]["maximum"], 1_048_576);

@@ -379,8 +379,19 @@ impl Images {
         let (image, last) = store
             .removal(name)
             .ok_or_else(|| ImageError::NotPulled(name.to_owned()))?;
-        // The image's files go only with its last name, and never under a sandbox or a
-        // snapshot that stands on them.
+        // A template names the image by this name: it would no longer start.
+        let templates = self
+            .store
+            .templates_of_image(name)
+            .map_err(|e| ImageError::InUse(format!("cannot read the templates: {e}")))?;
+        if !templates.is_empty() {
+            return Err(ImageError::InUse(format!(
+                "templates use image {name} ({}); remove them first",
+                templates.join(", ")
+            )));
+        }
+        // The image's files go only with its last name, and never under a sandbox, a
+        // snapshot or a template that stands on them.
         if last {
             let users: Vec<String> = self
                 .store
@@ -391,7 +402,7 @@ impl Images {
                 .collect();
             if !users.is_empty() {
                 return Err(ImageError::InUse(format!(
-                    "sandboxes or snapshots stand on image {} (as {}); delete them first",
+                    "sandboxes, snapshots or templates stand on image {} (as {}); delete them first",
                     image.id,
                     users.join(", ")
                 )));

@@ -46,6 +46,7 @@ impl Sandboxes {
         let forked = self
             .create_with(
                 CreateSandbox {
+                    template: None,
                     image: Some(source.image),
                     backend: Some(backend_choice(source.backend)),
                     vcpus: Some(source.vcpus),

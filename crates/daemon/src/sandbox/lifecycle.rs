@@ -64,6 +64,11 @@ impl Sandboxes {
                 return self.get(&id);
             }
         }
+        // A template's defaults fill what the request leaves out.
+        let req = match &req.template {
+            Some(name) => self.template_spec(name)?.apply(req),
+            None => req,
+        };
         // The API's bounds, for every caller (the HTTP layer checked them already; the
         // compatibility layers, forks and the pool build their requests themselves).
         req.validate().map_err(invalid)?;
@@ -104,35 +109,8 @@ impl Sandboxes {
                 who,
             )?;
         }
-        // A user's image has no microVM disk yet: it runs in a namespace sandbox.
-        let (backend, backend_reason) = match (&image.oci, choice) {
-            (Some(_), BackendChoice::Microvm) => {
-                return Err(BackendError::Unsupported {
-                    backend: "microvm",
-                    what: "run a pulled or imported image (use the namespace backend)",
-                }
-                .into());
-            }
-            (Some(_), BackendChoice::Auto) => {
-                let (b, _) = self.inner.backends.choose(BackendChoice::Namespace)?;
-                (
-                    b,
-                    "pulled and imported images run on the namespace backend".to_owned(),
-                )
-            }
-            // Only the namespace backend mounts host folders and volumes (microVMs need
-            // virtio-fs, which they do not have yet).
-            (None, BackendChoice::Auto)
-                if req.volumes.as_deref().is_some_and(|v| !v.is_empty()) =>
-            {
-                let (b, _) = self.inner.backends.choose(BackendChoice::Namespace)?;
-                (
-                    b,
-                    "host folders and volumes are mounted on the namespace backend".to_owned(),
-                )
-            }
-            _ => self.inner.backends.choose(choice)?,
-        };
+        let has_volumes = req.volumes.as_deref().is_some_and(|v| !v.is_empty());
+        let (backend, backend_reason) = self.pick_backend(&image, choice, has_volumes)?;
         let agent = self.agent_binary(&image)?;
         let volumes = req.volumes.clone().filter(|v| !v.is_empty());
         self.check_volumes(volumes.as_deref().unwrap_or_default(), backend.kind(), who)?;
@@ -274,6 +252,41 @@ impl Sandboxes {
             c.keep();
         }
         Ok(self.for_client(sandbox))
+    }
+
+    /// The backend a sandbox of `image` runs on when `choice` is asked for: a user's image
+    /// has no microVM disk yet, so it runs in a namespace sandbox, and so do host folders
+    /// and volumes (microVMs need virtio-fs, which they do not have yet).
+    pub(super) fn pick_backend(
+        &self,
+        image: &crate::images::ResolvedImage,
+        choice: BackendChoice,
+        has_volumes: bool,
+    ) -> Result<(&dyn super::backend::BackendDriver, String), SandboxError> {
+        Ok(match (&image.oci, choice) {
+            (Some(_), BackendChoice::Microvm) => {
+                return Err(BackendError::Unsupported {
+                    backend: "microvm",
+                    what: "run a pulled or imported image (use the namespace backend)",
+                }
+                .into());
+            }
+            (Some(_), BackendChoice::Auto) => {
+                let (b, _) = self.inner.backends.choose(BackendChoice::Namespace)?;
+                (
+                    b,
+                    "pulled and imported images run on the namespace backend".to_owned(),
+                )
+            }
+            (None, BackendChoice::Auto) if has_volumes => {
+                let (b, _) = self.inner.backends.choose(BackendChoice::Namespace)?;
+                (
+                    b,
+                    "host folders and volumes are mounted on the namespace backend".to_owned(),
+                )
+            }
+            _ => self.inner.backends.choose(choice)?,
+        })
     }
 
     /// Launches `sandbox`'s processes in a new state directory, on `layers` (topmost first)

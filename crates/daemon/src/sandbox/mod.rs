@@ -30,6 +30,7 @@ mod reconfigure;
 mod snapshots;
 mod source;
 mod teardown;
+mod templates;
 mod terminal;
 mod usage;
 pub mod volumes;
@@ -124,6 +125,9 @@ pub enum SandboxError {
     /// A sandbox mounts the volume.
     #[error("{0}")]
     VolumeInUse(String),
+    /// No such template.
+    #[error("Template {0} not found")]
+    TemplateNotFound(String),
     /// The store failed.
     #[error(transparent)]
     Store(#[from] StoreError),

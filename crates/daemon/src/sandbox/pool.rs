@@ -1,6 +1,8 @@
-//! The warm pool: sandboxes started ahead of demand, per image, so that a create that one can
-//! serve costs a handover instead of a launch (mounts, cgroup, agent start, health check; a
-//! whole boot on the microVM backend).
+//! The warm pool: sandboxes started ahead of demand, per image (`belljard --pool`) and per
+//! template (its `pool`), so that a create that one can serve costs a handover instead of a
+//! launch (mounts, cgroup, agent start, health check; a whole boot on the microVM backend).
+//! A template's pooled sandboxes serve only creates from that template, which get its
+//! defaults at claim like any other of its creates.
 //!
 //! The mechanism is backend-agnostic: a pooled sandbox is launched through the same
 //! [`Sandboxes::boot`] as any other, so a pool of the microVM backend is a pool of booted VMs.
@@ -12,6 +14,11 @@
 //!   every command), timeout and lifecycle, and the network policy (swapped on the running
 //!   stack). A request with files, a source, a snapshot, ports or other limits than the pool's
 //!   is launched as usual.
+//! - A pool refills in the background. A launch that admission refuses waits (backing off,
+//!   and woken by a stop of the daemon or the removal of its template) and tries again; a
+//!   create never waits for a pool.
+//! - Removing a template drains its pool: ready sandboxes are destroyed, and launches under
+//!   way are destroyed when they land.
 //! - Each pooled sandbox's directory holds a [`MARKER`]. At start the daemon destroys every
 //!   marked directory the store does not know (pooled sandboxes of a daemon that ended), so a
 //!   `kill -9` leaks nothing; a claim writes the store before it removes the marker, and the
@@ -68,14 +75,20 @@ impl std::str::FromStr for PoolSizes {
     }
 }
 
+/// The first wait of a pooled launch that admission refused, doubled up to [`ADMISSION_WAIT_MAX`].
+const ADMISSION_WAIT: Duration = Duration::from_millis(500);
+const ADMISSION_WAIT_MAX: Duration = Duration::from_secs(30);
+
 /// What a pooled sandbox was launched with; a create must ask for exactly this.
 #[derive(Debug, Clone, PartialEq, Eq, Hash)]
-struct Class {
-    image: String,
-    backend: BackendKind,
-    vcpus: u32,
-    memory_mib: u64,
-    disk_mib: u64,
+pub(super) struct Class {
+    /// The template whose pool it is (`None`: the daemon's `--pool`).
+    pub template: Option<String>,
+    pub image: String,
+    pub backend: BackendKind,
+    pub vcpus: u32,
+    pub memory_mib: u64,
+    pub disk_mib: u64,
 }
 
 /// A started sandbox waiting for its user.
@@ -96,6 +109,11 @@ pub(super) struct PoolState {
     landed: tokio::sync::Notify,
     /// Claimed sandboxes whose refill waits for their first command to end, by id.
     first_command: Mutex<HashMap<String, Arc<tokio::sync::Notify>>>,
+    /// The templates' pools: the class and wanted size of each template that has one.
+    templates: Mutex<HashMap<String, (Class, usize)>>,
+    /// Told when the daemon stops or a template goes, so that launches waiting for
+    /// admission look again.
+    changed: tokio::sync::Notify,
 }
 
 /// A sandbox taken from the pool for one create. Dropped unused (the create failed before
@@ -140,20 +158,32 @@ fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
 }
 
 impl Sandboxes {
-    /// The wanted size of the pool of `image` on the default backend (0: no pool).
-    fn pool_size(&self, image: &str) -> usize {
-        self.inner
-            .settings
-            .pool
-            .0
-            .iter()
-            .find(|(i, _)| i == image)
-            .map_or(0, |(_, n)| *n)
+    /// Every pool's class and wanted size: the daemon's `--pool`, then the templates'.
+    fn wanted(&self) -> Vec<(Class, usize)> {
+        let mut all: Vec<(Class, usize)> = (self.inner.settings.pool.0.iter())
+            .map(|(image, n)| (self.pool_class(image), *n))
+            .collect();
+        all.extend(lock(&self.inner.pool.templates).values().cloned());
+        all
+    }
+
+    /// The wanted size of the pool of `class` (0: no pool).
+    fn pool_size(&self, class: &Class) -> usize {
+        match &class.template {
+            Some(t) => lock(&self.inner.pool.templates)
+                .get(t)
+                .filter(|(c, _)| c == class)
+                .map_or(0, |(_, n)| *n),
+            None => (self.inner.settings.pool.0.iter())
+                .find(|(i, _)| *i == class.image)
+                .map_or(0, |(_, n)| *n),
+        }
     }
 
     fn pool_class(&self, image: &str) -> Class {
         let s = &self.inner.settings;
         Class {
+            template: None,
             image: image.to_owned(),
             backend: self.inner.backends.default,
             vcpus: s.default_vcpus,
@@ -162,7 +192,63 @@ impl Sandboxes {
         }
     }
 
-    /// Pooled sandboxes ready to be claimed, over all images.
+    /// The pool of template `name`: ready and starting sandboxes.
+    pub(super) fn template_pool(&self, name: &str) -> (u32, u32) {
+        // Filling, then ready, as in `fill`.
+        let filling = lock(&self.inner.pool.filling);
+        let ready = lock(&self.inner.pool.ready);
+        let mine = |c: &&Class| c.template.as_deref() == Some(name);
+        let count = |n: usize| u32::try_from(n).unwrap_or(u32::MAX);
+        (
+            count(
+                ready
+                    .iter()
+                    .filter(|(c, _)| mine(c))
+                    .map(|(_, q)| q.len())
+                    .sum(),
+            ),
+            count(
+                filling
+                    .iter()
+                    .filter(|(c, _)| mine(c))
+                    .map(|(_, n)| *n)
+                    .sum(),
+            ),
+        )
+    }
+
+    /// Starts template `name`'s pool of `class` (none with `size` 0).
+    pub(super) fn add_template_pool(&self, name: &str, class: Class, size: usize) {
+        if size == 0 {
+            return;
+        }
+        lock(&self.inner.pool.templates).insert(name.to_owned(), (class.clone(), size));
+        self.fill(&class);
+    }
+
+    /// Removes template `name`'s pool: its ready sandboxes are destroyed now, those still
+    /// starting when they land.
+    pub(super) async fn drain_template_pool(&self, name: &str) {
+        lock(&self.inner.pool.templates).remove(name);
+        self.inner.pool.changed.notify_waiters();
+        let mine: Vec<Ready> = {
+            let mut ready = lock(&self.inner.pool.ready);
+            let classes: Vec<Class> = (ready.keys())
+                .filter(|c| c.template.as_deref() == Some(name))
+                .cloned()
+                .collect();
+            classes
+                .iter()
+                .filter_map(|c| ready.remove(c))
+                .flatten()
+                .collect()
+        };
+        for ready in mine {
+            self.discard(&ready.id).await;
+        }
+    }
+
+    /// Pooled sandboxes ready to be claimed, over all pools.
     pub fn pool_ready(&self) -> usize {
         lock(&self.inner.pool.ready)
             .values()
@@ -172,8 +258,9 @@ impl Sandboxes {
 
     /// The pool's configured and current size per image, for `GET /v1/info`.
     pub fn pool_info(&self) -> Vec<belljar_api::PoolInfo> {
-        let ready = lock(&self.inner.pool.ready);
+        // Filling, then ready, as in `fill`: the other order could deadlock with it.
         let filling = lock(&self.inner.pool.filling);
+        let ready = lock(&self.inner.pool.ready);
         self.inner
             .settings
             .pool
@@ -192,7 +279,8 @@ impl Sandboxes {
             .collect()
     }
 
-    /// Takes a pooled sandbox that can serve `req`, if there is one and it still answers.
+    /// Takes a pooled sandbox that can serve `req` (from its template's pool when it names
+    /// one), if there is one and it still answers.
     pub(super) async fn claim_pooled(
         &self,
         req: &CreateSandbox,
@@ -203,18 +291,18 @@ impl Sandboxes {
         let servable = req.source.is_none()
             && req.mounts.as_deref().is_none_or(<[_]>::is_empty)
             && req.volumes.as_deref().is_none_or(<[_]>::is_empty)
-            && req.ports.as_deref().is_none_or(<[u32]>::is_empty)
-            && self.pool_size(image) > 0;
-        if !servable {
-            return None;
-        }
+            && req.ports.as_deref().is_none_or(<[u32]>::is_empty);
         let class = Class {
+            template: req.template.clone(),
             image: image.to_owned(),
             backend,
             vcpus,
             memory_mib,
             disk_mib,
         };
+        if !servable || self.pool_size(&class) == 0 {
+            return None;
+        }
         loop {
             let ready = lock(&self.inner.pool.ready)
                 .get_mut(&class)
@@ -234,17 +322,33 @@ impl Sandboxes {
         }
     }
 
-    /// Starts the pool's sandboxes (at daemon start).
+    /// Starts the pools' sandboxes (at daemon start), the templates' included.
     pub fn start_pool(&self) {
-        for (image, _) in self.inner.settings.pool.0.clone() {
-            self.fill(&image);
+        match self.inner.store.templates() {
+            Ok(templates) => {
+                for (spec, _) in templates.iter().filter(|(t, _)| t.pool.unwrap_or(0) > 0) {
+                    match self.template_class(spec) {
+                        Ok(class) => {
+                            let size = spec.pool.unwrap_or(0) as usize;
+                            lock(&self.inner.pool.templates)
+                                .insert(spec.name.clone(), (class, size));
+                        }
+                        Err(e) => tracing::warn!(
+                            template = %spec.name, error = %e, "cannot fill the template's pool"
+                        ),
+                    }
+                }
+            }
+            Err(e) => tracing::warn!(error = %e, "cannot read the templates"),
         }
+        self.refill();
     }
 
     /// At a clean stop: destroys the pooled sandboxes, which have no user to outlive the
     /// daemon for (a `kill -9` leaves them to [`Sandboxes::discard_stale_pool`]).
     pub async fn drain_pool(&self) {
         self.inner.pool.closed.store(true, Ordering::SeqCst);
+        self.inner.pool.changed.notify_waiters();
         // Launches under way end by themselves (and, closed, destroy what they made).
         let deadline = tokio::time::Instant::now() + self.inner.settings.ready_timeout * 2;
         loop {
@@ -265,13 +369,44 @@ impl Sandboxes {
         }
     }
 
-    /// Launches, in the background, as many sandboxes as `image`'s pool lacks.
-    fn fill(&self, image: &str) {
+    /// Whether sandboxes of `class` are still wanted (the daemon runs, the template is there).
+    fn still_wanted(&self, class: &Class) -> bool {
+        !self.inner.pool.closed.load(Ordering::SeqCst) && self.pool_size(class) > 0
+    }
+
+    /// Launches `class`'s sandbox; one that admission refuses waits for room and tries
+    /// again, as long as the pool is still wanted.
+    async fn launch_when_admitted(&self, class: &Class) -> Result<Ready, SandboxError> {
+        let mut wait = ADMISSION_WAIT;
+        loop {
+            match self.launch_pooled(class).await {
+                Err(SandboxError::Admission(e)) if e.is_refusal() => {
+                    tracing::info!(image = %class.image, template = ?class.template, error = %e,
+                        "the pool waits for room");
+                    let changed = self.inner.pool.changed.notified();
+                    tokio::pin!(changed);
+                    changed.as_mut().enable();
+                    if !self.still_wanted(class) {
+                        return Err(SandboxError::Admission(e));
+                    }
+                    let _ = tokio::time::timeout(wait, changed).await;
+                    if !self.still_wanted(class) {
+                        return Err(SandboxError::Admission(e));
+                    }
+                    wait = (wait * 2).min(ADMISSION_WAIT_MAX);
+                }
+                other => return other,
+            }
+        }
+    }
+
+    /// Launches, in the background, as many sandboxes as `class`'s pool lacks.
+    fn fill(&self, class: &Class) {
         if self.inner.pool.closed.load(Ordering::SeqCst) {
             return;
         }
-        let want = self.pool_size(image);
-        let class = self.pool_class(image);
+        let want = self.pool_size(class);
+        let class = class.clone();
         let missing = {
             let mut filling = lock(&self.inner.pool.filling);
             let ready = lock(&self.inner.pool.ready)
@@ -286,13 +421,13 @@ impl Sandboxes {
             let this = self.clone();
             let class = class.clone();
             tokio::spawn(async move {
-                let launched = this.launch_pooled(&class).await;
+                let launched = this.launch_when_admitted(&class).await;
                 match launched {
-                    Ok(ready) if this.inner.pool.closed.load(Ordering::SeqCst) => {
+                    Ok(ready) if !this.still_wanted(&class) => {
                         this.discard(&ready.id).await;
                     }
                     Ok(ready) => {
-                        tracing::info!(sandbox = %ready.id, image = %class.image, "pooled");
+                        tracing::info!(sandbox = %ready.id, image = %class.image, template = ?class.template, "pooled");
                         // Filling, then ready, as in `fill`: a sandbox is always counted once.
                         let mut filling = lock(&this.inner.pool.filling);
                         lock(&this.inner.pool.ready)
@@ -304,7 +439,8 @@ impl Sandboxes {
                         this.inner.pool.landed.notify_waiters();
                         return;
                     }
-                    // No retry here: a failing launch would spin. The next claim tries again.
+                    // No retry for other failures: a failing launch would spin. The next
+                    // claim tries again.
                     Err(e) => {
                         tracing::warn!(image = %class.image, error = %e, "cannot fill the pool")
                     }
@@ -327,8 +463,8 @@ impl Sandboxes {
 
     /// Refills every pool after a claim.
     fn refill(&self) {
-        for (image, _) in self.inner.settings.pool.0.clone() {
-            self.fill(&image);
+        for (class, _) in self.wanted() {
+            self.fill(&class);
         }
     }
 
@@ -338,7 +474,9 @@ impl Sandboxes {
         {
             // Pooled sandboxes are not in the store, so admission counts them here.
             let _admission = self.inner.admission.lock().await;
-            let pooled = self.pool_ready() as u64 * class.memory_mib;
+            let pooled = (lock(&self.inner.pool.ready).iter())
+                .map(|(c, q)| c.memory_mib * q.len() as u64)
+                .sum();
             self.admit(class.memory_mib, pooled)?;
         }
         let id = new_id("sbx");

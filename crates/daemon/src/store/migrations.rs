@@ -144,6 +144,17 @@ const MIGRATIONS: &[&str] = &[
         created_at      INTEGER NOT NULL
     );
     "#,
+    // 8: templates: an image plus the defaults of the sandboxes made from it and the size
+    // of its warm pool (the whole `CreateTemplate` as JSON in `body`).
+    r#"
+    CREATE TABLE templates (
+        name            TEXT PRIMARY KEY,
+        image           TEXT NOT NULL,
+        body            TEXT NOT NULL,
+        created_at      INTEGER NOT NULL
+    );
+    CREATE INDEX templates_image ON templates (image);
+    "#,
 ];
 
 /// The schema version this daemon writes.

@@ -1,5 +1,5 @@
 //! The daemon's durable state in SQLite: sandboxes, commands (and where their logs are),
-//! images and events.
+//! images, templates and events.
 //!
 //! The daemon is the only writer. WAL mode plus `synchronous=NORMAL` keeps every committed
 //! transaction across a `kill -9` of the daemon (only a power loss can drop the last ones).
@@ -14,6 +14,7 @@ mod migrations;
 mod mounts;
 mod sandboxes;
 mod snapshots;
+mod templates;
 mod volumes;
 
 use std::path::Path;

@@ -102,12 +102,13 @@ impl Store {
             .optional()?)
     }
 
-    /// The image names that sandboxes (in any state but gone) and usable snapshots stand on:
-    /// their images must stay.
+    /// The image names that sandboxes (in any state but gone), usable snapshots and
+    /// templates stand on: their images must stay.
     pub fn images_in_use(&self) -> Result<Vec<String>, StoreError> {
         let conn = self.conn();
         let mut stmt = conn.prepare(
-            "SELECT image FROM sandboxes UNION SELECT image FROM snapshots WHERE status = 'created'",
+            "SELECT image FROM sandboxes UNION SELECT image FROM snapshots WHERE status = 'created' \
+             UNION SELECT image FROM templates",
         )?;
         let rows = stmt.query_map([], |r| r.get::<_, String>(0))?;
         Ok(rows.collect::<Result<_, _>>()?)

@@ -4,7 +4,7 @@ export type ErrorBody = { error: ErrorDetail, };
 
 export type ErrorDetail = { code: ErrorCode, message: string, };
 
-export type ErrorCode = "bad_request" | "unauthorized" | "forbidden" | "not_found" | "sandbox_not_running" | "conflict" | "payload_too_large" | "insufficient_resources" | "image_not_available" | "backend_unavailable" | "agent_unavailable" | "agent_error" | "internal" | "not_an_image" | "build_failed" | "command_not_found" | "invalid_path" | "is_a_directory" | "not_a_directory" | "not_a_regular_file" | "exec_failed" | "unknown_user" | "exists" | "not_empty" | "command_finished" | "busy" | "permission_denied" | "file_too_large" | "no_space" | "try_again" | "snapshot_not_usable" | "not_supported" | "image_not_found" | "image_invalid" | "image_too_large" | "registry_denied" | "registry_unavailable" | "dockerfile_invalid" | "mount_denied" | "volume_not_found" | "volume_in_use";
+export type ErrorCode = "bad_request" | "unauthorized" | "forbidden" | "not_found" | "sandbox_not_running" | "conflict" | "payload_too_large" | "insufficient_resources" | "image_not_available" | "backend_unavailable" | "agent_unavailable" | "agent_error" | "internal" | "not_an_image" | "build_failed" | "command_not_found" | "invalid_path" | "is_a_directory" | "not_a_directory" | "not_a_regular_file" | "exec_failed" | "unknown_user" | "exists" | "not_empty" | "command_finished" | "busy" | "permission_denied" | "file_too_large" | "no_space" | "try_again" | "snapshot_not_usable" | "not_supported" | "image_not_found" | "image_invalid" | "image_too_large" | "registry_denied" | "registry_unavailable" | "dockerfile_invalid" | "mount_denied" | "volume_not_found" | "volume_in_use" | "template_not_found";
 
 export type SandboxStatus = "pending" | "running" | "paused" | "stopping" | "stopped" | "failed";
 
@@ -15,6 +15,12 @@ export type BackendChoice = "auto" | "microvm" | "namespace";
 export type Source = { "type": "path", path: string, } | { "type": "git", url: string, revision?: string, } | { "type": "snapshot", snapshot_id: string, };
 
 export type CreateSandbox = { 
+/**
+ * A template (`/v1/templates`) whose defaults apply to every field this request leaves
+ * out; a sandbox its pool holds ready serves the create when the request asks for
+ * nothing a pooled sandbox cannot take at claim.
+ */
+template?: string, 
 /**
  * `base` (default), `python3.13`, `node24` or `node22`.
  */
@@ -320,6 +326,61 @@ size_mib?: number, created_at: number,
 used_by: Array<string>, };
 
 export type VolumeList = { volumes: Array<Volume>, };
+
+export type CreateTemplate = { 
+/**
+ * 1 to 64 characters of `[a-z0-9_.-]`, starting with a letter or a digit.
+ */
+name: string, 
+/**
+ * Any image the daemon has: Belljar's own, pulled, imported or built.
+ */
+image: string, backend?: BackendChoice, 
+/**
+ * 1 to 32; the daemon's default when absent.
+ */
+vcpus?: number, 
+/**
+ * 64 to 262144; the daemon's default when absent.
+ */
+memory_mib?: number, 
+/**
+ * 64 to 1048576; the daemon's default when absent.
+ */
+disk_mib?: number, 
+/**
+ * Milliseconds until a sandbox of the template stops by itself.
+ */
+timeout_ms?: number, 
+/**
+ * Environment of every command; a create's `env` adds to it and wins per name.
+ */
+env?: { [key in string]: string }, 
+/**
+ * The firewall of its sandboxes; a create's own policy replaces it.
+ */
+network_policy?: NetworkPolicy, 
+/**
+ * Sandboxes kept started ahead of demand, refilled in the background; 0 (the default)
+ * keeps none. At most 64.
+ */
+pool?: number, };
+
+export type Template = { name: string, image: string, backend?: BackendChoice, vcpus?: number, memory_mib?: number, disk_mib?: number, timeout_ms?: number, env: { [key in string]: string }, network_policy?: NetworkPolicy, 
+/**
+ * How many sandboxes its pool keeps ready (0: no pool).
+ */
+pool: number, 
+/**
+ * Pooled sandboxes ready to be claimed now.
+ */
+pool_ready: number, 
+/**
+ * Pooled sandboxes starting now (refills).
+ */
+pool_starting: number, created_at: number, };
+
+export type TemplateList = { templates: Array<Template>, };
 
 export type Snapshot = { 
 /**

@@ -211,7 +211,11 @@ fn request(req: NewSandbox) -> Result<CreateSandbox> {
 }
 
 async fn create(State(st): State<AppState>, body: Body) -> Result<Response> {
-    let create = request(json::<NewSandbox>(body).await?)?;
+    let mut create = request(json::<NewSandbox>(body).await?)?;
+    // A user's template of that name wins over the image of that name.
+    if let Some(name) = create.image.clone() {
+        create = st.sandboxes.prefer_template(create, &name)?;
+    }
     let sandboxes = st.sandboxes.clone();
     // In its own task: a client that goes away cannot leave a sandbox half set up.
     let sandbox = tokio::spawn(async move {

@@ -285,6 +285,12 @@ pub async fn claim(
         auto_resume: Some(config.auto_resume.unwrap_or(true)),
         ..CreateSandbox::default()
     };
+    // A user's template of that name wins over the built-in mapping (not under a snapshot,
+    // which brings its own image).
+    let create = match create.source {
+        None => st.sandboxes.prefer_template(create, &template)?,
+        Some(_) => create,
+    };
     let sandboxes = st.sandboxes.clone();
     let s = detached(async move { Ok(sandboxes.create(create).await?) }).await?;
     let body = ClaimResponse {
