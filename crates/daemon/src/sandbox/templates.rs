@@ -22,7 +22,7 @@ impl Sandboxes {
             )));
         }
         if let Some(policy) = &req.network_policy {
-            super::network_policy::firewall(policy)?;
+            super::network::policy::firewall(policy)?;
         }
         // The image must be here now, and the backend able to run it.
         let class = self.template_class(&req)?;
