@@ -19,6 +19,7 @@
 pub mod error;
 mod exec;
 pub mod ids;
+mod images;
 mod objects;
 mod output;
 mod sandboxes;
@@ -68,6 +69,8 @@ struct Inner {
     url: String,
     /// The variables of each secret made from a dict, by id; never written to disk.
     secrets: Mutex<Secrets>,
+    /// The image builds started through the layer, by image id.
+    builds: Mutex<images::Builds>,
     /// The commands started through the command router, by the client's exec id.
     execs: Mutex<HashMap<String, exec::Exec>>,
     /// The last stdin write index of each sandbox's entrypoint (a repeated one is a retry).
@@ -91,6 +94,7 @@ impl Modal {
             st,
             url: format!("http://127.0.0.1:{port}"),
             secrets: Mutex::default(),
+            builds: Mutex::default(),
             execs: Mutex::default(),
             stdin: Mutex::default(),
         }))

@@ -23,7 +23,7 @@ use bytes::Bytes;
 use tokio::sync::mpsc;
 
 use super::error::{ModalError, Result};
-use super::objects::DEBIAN_SLIM;
+use super::images::DEBIAN_SLIM;
 use super::output::Output;
 use super::wire::{
     GenericResult, SandboxCreateRequest, SandboxCreateResponse, SandboxDefinition,

@@ -134,8 +134,13 @@ pub struct Image {
     pub context_files: Vec<ImageContextFile>,
     #[prost(string, repeated, tag = "12")]
     pub secret_ids: Vec<String>,
+    #[prost(string, tag = "14")]
+    pub build_function_def: String,
     #[prost(string, tag = "15")]
     pub context_mount_id: String,
+    /// `Image.run_function`'s function; only whether there is one is read.
+    #[prost(message, optional, tag = "21")]
+    pub build_function: Option<Empty>,
 }
 
 #[derive(Clone, PartialEq, prost::Message)]
@@ -150,6 +155,8 @@ pub struct BaseImage {
 pub struct ImageContextFile {
     #[prost(string, tag = "1")]
     pub filename: String,
+    #[prost(bytes = "vec", tag = "2")]
+    pub data: Vec<u8>,
 }
 
 #[derive(Clone, PartialEq, prost::Message)]
@@ -158,8 +165,12 @@ pub struct ImageGetOrCreateRequest {
     pub image: Option<Image>,
     #[prost(string, tag = "4")]
     pub app_id: String,
+    #[prost(bool, tag = "7")]
+    pub force_build: bool,
     #[prost(string, tag = "9")]
     pub builder_version: String,
+    #[prost(bool, tag = "11")]
+    pub ignore_cache: bool,
 }
 
 #[derive(Clone, PartialEq, prost::Message)]
@@ -168,6 +179,31 @@ pub struct ImageGetOrCreateResponse {
     pub image_id: String,
     #[prost(message, optional, tag = "2")]
     pub result: Option<GenericResult>,
+}
+
+#[derive(Clone, PartialEq, prost::Message)]
+pub struct ImageJoinStreamingRequest {
+    #[prost(string, tag = "1")]
+    pub image_id: String,
+    /// Seconds to hold the stream open for.
+    #[prost(float, tag = "2")]
+    pub timeout: f32,
+    /// Where the previous answer stopped: the layer's entry ids are log line indexes.
+    #[prost(string, tag = "3")]
+    pub last_entry_id: String,
+}
+
+/// Build log lines, and the result in the last message.
+#[derive(Clone, PartialEq, prost::Message)]
+pub struct ImageJoinStreamingResponse {
+    #[prost(message, optional, tag = "1")]
+    pub result: Option<GenericResult>,
+    #[prost(message, repeated, tag = "2")]
+    pub task_logs: Vec<TaskLogs>,
+    #[prost(string, tag = "3")]
+    pub entry_id: String,
+    #[prost(bool, tag = "4")]
+    pub eof: bool,
 }
 
 #[derive(Clone, PartialEq, prost::Message)]
