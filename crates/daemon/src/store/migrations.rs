@@ -144,6 +144,18 @@ const MIGRATIONS: &[&str] = &[
         created_at      INTEGER NOT NULL
     );
     "#,
+    // 8: the named secrets of the Modal layer (`Secret.objects.create`): their variables
+    // (JSON), by environment and name.
+    r#"
+    CREATE TABLE modal_secrets (
+        id              TEXT PRIMARY KEY,
+        environment     TEXT NOT NULL,
+        name            TEXT NOT NULL,
+        env             TEXT NOT NULL,
+        created_at      INTEGER NOT NULL,
+        UNIQUE (environment, name)
+    );
+    "#,
 ];
 
 /// The schema version this daemon writes.

@@ -115,11 +115,17 @@ impl Modal {
         s.by_id.insert(id.to_owned(), env);
     }
 
+    /// The variables of secret `id`: one made from a dict, or a named one.
     fn secret(&self, id: &str) -> Result<HashMap<String, String>> {
-        lock(&self.0.secrets)
-            .by_id
-            .get(id)
-            .cloned()
+        if let Some(env) = lock(&self.0.secrets).by_id.get(id) {
+            return Ok(env.clone());
+        }
+        self.st()
+            .sandboxes
+            .store()
+            .modal_secret(id)
+            .map_err(|e| ModalError::from(crate::sandbox::SandboxError::from(e)))?
+            .map(|s| s.env)
             .ok_or_else(|| ModalError::NotFound(format!("Secret {id} not found")))
     }
 

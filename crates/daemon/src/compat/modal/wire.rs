@@ -101,10 +101,30 @@ pub struct EnvironmentSettings {
 pub struct SecretGetOrCreateRequest {
     #[prost(string, tag = "1")]
     pub deployment_name: String,
+    #[prost(string, tag = "3")]
+    pub environment_name: String,
     #[prost(int32, tag = "4")]
     pub object_creation_type: i32,
     #[prost(map = "string, string", tag = "5")]
     pub env_dict: HashMap<String, String>,
+    /// Keys a named secret must have.
+    #[prost(string, repeated, tag = "7")]
+    pub required_keys: Vec<String>,
+}
+
+/// `ObjectCreationType`: how a get-or-create request treats a name.
+pub mod creation {
+    /// Look the name up only.
+    pub const LOOKUP: i32 = 0;
+    pub const CREATE_IF_MISSING: i32 = 1;
+    pub const CREATE_FAIL_IF_EXISTS: i32 = 2;
+    pub const CREATE_OVERWRITE_IF_EXISTS: i32 = 3;
+}
+
+#[derive(Clone, PartialEq, prost::Message)]
+pub struct SecretDeleteRequest {
+    #[prost(string, tag = "1")]
+    pub secret_id: String,
 }
 
 #[derive(Clone, PartialEq, prost::Message)]
