@@ -23,6 +23,7 @@ mod images;
 mod objects;
 mod output;
 mod sandboxes;
+mod volumes;
 pub mod wire;
 
 use std::collections::{HashMap, VecDeque};

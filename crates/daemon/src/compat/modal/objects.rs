@@ -15,7 +15,7 @@ use super::wire::{
     EnvironmentSettings, SecretDeleteRequest, SecretGetOrCreateRequest, SecretGetOrCreateResponse,
     SecretMetadata, creation,
 };
-use super::{Modal, ids, images, sandboxes, streaming, unary};
+use super::{Modal, ids, images, sandboxes, streaming, unary, volumes};
 use crate::sandbox::SandboxError;
 use crate::store::ModalSecret;
 use crate::util::now_ms;
@@ -46,7 +46,9 @@ pub async fn route(
         "SandboxGetLogs" => streaming(req, |r| sandboxes::logs(m.clone(), r)).await,
         "SandboxStdinWrite" => unary(req, |r| sandboxes::stdin_write(m.clone(), r)).await,
         "TaskGetCommandRouterAccess" => unary(req, |r| sandboxes::router(m.clone(), r)).await,
-        _ => return images::route(&m, method, req).await,
+        m2 if m2.starts_with("Image") => return images::route(&m, method, req).await,
+        m2 if m2.starts_with("Volume") => return volumes::route(&m, method, req).await,
+        _ => return None,
     })
 }
 

@@ -111,6 +111,7 @@ fn definition(
             "Outbound allow-lists (outbound_cidr_allowlist)".into(),
         ));
     }
+    let volumes = super::volumes::mounts(&def.volume_mounts)?;
     let blocked = def.block_network || access == Some(network_access::BLOCKED);
     let resources = def.resources.clone().unwrap_or_default();
     let vcpus =
@@ -129,6 +130,7 @@ fn definition(
         memory_mib: memory,
         timeout_ms: Some(timeout_ms),
         env: (!env.is_empty()).then_some(env),
+        volumes: (!volumes.is_empty()).then_some(volumes),
         tags: Some(tags),
         network_policy: blocked.then_some(NetworkPolicy::Mode(NetworkMode::DenyAll)),
         hard_ttl_ms: Some(timeout_ms + KEEP_ENDED_MS),

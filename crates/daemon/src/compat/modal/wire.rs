@@ -279,10 +279,54 @@ pub struct SandboxDefinition {
     pub workdir: Option<String>,
     #[prost(bool, tag = "11")]
     pub block_network: bool,
+    #[prost(message, repeated, tag = "13")]
+    pub volume_mounts: Vec<VolumeMount>,
     #[prost(message, optional, tag = "22")]
     pub network_access: Option<NetworkAccess>,
     #[prost(string, optional, tag = "30")]
     pub name: Option<String>,
+}
+
+/// A volume a sandbox mounts.
+#[derive(Clone, PartialEq, prost::Message)]
+pub struct VolumeMount {
+    #[prost(string, tag = "1")]
+    pub volume_id: String,
+    #[prost(string, tag = "2")]
+    pub mount_path: String,
+    #[prost(bool, tag = "4")]
+    pub read_only: bool,
+    #[prost(string, tag = "5")]
+    pub sub_path: String,
+}
+
+#[derive(Clone, PartialEq, prost::Message)]
+pub struct VolumeGetOrCreateRequest {
+    #[prost(string, tag = "1")]
+    pub deployment_name: String,
+    #[prost(string, tag = "3")]
+    pub environment_name: String,
+    #[prost(int32, tag = "4")]
+    pub object_creation_type: i32,
+}
+
+#[derive(Clone, PartialEq, prost::Message)]
+pub struct VolumeGetOrCreateResponse {
+    #[prost(string, tag = "1")]
+    pub volume_id: String,
+    /// `VolumeFsVersion`.
+    #[prost(int32, tag = "2")]
+    pub version: i32,
+    #[prost(message, optional, tag = "3")]
+    pub metadata: Option<VolumeMetadata>,
+}
+
+#[derive(Clone, PartialEq, prost::Message)]
+pub struct VolumeMetadata {
+    #[prost(int32, tag = "1")]
+    pub version: i32,
+    #[prost(string, tag = "2")]
+    pub name: String,
 }
 
 #[derive(Clone, PartialEq, prost::Message)]
@@ -509,6 +553,12 @@ pub struct TaskExecStdinWriteRequest {
     pub data: Vec<u8>,
     #[prost(bool, tag = "5")]
     pub eof: bool,
+}
+
+#[derive(Clone, PartialEq, prost::Message)]
+pub struct TaskReloadVolumesRequest {
+    #[prost(string, tag = "1")]
+    pub task_id: String,
 }
 
 /// The request of `TaskExecPoll` and `TaskExecWait`.
