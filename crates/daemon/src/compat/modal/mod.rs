@@ -23,6 +23,7 @@ mod images;
 mod objects;
 mod output;
 mod sandboxes;
+mod tags;
 mod volumes;
 pub mod wire;
 

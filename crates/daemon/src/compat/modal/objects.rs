@@ -15,7 +15,7 @@ use super::wire::{
     EnvironmentSettings, SecretDeleteRequest, SecretGetOrCreateRequest, SecretGetOrCreateResponse,
     SecretMetadata, creation,
 };
-use super::{Modal, ids, images, sandboxes, streaming, unary, volumes};
+use super::{Modal, ids, images, sandboxes, streaming, tags, unary, volumes};
 use crate::sandbox::SandboxError;
 use crate::store::ModalSecret;
 use crate::util::now_ms;
@@ -43,6 +43,9 @@ pub async fn route(
         "SandboxGetTaskId" => unary(req, |r| sandboxes::task_id(m.clone(), r)).await,
         "SandboxWait" => unary(req, |r| sandboxes::wait(m.clone(), r)).await,
         "SandboxTerminate" => unary(req, |r| sandboxes::terminate(m.clone(), r)).await,
+        "SandboxTagsSet" => unary(req, |r| tags::set(m.clone(), r)).await,
+        "SandboxTagsGet" => unary(req, |r| tags::get(m.clone(), r)).await,
+        "SandboxList" => unary(req, |r| tags::list(m.clone(), r)).await,
         "SandboxGetLogs" => streaming(req, |r| sandboxes::logs(m.clone(), r)).await,
         "SandboxStdinWrite" => unary(req, |r| sandboxes::stdin_write(m.clone(), r)).await,
         "TaskGetCommandRouterAccess" => unary(req, |r| sandboxes::router(m.clone(), r)).await,

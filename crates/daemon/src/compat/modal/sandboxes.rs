@@ -237,6 +237,11 @@ pub fn result_of(m: &Modal, s: &Sandbox) -> Result<Option<GenericResult>> {
     })
 }
 
+/// The daemon sandbox of a Modal sandbox id.
+pub fn get(m: &Modal, modal_id: &str) -> Result<Sandbox> {
+    sandbox(m, modal_id)
+}
+
 fn sandbox(m: &Modal, modal_id: &str) -> Result<Sandbox> {
     let id = ids::sandbox_of(modal_id)?;
     m.st()
@@ -245,7 +250,7 @@ fn sandbox(m: &Modal, modal_id: &str) -> Result<Sandbox> {
         .map_err(|_| ModalError::NotFound(format!("Sandbox {modal_id} not found")))
 }
 
-fn metadata(s: &Sandbox, result: Option<GenericResult>) -> SandboxHandleMetadata {
+pub fn metadata(s: &Sandbox, result: Option<GenericResult>) -> SandboxHandleMetadata {
     SandboxHandleMetadata {
         result,
         app_id: s.tags.get(TAG_APP).cloned().unwrap_or_default(),

@@ -338,6 +338,73 @@ pub struct SandboxTag {
 }
 
 #[derive(Clone, PartialEq, prost::Message)]
+pub struct SandboxTagsSetRequest {
+    #[prost(string, tag = "2")]
+    pub sandbox_id: String,
+    #[prost(message, repeated, tag = "3")]
+    pub tags: Vec<SandboxTag>,
+}
+
+/// The request of `SandboxTagsGet`.
+#[derive(Clone, PartialEq, prost::Message)]
+pub struct SandboxTagsGetRequest {
+    #[prost(string, tag = "1")]
+    pub sandbox_id: String,
+}
+
+#[derive(Clone, PartialEq, prost::Message)]
+pub struct SandboxTagsGetResponse {
+    #[prost(message, repeated, tag = "1")]
+    pub tags: Vec<SandboxTag>,
+}
+
+#[derive(Clone, PartialEq, prost::Message)]
+pub struct SandboxListRequest {
+    #[prost(string, tag = "1")]
+    pub app_id: String,
+    /// Seconds since the epoch; only sandboxes created before it (the next page).
+    #[prost(double, tag = "2")]
+    pub before_timestamp: f64,
+    #[prost(bool, tag = "4")]
+    pub include_finished: bool,
+    #[prost(message, repeated, tag = "5")]
+    pub tags: Vec<SandboxTag>,
+}
+
+#[derive(Clone, PartialEq, prost::Message)]
+pub struct SandboxListResponse {
+    #[prost(message, repeated, tag = "1")]
+    pub sandboxes: Vec<SandboxInfo>,
+}
+
+#[derive(Clone, PartialEq, prost::Message)]
+pub struct SandboxInfo {
+    #[prost(string, tag = "1")]
+    pub id: String,
+    /// Seconds since the epoch.
+    #[prost(double, tag = "3")]
+    pub created_at: f64,
+    #[prost(message, optional, tag = "4")]
+    pub task_info: Option<TaskInfo>,
+    #[prost(string, tag = "5")]
+    pub app_id: String,
+    #[prost(message, repeated, tag = "6")]
+    pub tags: Vec<SandboxTag>,
+    #[prost(message, optional, tag = "16")]
+    pub metadata: Option<SandboxHandleMetadata>,
+}
+
+#[derive(Clone, PartialEq, prost::Message)]
+pub struct TaskInfo {
+    #[prost(string, tag = "1")]
+    pub id: String,
+    #[prost(message, optional, tag = "4")]
+    pub result: Option<GenericResult>,
+    #[prost(string, tag = "7")]
+    pub sandbox_id: String,
+}
+
+#[derive(Clone, PartialEq, prost::Message)]
 pub struct SandboxCreateRequest {
     #[prost(string, tag = "1")]
     pub app_id: String,
