@@ -10,7 +10,7 @@
 # run installs nothing (BELLJAR_COMPAT_MODAL names another directory).
 #
 # Needs: python3 with venv, scripts/setup.sh run (the base and python3.13 images, built
-# binaries).
+# binaries, docker-registry, buildah and busybox-static for the registry image).
 set -euo pipefail
 here=$(cd "$(dirname "$0")" && pwd)
 repo=$(cd "$here/../.." && pwd)
