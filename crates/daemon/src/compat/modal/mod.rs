@@ -71,6 +71,8 @@ struct Inner {
     url: String,
     /// The variables of each secret made from a dict, by id; never written to disk.
     secrets: Mutex<Secrets>,
+    /// Held while a named sandbox is checked and created, so that a name is taken once.
+    naming: tokio::sync::Mutex<()>,
     /// The image builds started through the layer, by image id.
     builds: Mutex<images::Builds>,
     /// The commands started through the command router, by the client's exec id.
@@ -96,6 +98,7 @@ impl Modal {
             st,
             url: format!("http://127.0.0.1:{port}"),
             secrets: Mutex::default(),
+            naming: tokio::sync::Mutex::new(()),
             builds: Mutex::default(),
             execs: Mutex::default(),
             stdin: Mutex::default(),

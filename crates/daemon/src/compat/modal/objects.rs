@@ -46,6 +46,7 @@ pub async fn route(
         "SandboxTagsSet" => unary(req, |r| tags::set(m.clone(), r)).await,
         "SandboxTagsGet" => unary(req, |r| tags::get(m.clone(), r)).await,
         "SandboxList" => unary(req, |r| tags::list(m.clone(), r)).await,
+        "SandboxGetFromName" => unary(req, |r| tags::from_name(m.clone(), r)).await,
         "SandboxGetLogs" => streaming(req, |r| sandboxes::logs(m.clone(), r)).await,
         "SandboxStdinWrite" => unary(req, |r| sandboxes::stdin_write(m.clone(), r)).await,
         "TaskGetCommandRouterAccess" => unary(req, |r| sandboxes::router(m.clone(), r)).await,

@@ -41,6 +41,8 @@ pub const TAG_APP: &str = "modal.app";
 pub const TAG_ENTRYPOINT: &str = "modal.entrypoint";
 /// The working directory of the entrypoint and of commands that name none.
 pub const TAG_WORKDIR: &str = "modal.workdir";
+/// The sandbox's name (`Sandbox.create(name=)`), unique among its app's running sandboxes.
+pub const TAG_NAME: &str = "modal.name";
 /// Set when `terminate` ended the sandbox.
 const TAG_TERMINATED: &str = "modal.terminated";
 /// Modal's default lifetime of a sandbox, seconds.
@@ -74,10 +76,32 @@ pub async fn create(m: Modal, req: SandboxCreateRequest) -> Result<SandboxCreate
     if let Some(dir) = def.workdir.clone() {
         tags.insert(TAG_WORKDIR.into(), dir);
     }
+    let name = def.name.clone().filter(|n| !n.is_empty());
+    if let Some(name) = &name {
+        super::tags::check_name(name)?;
+        tags.insert(TAG_NAME.into(), name.clone());
+    }
     let create = definition(&m, &def, tags)?;
     let (entrypoint, workdir) = (def.entrypoint_args, def.workdir);
     let m2 = m.clone();
-    let sandbox = detached(async move { start(&m2, create, entrypoint, workdir).await }).await?;
+    let app_id = req.app_id.clone();
+    let sandbox = detached(async move {
+        // A name is one running sandbox's in its app: checked and taken under one lock.
+        let _naming = match &name {
+            Some(name) => {
+                let held = m2.0.naming.lock().await;
+                if super::tags::named(&m2, &app_id, name, false)?.is_some() {
+                    return Err(ModalError::AlreadyExists(format!(
+                        "Sandbox with name '{name}' already exists"
+                    )));
+                }
+                Some(held)
+            }
+            None => None,
+        };
+        start(&m2, create, entrypoint, workdir).await
+    })
+    .await?;
     Ok(SandboxCreateResponse {
         sandbox_id: ids::sandbox(&sandbox.id),
         metadata: Some(SandboxHandleMetadata {
@@ -93,9 +117,6 @@ fn definition(
     def: &SandboxDefinition,
     tags: BTreeMap<String, String>,
 ) -> Result<CreateSandbox> {
-    if def.name.is_some() {
-        return Err(ModalError::NotImplemented("Sandbox names".into()));
-    }
     let image = if def.image_id.is_empty() {
         DEBIAN_SLIM.to_owned()
     } else {

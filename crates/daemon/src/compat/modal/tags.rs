@@ -1,18 +1,23 @@
-//! A sandbox's tags (`set_tags`, `get_tags`) and `Sandbox.list(app_id=, tags=)`.
+//! A sandbox's tags (`set_tags`, `get_tags`), its name (`Sandbox.create(name=)`,
+//! `Sandbox.from_name`) and `Sandbox.list(app_id=, tags=)`.
 //!
 //! Modal's tags are the daemon sandbox's own tags, beside the layer's under `modal.`, which
 //! the client neither sees nor may set. `list` answers the running sandboxes, newest first,
 //! a page at a time: the client asks for the next page with the creation time of the last.
+//! A name is a tag of the layer's (`modal.name`), unique among the app's running sandboxes.
 
 use std::collections::BTreeMap;
 
 use belljar_api::{ListSandboxesQuery, UpdateSandbox};
 
 use super::error::{ModalError, Result};
-use super::sandboxes::{self, TAG_APP};
+use belljar_api::Sandbox;
+
+use super::sandboxes::{self, TAG_APP, TAG_NAME};
 use super::wire::{
-    Empty, SandboxInfo, SandboxListRequest, SandboxListResponse, SandboxTag, SandboxTagsGetRequest,
-    SandboxTagsGetResponse, SandboxTagsSetRequest, TaskInfo,
+    Empty, SandboxGetFromNameRequest, SandboxGetFromNameResponse, SandboxInfo, SandboxListRequest,
+    SandboxListResponse, SandboxTag, SandboxTagsGetRequest, SandboxTagsGetResponse,
+    SandboxTagsSetRequest, TaskInfo,
 };
 use super::{Modal, detached, ids};
 
@@ -31,6 +36,76 @@ fn shown(tags: &BTreeMap<String, String>) -> Vec<SandboxTag> {
             tag_value: v.clone(),
         })
         .collect()
+}
+
+/// Refuses a name Modal would refuse: 1 to 64 letters, digits, `-`, `_` and `.`.
+pub fn check_name(name: &str) -> Result<()> {
+    let ok = !name.is_empty()
+        && name.len() <= 64
+        && name
+            .bytes()
+            .all(|b| b.is_ascii_alphanumeric() || matches!(b, b'-' | b'_' | b'.'));
+    if ok {
+        Ok(())
+    } else {
+        Err(ModalError::BadRequest(format!(
+            "Invalid Sandbox name {name:?}: 1 to 64 letters, digits, '-', '_' and '.'"
+        )))
+    }
+}
+
+/// The newest sandbox of app `app_id` named `name`: one that runs, or with `ended` also one
+/// that has ended.
+pub fn named(m: &Modal, app_id: &str, name: &str, ended: bool) -> Result<Option<Sandbox>> {
+    let mut query = ListSandboxesQuery {
+        tag: Some(format!("{TAG_NAME}={name}")),
+        limit: Some(200),
+        ..ListSandboxesQuery::default()
+    };
+    loop {
+        let page = m.st().sandboxes.list(&query)?;
+        for s in page.sandboxes {
+            if s.tags.get(TAG_APP).map(String::as_str) != Some(app_id) {
+                continue;
+            }
+            if ended || sandboxes::result_of(m, &s)?.is_none() {
+                return Ok(Some(s));
+            }
+        }
+        match page.next_cursor {
+            Some(c) => query.cursor = Some(c),
+            None => return Ok(None),
+        }
+    }
+}
+
+/// `Sandbox.from_name(app_name, name)`.
+pub async fn from_name(
+    m: Modal,
+    req: SandboxGetFromNameRequest,
+) -> Result<SandboxGetFromNameResponse> {
+    let environment = if req.environment_name.is_empty() {
+        "main"
+    } else {
+        req.environment_name.as_str()
+    };
+    let app_id = ids::app(environment, &req.app_name);
+    let found = match named(&m, &app_id, &req.sandbox_name, false)? {
+        Some(s) => Some(s),
+        None if req.include_terminated => named(&m, &app_id, &req.sandbox_name, true)?,
+        None => None,
+    };
+    let s = found.ok_or_else(|| {
+        ModalError::NotFound(format!(
+            "Sandbox with name '{}' not found in app '{}'",
+            req.sandbox_name, req.app_name
+        ))
+    })?;
+    let result = sandboxes::result_of(&m, &s)?;
+    Ok(SandboxGetFromNameResponse {
+        sandbox_id: ids::sandbox(&s.id),
+        metadata: Some(sandboxes::metadata(&s, result)),
+    })
 }
 
 /// Replaces the sandbox's tags (the layer's own stay).

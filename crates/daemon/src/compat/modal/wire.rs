@@ -359,6 +359,26 @@ pub struct SandboxTagsGetResponse {
 }
 
 #[derive(Clone, PartialEq, prost::Message)]
+pub struct SandboxGetFromNameRequest {
+    #[prost(string, tag = "1")]
+    pub sandbox_name: String,
+    #[prost(string, tag = "2")]
+    pub environment_name: String,
+    #[prost(string, tag = "3")]
+    pub app_name: String,
+    #[prost(bool, tag = "4")]
+    pub include_terminated: bool,
+}
+
+#[derive(Clone, PartialEq, prost::Message)]
+pub struct SandboxGetFromNameResponse {
+    #[prost(string, tag = "1")]
+    pub sandbox_id: String,
+    #[prost(message, optional, tag = "2")]
+    pub metadata: Option<SandboxHandleMetadata>,
+}
+
+#[derive(Clone, PartialEq, prost::Message)]
 pub struct SandboxListRequest {
     #[prost(string, tag = "1")]
     pub app_id: String,
