@@ -193,3 +193,27 @@ pub async fn list(m: Modal, req: SandboxListRequest) -> Result<SandboxListRespon
         }
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn names_are_modals_and_own_tags_are_hidden() {
+        assert!(check_name("worker-1.a_b").is_ok());
+        for bad in ["", "a b", "a/b", &"x".repeat(65)] {
+            assert!(check_name(bad).is_err(), "{bad:?}");
+        }
+        let tags = BTreeMap::from([
+            ("modal.app".to_owned(), "ap-x".to_owned()),
+            ("role".to_owned(), "web".to_owned()),
+        ]);
+        assert_eq!(
+            shown(&tags),
+            [SandboxTag {
+                tag_name: "role".into(),
+                tag_value: "web".into()
+            }]
+        );
+    }
+}
