@@ -155,6 +155,18 @@ const MIGRATIONS: &[&str] = &[
     );
     CREATE INDEX templates_image ON templates (image);
     "#,
+    // 9: the named secrets of the Modal layer (`Secret.objects.create`): their variables
+    // (JSON), by environment and name.
+    r#"
+    CREATE TABLE modal_secrets (
+        id              TEXT PRIMARY KEY,
+        environment     TEXT NOT NULL,
+        name            TEXT NOT NULL,
+        env             TEXT NOT NULL,
+        created_at      INTEGER NOT NULL,
+        UNIQUE (environment, name)
+    );
+    "#,
 ];
 
 /// The schema version this daemon writes.

@@ -11,6 +11,7 @@ mod group;
 mod images;
 mod layers;
 mod migrations;
+mod modal_secrets;
 mod mounts;
 mod sandboxes;
 mod snapshots;
@@ -29,6 +30,7 @@ pub use events::EventBody;
 #[cfg(test)]
 pub(crate) use events::append_event_in;
 pub(crate) use group::in_savepoint;
+pub use modal_secrets::ModalSecret;
 pub use mounts::{HeldMount, MountRefused, slots as mount_slots};
 pub use sandboxes::SandboxPage;
 pub use snapshots::{SandboxLayers, SnapshotPage, SnapshotRow};

@@ -1,7 +1,7 @@
 //! Errors of the Modal layer, answered as gRPC statuses, the form in which Modal's server
 //! answers: the client turns each code into its own exception (`NOT_FOUND` into
 //! `NotFoundError`, `FAILED_PRECONDITION` into `ConflictError`, `INVALID_ARGUMENT` into
-//! `InvalidError`, `UNIMPLEMENTED` into `UnimplementedError`, ...).
+//! `InvalidError`, `ALREADY_EXISTS` into `AlreadyExistsError`, `UNIMPLEMENTED` into `UnimplementedError`, ...).
 //!
 //! The daemon's own errors keep their meaning: each maps by the HTTP status the daemon gives
 //! it to the gRPC code of the same meaning. What the layer cannot do yet is `UNIMPLEMENTED`,
@@ -23,6 +23,9 @@ pub enum ModalError {
     /// No such sandbox, app, image or command.
     #[error("{0}")]
     NotFound(String),
+    /// An object of that name exists (`CREATE_FAIL_IF_EXISTS`).
+    #[error("{0}")]
+    AlreadyExists(String),
     /// The request conflicts with the object's state (a sandbox that has finished).
     #[error("{0}")]
     Conflict(String),
@@ -55,6 +58,7 @@ impl ModalError {
         match self {
             Self::BadRequest(m) => (Code::InvalidArgument, m.clone()),
             Self::NotFound(m) => (Code::NotFound, m.clone()),
+            Self::AlreadyExists(m) => (Code::AlreadyExists, m.clone()),
             Self::Conflict(m) => (Code::FailedPrecondition, m.clone()),
             Self::Unauthenticated(m) => (Code::Unauthenticated, m.clone()),
             Self::UnsupportedClient(m) => (Code::FailedPrecondition, m.clone()),

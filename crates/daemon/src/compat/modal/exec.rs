@@ -49,6 +49,7 @@ pub async fn route(
         "TaskExecStdinWrite" => unary(req, |r| write(m.clone(), r)).await,
         "TaskExecPoll" => unary(req, |r| poll(m.clone(), r)).await,
         "TaskExecWait" => unary(req, |r| wait(m.clone(), r)).await,
+        "TaskReloadVolumes" => unary(req, |r| super::volumes::reload(m.clone(), r)).await,
         _ => return None,
     })
 }

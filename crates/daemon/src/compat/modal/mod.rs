@@ -19,9 +19,12 @@
 pub mod error;
 mod exec;
 pub mod ids;
+mod images;
 mod objects;
 mod output;
 mod sandboxes;
+mod tags;
+mod volumes;
 pub mod wire;
 
 use std::collections::{HashMap, VecDeque};
@@ -68,6 +71,10 @@ struct Inner {
     url: String,
     /// The variables of each secret made from a dict, by id; never written to disk.
     secrets: Mutex<Secrets>,
+    /// Held while a named sandbox is checked and created, so that a name is taken once.
+    naming: tokio::sync::Mutex<()>,
+    /// The image builds started through the layer, by image id.
+    builds: Mutex<images::Builds>,
     /// The commands started through the command router, by the client's exec id.
     execs: Mutex<HashMap<String, exec::Exec>>,
     /// The last stdin write index of each sandbox's entrypoint (a repeated one is a retry).
@@ -91,6 +98,8 @@ impl Modal {
             st,
             url: format!("http://127.0.0.1:{port}"),
             secrets: Mutex::default(),
+            naming: tokio::sync::Mutex::new(()),
+            builds: Mutex::default(),
             execs: Mutex::default(),
             stdin: Mutex::default(),
         }))
@@ -111,11 +120,17 @@ impl Modal {
         s.by_id.insert(id.to_owned(), env);
     }
 
+    /// The variables of secret `id`: one made from a dict, or a named one.
     fn secret(&self, id: &str) -> Result<HashMap<String, String>> {
-        lock(&self.0.secrets)
-            .by_id
-            .get(id)
-            .cloned()
+        if let Some(env) = lock(&self.0.secrets).by_id.get(id) {
+            return Ok(env.clone());
+        }
+        self.st()
+            .sandboxes
+            .store()
+            .modal_secret(id)
+            .map_err(|e| ModalError::from(crate::sandbox::SandboxError::from(e)))?
+            .map(|s| s.env)
             .ok_or_else(|| ModalError::NotFound(format!("Secret {id} not found")))
     }
 

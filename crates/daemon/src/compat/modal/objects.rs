@@ -1,13 +1,10 @@
 //! The control plane's routes, and the objects a sandbox is made from: the handshake, apps,
-//! the environment, secrets and images.
+//! the environment and secrets (images are [`images`]'s).
 //!
 //! Apps have nothing of their own here: an app's id follows from its name ([`ids::app`]) and
 //! its sandboxes carry it in a tag. Secrets made from a dict (which is how `Sandbox.create`
-//! sends `env=`) live in the daemon's memory only. An image is a local one: `debian_slim()`
-//! is Belljar's Python image, `from_registry(name)` the local image of that name (one of
-//! Belljar's, or one pulled with `belljar images pull`). Building layers on top (`run_commands`,
-//! `pip_install`, ...) is not done yet; such an image fails to build with a message that says
-//! so, as a failed build does on Modal.
+//! sends `env=`) live in the daemon's memory only; named secrets (`Secret.objects.create`,
+//! `Secret.from_name`) in its store, by environment and name, and nowhere else.
 
 use hyper::body::Incoming;
 
@@ -15,19 +12,19 @@ use super::error::{ModalError, Result};
 use super::wire::{
     AppGetOrCreateRequest, AppGetOrCreateResponse, AppHandleMetadata, ClientHelloResponse, Empty,
     EnvironmentGetOrCreateRequest, EnvironmentGetOrCreateResponse, EnvironmentMetadata,
-    EnvironmentSettings, GenericResult, Image, ImageFromIdRequest, ImageFromIdResponse,
-    ImageGetOrCreateRequest, ImageGetOrCreateResponse, SecretGetOrCreateRequest,
-    SecretGetOrCreateResponse, SecretMetadata, status,
+    EnvironmentSettings, SecretDeleteRequest, SecretGetOrCreateRequest, SecretGetOrCreateResponse,
+    SecretMetadata, creation,
 };
-use super::{Modal, ids, sandboxes, streaming, unary};
+use super::{Modal, ids, images, sandboxes, streaming, tags, unary, volumes};
+use crate::sandbox::SandboxError;
+use crate::store::ModalSecret;
+use crate::util::now_ms;
 
 /// The image builder version the environment reports: one the tested client knows.
 pub const BUILDER_VERSION: &str = "2025.06";
 /// The environment every app is in.
 const ENVIRONMENT: &str = "main";
 const ENVIRONMENT_ID: &str = "en-BelljarLocal";
-/// What `Image.debian_slim()` is here: Belljar's Debian image with Python.
-pub const DEBIAN_SLIM: &str = "python3.13";
 
 /// The control plane's answer to `method`, `None` for one it does not serve.
 pub async fn route(
@@ -41,15 +38,20 @@ pub async fn route(
         "AppGetOrCreate" => unary(req, app).await,
         "EnvironmentGetOrCreate" => unary(req, environment).await,
         "SecretGetOrCreate" => unary(req, |r| secret(m.clone(), r)).await,
-        "ImageGetOrCreate" => unary(req, |r| image(m.clone(), r)).await,
-        "ImageFromId" => unary(req, |r| image_from_id(m.clone(), r)).await,
+        "SecretDelete" => unary(req, |r| secret_delete(m.clone(), r)).await,
         "SandboxCreate" => unary(req, |r| sandboxes::create(m.clone(), r)).await,
         "SandboxGetTaskId" => unary(req, |r| sandboxes::task_id(m.clone(), r)).await,
         "SandboxWait" => unary(req, |r| sandboxes::wait(m.clone(), r)).await,
         "SandboxTerminate" => unary(req, |r| sandboxes::terminate(m.clone(), r)).await,
+        "SandboxTagsSet" => unary(req, |r| tags::set(m.clone(), r)).await,
+        "SandboxTagsGet" => unary(req, |r| tags::get(m.clone(), r)).await,
+        "SandboxList" => unary(req, |r| tags::list(m.clone(), r)).await,
+        "SandboxGetFromName" => unary(req, |r| tags::from_name(m.clone(), r)).await,
         "SandboxGetLogs" => streaming(req, |r| sandboxes::logs(m.clone(), r)).await,
         "SandboxStdinWrite" => unary(req, |r| sandboxes::stdin_write(m.clone(), r)).await,
         "TaskGetCommandRouterAccess" => unary(req, |r| sandboxes::router(m.clone(), r)).await,
+        m2 if m2.starts_with("Image") => return images::route(&m, method, req).await,
+        m2 if m2.starts_with("Volume") => return volumes::route(&m, method, req).await,
         _ => return None,
     })
 }
@@ -98,20 +100,106 @@ async fn environment(req: EnvironmentGetOrCreateRequest) -> Result<EnvironmentGe
 }
 
 async fn secret(m: Modal, req: SecretGetOrCreateRequest) -> Result<SecretGetOrCreateResponse> {
-    if !req.deployment_name.is_empty() {
-        return Err(ModalError::NotImplemented("Named Secrets".into()));
+    if req.deployment_name.is_empty() {
+        // `Secret.from_dict` (and `env=`): in memory only, for as long as the daemon runs.
+        let id = format!("st-{}", random_tail());
+        let keys = keys_of(&req.env_dict);
+        m.keep_secret(&id, req.env_dict);
+        return Ok(answer(id, String::new(), keys));
     }
-    let id = format!("st-{}", random_tail());
-    let mut keys: Vec<String> = req.env_dict.keys().cloned().collect();
+    let store = m.st().sandboxes.store().clone();
+    let environment = environment_name(&req.environment_name).to_owned();
+    let name = req.deployment_name;
+    let stored = |e: crate::store::StoreError| ModalError::from(SandboxError::from(e));
+    let existing = store
+        .modal_secret_named(&environment, &name)
+        .map_err(stored)?;
+    let secret = match (req.object_creation_type, existing) {
+        (creation::LOOKUP | creation::CREATE_IF_MISSING, Some(found)) => found,
+        (creation::CREATE_FAIL_IF_EXISTS, Some(_)) => {
+            return Err(ModalError::AlreadyExists(format!(
+                "Secret '{name}' already exists in environment '{environment}'"
+            )));
+        }
+        (creation::LOOKUP, None) => {
+            return Err(ModalError::NotFound(format!(
+                "Secret '{name}' not found in environment '{environment}'"
+            )));
+        }
+        (
+            creation::CREATE_IF_MISSING
+            | creation::CREATE_FAIL_IF_EXISTS
+            | creation::CREATE_OVERWRITE_IF_EXISTS,
+            _,
+        ) => {
+            let new = ModalSecret {
+                id: format!("st-{}", random_tail()),
+                env: req.env_dict,
+            };
+            let replace = req.object_creation_type == creation::CREATE_OVERWRITE_IF_EXISTS;
+            let put = store.put_modal_secret(&environment, &name, &new, now_ms(), replace);
+            if !put.map_err(stored)? {
+                // Made by another request since the lookup: that one is the secret.
+                store
+                    .modal_secret_named(&environment, &name)
+                    .map_err(stored)?
+                    .ok_or_else(|| {
+                        ModalError::Conflict(format!("Secret '{name}' changed; try again"))
+                    })?
+            } else {
+                new
+            }
+        }
+        (other, _) => {
+            return Err(ModalError::BadRequest(format!(
+                "object_creation_type: {other} is not served for named secrets"
+            )));
+        }
+    };
+    let missing: Vec<&str> = req
+        .required_keys
+        .iter()
+        .filter(|k| !secret.env.contains_key(*k))
+        .map(String::as_str)
+        .collect();
+    if !missing.is_empty() {
+        return Err(ModalError::NotFound(format!(
+            "Secret '{name}' is missing the keys {}",
+            missing.join(", ")
+        )));
+    }
+    let keys = keys_of(&secret.env);
+    Ok(answer(secret.id, name, keys))
+}
+
+fn keys_of(env: &std::collections::HashMap<String, String>) -> Vec<String> {
+    let mut keys: Vec<String> = env.keys().cloned().collect();
     keys.sort();
-    m.keep_secret(&id, req.env_dict);
-    Ok(SecretGetOrCreateResponse {
-        secret_id: id,
-        metadata: Some(SecretMetadata {
-            name: String::new(),
-            keys,
-        }),
-    })
+    keys
+}
+
+fn answer(secret_id: String, name: String, keys: Vec<String>) -> SecretGetOrCreateResponse {
+    SecretGetOrCreateResponse {
+        secret_id,
+        metadata: Some(SecretMetadata { name, keys }),
+    }
+}
+
+/// Deletes a named secret (`Secret.objects.delete`).
+async fn secret_delete(m: Modal, req: SecretDeleteRequest) -> Result<Empty> {
+    let deleted = m
+        .st()
+        .sandboxes
+        .store()
+        .delete_modal_secret(&req.secret_id)
+        .map_err(|e| ModalError::from(SandboxError::from(e)))?;
+    if !deleted {
+        return Err(ModalError::NotFound(format!(
+            "Secret {} not found",
+            req.secret_id
+        )));
+    }
+    Ok(Empty {})
 }
 
 /// 22 random letters and digits, the length of Modal's ids.
@@ -122,118 +210,4 @@ fn random_tail() -> String {
     (0..22)
         .map(|_| ALPHABET[rng.gen_range(0..ALPHABET.len())] as char)
         .collect()
-}
-
-async fn image(m: Modal, req: ImageGetOrCreateRequest) -> Result<ImageGetOrCreateResponse> {
-    let image = req.image.unwrap_or_default();
-    let (name, result) = match local_image(&image) {
-        Ok(name) => match m.st().images.resolve(&name) {
-            Ok(_) => (name, ok()),
-            Err(e) => (name, failed(e.to_string())),
-        },
-        Err(why) => ("unbuilt".to_owned(), failed(why)),
-    };
-    Ok(ImageGetOrCreateResponse {
-        image_id: ids::image(&name),
-        result: Some(result),
-    })
-}
-
-fn failed(exception: String) -> GenericResult {
-    GenericResult {
-        status: status::FAILURE,
-        exception,
-        exitcode: 0,
-    }
-}
-
-fn ok() -> GenericResult {
-    GenericResult {
-        status: status::SUCCESS,
-        ..GenericResult::default()
-    }
-}
-
-async fn image_from_id(m: Modal, req: ImageFromIdRequest) -> Result<ImageFromIdResponse> {
-    let name = ids::image_of(&req.image_id)?;
-    m.st()
-        .images
-        .resolve(&name)
-        .map_err(|e| ModalError::NotFound(e.to_string()))?;
-    Ok(ImageFromIdResponse {
-        image_id: req.image_id,
-    })
-}
-
-/// The local image an image layer stands for, or why there is none.
-///
-/// A layer with no base images starts `FROM` a registry name. `python:<version>-slim-<debian>`
-/// is the base of `debian_slim()`, whose further steps (apt and pip set-up) Belljar's Python
-/// image needs no more than it needs Modal's registry; any other name must be the whole layer
-/// (`from_registry(name)`).
-fn local_image(image: &Image) -> std::result::Result<String, String> {
-    let not_yet = "Belljar does not build images yet: use Image.debian_slim() or \
-                   Image.from_registry() of a local image, with no further steps";
-    if !image.base_images.is_empty()
-        || !image.context_files.is_empty()
-        || !image.secret_ids.is_empty()
-        || !image.context_mount_id.is_empty()
-    {
-        return Err(not_yet.into());
-    }
-    let (first, rest) = image
-        .dockerfile_commands
-        .split_first()
-        .ok_or_else(|| not_yet.to_owned())?;
-    let tag = first
-        .strip_prefix("FROM ")
-        .map(str::trim)
-        .filter(|t| !t.is_empty())
-        .ok_or_else(|| not_yet.to_owned())?;
-    if is_debian_slim(tag) {
-        return Ok(DEBIAN_SLIM.into());
-    }
-    if !rest.is_empty() {
-        return Err(not_yet.into());
-    }
-    Ok(tag.to_owned())
-}
-
-/// Whether `tag` is the registry image `debian_slim()` starts from.
-fn is_debian_slim(tag: &str) -> bool {
-    tag.strip_prefix("python:")
-        .is_some_and(|v| v.contains("-slim-") && v.starts_with(|c: char| c.is_ascii_digit()))
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    fn layer(commands: &[&str]) -> Image {
-        Image {
-            dockerfile_commands: commands.iter().map(|c| c.to_string()).collect(),
-            ..Image::default()
-        }
-    }
-
-    #[test]
-    fn debian_slim_and_registry_names_are_local_images() {
-        let slim = layer(&[
-            "FROM python:3.11.9-slim-bookworm",
-            "RUN apt-get update",
-            "RUN pip install --upgrade pip",
-        ]);
-        assert_eq!(local_image(&slim).unwrap(), DEBIAN_SLIM);
-        assert_eq!(
-            local_image(&layer(&["FROM alpine:3.20"])).unwrap(),
-            "alpine:3.20"
-        );
-        assert!(local_image(&layer(&["FROM alpine:3.20", "RUN apk add git"])).is_err());
-        let mut on_top = layer(&["FROM base", "RUN echo hi"]);
-        on_top
-            .base_images
-            .push(super::super::wire::BaseImage::default());
-        assert!(local_image(&on_top).is_err());
-        assert!(local_image(&layer(&[])).is_err());
-    }
 }

@@ -23,7 +23,7 @@ use bytes::Bytes;
 use tokio::sync::mpsc;
 
 use super::error::{ModalError, Result};
-use super::objects::DEBIAN_SLIM;
+use super::images::DEBIAN_SLIM;
 use super::output::Output;
 use super::wire::{
     GenericResult, SandboxCreateRequest, SandboxCreateResponse, SandboxDefinition,
@@ -41,6 +41,8 @@ pub const TAG_APP: &str = "modal.app";
 pub const TAG_ENTRYPOINT: &str = "modal.entrypoint";
 /// The working directory of the entrypoint and of commands that name none.
 pub const TAG_WORKDIR: &str = "modal.workdir";
+/// The sandbox's name (`Sandbox.create(name=)`), unique among its app's running sandboxes.
+pub const TAG_NAME: &str = "modal.name";
 /// Set when `terminate` ended the sandbox.
 const TAG_TERMINATED: &str = "modal.terminated";
 /// Modal's default lifetime of a sandbox, seconds.
@@ -74,10 +76,32 @@ pub async fn create(m: Modal, req: SandboxCreateRequest) -> Result<SandboxCreate
     if let Some(dir) = def.workdir.clone() {
         tags.insert(TAG_WORKDIR.into(), dir);
     }
+    let name = def.name.clone().filter(|n| !n.is_empty());
+    if let Some(name) = &name {
+        super::tags::check_name(name)?;
+        tags.insert(TAG_NAME.into(), name.clone());
+    }
     let create = definition(&m, &def, tags)?;
     let (entrypoint, workdir) = (def.entrypoint_args, def.workdir);
     let m2 = m.clone();
-    let sandbox = detached(async move { start(&m2, create, entrypoint, workdir).await }).await?;
+    let app_id = req.app_id.clone();
+    let sandbox = detached(async move {
+        // A name is one running sandbox's in its app: checked and taken under one lock.
+        let _naming = match &name {
+            Some(name) => {
+                let held = m2.0.naming.lock().await;
+                if super::tags::named(&m2, &app_id, name, false)?.is_some() {
+                    return Err(ModalError::AlreadyExists(format!(
+                        "Sandbox with name '{name}' already exists"
+                    )));
+                }
+                Some(held)
+            }
+            None => None,
+        };
+        start(&m2, create, entrypoint, workdir).await
+    })
+    .await?;
     Ok(SandboxCreateResponse {
         sandbox_id: ids::sandbox(&sandbox.id),
         metadata: Some(SandboxHandleMetadata {
@@ -93,9 +117,6 @@ fn definition(
     def: &SandboxDefinition,
     tags: BTreeMap<String, String>,
 ) -> Result<CreateSandbox> {
-    if def.name.is_some() {
-        return Err(ModalError::NotImplemented("Sandbox names".into()));
-    }
     let image = if def.image_id.is_empty() {
         DEBIAN_SLIM.to_owned()
     } else {
@@ -111,6 +132,7 @@ fn definition(
             "Outbound allow-lists (outbound_cidr_allowlist)".into(),
         ));
     }
+    let volumes = super::volumes::mounts(&def.volume_mounts)?;
     let blocked = def.block_network || access == Some(network_access::BLOCKED);
     let resources = def.resources.clone().unwrap_or_default();
     let vcpus =
@@ -129,6 +151,7 @@ fn definition(
         memory_mib: memory,
         timeout_ms: Some(timeout_ms),
         env: (!env.is_empty()).then_some(env),
+        volumes: (!volumes.is_empty()).then_some(volumes),
         tags: Some(tags),
         network_policy: blocked.then_some(NetworkPolicy::Mode(NetworkMode::DenyAll)),
         hard_ttl_ms: Some(timeout_ms + KEEP_ENDED_MS),
@@ -235,6 +258,11 @@ pub fn result_of(m: &Modal, s: &Sandbox) -> Result<Option<GenericResult>> {
     })
 }
 
+/// The daemon sandbox of a Modal sandbox id.
+pub fn get(m: &Modal, modal_id: &str) -> Result<Sandbox> {
+    sandbox(m, modal_id)
+}
+
 fn sandbox(m: &Modal, modal_id: &str) -> Result<Sandbox> {
     let id = ids::sandbox_of(modal_id)?;
     m.st()
@@ -243,7 +271,7 @@ fn sandbox(m: &Modal, modal_id: &str) -> Result<Sandbox> {
         .map_err(|_| ModalError::NotFound(format!("Sandbox {modal_id} not found")))
 }
 
-fn metadata(s: &Sandbox, result: Option<GenericResult>) -> SandboxHandleMetadata {
+pub fn metadata(s: &Sandbox, result: Option<GenericResult>) -> SandboxHandleMetadata {
     SandboxHandleMetadata {
         result,
         app_id: s.tags.get(TAG_APP).cloned().unwrap_or_default(),

@@ -101,10 +101,30 @@ pub struct EnvironmentSettings {
 pub struct SecretGetOrCreateRequest {
     #[prost(string, tag = "1")]
     pub deployment_name: String,
+    #[prost(string, tag = "3")]
+    pub environment_name: String,
     #[prost(int32, tag = "4")]
     pub object_creation_type: i32,
     #[prost(map = "string, string", tag = "5")]
     pub env_dict: HashMap<String, String>,
+    /// Keys a named secret must have.
+    #[prost(string, repeated, tag = "7")]
+    pub required_keys: Vec<String>,
+}
+
+/// `ObjectCreationType`: how a get-or-create request treats a name.
+pub mod creation {
+    /// Look the name up only.
+    pub const LOOKUP: i32 = 0;
+    pub const CREATE_IF_MISSING: i32 = 1;
+    pub const CREATE_FAIL_IF_EXISTS: i32 = 2;
+    pub const CREATE_OVERWRITE_IF_EXISTS: i32 = 3;
+}
+
+#[derive(Clone, PartialEq, prost::Message)]
+pub struct SecretDeleteRequest {
+    #[prost(string, tag = "1")]
+    pub secret_id: String,
 }
 
 #[derive(Clone, PartialEq, prost::Message)]
@@ -134,8 +154,13 @@ pub struct Image {
     pub context_files: Vec<ImageContextFile>,
     #[prost(string, repeated, tag = "12")]
     pub secret_ids: Vec<String>,
+    #[prost(string, tag = "14")]
+    pub build_function_def: String,
     #[prost(string, tag = "15")]
     pub context_mount_id: String,
+    /// `Image.run_function`'s function; only whether there is one is read.
+    #[prost(message, optional, tag = "21")]
+    pub build_function: Option<Empty>,
 }
 
 #[derive(Clone, PartialEq, prost::Message)]
@@ -150,6 +175,8 @@ pub struct BaseImage {
 pub struct ImageContextFile {
     #[prost(string, tag = "1")]
     pub filename: String,
+    #[prost(bytes = "vec", tag = "2")]
+    pub data: Vec<u8>,
 }
 
 #[derive(Clone, PartialEq, prost::Message)]
@@ -158,8 +185,12 @@ pub struct ImageGetOrCreateRequest {
     pub image: Option<Image>,
     #[prost(string, tag = "4")]
     pub app_id: String,
+    #[prost(bool, tag = "7")]
+    pub force_build: bool,
     #[prost(string, tag = "9")]
     pub builder_version: String,
+    #[prost(bool, tag = "11")]
+    pub ignore_cache: bool,
 }
 
 #[derive(Clone, PartialEq, prost::Message)]
@@ -168,6 +199,31 @@ pub struct ImageGetOrCreateResponse {
     pub image_id: String,
     #[prost(message, optional, tag = "2")]
     pub result: Option<GenericResult>,
+}
+
+#[derive(Clone, PartialEq, prost::Message)]
+pub struct ImageJoinStreamingRequest {
+    #[prost(string, tag = "1")]
+    pub image_id: String,
+    /// Seconds to hold the stream open for.
+    #[prost(float, tag = "2")]
+    pub timeout: f32,
+    /// Where the previous answer stopped: the layer's entry ids are log line indexes.
+    #[prost(string, tag = "3")]
+    pub last_entry_id: String,
+}
+
+/// Build log lines, and the result in the last message.
+#[derive(Clone, PartialEq, prost::Message)]
+pub struct ImageJoinStreamingResponse {
+    #[prost(message, optional, tag = "1")]
+    pub result: Option<GenericResult>,
+    #[prost(message, repeated, tag = "2")]
+    pub task_logs: Vec<TaskLogs>,
+    #[prost(string, tag = "3")]
+    pub entry_id: String,
+    #[prost(bool, tag = "4")]
+    pub eof: bool,
 }
 
 #[derive(Clone, PartialEq, prost::Message)]
@@ -223,10 +279,54 @@ pub struct SandboxDefinition {
     pub workdir: Option<String>,
     #[prost(bool, tag = "11")]
     pub block_network: bool,
+    #[prost(message, repeated, tag = "13")]
+    pub volume_mounts: Vec<VolumeMount>,
     #[prost(message, optional, tag = "22")]
     pub network_access: Option<NetworkAccess>,
     #[prost(string, optional, tag = "30")]
     pub name: Option<String>,
+}
+
+/// A volume a sandbox mounts.
+#[derive(Clone, PartialEq, prost::Message)]
+pub struct VolumeMount {
+    #[prost(string, tag = "1")]
+    pub volume_id: String,
+    #[prost(string, tag = "2")]
+    pub mount_path: String,
+    #[prost(bool, tag = "4")]
+    pub read_only: bool,
+    #[prost(string, tag = "5")]
+    pub sub_path: String,
+}
+
+#[derive(Clone, PartialEq, prost::Message)]
+pub struct VolumeGetOrCreateRequest {
+    #[prost(string, tag = "1")]
+    pub deployment_name: String,
+    #[prost(string, tag = "3")]
+    pub environment_name: String,
+    #[prost(int32, tag = "4")]
+    pub object_creation_type: i32,
+}
+
+#[derive(Clone, PartialEq, prost::Message)]
+pub struct VolumeGetOrCreateResponse {
+    #[prost(string, tag = "1")]
+    pub volume_id: String,
+    /// `VolumeFsVersion`.
+    #[prost(int32, tag = "2")]
+    pub version: i32,
+    #[prost(message, optional, tag = "3")]
+    pub metadata: Option<VolumeMetadata>,
+}
+
+#[derive(Clone, PartialEq, prost::Message)]
+pub struct VolumeMetadata {
+    #[prost(int32, tag = "1")]
+    pub version: i32,
+    #[prost(string, tag = "2")]
+    pub name: String,
 }
 
 #[derive(Clone, PartialEq, prost::Message)]
@@ -235,6 +335,93 @@ pub struct SandboxTag {
     pub tag_name: String,
     #[prost(string, tag = "2")]
     pub tag_value: String,
+}
+
+#[derive(Clone, PartialEq, prost::Message)]
+pub struct SandboxTagsSetRequest {
+    #[prost(string, tag = "2")]
+    pub sandbox_id: String,
+    #[prost(message, repeated, tag = "3")]
+    pub tags: Vec<SandboxTag>,
+}
+
+/// The request of `SandboxTagsGet`.
+#[derive(Clone, PartialEq, prost::Message)]
+pub struct SandboxTagsGetRequest {
+    #[prost(string, tag = "1")]
+    pub sandbox_id: String,
+}
+
+#[derive(Clone, PartialEq, prost::Message)]
+pub struct SandboxTagsGetResponse {
+    #[prost(message, repeated, tag = "1")]
+    pub tags: Vec<SandboxTag>,
+}
+
+#[derive(Clone, PartialEq, prost::Message)]
+pub struct SandboxGetFromNameRequest {
+    #[prost(string, tag = "1")]
+    pub sandbox_name: String,
+    #[prost(string, tag = "2")]
+    pub environment_name: String,
+    #[prost(string, tag = "3")]
+    pub app_name: String,
+    #[prost(bool, tag = "4")]
+    pub include_terminated: bool,
+}
+
+#[derive(Clone, PartialEq, prost::Message)]
+pub struct SandboxGetFromNameResponse {
+    #[prost(string, tag = "1")]
+    pub sandbox_id: String,
+    #[prost(message, optional, tag = "2")]
+    pub metadata: Option<SandboxHandleMetadata>,
+}
+
+#[derive(Clone, PartialEq, prost::Message)]
+pub struct SandboxListRequest {
+    #[prost(string, tag = "1")]
+    pub app_id: String,
+    /// Seconds since the epoch; only sandboxes created before it (the next page).
+    #[prost(double, tag = "2")]
+    pub before_timestamp: f64,
+    #[prost(bool, tag = "4")]
+    pub include_finished: bool,
+    #[prost(message, repeated, tag = "5")]
+    pub tags: Vec<SandboxTag>,
+}
+
+#[derive(Clone, PartialEq, prost::Message)]
+pub struct SandboxListResponse {
+    #[prost(message, repeated, tag = "1")]
+    pub sandboxes: Vec<SandboxInfo>,
+}
+
+#[derive(Clone, PartialEq, prost::Message)]
+pub struct SandboxInfo {
+    #[prost(string, tag = "1")]
+    pub id: String,
+    /// Seconds since the epoch.
+    #[prost(double, tag = "3")]
+    pub created_at: f64,
+    #[prost(message, optional, tag = "4")]
+    pub task_info: Option<TaskInfo>,
+    #[prost(string, tag = "5")]
+    pub app_id: String,
+    #[prost(message, repeated, tag = "6")]
+    pub tags: Vec<SandboxTag>,
+    #[prost(message, optional, tag = "16")]
+    pub metadata: Option<SandboxHandleMetadata>,
+}
+
+#[derive(Clone, PartialEq, prost::Message)]
+pub struct TaskInfo {
+    #[prost(string, tag = "1")]
+    pub id: String,
+    #[prost(message, optional, tag = "4")]
+    pub result: Option<GenericResult>,
+    #[prost(string, tag = "7")]
+    pub sandbox_id: String,
 }
 
 #[derive(Clone, PartialEq, prost::Message)]
@@ -453,6 +640,12 @@ pub struct TaskExecStdinWriteRequest {
     pub data: Vec<u8>,
     #[prost(bool, tag = "5")]
     pub eof: bool,
+}
+
+#[derive(Clone, PartialEq, prost::Message)]
+pub struct TaskReloadVolumesRequest {
+    #[prost(string, tag = "1")]
+    pub task_id: String,
 }
 
 /// The request of `TaskExecPoll` and `TaskExecWait`.
