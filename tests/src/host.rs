@@ -32,7 +32,7 @@ pub fn held(d: &Daemon, id: &str) -> Held {
         .collect();
     Held {
         dir,
-        pid: state["pid"].as_i64().unwrap() as i32,
+        pid: i32::try_from(state["pid"].as_i64().unwrap()).unwrap(),
         cgroups,
     }
 }

@@ -137,10 +137,13 @@ async fn the_hard_ttl_deletes_a_sandbox_in_any_state_across_a_restart() {
     let deletes_at = stopped.lifecycle.deletes_at.expect("a deadline");
     d.kill9();
     // What is under test is the clock: let the deadline pass while no daemon runs.
-    let now = std::time::SystemTime::now()
-        .duration_since(std::time::UNIX_EPOCH)
-        .unwrap()
-        .as_millis() as i64;
+    let now = i64::try_from(
+        std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .unwrap()
+            .as_millis(),
+    )
+    .unwrap();
     let left = deletes_at - now;
     if left > 0 {
         tokio::time::sleep(Duration::from_millis(left as u64 + 50)).await;

@@ -134,7 +134,7 @@ fn host_tsc_khz() -> u64 {
     thread::sleep(Duration::from_millis(200));
     // SAFETY: as above.
     let c1 = unsafe { _rdtsc() };
-    let micros = t0.elapsed().as_micros() as u64;
+    let micros = u64::try_from(t0.elapsed().as_micros()).unwrap_or(u64::MAX);
     (c1 - c0) * 1000 / micros.max(1)
 }
 

@@ -334,7 +334,12 @@ fn measure(s: &Sandbox, mib: usize, connects: usize) -> Result<Figures> {
 
 fn pct(v: &mut [Duration], p: f64) -> Duration {
     v.sort();
-    v[((v.len() - 1) as f64 * p).round() as usize]
+    #[expect(
+        clippy::cast_possible_truncation,
+        reason = "float to int saturates, which is what is wanted"
+    )]
+    let i = ((v.len() - 1) as f64 * p).round() as usize;
+    v[i]
 }
 
 /// A percentile as printed: `-` when there is none.

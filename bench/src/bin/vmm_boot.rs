@@ -58,7 +58,12 @@ fn host_tsc_khz() -> Option<u64> {
         .trim()
         .parse()
         .ok()?;
-    Some((mhz * 1000.0) as u64)
+    #[expect(
+        clippy::cast_possible_truncation,
+        reason = "float to int saturates, which is what is wanted"
+    )]
+    let khz = (mhz * 1000.0) as u64;
+    Some(khz)
 }
 
 fn vmm_binary() -> Result<PathBuf> {

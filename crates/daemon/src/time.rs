@@ -69,7 +69,9 @@ pub fn parse_rfc3339(text: &str) -> Option<i64> {
             return None;
         }
         let digits = &text[start..i.min(start + 3)];
-        millis = digits.parse::<i64>().ok()? * 10_i64.pow(3 - digits.len() as u32);
+        // `digits` is 1 to 3 digits long: what one digit of each length is worth.
+        const SCALE: [i64; 4] = [0, 100, 10, 1];
+        millis = digits.parse::<i64>().ok()? * SCALE[digits.len()];
     }
     let offset_s = match b.get(i)? {
         b'Z' | b'z' if i + 1 == b.len() => 0,

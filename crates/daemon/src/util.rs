@@ -6,7 +6,7 @@ use rand::Rng;
 pub fn now_ms() -> i64 {
     std::time::SystemTime::now()
         .duration_since(std::time::UNIX_EPOCH)
-        .map(|d| d.as_millis() as i64)
+        .map(|d| i64::try_from(d.as_millis()).unwrap_or(i64::MAX))
         .unwrap_or(0)
 }
 
@@ -47,19 +47,19 @@ pub fn is_static_elf(path: &std::path::Path) -> bool {
         return false;
     }
     let phoff = u64::from_le_bytes(head[32..40].try_into().unwrap_or_default());
-    let phentsize = u64::from(u16::from_le_bytes([head[54], head[55]]));
-    let phnum = u64::from(u16::from_le_bytes([head[56], head[57]]));
+    let phentsize = usize::from(u16::from_le_bytes([head[54], head[55]]));
+    let phnum = usize::from(u16::from_le_bytes([head[56], head[57]]));
     if phentsize < 4 || phnum == 0 || phnum > 256 {
         return false;
     }
-    let mut table = vec![0u8; (phentsize * phnum) as usize];
+    let mut table = vec![0u8; phentsize * phnum];
     if f.seek(SeekFrom::Start(phoff)).is_err() || f.read_exact(&mut table).is_err() {
         return false;
     }
     /// `PT_INTERP`: the program asks for a dynamic loader.
     const PT_INTERP: u32 = 3;
     !table
-        .chunks(phentsize as usize)
+        .chunks(phentsize)
         .any(|h| u32::from_le_bytes([h[0], h[1], h[2], h[3]]) == PT_INTERP)
 }
 

@@ -83,8 +83,7 @@ pub fn run(data: &[u8]) {
                 if !input.one_in(8) {
                     descs.push((address(&mut input), 1, true));
                 }
-                tq.add_chain(&mem, next_desc, &descs);
-                next_desc = next_desc.wrapping_add(descs.len() as u16);
+                next_desc = tq.add_chain(&mem, next_desc, &descs);
             }
             2 => tq.raw_action(&mem, &mut input),
             _ => {

@@ -24,6 +24,11 @@ use crate::virtqueue::{MEM_SIZE, TestQueue, address, length};
 const QUEUE_SIZE: u16 = 16;
 const MTU: u16 = 1500;
 const MAX_FRAME: usize = MTU as usize + 14;
+#[expect(clippy::cast_possible_truncation, reason = "the header is 12 bytes")]
+const HDR_LEN: u32 = NET_HDR_LEN as u32;
+/// The most the device may write into one receive chain: a header and the largest frame.
+#[expect(clippy::cast_possible_truncation, reason = "12 + 1514 bytes")]
+const RX_BUF_LEN: u32 = (NET_HDR_LEN + MAX_FRAME) as u32;
 
 fn socket_path() -> &'static PathBuf {
     static PATH: OnceLock<PathBuf> = OnceLock::new();
@@ -76,22 +81,20 @@ pub fn run(data: &[u8]) {
                 let hdr_len = if input.one_in(8) {
                     u32::from(input.u8())
                 } else {
-                    NET_HDR_LEN as u32
+                    HDR_LEN
                 };
                 let mut descs = vec![(address(&mut input), hdr_len, input.one_in(8))];
                 for _ in 0..input.u8() % 4 {
                     descs.push((address(&mut input), length(&mut input), input.one_in(8)));
                 }
-                tx.add_chain(&mem, next_tx, &descs);
-                next_tx = next_tx.wrapping_add(descs.len() as u16);
+                next_tx = tx.add_chain(&mem, next_tx, &descs);
             }
             1 => {
                 let mut descs = Vec::new();
                 for _ in 0..1 + input.u8() % 3 {
                     descs.push((address(&mut input), length(&mut input), !input.one_in(8)));
                 }
-                rx.add_chain(&mem, next_rx, &descs);
-                next_rx = next_rx.wrapping_add(descs.len() as u16);
+                next_rx = rx.add_chain(&mem, next_rx, &descs);
             }
             2 => {
                 if input.bool() {
@@ -119,13 +122,13 @@ pub fn run(data: &[u8]) {
                     1 => TX_QUEUE,
                     _ => u16::from(input.u8()),
                 });
-                check_used(&mem, &rx, rx_before, (NET_HDR_LEN + MAX_FRAME) as u32);
+                check_used(&mem, &rx, rx_before, RX_BUF_LEN);
                 check_used(&mem, &tx, tx_before, 0);
             }
             5 => {
                 let rx_before = rx.used_idx(&mem);
                 net.handle_host_events();
-                check_used(&mem, &rx, rx_before, (NET_HDR_LEN + MAX_FRAME) as u32);
+                check_used(&mem, &rx, rx_before, RX_BUF_LEN);
                 drain(peer.as_ref());
             }
             _ => {

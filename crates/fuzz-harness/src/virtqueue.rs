@@ -2,6 +2,7 @@
 //! hostile guest driver would: well-formed chains to get deep into a device, and raw
 //! descriptors, ring indices and memory pokes to break it.
 
+use belljar_vmm::conv::{hi32, lo32, to_usize};
 use belljar_vmm::memory::GuestMemory;
 use virtio_queue::{Queue, QueueT};
 use vm_memory::{Bytes, GuestAddress};
@@ -50,9 +51,9 @@ impl TestQueue {
     pub fn queue(&self) -> Queue {
         let mut q = Queue::new(self.size).expect("valid queue size");
         q.set_size(self.size);
-        q.set_desc_table_address(Some(self.desc as u32), Some((self.desc >> 32) as u32));
-        q.set_avail_ring_address(Some(self.avail as u32), Some((self.avail >> 32) as u32));
-        q.set_used_ring_address(Some(self.used as u32), Some((self.used >> 32) as u32));
+        q.set_desc_table_address(Some(lo32(self.desc)), Some(hi32(self.desc)));
+        q.set_avail_ring_address(Some(lo32(self.avail)), Some(hi32(self.avail)));
+        q.set_used_ring_address(Some(lo32(self.used)), Some(hi32(self.used)));
         q.set_ready(true);
         q
     }
@@ -82,18 +83,21 @@ impl TestQueue {
         let _ = mem.write_obj(self.avail_idx, GuestAddress(self.avail + 2));
     }
 
-    /// Writes a chain of `(addr, len, device_writable)` starting at descriptor `first` and
-    /// makes it available.
-    pub fn add_chain(&mut self, mem: &GuestMemory, first: u16, descs: &[(u64, u32, bool)]) {
+    /// Writes a chain of `(addr, len, device_writable)` starting at descriptor `first`, makes
+    /// it available, and returns the descriptor index after the chain (where the next starts).
+    pub fn add_chain(&mut self, mem: &GuestMemory, first: u16, descs: &[(u64, u32, bool)]) -> u16 {
+        let mut next = first;
         for (i, &(addr, len, write)) in descs.iter().enumerate() {
-            let idx = first.wrapping_add(i as u16) % self.size;
+            let idx = next % self.size;
             let mut flags = if write { DESC_F_WRITE } else { 0 };
             if i + 1 < descs.len() {
                 flags |= DESC_F_NEXT;
             }
             self.set_desc(mem, idx, addr, len, flags, (idx + 1) % self.size);
+            next = next.wrapping_add(1);
         }
         self.make_available(mem, first % self.size);
+        next
     }
 
     /// The used ring's index.
@@ -130,7 +134,7 @@ impl TestQueue {
                     (DATA_BASE + u64::from(input.u32()) % span, MEM_SIZE)
                 };
                 let bytes = input.string(64);
-                let n = bytes.len().min((end - at) as usize);
+                let n = bytes.len().min(to_usize(end - at));
                 let _ = mem.write_slice(&bytes[..n], GuestAddress(at));
             }
             _ => {

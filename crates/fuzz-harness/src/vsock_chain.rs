@@ -21,6 +21,8 @@ use crate::virtqueue::{DATA_BASE, MEM_SIZE, TestQueue, address, length};
 
 const GUEST_CID: u64 = 3;
 const HEADER_SIZE: usize = 44;
+#[expect(clippy::cast_possible_truncation, reason = "the header is 44 bytes")]
+const HEADER_LEN: u32 = HEADER_SIZE as u32;
 const QUEUE_SIZE: u16 = 32;
 /// The host port a listener waits on, so that guest connections can succeed.
 const LISTENING_PORT: u32 = 52;
@@ -66,7 +68,9 @@ fn header(input: &mut Input, payload_len: usize) -> [u8; HEADER_SIZE] {
     let len = if input.one_in(8) {
         input.u32()
     } else {
-        payload_len as u32
+        // Payloads are at most a few hundred bytes; a length that did not fit would be as
+        // hostile as any other, so saturating is fine.
+        u32::try_from(payload_len).unwrap_or(u32::MAX)
     };
     let type_: u16 = if input.one_in(8) { input.u16() } else { 1 };
     let op: u16 = u16::from(input.u8() % 9);
@@ -134,14 +138,13 @@ pub fn run(data: &[u8]) {
                         _ => bytes.len() - off,
                     }
                     .min(bytes.len() - off);
-                    descs.push((at + off as u64, n as u32, false));
+                    descs.push((at + off as u64, u32::try_from(n).unwrap_or(u32::MAX), false));
                     off += n;
                 }
                 if input.one_in(8) {
                     descs.push((address(&mut input), length(&mut input), input.bool()));
                 }
-                tx.add_chain(&mem, next_tx, &descs);
-                next_tx = next_tx.wrapping_add(descs.len() as u16);
+                next_tx = tx.add_chain(&mem, next_tx, &descs);
                 dev.queue_notify(TX_QUEUE);
             }
             2 => {
@@ -149,12 +152,11 @@ pub fn run(data: &[u8]) {
                 for _ in 0..1 + input.u8() % 4 {
                     let at = DATA_BASE + 0x80000 + u64::from(next_rx % QUEUE_SIZE) * 0x1000;
                     let descs = match input.u8() % 4 {
-                        0 => vec![(at, HEADER_SIZE as u32, true), (at + 0x100, 0xf00, true)],
+                        0 => vec![(at, HEADER_LEN, true), (at + 0x100, 0xf00, true)],
                         1 => vec![(address(&mut input), length(&mut input), input.bool())],
                         _ => vec![(at, 0x1000, true)],
                     };
-                    rx.add_chain(&mem, next_rx, &descs);
-                    next_rx = next_rx.wrapping_add(descs.len() as u16);
+                    next_rx = rx.add_chain(&mem, next_rx, &descs);
                 }
                 dev.queue_notify(RX_QUEUE);
             }

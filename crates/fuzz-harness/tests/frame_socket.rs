@@ -38,6 +38,7 @@ const DEADLINE: Duration = Duration::from_secs(20);
 const QUEUE_SIZE: u16 = 16;
 /// Each receive buffer: a header and the largest frame, in one descriptor (Linux's "small"
 /// buffers without mergeable rx buffers).
+#[expect(clippy::cast_possible_truncation, reason = "12 + 1500 + 14 bytes")]
 const RX_BUF: u32 = (NET_HDR_LEN + MTU + 14) as u32;
 const RX_BUFS: u64 = DATA_BASE;
 const TX_BUFS: u64 = DATA_BASE + 0x10000;
@@ -159,7 +160,7 @@ impl Driver {
             &self.mem,
             slot * 2,
             &[
-                (at, NET_HDR_LEN as u32, false),
+                (at, u32::try_from(NET_HDR_LEN).unwrap(), false),
                 (at + SLOT, u32::try_from(frame.len()).unwrap(), false),
             ],
         );

@@ -25,6 +25,7 @@ use std::os::fd::{AsRawFd, OwnedFd, RawFd};
 use libc::{c_char, c_ulong, c_void};
 
 use crate::cgroup::join::{CgroupV2, join_group};
+use crate::conv;
 use crate::vfork::{self, Stacks};
 
 /// Errors starting the sandbox's processes.
@@ -303,12 +304,12 @@ fn pid1(plan: &Plan, err_fd: RawFd) -> ! {
         // daemon's threads, whose memory this process shares (see `vfork`).
         if !plan.setgroups_denied {
             let ret = libc::syscall(libc::SYS_setgroups, 0, std::ptr::null::<libc::gid_t>());
-            check(ret as libc::c_int, err_fd, "setgroups");
+            check(conv::c_int(ret), err_fd, "setgroups");
         }
         let ret = libc::syscall(libc::SYS_setresgid, 0, 0, 0);
-        check(ret as libc::c_int, err_fd, "setresgid");
+        check(conv::c_int(ret), err_fd, "setresgid");
         let ret = libc::syscall(libc::SYS_setresuid, 0, 0, 0);
-        check(ret as libc::c_int, err_fd, "setresuid");
+        check(conv::c_int(ret), err_fd, "setresuid");
         for step in &plan.steps {
             run_step(step, agent_fd, err_fd);
         }
@@ -329,8 +330,13 @@ fn pid1(plan: &Plan, err_fd: RawFd) -> ! {
         }
         // The filter is installed while CAP_SYS_ADMIN is still effective in the namespace,
         // so no_new_privs is not needed and setuid programs (sudo) keep working inside.
+        let Ok(len) = u16::try_from(plan.filter.len()) else {
+            // What the kernel answers a program over BPF_MAXINSNS (4096) instructions.
+            nix::errno::Errno::EINVAL.set();
+            fail(err_fd, "seccomp");
+        };
         let prog = libc::sock_fprog {
-            len: plan.filter.len() as u16,
+            len,
             filter: plan.filter.as_ptr().cast_mut(),
         };
         let ret = libc::syscall(
@@ -339,7 +345,7 @@ fn pid1(plan: &Plan, err_fd: RawFd) -> ! {
             0 as c_ulong,
             &prog as *const libc::sock_fprog,
         );
-        check(ret as libc::c_int, err_fd, "seccomp");
+        check(conv::c_int(ret), err_fd, "seccomp");
         check(libc::dup2(plan.stdin.as_raw_fd(), 0), err_fd, "dup2 stdin");
         check(
             libc::dup2(plan.stdout.as_raw_fd(), 1),
@@ -532,7 +538,7 @@ unsafe fn run_step(step: &Step, agent_fd: RawFd, err_fd: RawFd) {
                     "chdir to the new root",
                 );
                 let ret = libc::syscall(libc::SYS_pivot_root, c".".as_ptr(), c".".as_ptr());
-                check(ret as libc::c_int, err_fd, "pivot_root");
+                check(conv::c_int(ret), err_fd, "pivot_root");
                 check(
                     libc::umount2(c".".as_ptr(), libc::MNT_DETACH),
                     err_fd,
@@ -564,8 +570,13 @@ fn tap_create(tun_fd: RawFd, handoff: RawFd) {
         for (dst, src) in req.ifr_name.iter_mut().zip(TAP_NAME.bytes()) {
             *dst = src as c_char;
         }
-        req.ifr_ifru.ifru_flags =
+        #[expect(
+            clippy::cast_possible_truncation,
+            reason = "the IFF_ flags are small c_int constants of a c_short field"
+        )]
+        const FLAGS: libc::c_short =
             (libc::IFF_TAP | libc::IFF_NO_PI | libc::IFF_VNET_HDR) as libc::c_short;
+        req.ifr_ifru.ifru_flags = FLAGS;
         if libc::ioctl(tun_fd, TUNSETIFF, &mut req as *mut libc::ifreq) == 0
             && libc::ioctl(tun_fd, TUNSETPERSIST, 1 as c_ulong) == 0
             && handoff >= 0
@@ -586,7 +597,12 @@ fn loopback_up(err_fd: RawFd) {
         for (dst, src) in req.ifr_name.iter_mut().zip(b"lo\0") {
             *dst = *src as c_char;
         }
-        req.ifr_ifru.ifru_flags = (libc::IFF_UP | libc::IFF_RUNNING) as libc::c_short;
+        #[expect(
+            clippy::cast_possible_truncation,
+            reason = "the IFF_ flags are small c_int constants of a c_short field"
+        )]
+        const FLAGS: libc::c_short = (libc::IFF_UP | libc::IFF_RUNNING) as libc::c_short;
+        req.ifr_ifru.ifru_flags = FLAGS;
         check(
             libc::ioctl(sock, libc::SIOCSIFFLAGS, &req),
             err_fd,

@@ -255,7 +255,10 @@ impl Template {
             if total > MAX_TEMPLATE_BYTES {
                 return Ok(None);
             }
-            let mut bytes = vec![0u8; n as usize];
+            let Ok(len) = usize::try_from(n) else {
+                return Ok(None);
+            };
+            let mut bytes = vec![0u8; len];
             file.read_exact_at(&mut bytes, data as u64)?;
             extents.push((data as u64, bytes));
             at = hole;

@@ -202,8 +202,9 @@ impl Shared {
         // Below the sandboxes' starts, whose CPU time this must not take.
         // SAFETY: plain system calls without pointers, on this thread alone.
         unsafe {
-            let tid = libc::syscall(libc::SYS_gettid) as libc::id_t;
-            libc::setpriority(libc::PRIO_PROCESS, tid, 19);
+            if let Ok(tid) = libc::id_t::try_from(libc::syscall(libc::SYS_gettid)) {
+                libc::setpriority(libc::PRIO_PROCESS, tid, 19);
+            }
         }
         for n in 0u64.. {
             if !self.wait_for_work() {
@@ -419,14 +420,9 @@ fn make_blank(dir: &Path, n: u64, bytes: u64) -> Result<Blank, Error> {
 /// Mounts the ext4 filesystem on `device` with [`disk::MOUNT_OPTIONS`], attached nowhere.
 fn detached_mount(device: &Path) -> Result<OwnedFd, Error> {
     let owned = |ret: libc::c_long, what| {
-        if ret < 0 {
-            return Err(Error::Mount {
-                what,
-                source: io::Error::last_os_error(),
-            });
-        }
+        let fd = crate::conv::fd(ret).map_err(|source| Error::Mount { what, source })?;
         // SAFETY: the system call just returned this new descriptor; nothing else owns it.
-        Ok(unsafe { OwnedFd::from_raw_fd(ret as i32) })
+        Ok(unsafe { OwnedFd::from_raw_fd(fd) })
     };
     // SAFETY: fsopen with a NUL-terminated name.
     let fsfd = owned(

@@ -154,11 +154,9 @@ fn openat2(dir: i32, path: &Path, resolve: u64) -> io::Result<OwnedFd> {
             std::mem::size_of::<OpenHow>(),
         )
     };
-    if fd < 0 {
-        return Err(io::Error::last_os_error());
-    }
+    let fd = crate::conv::fd(fd)?;
     // SAFETY: the kernel just returned this descriptor; nothing else owns it.
-    Ok(unsafe { OwnedFd::from_raw_fd(fd as i32) })
+    Ok(unsafe { OwnedFd::from_raw_fd(fd) })
 }
 
 /// Whether the calling thread may `mode` (`R_OK`...) the directory `fd`, as its fs ids.
@@ -238,10 +236,10 @@ fn open_as(
             libc::syscall(libc::SYS_setfsgid, o.gid);
             libc::syscall(libc::SYS_setfsuid, o.uid);
             let (fsuid, fsgid) = (
-                libc::syscall(libc::SYS_setfsuid, u32::MAX) as u32,
-                libc::syscall(libc::SYS_setfsgid, u32::MAX) as u32,
+                u32::try_from(libc::syscall(libc::SYS_setfsuid, u32::MAX)).ok(),
+                u32::try_from(libc::syscall(libc::SYS_setfsgid, u32::MAX)).ok(),
             );
-            if !ok || fsuid != o.uid || fsgid != o.gid {
+            if !ok || fsuid != Some(o.uid) || fsgid != Some(o.gid) {
                 return Err(OpenError::Io {
                     path: path.to_owned(),
                     source: io::Error::other("cannot take the caller's identity"),
@@ -386,11 +384,9 @@ pub(crate) fn trees(
                     OPEN_TREE_CLONE | libc::O_CLOEXEC as libc::c_uint | libc::AT_EMPTY_PATH as u32,
                 )
             };
-            if fd < 0 {
-                return Err(fail(io::Error::last_os_error()));
-            }
+            let fd = crate::conv::fd(fd).map_err(fail)?;
             // SAFETY: the kernel just returned this fd; nobody else owns it.
-            let tree = unsafe { OwnedFd::from_raw_fd(fd as i32) };
+            let tree = unsafe { OwnedFd::from_raw_fd(fd) };
             let owner_ns = match b.owner {
                 Some((uid, gid)) => {
                     let one = |inside, outside| {

@@ -71,7 +71,8 @@ fn allocate_base(state_dir: &Path, id: &str) -> u32 {
     let hash = id.bytes().fold(0xcbf2_9ce4_8422_2325u64, |h, b| {
         (h ^ u64::from(b)).wrapping_mul(0x0100_0000_01b3)
     });
-    let first = (hash % u64::from(SLOTS)) as u32;
+    let first =
+        u32::try_from(hash % u64::from(SLOTS)).expect("a remainder below SLOTS fits its u32");
     (0..SLOTS)
         .map(|i| ID_BASE + ((first + i) % SLOTS) * idmap::RANGE)
         .find(|base| !used.contains(base))

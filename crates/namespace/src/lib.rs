@@ -79,6 +79,7 @@
 pub mod caps;
 pub mod cgroup;
 mod child;
+mod conv;
 pub mod disk;
 pub mod disk_pool;
 pub mod host_mounts;

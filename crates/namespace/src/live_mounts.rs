@@ -340,14 +340,14 @@ unsafe fn become_sandbox_root(userns: &OwnedFd, err: RawFd) {
 ///
 /// # Safety
 /// `dir` is an open directory descriptor.
-unsafe fn open_below(dir: RawFd, name: &CString) -> i64 {
+unsafe fn open_below(dir: RawFd, name: &CString) -> RawFd {
     let how = OpenHow {
         flags: (libc::O_PATH | libc::O_DIRECTORY | libc::O_CLOEXEC | libc::O_NOFOLLOW) as u64,
         mode: 0,
         resolve: RESOLVE_NO_SYMLINKS | RESOLVE_NO_MAGICLINKS | RESOLVE_BENEATH,
     };
     // SAFETY: a valid C string and a fully initialised `open_how` of the size passed.
-    unsafe {
+    let ret = unsafe {
         libc::syscall(
             libc::SYS_openat2,
             dir,
@@ -355,7 +355,8 @@ unsafe fn open_below(dir: RawFd, name: &CString) -> i64 {
             &how as *const OpenHow,
             std::mem::size_of::<OpenHow>(),
         )
-    }
+    };
+    crate::conv::c_int(ret)
 }
 
 /// Joins the sandbox's mount namespace and opens the directory `comps` names below its
@@ -371,7 +372,7 @@ unsafe fn walk_in_sandbox(
     create: bool,
     err: RawFd,
     code_of: fn(Option<i32>) -> &'static str,
-) -> i64 {
+) -> RawFd {
     // SAFETY: plain system calls on fds we hold and C strings that outlive them.
     unsafe {
         check(
@@ -379,27 +380,24 @@ unsafe fn walk_in_sandbox(
             err,
             "setns mnt",
         );
-        let mut dir = check(
-            libc::open(c"/".as_ptr(), libc::O_PATH | libc::O_DIRECTORY).into(),
-            err,
-            "open /",
-        );
+        let mut dir = libc::open(c"/".as_ptr(), libc::O_PATH | libc::O_DIRECTORY);
+        check(dir.into(), err, "open /");
         for comp in comps {
-            let mut next = open_below(dir as RawFd, comp);
+            let mut next = open_below(dir, comp);
             if create && next < 0 && io::Error::last_os_error().raw_os_error() == Some(libc::ENOENT)
             {
-                if libc::mkdirat(dir as RawFd, comp.as_ptr(), 0o755) < 0
+                if libc::mkdirat(dir, comp.as_ptr(), 0o755) < 0
                     && io::Error::last_os_error().raw_os_error() != Some(libc::EEXIST)
                 {
                     fail(err, UNUSABLE, &format!("mkdir {comp:?}"));
                 }
-                next = open_below(dir as RawFd, comp);
+                next = open_below(dir, comp);
             }
             if next < 0 {
                 let code = code_of(io::Error::last_os_error().raw_os_error());
                 fail(err, code, &format!("open {comp:?}"));
             }
-            libc::close(dir as RawFd);
+            libc::close(dir);
             dir = next;
         }
         dir
@@ -462,20 +460,22 @@ fn mount_helper(plan: &MountPlan, err: RawFd) -> ! {
             0,
         );
         check(ret, err, "create the overlay");
-        let mnt = check(
-            libc::syscall(libc::SYS_fsmount, fsfd, FSMOUNT_CLOEXEC, MOUNT_ATTR_NODEV),
-            err,
-            "fsmount",
-        );
+        let mnt = crate::conv::c_int(libc::syscall(
+            libc::SYS_fsmount,
+            fsfd,
+            FSMOUNT_CLOEXEC,
+            MOUNT_ATTR_NODEV,
+        ));
+        check(mnt.into(), err, "fsmount");
         let dir = walk_in_sandbox(&plan.mntns, &plan.comps, true, err, |errno| match errno {
             Some(libc::ENOTDIR | libc::ELOOP | libc::EXDEV) => NOT_A_DIRECTORY,
             _ => UNUSABLE,
         });
         let ret = libc::syscall(
             libc::SYS_move_mount,
-            mnt as RawFd,
+            mnt,
             c"".as_ptr(),
-            dir as RawFd,
+            dir,
             c"".as_ptr(),
             MOVE_MOUNT_F_EMPTY_PATH | MOVE_MOUNT_T_EMPTY_PATH,
         );
@@ -491,7 +491,7 @@ fn unmount_helper(plan: &UnmountPlan, err: RawFd) -> ! {
     unsafe {
         become_sandbox_root(&plan.userns, err);
         let dir = walk_in_sandbox(&plan.mntns, &plan.parents, false, err, |_| NOT_MOUNTED);
-        check(libc::fchdir(dir as RawFd).into(), err, "fchdir");
+        check(libc::fchdir(dir).into(), err, "fchdir");
         if libc::umount2(plan.last.as_ptr(), libc::MNT_DETACH | libc::UMOUNT_NOFOLLOW) < 0 {
             let code = match io::Error::last_os_error().raw_os_error() {
                 Some(libc::EINVAL | libc::ENOENT | libc::ENOTDIR) => NOT_MOUNTED,

@@ -209,11 +209,9 @@ pub(crate) fn idmapped_tree(rootfs: &Path, userns: &OwnedFd) -> Result<OwnedFd, 
             OPEN_TREE_CLONE | libc::O_CLOEXEC as libc::c_uint | AT_RECURSIVE,
         )
     };
-    if fd < 0 {
-        return Err(Error::Idmap(io::Error::last_os_error()));
-    }
+    let fd = crate::conv::fd(fd).map_err(Error::Idmap)?;
     // SAFETY: the kernel just returned this fd; nobody else owns it.
-    let tree = unsafe { OwnedFd::from_raw_fd(fd as i32) };
+    let tree = unsafe { OwnedFd::from_raw_fd(fd) };
     let attr = MountAttr {
         attr_set: MOUNT_ATTR_IDMAP | MOUNT_ATTR_RDONLY,
         attr_clr: 0,

@@ -111,7 +111,12 @@ pub fn make_tap(tun: &fs::File, name: &str) -> std::io::Result<()> {
     {
         *dst = src as libc::c_char;
     }
-    req.ifr_ifru.ifru_flags = (libc::IFF_TAP | libc::IFF_NO_PI) as libc::c_short;
+    #[expect(
+        clippy::cast_possible_truncation,
+        reason = "the IFF_ flags are small c_int constants of a c_short field"
+    )]
+    const FLAGS: libc::c_short = (libc::IFF_TAP | libc::IFF_NO_PI) as libc::c_short;
+    req.ifr_ifru.ifru_flags = FLAGS;
     // SAFETY: TUNSETIFF reads and writes one `ifreq`, which lives for the call; the fd is ours.
     let ret = unsafe { libc::ioctl(tun.as_raw_fd(), TUNSETIFF, &mut req) };
     if ret < 0 {

@@ -97,7 +97,7 @@ const CLONE_NAMESPACE_FLAGS: [libc::c_int; 8] = [
 
 fn syscall(nr: libc::c_long) -> ScmpSyscall {
     // System call numbers are small positive integers; libc's constants are wider only by type.
-    ScmpSyscall::from(nr as i32)
+    ScmpSyscall::from(i32::try_from(nr).expect("system call numbers are small"))
 }
 
 /// [`program`], built once per process and copied for each launch: the filter never changes,

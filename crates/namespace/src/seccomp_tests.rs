@@ -124,9 +124,12 @@ fn clone_makes_processes_but_no_namespaces() {
         if child < 0 {
             return 102;
         }
+        let Ok(child) = libc::pid_t::try_from(child) else {
+            return 104;
+        };
         let mut status = 0;
         // SAFETY: waiting for that child.
-        unsafe { libc::waitpid(child as libc::pid_t, &mut status, 0) };
+        unsafe { libc::waitpid(child, &mut status, 0) };
         if libc::WIFEXITED(status) && libc::WEXITSTATUS(status) == 7 {
             0
         } else {

@@ -125,15 +125,13 @@ impl ExitWatch {
         // SAFETY: pidfd_open takes a pid and flags and returns a new fd or -1.
         let fd =
             unsafe { libc::syscall(libc::SYS_pidfd_open, pid as libc::c_long, 0 as libc::c_long) };
-        if fd < 0 {
-            let e = io::Error::last_os_error();
-            if e.raw_os_error() == Some(libc::ESRCH) {
-                return Ok(None);
-            }
-            return Err(Error::Pidfd { pid, source: e });
-        }
+        let fd = match crate::conv::fd(fd) {
+            Ok(fd) => fd,
+            Err(e) if e.raw_os_error() == Some(libc::ESRCH) => return Ok(None),
+            Err(source) => return Err(Error::Pidfd { pid, source }),
+        };
         // SAFETY: the fd was just returned by the kernel and is owned by nobody else.
-        let fd = unsafe { OwnedFd::from_raw_fd(fd as i32) };
+        let fd = unsafe { OwnedFd::from_raw_fd(fd) };
         // Checked after opening: if the start time still matches, the fd names our process.
         if start_time(pid) != Some(start) {
             return Ok(None);

@@ -82,6 +82,8 @@ fn lock() -> std::sync::MutexGuard<'static, BTreeMap<PathBuf, OwnedFd>> {
 /// allocate, so it may run in the sandbox's first process (see `child`).
 pub(crate) unsafe fn send(sock: RawFd, tap: RawFd) {
     let mut byte = [0u8; 1];
+    /// The size of the one descriptor sent.
+    const FD_BYTES: u32 = RawFd::BITS / 8;
     // Room for one descriptor: CMSG_SPACE(4) is 24 bytes on 64-bit Linux.
     let mut control = [0u64; 4];
     // SAFETY: see the function's contract; `msghdr` is plain data for which zeroes are valid,
@@ -95,14 +97,14 @@ pub(crate) unsafe fn send(sock: RawFd, tap: RawFd) {
         msg.msg_iov = &mut iov;
         msg.msg_iovlen = 1;
         msg.msg_control = control.as_mut_ptr().cast();
-        msg.msg_controllen = libc::CMSG_SPACE(std::mem::size_of::<RawFd>() as u32) as usize;
+        msg.msg_controllen = libc::CMSG_SPACE(FD_BYTES) as usize;
         let cmsg = libc::CMSG_FIRSTHDR(&msg);
         if cmsg.is_null() {
             return;
         }
         (*cmsg).cmsg_level = libc::SOL_SOCKET;
         (*cmsg).cmsg_type = libc::SCM_RIGHTS;
-        (*cmsg).cmsg_len = libc::CMSG_LEN(std::mem::size_of::<RawFd>() as u32) as usize;
+        (*cmsg).cmsg_len = libc::CMSG_LEN(FD_BYTES) as usize;
         std::ptr::write_unaligned(libc::CMSG_DATA(cmsg).cast::<RawFd>(), tap);
         libc::sendmsg(sock, &msg, libc::MSG_NOSIGNAL | libc::MSG_DONTWAIT);
     }

@@ -309,6 +309,7 @@ mod tests {
     fn a_raw_refusal_of_any_well_formed_question_parses() {
         // Labels of any bytes, any type and class: what the guest may send.
         let mut seed = 0x9e37_79b9_7f4a_7c15u64;
+        let byte = |x: u64| x.to_le_bytes()[0];
         let mut next = || {
             seed ^= seed << 13;
             seed ^= seed >> 7;
@@ -316,15 +317,15 @@ mod tests {
             seed
         };
         for _ in 0..20_000 {
-            let mut q = vec![0x12, 0x34, (next() & 0x07) as u8, next() as u8, 0, 1];
-            q.extend((0..6).map(|_| next() as u8));
+            let mut q = vec![0x12, 0x34, byte(next()) & 0x07, byte(next()), 0, 1];
+            q.extend((0..6).map(|_| byte(next())));
             for _ in 0..next() % 4 {
                 let len = 1 + (next() % 20) as usize;
-                q.push(len as u8);
-                q.extend((0..len).map(|_| next() as u8));
+                q.push(u8::try_from(len).unwrap());
+                q.extend((0..len).map(|_| byte(next())));
             }
             q.push(0);
-            q.extend((0..4 + next() % 3).map(|_| next() as u8));
+            q.extend((0..4 + next() % 3).map(|_| byte(next())));
             let r = refuse_raw(&q).expect("a well-formed question");
             let m = Message::from_vec(&r).expect("a refusal that parses");
             assert_eq!(m.response_code(), ResponseCode::Refused);

@@ -464,7 +464,7 @@ mod tests {
             log.begin(rec()); // fill the feed
         }
         let mut sent = 0;
-        for port in 0..(MAX_FOLDS as u16 + 500) {
+        for port in 0..(u16::try_from(MAX_FOLDS).unwrap() + 500) {
             let id = log.begin(denied(&format!("198.51.100.1:{}", port + 1)));
             log.finish(id, 1, 0);
             sent += 1;

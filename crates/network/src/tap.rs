@@ -65,8 +65,13 @@ pub fn create(name: &str) -> io::Result<OwnedFd> {
     for (dst, src) in req.ifr_name.iter_mut().zip(name.bytes()) {
         *dst = src as libc::c_char;
     }
-    req.ifr_ifru.ifru_flags =
+    #[expect(
+        clippy::cast_possible_truncation,
+        reason = "the IFF_ flags are small c_int constants of a c_short field"
+    )]
+    const FLAGS: libc::c_short =
         (libc::IFF_TAP | libc::IFF_NO_PI | libc::IFF_VNET_HDR) as libc::c_short;
+    req.ifr_ifru.ifru_flags = FLAGS;
     // SAFETY: TUNSETIFF reads one `ifreq` through the pointer, which points at a live,
     // initialised `ifreq` (NUL-terminated name: it is shorter than IFNAMSIZ) for the call.
     let rc = unsafe { libc::ioctl(file.as_raw_fd(), TUNSETIFF, &mut req as *mut libc::ifreq) };

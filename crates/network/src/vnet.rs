@@ -18,7 +18,7 @@ pub const LEN: usize = 10;
 /// `VIRTIO_NET_HDR_F_NEEDS_CSUM`.
 const F_NEEDS_CSUM: u8 = 1;
 /// The TCP checksum's offset in the TCP header.
-const TCP_CHECKSUM: usize = 16;
+const TCP_CHECKSUM: u16 = 16;
 const ETH_LEN: usize = 14;
 
 /// The header to send `frame` with, after writing the pseudo-header sum into the checksum
@@ -30,7 +30,7 @@ pub fn prepare(frame: &mut [u8]) -> [u8; LEN] {
     let Some((start, sum)) = tcp_pseudo_sum(frame) else {
         return hdr;
     };
-    let at = start + TCP_CHECKSUM;
+    let at = start + usize::from(TCP_CHECKSUM);
     frame[at..at + 2].copy_from_slice(&sum.to_be_bytes());
     let tcp_header = usize::from(frame[start + 12] >> 4) * 4;
     hdr[0] = F_NEEDS_CSUM;
@@ -40,7 +40,7 @@ pub fn prepare(frame: &mut [u8]) -> [u8; LEN] {
     // csum_start and csum_offset, in the host's order (a legacy header on x86 and arm).
     let start = u16::try_from(start).unwrap_or(0);
     hdr[6..8].copy_from_slice(&start.to_ne_bytes());
-    hdr[8..10].copy_from_slice(&(TCP_CHECKSUM as u16).to_ne_bytes());
+    hdr[8..10].copy_from_slice(&TCP_CHECKSUM.to_ne_bytes());
     hdr
 }
 
@@ -53,23 +53,23 @@ fn tcp_pseudo_sum(frame: &[u8]) -> Option<(usize, u16)> {
     let (start, sum) = match ethertype {
         0x0800 => {
             let ip = frame.get(ETH_LEN..ETH_LEN + 20)?;
-            let ihl = usize::from(ip[0] & 0x0f) * 4;
-            let total = usize::from(u16::from_be_bytes([ip[2], ip[3]]));
+            let ihl = u16::from(ip[0] & 0x0f) * 4;
+            let total = u16::from_be_bytes([ip[2], ip[3]]);
             let fragmented = u16::from_be_bytes([ip[6], ip[7]]) & 0x3fff != 0;
             if ip[0] >> 4 != 4 || ip[9] != TCP || fragmented || ihl < 20 || total < ihl {
                 return None;
             }
             let tcp_len = total - ihl;
-            let sum = add(&ip[12..20], u32::from(TCP) + tcp_len as u32);
-            (ETH_LEN + ihl, sum)
+            let sum = add(&ip[12..20], u32::from(TCP) + u32::from(tcp_len));
+            (ETH_LEN + usize::from(ihl), sum)
         }
         0x86dd => {
             let ip = frame.get(ETH_LEN..ETH_LEN + 40)?;
             if ip[0] >> 4 != 6 || ip[6] != TCP {
                 return None;
             }
-            let tcp_len = usize::from(u16::from_be_bytes([ip[4], ip[5]]));
-            let sum = add(&ip[8..40], u32::from(TCP) + tcp_len as u32);
+            let tcp_len = u16::from_be_bytes([ip[4], ip[5]]);
+            let sum = add(&ip[8..40], u32::from(TCP) + u32::from(tcp_len));
             (ETH_LEN + 40, sum)
         }
         _ => return None,
@@ -84,10 +84,12 @@ fn add(words: &[u8], extra: u32) -> u16 {
         .chunks(2)
         .map(|w| u32::from(u16::from_be_bytes([w[0], *w.get(1).unwrap_or(&0)])))
         .fold(extra, |a, w| a + w);
-    while sum > 0xffff {
-        sum = (sum & 0xffff) + (sum >> 16);
+    loop {
+        match u16::try_from(sum) {
+            Ok(folded) => return folded,
+            Err(_) => sum = (sum & 0xffff) + (sum >> 16),
+        }
     }
-    sum as u16
 }
 
 #[cfg(test)]
@@ -206,7 +208,7 @@ mod tests {
                 let mut frame = tcp_frame(v6, payload);
                 // smoltcp's field when told to leave the checksum (zero), or a stale one.
                 for stale in [[0, 0], [0xde, 0xad]] {
-                    let at = ETH_LEN + if v6 { 40 } else { 20 } + TCP_CHECKSUM;
+                    let at = ETH_LEN + if v6 { 40 } else { 20 } + usize::from(TCP_CHECKSUM);
                     frame[at..at + 2].copy_from_slice(&stale);
                     let hdr = prepare(&mut frame);
                     assert_eq!(hdr[0], F_NEEDS_CSUM, "v6={v6}");

@@ -19,7 +19,7 @@ fn kernel_echo(s: &Setup, dst: SocketAddr, len: usize) -> std::io::Result<bool> 
         .spawn(move || {
             let mut c = TcpStream::connect_timeout(&dst, IO_DEADLINE)?;
             c.set_read_timeout(Some(IO_DEADLINE))?;
-            let data: Vec<u8> = (0..len).map(|i| (i % 253) as u8).collect();
+            let data: Vec<u8> = (0..len).map(|i| u8::try_from(i % 253).unwrap()).collect();
             let mut w = c.try_clone()?;
             let writer = std::thread::spawn(move || w.write_all(&data).map(|()| data));
             let mut got = vec![0; len];
@@ -104,7 +104,7 @@ fn tcp_rcv_mss(c: &TcpStream) -> std::io::Result<u32> {
     // SAFETY: `info` is a plain C struct that `getsockopt` fills up to `len` bytes, and `len`
     // is its size; `c` is an open socket for the call.
     let mut info: libc::tcp_info = unsafe { std::mem::zeroed() };
-    let mut len = std::mem::size_of::<libc::tcp_info>() as libc::socklen_t;
+    let mut len = libc::socklen_t::try_from(std::mem::size_of::<libc::tcp_info>()).unwrap();
     // SAFETY: as above: the pointers are to `info` and `len`, which outlive the call.
     let rc = unsafe {
         libc::getsockopt(

@@ -41,6 +41,7 @@ pub const DEFAULT_MTU: u16 = 1500;
 /// Smallest MTU (IPv4's minimum datagram every link must carry).
 pub const MIN_MTU: u16 = 68;
 /// Largest MTU: a frame (`mtu + 14`) must fit a 64 KiB buffer.
+#[expect(clippy::cast_possible_truncation, reason = "the header is 14 bytes")]
 pub const MAX_MTU: u16 = 65535 - ETHERNET_HEADER_LEN as u16;
 
 /// Errors in the network settings.

@@ -14,11 +14,19 @@ pub enum MetricsError {
     Proc(String),
 }
 
+#[expect(
+    clippy::cast_possible_truncation,
+    reason = "float to int saturates, which is what is wanted"
+)]
+fn secs_to_ms(secs: f64) -> u64 {
+    (secs * 1000.0) as u64
+}
+
 /// Collects the metrics; `started` is when the agent started (for the uptime of a sandbox
 /// whose /proc/uptime is the host's).
 pub fn collect(started: std::time::Instant, own_uptime: bool) -> Result<Metrics, MetricsError> {
     let cpu_count = std::thread::available_parallelism()
-        .map(|n| n.get() as u32)
+        .map(|n| u32::try_from(n.get()).unwrap_or(u32::MAX))
         .unwrap_or(1);
     let (mut memory_total, mut memory_used) = meminfo()?;
     let mut cpu_usage_usec = proc_cpu_usec()?;
@@ -36,24 +44,27 @@ pub fn collect(started: std::time::Instant, own_uptime: bool) -> Result<Metrics,
     let (disk_total, disk_used) = disk();
     let process_count = std::fs::read_dir("/proc")
         .map(|d| {
-            d.filter_map(Result::ok)
+            let n = d
+                .filter_map(Result::ok)
                 .filter(|e| {
                     e.file_name()
                         .to_string_lossy()
                         .bytes()
                         .all(|b| b.is_ascii_digit())
                 })
-                .count() as u32
+                .count();
+            u32::try_from(n).unwrap_or(u32::MAX)
         })
         .unwrap_or(0);
+    let own_ms = || u64::try_from(started.elapsed().as_millis()).unwrap_or(u64::MAX);
     let uptime_ms = if own_uptime {
-        started.elapsed().as_millis() as u64
+        own_ms()
     } else {
         std::fs::read_to_string("/proc/uptime")
             .ok()
             .and_then(|s| s.split_whitespace().next()?.parse::<f64>().ok())
-            .map(|secs| (secs * 1000.0) as u64)
-            .unwrap_or_else(|| started.elapsed().as_millis() as u64)
+            .map(secs_to_ms)
+            .unwrap_or_else(own_ms)
     };
     Ok(Metrics {
         cpu_usage_usec,

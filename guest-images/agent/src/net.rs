@@ -21,8 +21,8 @@ pub enum NetError {
     },
 }
 
-fn check(rc: libc::c_int, what: &'static str) -> Result<(), NetError> {
-    if rc < 0 {
+fn check(rc: impl Into<i64>, what: &'static str) -> Result<(), NetError> {
+    if rc.into() < 0 {
         return Err(NetError::Sys {
             what,
             source: std::io::Error::last_os_error(),
@@ -84,8 +84,13 @@ fn ifreq() -> libc::ifreq {
 }
 
 fn sockaddr_v4(ip: Ipv4Addr) -> libc::sockaddr {
+    #[expect(
+        clippy::cast_possible_truncation,
+        reason = "AF_INET is 2, a c_int constant of a u16 field"
+    )]
+    const AF_INET: libc::sa_family_t = libc::AF_INET as libc::sa_family_t;
     let sin = libc::sockaddr_in {
-        sin_family: libc::AF_INET as libc::sa_family_t,
+        sin_family: AF_INET,
         sin_port: 0,
         sin_addr: libc::in_addr {
             s_addr: u32::from(ip).to_be(),
@@ -150,8 +155,13 @@ pub fn setup(setup: &NetSetup) -> Result<(), NetError> {
     // SAFETY: as above.
     let r = unsafe { libc::ioctl(fd, libc::SIOCGIFFLAGS, &mut req) };
     check(r, "read the flags of eth0")?;
+    #[expect(
+        clippy::cast_possible_truncation,
+        reason = "the IFF_ flags are small c_int constants of a c_short field"
+    )]
+    const UP: libc::c_short = (libc::IFF_UP | libc::IFF_RUNNING) as libc::c_short;
     // SAFETY: after SIOCGIFFLAGS the flags member is the initialised one.
-    unsafe { req.ifr_ifru.ifru_flags |= (libc::IFF_UP | libc::IFF_RUNNING) as libc::c_short };
+    unsafe { req.ifr_ifru.ifru_flags |= UP };
     // SAFETY: as above.
     let r = unsafe { libc::ioctl(fd, libc::SIOCSIFFLAGS, &req) };
     check(r, "bring eth0 up")?;
@@ -289,7 +299,7 @@ pub fn drop_net_admin() -> Result<(), NetError> {
             data.as_mut_ptr(),
         )
     };
-    check(rc as libc::c_int, "read the agent's capabilities")?;
+    check(rc, "read the agent's capabilities")?;
     let bit = !(1u32 << CAP_NET_ADMIN);
     data[0].effective &= bit;
     data[0].permitted &= bit;
@@ -302,5 +312,5 @@ pub fn drop_net_admin() -> Result<(), NetError> {
             data.as_ptr(),
         )
     };
-    check(rc as libc::c_int, "drop CAP_NET_ADMIN")
+    check(rc, "drop CAP_NET_ADMIN")
 }

@@ -321,9 +321,14 @@ pub fn loopback_up() -> Result<(), SystemError> {
             source: nix::Error::last(),
         });
     }
+    #[expect(
+        clippy::cast_possible_truncation,
+        reason = "the IFF_ flags are small c_int constants of a c_short field"
+    )]
+    const UP: libc::c_short = (libc::IFF_UP | libc::IFF_RUNNING) as libc::c_short;
     // SAFETY: after SIOCGIFFLAGS the `ifru_flags` member of the union is the initialised one.
     unsafe {
-        ifr.ifr_ifru.ifru_flags |= (libc::IFF_UP | libc::IFF_RUNNING) as libc::c_short;
+        ifr.ifr_ifru.ifru_flags |= UP;
     }
     // SAFETY: SIOCSIFFLAGS reads the name and flags from `ifr`, a valid ifreq.
     if unsafe { libc::ioctl(sock.as_raw_fd(), libc::SIOCSIFFLAGS, &ifr) } < 0 {

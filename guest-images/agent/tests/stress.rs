@@ -19,7 +19,7 @@ fn pattern(offset: u64, len: usize) -> Bytes {
     (0..len as u64)
         .map(|i| {
             let x = offset + i;
-            (x ^ (x >> 8) ^ (x >> 17)) as u8
+            (x ^ (x >> 8) ^ (x >> 17)).to_le_bytes()[0]
         })
         .collect::<Vec<u8>>()
         .into()
@@ -144,7 +144,7 @@ async fn runs_100_commands_at_once_and_reaps_them_all() {
     }))
     .await;
     for (i, info, (out, err)) in results {
-        assert_eq!(info.exit_code, Some(i as i32 % 7));
+        assert_eq!(info.exit_code, Some(i32::try_from(i % 7).unwrap()));
         assert_eq!(out, format!("out-{i}\n").as_bytes());
         assert_eq!(err, format!("err-{i}\n").as_bytes());
     }

@@ -55,6 +55,10 @@ fn percentile(sorted: &[Duration], p: f64) -> Duration {
     if sorted.is_empty() {
         return Duration::ZERO;
     }
+    #[expect(
+        clippy::cast_possible_truncation,
+        reason = "float to int saturates, which is what is wanted"
+    )]
     let rank = ((p / 100.0) * sorted.len() as f64).ceil() as usize;
     sorted[rank.clamp(1, sorted.len()) - 1]
 }

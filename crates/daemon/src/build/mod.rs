@@ -172,12 +172,14 @@ async fn build(
         line: e.line,
         message: e.message,
     })?;
-    let steps = instructions.len() as u32;
+    let steps = u32::try_from(instructions.len()).map_err(|_| BuildError::Invalid {
+        line: 1,
+        message: "the Dockerfile has too many instructions".into(),
+    })?;
     let mut global: BTreeMap<String, String> = BTreeMap::new();
     let mut done: Vec<Stage> = Vec::new();
     let mut current: Option<Stage> = None;
-    for (i, ins) in instructions.iter().enumerate() {
-        let step = i as u32 + 1;
+    for (step, ins) in (1..=steps).zip(&instructions) {
         let step_event = |cached: bool| {
             let _ = ctx.tx.try_send(ImageBuildEvent::Step {
                 step,

@@ -62,9 +62,17 @@ impl RegistrySettings {
             cap_bytes: var("BELLJAR_IMAGE_STORE_GIB")
                 .and_then(|v| v.trim().parse::<f64>().ok())
                 .filter(|g| g.is_finite() && *g >= 0.0)
-                .map_or(64 << 30, |g| (g * f64::from(1u32 << 30)) as u64),
+                .map_or(64 << 30, gib_to_bytes),
         }
     }
+}
+
+#[expect(
+    clippy::cast_possible_truncation,
+    reason = "float to int saturates, which is what is wanted"
+)]
+fn gib_to_bytes(gib: f64) -> u64 {
+    (gib * f64::from(1u32 << 30)) as u64
 }
 
 /// A progress callback that sends each step's line (see [`progress_line`]) as a `progress`

@@ -166,6 +166,10 @@ fn some_avg10(psi: &str) -> Option<f64> {
 }
 
 /// The overcommit bound, MiB: `overcommit × total`, rounded down.
+#[expect(
+    clippy::cast_possible_truncation,
+    reason = "float to int saturates, which is what is wanted"
+)]
 fn bound_mib(total_mib: u64, overcommit: f64) -> u64 {
     // A float to u64 cast saturates; both inputs are finite and positive (the flag's parser).
     (total_mib as f64 * overcommit) as u64

@@ -388,7 +388,7 @@ mod tests {
     fn png_bomb(width: u32, height: u32) -> Vec<u8> {
         use std::io::Write;
         fn chunk(out: &mut Vec<u8>, kind: &[u8; 4], data: &[u8]) {
-            out.extend_from_slice(&(data.len() as u32).to_be_bytes());
+            out.extend_from_slice(&u32::try_from(data.len()).unwrap().to_be_bytes());
             let start = out.len();
             out.extend_from_slice(kind);
             out.extend_from_slice(data);

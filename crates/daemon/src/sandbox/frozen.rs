@@ -46,7 +46,7 @@ impl Sandboxes {
                 Ok((done, b.thaw(&dir)))
             })
             .await;
-        let frozen_ms = started.elapsed().as_millis() as u64;
+        let frozen_ms = u64::try_from(started.elapsed().as_millis()).unwrap_or(u64::MAX);
         match outcome {
             Ok((done, Ok(()))) => {
                 let _ = std::fs::remove_file(&marker);

@@ -180,7 +180,7 @@ impl Sandboxes {
                     parent: Some(m.snapshot_id),
                     image: s.image.clone(),
                     size_bytes: layer.size_bytes,
-                    depth: layers.len() as u32,
+                    depth: SnapshotRow::depth_of(&layers),
                     created_at: now,
                     expires_at: (expiration_ms > 0).then(|| now.saturating_add(expiration_ms)),
                     frozen_ms,

@@ -183,7 +183,8 @@ pub fn migrate(conn: &mut Connection) -> Result<(), StoreError> {
             supported: latest(),
         });
     }
-    for (i, sql) in MIGRATIONS.iter().enumerate().skip(current as usize) {
+    let applied = usize::try_from(current).map_err(|_| StoreError::BadVersion(current))?;
+    for (i, sql) in MIGRATIONS.iter().enumerate().skip(applied) {
         let tx = conn.transaction()?;
         tx.execute_batch(sql)?;
         tx.pragma_update(None, "user_version", (i + 1) as i64)?;
@@ -197,7 +198,7 @@ mod tests {
     use super::*;
 
     #[test]
-    fn migrating_twice_is_a_no_op_and_newer_schemas_are_refused() {
+    fn migrating_twice_is_a_no_op_and_newer_or_negative_schemas_are_refused() {
         let mut conn = Connection::open_in_memory().unwrap();
         migrate(&mut conn).unwrap();
         migrate(&mut conn).unwrap();
@@ -208,5 +209,10 @@ mod tests {
         conn.pragma_update(None, "user_version", latest() + 1)
             .unwrap();
         assert!(matches!(migrate(&mut conn), Err(StoreError::TooNew { .. })));
+        conn.pragma_update(None, "user_version", -1).unwrap();
+        assert!(matches!(
+            migrate(&mut conn),
+            Err(StoreError::BadVersion(-1))
+        ));
     }
 }

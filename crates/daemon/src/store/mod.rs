@@ -46,6 +46,9 @@ pub enum StoreError {
     /// The database was written by a newer daemon.
     #[error("Database schema version {found} is newer than this daemon's {supported}")]
     TooNew { found: i64, supported: i64 },
+    /// The database's schema version is negative, which no daemon writes.
+    #[error("Database schema version {0} is not valid")]
+    BadVersion(i64),
     /// A group of writes could not be committed (the reason is in the log).
     #[error("Database write not committed")]
     NotCommitted,

@@ -27,6 +27,14 @@ pub struct SnapshotRow {
     pub expiration_ms: i64,
 }
 
+impl SnapshotRow {
+    /// The depth a chain of `layers` shows: its length, saturating (chains stop at 128
+    /// layers, so it never does).
+    pub fn depth_of<T>(layers: &[T]) -> u32 {
+        u32::try_from(layers.len()).unwrap_or(u32::MAX)
+    }
+}
+
 #[cfg(test)]
 impl SnapshotRow {
     /// The unit tests' snapshot: created from `sbx_a` on `base` at `created_at`, with `layers`
@@ -41,7 +49,7 @@ impl SnapshotRow {
                 parent: None,
                 image: "base".into(),
                 size_bytes: 1,
-                depth: layers.len() as u32,
+                depth: SnapshotRow::depth_of(layers),
                 created_at,
                 expires_at: None,
                 frozen_ms: None,
@@ -422,7 +430,7 @@ pub(super) fn row_to_snapshot(r: &Row<'_>) -> rusqlite::Result<SnapshotRow> {
             parent: r.get(4)?,
             image: r.get(5)?,
             size_bytes: r.get::<_, i64>(7)? as u64,
-            depth: layers.len() as u32,
+            depth: SnapshotRow::depth_of(&layers),
             created_at: r.get(8)?,
             expires_at: r.get(10)?,
             frozen_ms: r.get::<_, Option<i64>>(11)?.map(|f| f as u64),
@@ -445,7 +453,7 @@ mod tests {
                 image: "base".into(),
                 created_at,
                 expires_at: Some(created_at + 1000),
-                depth: layers.len() as u32,
+                depth: SnapshotRow::depth_of(layers),
                 ..empty_snapshot()
             },
             layers: layers.iter().map(|s| s.to_string()).collect(),

@@ -141,6 +141,10 @@ fn bench(n: usize, rootfs: PathBuf, agent: PathBuf, work: PathBuf) -> Result<()>
         belljar_namespace::destroy(&spec.state_dir)?;
     }
     times.sort();
+    #[expect(
+        clippy::cast_possible_truncation,
+        reason = "float to int saturates, which is what is wanted"
+    )]
     let p = |q: f64| ms(times[((times.len() - 1) as f64 * q).round() as usize]);
     println!(
         "launch → connectable over {n}: p50 {:.1} ms, p90 {:.1} ms, min {:.1} ms, max {:.1} ms",

@@ -29,7 +29,7 @@ pub(crate) unsafe fn join_group(file: &CString, err_fd: RawFd) {
         let fd = libc::open(file.as_ptr(), libc::O_WRONLY | libc::O_CLOEXEC);
         check(fd, err_fd, "open the cgroup's tasks or cgroup.procs");
         let ret = libc::write(fd, b"0".as_ptr().cast::<c_void>(), 1);
-        check(ret as libc::c_int, err_fd, "join cgroup");
+        check(crate::conv::c_int(ret), err_fd, "join cgroup");
         libc::close(fd);
     }
 }

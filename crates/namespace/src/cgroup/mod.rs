@@ -313,6 +313,10 @@ impl Groups {
                 reason: format!("invalid CPU count {cpus}"),
             };
         }
+        #[expect(
+            clippy::cast_possible_truncation,
+            reason = "float to int saturates, which is what is wanted"
+        )]
         let quota = ((cpus * CPU_PERIOD_US as f64).round() as u64).max(1000);
         let result = if let (Some(dir), true) = (&self.v2, v2.contains(&"cpu")) {
             write(&dir.join("cpu.max"), &format!("{quota} {CPU_PERIOD_US}"))

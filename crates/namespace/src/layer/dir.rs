@@ -185,11 +185,9 @@ fn open(dirfd: i32, path: &Path, resolve: u64, flags: i32) -> io::Result<OwnedFd
             std::mem::size_of::<OpenHow>(),
         )
     };
-    if fd < 0 {
-        return Err(io::Error::last_os_error());
-    }
+    let fd = crate::conv::fd(fd)?;
     // SAFETY: `fd` is a new descriptor nothing else owns.
-    Ok(unsafe { OwnedFd::from_raw_fd(fd as i32) })
+    Ok(unsafe { OwnedFd::from_raw_fd(fd) })
 }
 
 #[cfg(test)]

@@ -27,6 +27,9 @@ use sha2::{Digest, Sha256};
 
 /// The granularity of holes in the copy and of zero runs in the hash.
 const BLOCK: u64 = 4096;
+/// [`BLOCK`] as a length.
+const BLOCK_LEN: usize = 4096;
+const _: () = assert!(BLOCK_LEN as u64 == BLOCK);
 
 /// Bytes of file data a capture may still write.
 #[derive(Debug, Clone, Copy)]
@@ -90,7 +93,7 @@ pub(crate) fn copy(
             let want = usize::try_from((end - at).min(buf.len() as u64)).unwrap_or(buf.len());
             let chunk = &mut buf[..want];
             read_exact_at(input, chunk, at)?;
-            for (i, block) in chunk.chunks(BLOCK as usize).enumerate() {
+            for (i, block) in chunk.chunks(BLOCK_LEN).enumerate() {
                 let n = block.len() as u64;
                 if block.iter().all(|&b| b == 0) {
                     hash.zeros(n);

@@ -92,8 +92,9 @@ fn start() -> Option<Sender<PathBuf>> {
             // Below everything a sandbox start or a command does.
             // SAFETY: a plain system call without pointers, on this thread alone.
             unsafe {
-                let tid = libc::syscall(libc::SYS_gettid) as libc::id_t;
-                libc::setpriority(libc::PRIO_PROCESS, tid, 19);
+                if let Ok(tid) = libc::id_t::try_from(libc::syscall(libc::SYS_gettid)) {
+                    libc::setpriority(libc::PRIO_PROCESS, tid, 19);
+                }
             }
             for path in receiver {
                 super::remove_tree(&path);

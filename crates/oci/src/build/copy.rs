@@ -447,10 +447,18 @@ fn unpack_archive<W: Write>(
         let path = join(at, &rel);
         Walk::<W>::checked(&path)?;
         let h = entry.header();
+        let owner = |id: io::Result<u64>| {
+            u32::try_from(id.unwrap_or(0)).map_err(|_| {
+                refused(format!(
+                    "The archive to ADD has an entry owned by an id over 32 bits: {}",
+                    String::from_utf8_lossy(&raw)
+                ))
+            })
+        };
         let meta = Meta {
             mode: h.mode().unwrap_or(0o644) & 0o7777,
-            uid: h.uid().unwrap_or(0) as u32,
-            gid: h.gid().unwrap_or(0) as u32,
+            uid: owner(h.uid())?,
+            gid: owner(h.gid())?,
             mtime: h.mtime().unwrap_or(0),
         };
         let kind = h.entry_type();

@@ -162,7 +162,8 @@ impl<R: Read> Read for Padded<'_, R> {
         if self.left == 0 {
             return Ok(0);
         }
-        let want = buf.len().min(self.left as usize);
+        let left = usize::try_from(self.left).unwrap_or(usize::MAX);
+        let want = buf.len().min(left);
         let mut n = self.inner.read(&mut buf[..want])?;
         if n == 0 {
             buf[..want].fill(0);

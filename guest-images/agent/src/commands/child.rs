@@ -119,8 +119,8 @@ impl Plan<'_> {
             if let Err(e) = reset_signals() {
                 return e;
             }
-            for (target, &fd) in self.stdio.iter().enumerate() {
-                if libc::dup2(fd, target as RawFd) < 0 {
+            for (target, &fd) in (0..).zip(self.stdio.iter()) {
+                if libc::dup2(fd, target) < 0 {
                     return errno();
                 }
             }

@@ -76,7 +76,7 @@ impl OutputLog {
             let mut file = None;
             while let Some(chunk) = rx.recv().await {
                 let p = self.progress();
-                let room = limit.saturating_sub(p.kept) as usize;
+                let room = usize::try_from(limit.saturating_sub(p.kept)).unwrap_or(usize::MAX);
                 let keep = chunk.data.len().min(room);
                 let dropped = (chunk.data.len() - keep) as u64;
                 let mut committed = 0;
@@ -137,7 +137,8 @@ impl OutputLog {
         loop {
             let p = *progress.borrow_and_update();
             if offset < p.committed {
-                let want = ((p.committed - offset) as usize).min(buf.len());
+                let unread = usize::try_from(p.committed - offset).unwrap_or(usize::MAX);
+                let want = unread.min(buf.len());
                 let file = match &mut file {
                     Some(file) => file,
                     None => file.insert(tokio::fs::File::open(&self.path).await?),

@@ -20,9 +20,16 @@ use super::{S0Path, S0Query};
 use crate::http::AppState;
 
 const DEFAULT_TAIL: i64 = 200;
-const MAX_TAIL: i64 = 5000;
+const MAX_TAIL: usize = 5000;
 const DEFAULT_BYTES: i64 = 1 << 20;
-const MAX_BYTES: i64 = 8 << 20;
+const MAX_BYTES: usize = 8 << 20;
+
+/// `value` if it is in `1..=max`.
+fn in_range(value: i64, max: usize) -> Option<usize> {
+    usize::try_from(value)
+        .ok()
+        .filter(|v| (1..=max).contains(v))
+}
 
 fn text(body: Body) -> Response {
     ([(header::CONTENT_TYPE, "text/plain; charset=utf-8")], body).into_response()
@@ -33,18 +40,16 @@ pub async fn logs(
     S0Path(id): S0Path<String>,
     S0Query(q): S0Query<LogsQuery>,
 ) -> Result<Response> {
-    let tail = q.tail_lines.unwrap_or(DEFAULT_TAIL);
-    let limit = q.limit_bytes.unwrap_or(DEFAULT_BYTES);
-    if !(1..=MAX_TAIL).contains(&tail) {
+    let Some(tail) = in_range(q.tail_lines.unwrap_or(DEFAULT_TAIL), MAX_TAIL) else {
         return Err(Sandbox0Error::BadRequest(format!(
             "tail_lines: must be 1..={MAX_TAIL}"
         )));
-    }
-    if !(1..=MAX_BYTES).contains(&limit) {
+    };
+    let Some(limit) = in_range(q.limit_bytes.unwrap_or(DEFAULT_BYTES), MAX_BYTES) else {
         return Err(Sandbox0Error::BadRequest(format!(
             "limit_bytes: must be 1..={MAX_BYTES}"
         )));
-    }
+    };
     if q.container.as_deref().is_some_and(|c| c != "procd") {
         return Err(Sandbox0Error::BadRequest(
             "container: only procd (the sandbox's processes) is here".into(),
@@ -81,8 +86,8 @@ pub async fn logs(
         while let Some((_, data)) = lines.next().await {
             all.push_str(&data);
             // Only the tail is answered: what is far before it can go.
-            if all.len() > 2 * MAX_BYTES as usize {
-                let cut = all.len() - MAX_BYTES as usize;
+            if all.len() > 2 * MAX_BYTES {
+                let cut = all.len() - MAX_BYTES;
                 let cut = (cut..all.len())
                     .find(|i| all.is_char_boundary(*i))
                     .unwrap_or(all.len());
@@ -90,11 +95,7 @@ pub async fn logs(
             }
         }
     }
-    Ok(text(Body::from(tail_of(
-        &all,
-        tail as usize,
-        limit as usize,
-    ))))
+    Ok(text(Body::from(tail_of(&all, tail, limit))))
 }
 
 /// The last `lines` lines of `text`, at most its last `bytes` bytes.

@@ -209,7 +209,7 @@ impl Sandboxes {
             row.layers.truncate(i);
             row.layers.push(merged);
         }
-        row.snapshot.depth = row.layers.len() as u32;
+        row.snapshot.depth = SnapshotRow::depth_of(&row.layers);
         self.inner
             .store
             .insert_snapshot(&row, captured.size_bytes)?;
