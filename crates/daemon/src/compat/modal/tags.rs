@@ -143,6 +143,15 @@ pub async fn get(m: Modal, req: SandboxTagsGetRequest) -> Result<SandboxTagsGetR
     })
 }
 
+/// Modal's float seconds as milliseconds (a NaN is 0, a huge value `i64::MAX`).
+#[expect(
+    clippy::cast_possible_truncation,
+    reason = "float to int saturates, which is what is wanted"
+)]
+fn seconds_to_ms(seconds: f64) -> i64 {
+    (seconds * 1000.0) as i64
+}
+
 /// A page of the sandboxes of `app_id` (any app when empty) that carry every tag asked for.
 pub async fn list(m: Modal, req: SandboxListRequest) -> Result<SandboxListResponse> {
     let wanted: Vec<(String, String)> = req
@@ -150,7 +159,7 @@ pub async fn list(m: Modal, req: SandboxListRequest) -> Result<SandboxListRespon
         .into_iter()
         .map(|t| (t.tag_name, t.tag_value))
         .collect();
-    let until = (req.before_timestamp > 0.0).then(|| (req.before_timestamp * 1000.0) as i64 - 1);
+    let until = (req.before_timestamp > 0.0).then(|| seconds_to_ms(req.before_timestamp) - 1);
     let mut query = ListSandboxesQuery {
         tag: (!req.app_id.is_empty()).then(|| format!("{TAG_APP}={}", req.app_id)),
         until,
