@@ -344,6 +344,51 @@ pub struct Sandbox {
     pub lifecycle: SandboxLifecycle,
 }
 
+impl Sandbox {
+    /// A sandbox about to start: `Pending`, with no name, env, tags, source, mounts, limits
+    /// or times past `created_at`, no timeout, and the default lifecycle (not persistent,
+    /// auto-resume on). Its maker sets what its request asks for.
+    pub fn pending(
+        id: String,
+        image: String,
+        backend: Backend,
+        (vcpus, memory_mib, disk_mib): (u32, u64, u64),
+        created_at: i64,
+    ) -> Self {
+        Sandbox {
+            id,
+            name: None,
+            status: SandboxStatus::Pending,
+            status_reason: None,
+            image,
+            backend,
+            backend_reason: String::new(),
+            vcpus,
+            memory_mib,
+            disk_mib,
+            env: BTreeMap::new(),
+            tags: BTreeMap::new(),
+            source: None,
+            created_at,
+            started_at: None,
+            stopped_at: None,
+            timeout_ms: 0,
+            expires_at: None,
+            limits: LimitsReport::default(),
+            network_policy: None,
+            mounts: None,
+            volumes: None,
+            lifecycle: SandboxLifecycle {
+                persistent: false,
+                idle_timeout_ms: None,
+                hard_ttl_ms: None,
+                deletes_at: None,
+                auto_resume: true,
+            },
+        }
+    }
+}
+
 impl Validate for Source {
     fn validate(&self) -> Result<(), Invalid> {
         match self {

@@ -1,259 +1,21 @@
-//! Creating and changing sandboxes (stopping and deleting them: `teardown`).
+//! Starting, listing and changing sandboxes (making them: `create`; stopping and deleting
+//! them: `teardown`).
 
 use std::time::{Duration, Instant};
 
 use belljar_api::{
-    BackendChoice, CreateSandbox, ExtendSandbox, LimitsReport, ListSandboxesQuery, Sandbox,
-    SandboxLifecycle, SandboxList, SandboxStatus, UpdateSandbox, Validate,
+    BackendChoice, ExtendSandbox, ListSandboxesQuery, Sandbox, SandboxList, UpdateSandbox, Validate,
 };
 
 use super::backend::{BackendError, LaunchSpec};
-use super::volumes::MountAuthority;
+use super::create::invalid;
 use super::{SandboxError, Sandboxes, connect};
-use crate::store::EventBody;
-use crate::util::{new_id, now_ms};
 
 /// The longest one readiness attempt (connect, handshake, health) may take before it is
 /// abandoned and retried.
 const ATTEMPT_TIMEOUT: Duration = Duration::from_secs(20);
 
 impl Sandboxes {
-    /// Creates a sandbox and returns it running, or the reason it could not start.
-    pub async fn create(&self, req: CreateSandbox) -> Result<Sandbox, SandboxError> {
-        self.create_with_key(req, None).await
-    }
-
-    /// [`Sandboxes::create`] with a client's idempotency key: when a sandbox was already
-    /// created with that key, it is returned (in whatever state it is now) instead.
-    pub async fn create_with_key(
-        &self,
-        req: CreateSandbox,
-        idempotency_key: Option<String>,
-    ) -> Result<Sandbox, SandboxError> {
-        self.create_with(req, idempotency_key, None, MountAuthority::Tcp)
-            .await
-    }
-
-    /// [`Sandboxes::create_with_key`] by a caller whose permissions decide which host
-    /// folders it may mount (see `volumes`).
-    pub async fn create_as(
-        &self,
-        req: CreateSandbox,
-        idempotency_key: Option<String>,
-        who: MountAuthority,
-    ) -> Result<Sandbox, SandboxError> {
-        self.create_with(req, idempotency_key, None, who).await
-    }
-
-    /// [`Sandboxes::create_with_key`]; `ca_of`: a fork's source, whose broker CA the new
-    /// sandbox keeps (its files, the source's, trust that CA already).
-    pub(super) async fn create_with(
-        &self,
-        req: CreateSandbox,
-        idempotency_key: Option<String>,
-        ca_of: Option<&str>,
-        who: MountAuthority,
-    ) -> Result<Sandbox, SandboxError> {
-        if let Some(key) = &idempotency_key {
-            if !belljar_api::valid_idempotency_key(key) {
-                return Err(SandboxError::BadRequest(
-                    "Idempotency-Key: must be 1 to 255 visible ASCII characters".into(),
-                ));
-            }
-            if let Some(id) = self.inner.store.sandbox_by_key(key)? {
-                return self.get(&id);
-            }
-        }
-        // A template's defaults fill what the request leaves out.
-        let req = match &req.template {
-            Some(name) => self.template_spec(name)?.apply(req),
-            None => req,
-        };
-        // The API's bounds, for every caller (the HTTP layer checked them already; the
-        // compatibility layers, forks and the pool build their requests themselves).
-        req.validate().map_err(invalid)?;
-        let req = self.inherit_volumes(req)?;
-        let s = &self.inner.settings;
-        let timeout_ms = req.timeout_ms.unwrap_or(s.default_timeout_ms);
-        if timeout_ms > s.max_timeout_ms {
-            return Err(SandboxError::BadRequest(format!(
-                "timeout_ms: exceeds the maximum of {} ms",
-                s.max_timeout_ms
-            )));
-        }
-        let vcpus = req.vcpus.unwrap_or(s.default_vcpus);
-        let memory_mib = req.memory_mib.unwrap_or(s.default_memory_mib);
-        let disk_mib = req.disk_mib.unwrap_or(s.default_disk_mib);
-        if let Some(source) = &req.source {
-            super::source::validate(source)?;
-        }
-        let snapshot_image = self.snapshot_image(req.source.as_ref())?;
-        if let (Some(theirs), Some(asked)) = (&snapshot_image, &req.image)
-            && theirs != asked
-        {
-            return Err(SandboxError::BadRequest(format!(
-                "image: the snapshot is of image {theirs}, not {asked}"
-            )));
-        }
-        let image_name = snapshot_image
-            .or_else(|| req.image.clone())
-            .unwrap_or_else(|| s.default_image.clone());
-        let image = self.inner.images.resolve(&image_name)?;
-        let choice = req.backend.unwrap_or(BackendChoice::Auto);
-        // Asked for by name, a microVM refuses mounts before its availability is looked at.
-        if choice == BackendChoice::Microvm && req.volumes.as_deref().is_some_and(|v| !v.is_empty())
-        {
-            self.check_volumes(
-                req.volumes.as_deref().unwrap_or_default(),
-                belljar_api::Backend::Microvm,
-                who,
-            )?;
-        }
-        let has_volumes = req.volumes.as_deref().is_some_and(|v| !v.is_empty());
-        let (backend, backend_reason) = self.pick_backend(&image, choice, has_volumes)?;
-        let agent = self.agent_binary(&image)?;
-        let volumes = req.volumes.clone().filter(|v| !v.is_empty());
-        self.check_volumes(volumes.as_deref().unwrap_or_default(), backend.kind(), who)?;
-
-        // The warm pool's hook: a pooled sandbox (see `pool`) replaces the launch below.
-        let claimed = self
-            .claim_pooled(
-                &req,
-                &image_name,
-                backend.kind(),
-                (vcpus, memory_mib, disk_mib),
-            )
-            .await;
-        let id = claimed
-            .as_ref()
-            .map_or_else(|| new_id("sbx"), |c| c.id.clone());
-        let ca_kept = match (&claimed, &req.network_policy) {
-            (None, policy) => self.prepare_network(
-                &id,
-                policy.as_ref(),
-                req.ports.as_deref().unwrap_or_default(),
-                ca_of,
-            )?,
-            (Some(_), Some(policy)) => {
-                self.replace_network_policy(&id, policy)?;
-                false
-            }
-            (Some(_), None) => false,
-        };
-        let now = now_ms();
-        let mut sandbox = Sandbox {
-            id: id.clone(),
-            name: req.name,
-            status: SandboxStatus::Pending,
-            status_reason: None,
-            image: image_name,
-            backend: backend.kind(),
-            backend_reason,
-            vcpus,
-            memory_mib,
-            disk_mib,
-            env: req.env.unwrap_or_default(),
-            tags: req.tags.unwrap_or_default(),
-            source: req.source,
-            created_at: now,
-            started_at: None,
-            stopped_at: None,
-            timeout_ms,
-            expires_at: None,
-            limits: LimitsReport::default(),
-            network_policy: None,
-            mounts: None,
-            volumes,
-            lifecycle: SandboxLifecycle {
-                persistent: req.persistent.unwrap_or(false),
-                idle_timeout_ms: req.idle_timeout_ms,
-                hard_ttl_ms: req.hard_ttl_ms,
-                deletes_at: req.hard_ttl_ms.map(|ttl| now.saturating_add(ttl)),
-                auto_resume: req.auto_resume.unwrap_or(true),
-            },
-        };
-        let lock = self.lock_for(&id);
-        let _guard = lock.lock().await;
-        {
-            let _admission = self.inner.admission.lock().await;
-            self.admit(memory_mib, 0)?;
-            self.save(&sandbox)?;
-            if sandbox.volumes.is_some() {
-                self.inner.store.set_mounts_as(&id, who.uid())?;
-            }
-            if let Some(key) = &idempotency_key
-                && !self.inner.store.claim_sandbox_key(&id, key)?
-            {
-                // A concurrent request with the same key recorded its sandbox first.
-                self.inner.store.delete_sandbox(&id)?;
-                self.inner
-                    .events
-                    .emit(EventBody::SandboxDeleted(id.clone()));
-                let winner = self.inner.store.sandbox_by_key(key)?;
-                return self.get(&winner.unwrap_or_default());
-            }
-        }
-
-        let from = match self.hold_layers(
-            &sandbox,
-            req.snapshot_expiration_ms,
-            req.keep_last_snapshots,
-            req.mounts.as_deref().unwrap_or_default(),
-        ) {
-            Ok(from) => from,
-            Err(e) => {
-                // The snapshot went between the check and now: no sandbox was made.
-                self.inner.store.delete_sandbox(&id)?;
-                self.inner
-                    .events
-                    .emit(EventBody::SandboxDeleted(id.clone()));
-                return Err(e);
-            }
-        };
-        let layers = from.map(|f| f.layers).unwrap_or_default();
-        let started = async {
-            if let Some(c) = &claimed {
-                sandbox.limits = c.limits.clone();
-                return Ok(());
-            }
-            let agent = self
-                .boot(&mut sandbox, image.dir.clone(), agent, layers)
-                .await?;
-            let t = Instant::now();
-            if !ca_kept && self.install_ca(&sandbox, &agent).await? {
-                tracing::debug!(sandbox = %id, took = ?t.elapsed(), "installed the broker's CA");
-            }
-            if let Some(source) = sandbox.source.clone() {
-                super::source::install(&agent, &source, &sandbox.env).await?;
-            }
-            Ok::<_, SandboxError>(())
-        }
-        .await;
-        if let Err(e) = started {
-            tracing::warn!(sandbox = %id, error = %e, "sandbox failed to start");
-            self.stop_failed_start(&sandbox).await;
-            self.forget_agent(&id);
-            self.detach_network(&id);
-            sandbox.status = SandboxStatus::Failed;
-            sandbox.status_reason = Some(match &e {
-                SandboxError::Backend(b) => crate::util::error_chain(b),
-                e => e.to_string(),
-            });
-            sandbox.stopped_at = Some(now_ms());
-            self.save(&sandbox)?;
-            return Err(e);
-        }
-        let now = now_ms();
-        sandbox.status = SandboxStatus::Running;
-        sandbox.started_at = Some(now);
-        sandbox.expires_at = Some(now + timeout_ms);
-        self.save(&sandbox)?;
-        if let Some(c) = claimed {
-            c.keep();
-        }
-        Ok(self.for_client(sandbox))
-    }
-
     /// The backend a sandbox of `image` runs on when `choice` is asked for: a user's image
     /// has no microVM disk yet, so it runs in a namespace sandbox, and so do host folders
     /// and volumes (microVMs need virtio-fs, which they do not have yet).
@@ -529,11 +291,6 @@ impl Sandboxes {
             );
         }
     }
-}
-
-/// A request out of the API's bounds, as the client's error naming the field.
-fn invalid(e: belljar_api::Invalid) -> SandboxError {
-    SandboxError::BadRequest(e.to_string())
 }
 
 /// The last lines a dead sandbox left, for the reason of a failed start: its console (or the

@@ -11,6 +11,7 @@ mod adopt;
 pub mod backend;
 mod build_step;
 mod commands;
+mod create;
 mod files;
 mod fork;
 mod frozen;

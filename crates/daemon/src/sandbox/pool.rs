@@ -30,9 +30,7 @@ use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use belljar_agent_proto::client::AgentClient;
-use belljar_api::{
-    Backend as BackendKind, CreateSandbox, LimitsReport, Sandbox, SandboxLifecycle, SandboxStatus,
-};
+use belljar_api::{Backend as BackendKind, CreateSandbox, LimitsReport, Sandbox};
 
 use super::{SandboxError, Sandboxes};
 use crate::util::{new_id, now_ms};
@@ -482,37 +480,13 @@ impl Sandboxes {
         let id = new_id("sbx");
         self.prepare_network(&id, None, &[], None)?;
         std::fs::write(self.inner.paths.sandbox_dir(&id).join(MARKER), b"")?;
-        let mut sandbox = Sandbox {
-            id: id.clone(),
-            name: None,
-            status: SandboxStatus::Pending,
-            status_reason: None,
-            image: class.image.clone(),
-            backend: class.backend,
-            backend_reason: String::new(),
-            vcpus: class.vcpus,
-            memory_mib: class.memory_mib,
-            disk_mib: class.disk_mib,
-            env: Default::default(),
-            tags: Default::default(),
-            source: None,
-            created_at: now_ms(),
-            started_at: None,
-            stopped_at: None,
-            timeout_ms: 0,
-            expires_at: None,
-            limits: LimitsReport::default(),
-            network_policy: None,
-            mounts: None,
-            volumes: None,
-            lifecycle: SandboxLifecycle {
-                persistent: false,
-                idle_timeout_ms: None,
-                hard_ttl_ms: None,
-                deletes_at: None,
-                auto_resume: true,
-            },
-        };
+        let mut sandbox = Sandbox::pending(
+            id.clone(),
+            class.image.clone(),
+            class.backend,
+            (class.vcpus, class.memory_mib, class.disk_mib),
+            now_ms(),
+        );
         let booted = async {
             let agent = self
                 .boot(&mut sandbox, image.dir.clone(), agent, Vec::new())
