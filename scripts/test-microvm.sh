@@ -23,6 +23,7 @@
 # BELLJAR_MICROVM_HANG (seconds without any QEMU CPU time after which an L1 try counts as hung
 # and is retried, default 120),
 # BELLJAR_L1_COMPACTION=0 (L1 compacts no memory proactively, see tests/microvm/job.sh),
+# BELLJAR_L1_PIN=0 (L1 does not pin each VMM to one of its CPUs),
 # BELLJAR_MICROVM_FILTER (a test-name filter for every test executable, no spaces),
 # BELLJAR_STALL_QUIET (seconds without test output before tests/microvm/stall-watch.sh reports
 # what the microVMs and daemons do, default 300), BELLJAR_KVM_TRACE=1 (L1's KVM traces its
@@ -123,7 +124,7 @@ job_env=(BELLJAR_JOB_BIN="$run_dir/bin" BELLJAR_JOB_TESTS="$staged" BELLJAR_CACH
   BELLJAR_STALL_QUIET="${BELLJAR_STALL_QUIET:-300}" BELLJAR_KVM_TRACE="${BELLJAR_KVM_TRACE:-}"
   BELLJAR_STRESS_CYCLES="${BELLJAR_STRESS_CYCLES:-}" BELLJAR_STRESS_INFLIGHT="${BELLJAR_STRESS_INFLIGHT:-}"
   BELLJAR_STRESS_MIB="${BELLJAR_STRESS_MIB:-}" BELLJAR_STRESS_CONNECTIONS="${BELLJAR_STRESS_CONNECTIONS:-}"
-  BELLJAR_L1_COMPACTION="${BELLJAR_L1_COMPACTION:-}")
+  BELLJAR_L1_COMPACTION="${BELLJAR_L1_COMPACTION:-}" BELLJAR_L1_PIN="${BELLJAR_L1_PIN:-1}")
 
 finish() {
   local status=$1 summary

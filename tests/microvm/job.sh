@@ -51,6 +51,18 @@ if [ -n "${BELLJAR_IN_L1:-}" ]; then
 fi
 
 export BELLJAR_VMM="$work/bin/belljar-vmm"
+# In L1, each VMM goes on its own L1 CPU, round robin (BELLJAR_L1_PIN=0: wherever L1's
+# scheduler puts it). QEMU-TCG keeps one software TLB per L1 vCPU, not tagged by the L2
+# guest's ASID: a nested guest that starts on a vCPU where another ran is one suspect of the
+# early triple faults seen only with two guests at once. On hardware this wrapper is unused.
+if [ -n "${BELLJAR_IN_L1:-}" ] && [ "${BELLJAR_L1_PIN:-1}" != 0 ] && command -v taskset > /dev/null; then
+  printf '%s\n' '#!/bin/bash' \
+    "n=\$(flock '$work/pin.lock' bash -c 'n=\$(cat $work/pin 2> /dev/null || echo 0); echo \$((n + 1)) > $work/pin; echo \$n')" \
+    "exec taskset -c \$((n % \$(nproc))) '$work/bin/belljar-vmm' \"\$@\"" > "$work/bin/belljar-vmm-pinned"
+  chmod +x "$work/bin/belljar-vmm-pinned"
+  export BELLJAR_VMM="$work/bin/belljar-vmm-pinned"
+  echo "job: each VMM pinned to one L1 CPU, round robin"
+fi
 export BELLJAR_BOOT_TIMEOUT="${BELLJAR_BOOT_TIMEOUT:-120}"
 # Nested KVM fails the daemon's speed probe; the e2e tests ask for `--backend microvm`
 # explicitly, which this lets through (`auto` is unaffected). Harmless on hardware KVM.
