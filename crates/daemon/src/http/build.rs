@@ -11,7 +11,7 @@ use super::AppState;
 use super::error::ApiError;
 use super::extract::ApiQuery;
 use super::openapi::{Errors, RawBytes};
-use super::spool::{SpoolError, spool};
+use super::spool::spool;
 use super::stream::ndjson;
 
 pub fn router() -> OpenApiRouter<AppState> {
@@ -43,16 +43,7 @@ async fn build_dockerfile(
         belljar_oci::store::scratch_prefix(),
         crate::util::new_id("bld")
     ));
-    match spool(body, &path, st.images.cap_bytes()).await {
-        Ok(()) => {}
-        Err(SpoolError::TooLarge) => {
-            let limit = st.images.cap_bytes();
-            return Err(
-                crate::images::ImageError::from(belljar_oci::Error::TooLarge { limit }).into(),
-            );
-        }
-        Err(SpoolError::Io(e)) => return Err(ApiError::BadRequest(format!("body: {e}"))),
-    }
+    spool(body, &path, st.images.cap_bytes()).await?;
     let req = crate::build::BuildRequest {
         tag: q.tag,
         dockerfile: q.dockerfile.unwrap_or_else(|| "Dockerfile".into()),

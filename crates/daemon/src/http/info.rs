@@ -13,7 +13,7 @@ use super::AppState;
 use super::error::ApiError;
 use super::extract::{ApiJson, ApiPath, ApiQuery};
 use super::openapi::{self, Errors, ImagePath, RawBytes};
-use super::spool::{SpoolError, spool};
+use super::spool::spool;
 use super::stream::ndjson;
 
 pub fn router() -> OpenApiRouter<AppState> {
@@ -116,16 +116,7 @@ async fn import(
         belljar_oci::store::scratch_prefix(),
         crate::util::new_id("imp")
     ));
-    match spool(body, &path, st.images.cap_bytes()).await {
-        Ok(()) => {}
-        Err(SpoolError::TooLarge) => {
-            let limit = st.images.cap_bytes();
-            return Err(
-                crate::images::ImageError::from(belljar_oci::Error::TooLarge { limit }).into(),
-            );
-        }
-        Err(SpoolError::Io(e)) => return Err(ApiError::BadRequest(format!("body: {e}"))),
-    }
+    spool(body, &path, st.images.cap_bytes()).await?;
     Ok(ndjson(st.images.import(path, tags, true)?))
 }
 

@@ -12,16 +12,30 @@ use axum::body::Body;
 use futures::StreamExt;
 use tokio::io::AsyncWriteExt;
 
+use super::error::ApiError;
+
 /// How long the rest of a refused body is read and dropped before the error is answered.
 const DRAIN_FOR: Duration = Duration::from_secs(30);
 
 /// Why a body was not spooled.
 #[derive(Debug)]
 pub enum SpoolError {
-    /// The body is larger than the cap; nothing is kept.
-    TooLarge,
+    /// The body is larger than the cap (`limit` bytes); nothing is kept.
+    TooLarge { limit: u64 },
     /// Reading the body or writing the file failed; nothing is kept.
     Io(std::io::Error),
+}
+
+/// The API's answer: `image_too_large` (the store's cap is the limit), or `bad_request`.
+impl From<SpoolError> for ApiError {
+    fn from(e: SpoolError) -> Self {
+        match e {
+            SpoolError::TooLarge { limit } => {
+                crate::images::ImageError::from(belljar_oci::Error::TooLarge { limit }).into()
+            }
+            SpoolError::Io(e) => ApiError::BadRequest(format!("body: {e}")),
+        }
+    }
 }
 
 /// Writes `body` to `path` and syncs it; the file is removed again on any error.
@@ -46,7 +60,7 @@ pub async fn spool(body: Body, path: &Path, cap: u64) -> Result<(), SpoolError> 
         Ok(false) => {
             let drain = async { while let Some(Ok(_)) = stream.next().await {} };
             let _ = tokio::time::timeout(DRAIN_FOR, drain).await;
-            Err(SpoolError::TooLarge)
+            Err(SpoolError::TooLarge { limit: cap })
         }
         Err(e) => Err(SpoolError::Io(e)),
     };
@@ -84,7 +98,7 @@ mod tests {
         let body = Body::from_stream(futures::stream::iter(items));
         assert!(matches!(
             spool(body, &path, 2500).await,
-            Err(SpoolError::TooLarge)
+            Err(SpoolError::TooLarge { limit: 2500 })
         ));
         assert_eq!(read.load(std::sync::atomic::Ordering::SeqCst), 10);
         assert!(!path.exists());
