@@ -235,7 +235,19 @@ impl Store {
                     .join(format!("{}rm-{}", scratch_prefix(), image.id.hex()));
             std::fs::rename(&image.dir, &trash)
                 .map_err(Error::io(format!("Cannot remove {}", image.dir.display())))?;
-            remove_tree(&trash).map_err(Error::io("Cannot remove the image's files"))?;
+            // Gone from the store once renamed; the files (a large image's take seconds on a
+            // busy disk) go on a thread of their own, so that the removal answers at once.
+            // What a crash leaves of them is scratch of a process gone: the next
+            // [`Store::open`] removes it.
+            let spawned = std::thread::Builder::new().name("image-rm".into()).spawn({
+                let trash = trash.clone();
+                move || {
+                    let _ = remove_tree(&trash);
+                }
+            });
+            if spawned.is_err() {
+                remove_tree(&trash).map_err(Error::io("Cannot remove the image's files"))?;
+            }
         }
         Ok(Some(image.id))
     }
