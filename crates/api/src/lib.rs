@@ -12,6 +12,7 @@
 
 pub mod command;
 pub mod diff;
+pub mod dockerignore;
 pub mod doctor;
 pub mod duration;
 pub mod error;

@@ -7,6 +7,8 @@ use std::path::{Path, PathBuf};
 
 use anyhow::{Context, Result, bail};
 use belljar_api::BuildQuery;
+use belljar_api::dockerignore::{self, Ignore};
+use belljar_cli::cp::Selection;
 use belljar_client::Client;
 
 use crate::host::follow_image_events;
@@ -29,13 +31,14 @@ pub(crate) async fn build(client: &Client, b: Build, json: bool) -> Result<i32> 
         None => None,
         Some(f) => Some(inside(&dir, f)?),
     };
+    let selection = selection(&dir, dockerfile.as_deref().unwrap_or("Dockerfile"))?;
     let query = BuildQuery {
         tag: b.tag.clone(),
         dockerfile,
         build_args: build_args(&b.build_args)?,
         no_cache: b.no_cache.then_some(true),
     };
-    let (tarball, writer) = belljar_cli::cp::tar_stream(dir.clone());
+    let (tarball, writer) = belljar_cli::cp::tar_stream(dir.clone(), selection);
     let events = client
         .build_dockerfile(belljar_client::streamed(tarball), &query)
         .await?;
@@ -58,6 +61,25 @@ fn inside(dir: &Path, file: &Path) -> Result<String> {
         )
     })?;
     Ok(rel.to_string_lossy().into_owned())
+}
+
+/// What of the context goes to the daemon: all but what its ignore file excludes (the
+/// Dockerfile's own `.dockerignore`, else the context's), the Dockerfile and that file always.
+fn selection(dir: &Path, dockerfile: &str) -> Result<Option<Selection>> {
+    for name in dockerignore::candidates(dockerfile) {
+        let path = dir.join(&name);
+        let text = match std::fs::read_to_string(&path) {
+            Ok(t) => t,
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => continue,
+            Err(e) => return Err(e).with_context(|| format!("Cannot read {}", path.display())),
+        };
+        let ignore = Ignore::parse(&text).with_context(|| format!("{}", path.display()))?;
+        return Ok(Some(Selection {
+            ignore,
+            always: vec![dockerfile.to_owned(), name],
+        }));
+    }
+    Ok(None)
 }
 
 /// `KEY=VALUE` words as the query's JSON object; a bare `KEY` takes the value of this

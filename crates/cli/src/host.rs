@@ -48,7 +48,7 @@ pub(crate) async fn import_image(
         .await
         .with_context(|| format!("Cannot read {}", path.display()))?;
     let events = if meta.is_dir() {
-        let (tarball, builder) = belljar_cli::cp::tar_stream(path.to_path_buf());
+        let (tarball, builder) = belljar_cli::cp::tar_stream(path.to_path_buf(), None);
         let events = client
             .import_image(belljar_client::streamed(tarball), tag)
             .await?;

@@ -9,7 +9,7 @@
 mod between;
 mod download;
 mod upload;
-pub use upload::tar_stream;
+pub use upload::{Selection, tar_stream};
 
 use std::path::{Path, PathBuf};
 

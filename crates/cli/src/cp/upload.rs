@@ -51,7 +51,7 @@ pub(super) async fn upload(
     } else if meta.is_dir() {
         client.mkdir(id, &target).await?;
         let pb = bar(progress, None, &name);
-        let (tarball, builder) = tar_stream(from.to_path_buf());
+        let (tarball, builder) = tar_stream(from.to_path_buf(), None);
         let counted = pb.clone();
         let total = Arc::new(AtomicU64::new(0));
         let total2 = total.clone();
@@ -78,11 +78,35 @@ pub(super) async fn upload(
     }
 }
 
+/// What a build context's tar leaves out: what its `.dockerignore` excludes, except the files
+/// the daemon must read (the Dockerfile and the ignore file, by their paths in the context).
+pub struct Selection {
+    pub ignore: belljar_api::dockerignore::Ignore,
+    pub always: Vec<String>,
+}
+
+impl Selection {
+    /// Whether the entry at `path` (relative, `/`-separated) goes in the tar: a directory
+    /// left out goes in all the same when something in it may be kept (the daemon removes
+    /// it if nothing is), and then it is looked into.
+    fn keeps(&self, path: &str, is_dir: bool) -> bool {
+        if self.always.iter().any(|a| a == path) || !self.ignore.excludes(path) {
+            return true;
+        }
+        let needed_inside = self.always.iter().any(|a| {
+            a.strip_prefix(path)
+                .is_some_and(|rest| rest.starts_with('/'))
+        });
+        is_dir && (needed_inside || self.ignore.may_keep_inside(path))
+    }
+}
+
 /// Streams a tar of the contents of `dir` (entries relative to it), built on a blocking
-/// thread while the upload reads it. A failure ends the stream with an error, so the upload
-/// fails rather than ending like a whole archive.
+/// thread while the upload reads it, with only what `selection` keeps. A failure ends the
+/// stream with an error, so the upload fails rather than ending like a whole archive.
 pub fn tar_stream(
     dir: PathBuf,
+    selection: Option<Selection>,
 ) -> (
     impl Stream<Item = std::io::Result<Bytes>> + Send + Sync + 'static,
     tokio::task::JoinHandle<std::io::Result<()>>,
@@ -92,7 +116,7 @@ pub fn tar_stream(
     let handle = tokio::task::spawn_blocking(move || {
         // The writer is dropped when `write_tar` returns, so the reader has seen all the
         // bytes before it looks for a failure.
-        let result = write_tar(&dir, SyncIoBridge::new(writer));
+        let result = write_tar(&dir, SyncIoBridge::new(writer), selection.as_ref());
         if let Err(e) = &result {
             let _ = failed_tx.send(std::io::Error::new(e.kind(), e.to_string()));
         }
@@ -110,11 +134,16 @@ pub fn tar_stream(
 /// ends the stream without the archive's end: the builder, dropped on an error, writes that
 /// end into the buffer, which is then dropped unsent, so the sandbox never takes a partial
 /// tree for a whole one.
-fn write_tar<W: Write>(dir: &Path, writer: W) -> std::io::Result<()> {
+fn write_tar<W: Write>(
+    dir: &Path,
+    writer: W,
+    selection: Option<&Selection>,
+) -> std::io::Result<()> {
     let mut out = std::io::BufWriter::with_capacity(CHUNK, writer);
     let mut builder = tar::Builder::new(&mut out);
     builder.follow_symlinks(false);
-    let built = append_children(&mut builder, dir, Path::new("")).and_then(|()| builder.finish());
+    let built = append_children(&mut builder, dir, Path::new(""), selection)
+        .and_then(|()| builder.finish());
     drop(builder);
     match built {
         Ok(()) => out.flush(),
@@ -132,6 +161,7 @@ fn append_children<W: Write>(
     builder: &mut tar::Builder<W>,
     dir: &Path,
     prefix: &Path,
+    selection: Option<&Selection>,
 ) -> std::io::Result<()> {
     use std::os::unix::ffi::OsStrExt;
     let mut entries: Vec<_> = std::fs::read_dir(dir)?.collect::<Result<_, _>>()?;
@@ -140,9 +170,15 @@ fn append_children<W: Write>(
         let name = prefix.join(entry.file_name());
         let path = entry.path();
         let ft = entry.file_type()?;
+        // A name that is not UTF-8 no pattern names; its parents were picked already.
+        if let (Some(sel), Some(text)) = (selection, name.to_str()) {
+            if !sel.keeps(text, ft.is_dir()) {
+                continue;
+            }
+        }
         if ft.is_dir() {
             builder.append_dir(&name, &path)?;
-            append_children(builder, &path, &name)?;
+            append_children(builder, &path, &name, selection)?;
         } else if ft.is_symlink() {
             let target = std::fs::read_link(&path)?;
             let mut header = tar::Header::new_gnu();
@@ -174,14 +210,14 @@ mod tests {
     fn a_tree_that_cannot_be_read_writes_no_end_of_archive() {
         let dir = tempfile::tempdir().unwrap();
         let mut tarball = Vec::new();
-        write_tar(&dir.path().join("gone"), &mut tarball).unwrap_err();
+        write_tar(&dir.path().join("gone"), &mut tarball, None).unwrap_err();
         assert!(tarball.is_empty(), "{} bytes written", tarball.len());
     }
 
     #[tokio::test]
     async fn a_failed_tar_ends_its_stream_with_the_error() {
         let dir = tempfile::tempdir().unwrap();
-        let (tarball, builder) = tar_stream(dir.path().join("gone"));
+        let (tarball, builder) = tar_stream(dir.path().join("gone"), None);
         let chunks: Vec<std::io::Result<Bytes>> = tarball.collect().await;
         assert!(matches!(chunks.as_slice(), [Err(e)] if e.kind() == std::io::ErrorKind::NotFound));
         builder.await.unwrap().unwrap_err();
@@ -192,7 +228,7 @@ mod tests {
         let src = tempfile::tempdir().unwrap();
         std::fs::create_dir(src.path().join("sub")).unwrap();
         std::fs::write(src.path().join("sub/big"), vec![7u8; CHUNK * 2 + 5]).unwrap();
-        let (tarball, builder) = tar_stream(src.path().to_path_buf());
+        let (tarball, builder) = tar_stream(src.path().to_path_buf(), None);
         let chunks: Vec<Bytes> = tarball.try_collect().await.unwrap();
         builder.await.unwrap().unwrap();
         assert!(chunks.len() > 1);
@@ -212,7 +248,7 @@ mod tests {
         std::fs::create_dir(src.path().join("d")).unwrap();
         std::os::unix::fs::symlink("../x", src.path().join("d/up")).unwrap();
         let mut tarball = Vec::new();
-        write_tar(src.path(), &mut tarball).unwrap();
+        write_tar(src.path(), &mut tarball, None).unwrap();
         let mut links = Vec::new();
         for entry in tar::Archive::new(&tarball[..]).entries().unwrap() {
             let entry = entry.unwrap();
@@ -239,7 +275,7 @@ mod tests {
         std::fs::write(src.path().join("sub dir/ünï/a b.bin"), [0u8, 255, 10, 13]).unwrap();
         std::fs::write(src.path().join("empty"), b"").unwrap();
         let mut tarball = Vec::new();
-        write_tar(src.path(), &mut tarball).unwrap();
+        write_tar(src.path(), &mut tarball, None).unwrap();
         let out = tempfile::tempdir().unwrap();
         tar::Archive::new(&tarball[..]).unpack(out.path()).unwrap();
         assert_eq!(
@@ -247,5 +283,54 @@ mod tests {
             [0u8, 255, 10, 13]
         );
         assert_eq!(std::fs::read(out.path().join("empty")).unwrap(), b"");
+    }
+
+    #[test]
+    fn a_context_leaves_out_what_its_ignore_file_excludes_but_what_the_daemon_reads() {
+        let src = tempfile::tempdir().unwrap();
+        for f in [
+            "docker/app.Dockerfile",
+            "docker/app.Dockerfile.dockerignore",
+            "docker/other",
+            "node_modules/dep/index.js",
+            "src/main.rs",
+            "vendor/keep.txt",
+            "vendor/drop.txt",
+        ] {
+            let p = src.path().join(f);
+            std::fs::create_dir_all(p.parent().unwrap()).unwrap();
+            std::fs::write(p, f).unwrap();
+        }
+        let ignore = belljar_api::dockerignore::Ignore::parse(
+            "docker\nnode_modules\nvendor\n!vendor/keep.txt\n",
+        )
+        .unwrap();
+        let selection = Selection {
+            ignore,
+            always: vec![
+                "docker/app.Dockerfile".into(),
+                "docker/app.Dockerfile.dockerignore".into(),
+            ],
+        };
+        let mut tarball = Vec::new();
+        write_tar(src.path(), &mut tarball, Some(&selection)).unwrap();
+        let mut names: Vec<String> = tar::Archive::new(&tarball[..])
+            .entries()
+            .unwrap()
+            .map(|e| e.unwrap().path().unwrap().display().to_string())
+            .collect();
+        names.sort();
+        assert_eq!(
+            names,
+            [
+                "docker",
+                "docker/app.Dockerfile",
+                "docker/app.Dockerfile.dockerignore",
+                "src",
+                "src/main.rs",
+                "vendor",
+                "vendor/keep.txt",
+            ]
+        );
     }
 }

@@ -9,6 +9,7 @@
 //! Only a complete build names an image: a failure leaves the unnamed steps it finished
 //! (cache for the next try) and nothing else; the sandboxes it made are always deleted.
 
+mod context;
 mod run;
 mod stage;
 
@@ -50,6 +51,9 @@ pub enum BuildError {
     /// An instruction that cannot be built as written.
     #[error("Dockerfile line {line}: {message}")]
     Invalid { line: usize, message: String },
+    /// The context's ignore file cannot be read as one.
+    #[error("{file}: {message}")]
+    Ignore { file: String, message: String },
     /// `FROM` (or `COPY --from`) names no image here and no stage.
     #[error("Image {0} is not here: pull, import or build it first")]
     NoImage(String),
@@ -67,7 +71,7 @@ impl BuildError {
             BuildError::Oci(e) => e.code().parse().unwrap_or(ErrorCode::Internal),
             BuildError::Image(e) => crate::http::error::image_code(e),
             BuildError::Sandbox(e) => crate::http::error::sandbox_parts(e).1,
-            BuildError::Invalid { .. } => ErrorCode::DockerfileInvalid,
+            BuildError::Invalid { .. } | BuildError::Ignore { .. } => ErrorCode::DockerfileInvalid,
             BuildError::NoImage(_) => ErrorCode::ImageNotFound,
             BuildError::Failed { .. } | BuildError::Cancelled => ErrorCode::BuildFailed,
         }
@@ -172,6 +176,18 @@ async fn build(
         line: e.line,
         message: e.message,
     })?;
+    // What the ignore file excludes goes before any step can see it.
+    let ignore = context::read_ignore(&root, &ctx_fd, &req.dockerfile)?;
+    {
+        let root = root.clone();
+        tokio::task::spawn_blocking(move || context::remove_ignored(&root, &ignore))
+            .await
+            .map_err(|e| belljar_oci::Error::Invalid(format!("context: {e}")))?
+            .map_err(|e| belljar_oci::Error::Io {
+                what: "Cannot apply the .dockerignore".into(),
+                source: e,
+            })?;
+    }
     let steps = u32::try_from(instructions.len()).map_err(|_| BuildError::Invalid {
         line: 1,
         message: "the Dockerfile has too many instructions".into(),
