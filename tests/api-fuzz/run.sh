@@ -10,7 +10,9 @@
 #
 # Excluded, because their answers never end by design: GET /v1/events and
 # GET .../files/watch (streams that stay open), GET .../terminal (a WebSocket), and
-# POST /v1/images/{name}/build (builds a guest image for minutes).
+# POST /v1/images/{name}/build (builds a guest image for minutes). And POST /v1/images/prune:
+# the image store is the user's cache, shared by every daemon of the user, and a prune would
+# remove its images (`tests/tests/e2e_build.rs` tests it).
 #
 # Needs: scripts/setup.sh run (schemathesis in $BELLJAR_CACHE/venv, the `base` image, built
 # binaries).
@@ -38,7 +40,7 @@ daemon_start "$target/debug/belljar" belljar-api-fuzz
 # over the same TCP port and token as the fuzzer, and replaces those the fuzzer ends.
 export BELLJAR_FUZZ_URL="http://127.0.0.1:$port" BELLJAR_FUZZ_TOKEN="$token"
 # The excluded operations, for schemathesis's arguments and for the hooks' coverage table.
-export BELLJAR_FUZZ_EXCLUDED="events file_watch terminal image_build"
+export BELLJAR_FUZZ_EXCLUDED="events file_watch terminal image_build images_prune"
 excluded=()
 for op in $BELLJAR_FUZZ_EXCLUDED; do excluded+=(--exclude-operation-id "$op"); done
 say "fuzzing for at most ${seconds}s"

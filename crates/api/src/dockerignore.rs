@@ -90,7 +90,7 @@ impl Ignore {
                 }
             }
             let cleaned = clean(p);
-            let tokens = tokens(cleaned.as_bytes()).map_err(|m| err(m))?;
+            let tokens = tokens(cleaned.as_bytes()).map_err(err)?;
             let literal_prefix = cleaned
                 .bytes()
                 .take_while(|b| !matches!(b, b'*' | b'?' | b'[' | b'\\'))

@@ -77,6 +77,47 @@ pub struct Image {
     pub command: Option<Vec<String>>,
 }
 
+/// The body of `POST /v1/images/prune`: which of the images nothing stands on (no sandbox,
+/// usable snapshot or template) go. Unnamed images (a name pulled, imported or built again
+/// moved to another image) always do; Belljar's own images never.
+#[derive(Debug, Clone, PartialEq, Eq, Default, Serialize, Deserialize, ToSchema, TS)]
+#[serde(deny_unknown_fields)]
+pub struct PruneImages {
+    /// Also every named image of yours that nothing stands on.
+    #[serde(default)]
+    #[ts(optional)]
+    pub all: Option<bool>,
+    /// Also the Dockerfile step cache (its steps' unnamed images).
+    #[serde(default)]
+    #[ts(optional)]
+    pub build_cache: Option<bool>,
+}
+
+impl Validate for PruneImages {
+    fn validate(&self) -> Result<(), Invalid> {
+        Ok(())
+    }
+}
+
+/// What `POST /v1/images/prune` removed.
+#[derive(Debug, Clone, PartialEq, Eq, Default, Serialize, Deserialize, ToSchema, TS)]
+pub struct PrunedImages {
+    /// The removed images' ids (`sha256:…`), with the names they had.
+    pub removed: Vec<PrunedImage>,
+    /// Bytes of file data they held.
+    pub reclaimed_bytes: u64,
+}
+
+/// One image `POST /v1/images/prune` removed.
+#[derive(Debug, Clone, PartialEq, Eq, Default, Serialize, Deserialize, ToSchema, TS)]
+pub struct PrunedImage {
+    pub id: String,
+    pub names: Vec<String>,
+    /// Whether it was a step of the Dockerfile step cache.
+    pub build_step: bool,
+    pub size_bytes: u64,
+}
+
 /// The body of `POST /v1/images/pull`.
 #[derive(Debug, Clone, PartialEq, Eq, Default, Serialize, Deserialize, ToSchema, TS)]
 #[serde(deny_unknown_fields)]

@@ -306,6 +306,12 @@ pub struct Sandbox {
     #[ts(optional)]
     pub status_reason: Option<String>,
     pub image: String,
+    /// The id (`sha256:…`) of the user's image the sandbox stands on, fixed at create: the
+    /// name, pulled, imported or built again, may come to name another image; the sandbox
+    /// keeps this one. Absent for Belljar's own images.
+    #[serde(default)]
+    #[ts(optional)]
+    pub image_id: Option<String>,
     pub backend: Backend,
     /// Why this backend was chosen, e.g. "KVM is software-based (PVM) here".
     pub backend_reason: String,
@@ -361,6 +367,7 @@ impl Sandbox {
             status: SandboxStatus::Pending,
             status_reason: None,
             image,
+            image_id: None,
             backend,
             backend_reason: String::new(),
             vcpus,

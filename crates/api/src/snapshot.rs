@@ -53,6 +53,11 @@ pub struct Snapshot {
     pub parent: Option<String>,
     /// The image below its layers.
     pub image: String,
+    /// The id (`sha256:…`) of that image when it is a user's: the one below the layers,
+    /// whatever the name has come to name since.
+    #[serde(default)]
+    #[ts(optional)]
+    pub image_id: Option<String>,
     /// Bytes of file content its own layer added (the layers below it are shared).
     pub size_bytes: u64,
     /// Layers a sandbox made from it stacks on the image, this snapshot's own included.

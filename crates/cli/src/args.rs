@@ -602,6 +602,16 @@ pub enum ImagesCmd {
         #[arg(required = true)]
         names: Vec<String>,
     },
+    /// Remove the images nothing stands on (no sandbox, snapshot or template): unnamed ones
+    /// (a name pulled, imported or built again moved off them), and as asked more.
+    Prune {
+        /// Also every named image of yours that nothing stands on.
+        #[arg(short, long)]
+        all: bool,
+        /// Also the Dockerfile step cache.
+        #[arg(long)]
+        build_cache: bool,
+    },
 }
 
 #[derive(Debug, Subcommand)]

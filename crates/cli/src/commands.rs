@@ -238,6 +238,30 @@ async fn dispatch(client: &Client, paths: &Paths, command: Cmd, json: bool) -> R
             }
             Ok(0)
         }
+        Cmd::Images {
+            action: Some(ImagesCmd::Prune { all, build_cache }),
+        } => {
+            let req = belljar_api::PruneImages {
+                all: all.then_some(true),
+                build_cache: build_cache.then_some(true),
+            };
+            let pruned = client.prune_images(&req).await?;
+            if json {
+                print_json(&pruned)?;
+                return Ok(0);
+            }
+            for r in &pruned.removed {
+                let shown = r.names.first().unwrap_or(&r.id);
+                let what = if r.build_step { " (build step)" } else { "" };
+                outln!("{shown}{what}")?;
+            }
+            outln!(
+                "{} images removed, {:.1} MiB reclaimed",
+                pruned.removed.len(),
+                pruned.reclaimed_bytes as f64 / 1048576.0
+            )?;
+            Ok(0)
+        }
         Cmd::Ui { no_open } => host::ui(client, paths, no_open).await,
         Cmd::Volumes { action } => volumes_cmd(client, action, json).await,
         Cmd::Templates { action } => crate::templates::templates(client, action, json).await,

@@ -172,6 +172,7 @@ mod tests {
             source_sandbox_id: "sbx_a".into(),
             parent: None,
             image: "base".into(),
+            image_id: None,
             size_bytes: 2048,
             depth: 1,
             created_at: 0,

@@ -2,7 +2,8 @@
 //! stream, the browser's sign-in token and the terminal WebSocket.
 
 use belljar_api::{
-    BuildQuery, DoctorReport, Event, Image, ImageBuildEvent, Info, PullImage, SessionToken,
+    BuildQuery, DoctorReport, Event, Image, ImageBuildEvent, Info, PruneImages, PrunedImages,
+    PullImage, SessionToken,
 };
 use http::Method;
 
@@ -109,6 +110,11 @@ impl Client {
             .request(Method::POST, &url, tar, Some("application/x-tar"))
             .await?;
         Ok(NdjsonStream::new(resp.into_body()))
+    }
+
+    /// `POST /v1/images/prune`: removes the images nothing stands on, as `req` says.
+    pub async fn prune_images(&self, req: &PruneImages) -> Result<PrunedImages, ClientError> {
+        self.call(Method::POST, routes::IMAGE_PRUNE, req).await
     }
 
     /// `DELETE /v1/images/{name}`: a pulled or imported image's name.

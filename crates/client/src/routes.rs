@@ -60,6 +60,8 @@ pub const IMAGE_PULL: &str = "/v1/images/pull";
 pub const IMAGE_BUILD: &str = "/v1/images/build";
 /// `/v1/images/import`.
 pub const IMAGE_IMPORT: &str = "/v1/images/import";
+/// `/v1/images/prune`.
+pub const IMAGE_PRUNE: &str = "/v1/images/prune";
 
 /// `/v1/images/{name}`.
 pub fn image(name: &str) -> String {

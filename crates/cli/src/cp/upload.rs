@@ -171,10 +171,10 @@ fn append_children<W: Write>(
         let path = entry.path();
         let ft = entry.file_type()?;
         // A name that is not UTF-8 no pattern names; its parents were picked already.
-        if let (Some(sel), Some(text)) = (selection, name.to_str()) {
-            if !sel.keeps(text, ft.is_dir()) {
-                continue;
-            }
+        if let (Some(sel), Some(text)) = (selection, name.to_str())
+            && !sel.keeps(text, ft.is_dir())
+        {
+            continue;
         }
         if ft.is_dir() {
             builder.append_dir(&name, &path)?;

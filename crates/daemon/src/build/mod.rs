@@ -112,7 +112,9 @@ pub fn start(
         tx: tx.clone(),
         tag: req.tag.clone(),
     };
+    let running = images.build_running();
     tokio::spawn(async move {
+        let _running = running;
         let result = build(&ctx, &context, &req).await;
         let _ = tokio::fs::remove_file(&context).await;
         let end = match result {

@@ -90,7 +90,7 @@ pub(crate) fn image_code(e: &ImageError) -> ErrorCode {
         ImageError::NeedsRoot { .. } => ErrorCode::Forbidden,
         ImageError::NoScript(_) | ImageError::NoStore(_) => ErrorCode::Internal,
         ImageError::NoStaticAgent(_) => ErrorCode::ImageNotAvailable,
-        ImageError::NotPulled(_) => ErrorCode::ImageNotAvailable,
+        ImageError::NotPulled(_) | ImageError::Gone { .. } => ErrorCode::ImageNotAvailable,
         ImageError::Oci(e) => e.code().parse().unwrap_or(ErrorCode::Internal),
     }
 }

@@ -5,7 +5,9 @@ use axum::body::Body;
 use axum::extract::State;
 use axum::http::StatusCode;
 use axum::response::Response;
-use belljar_api::{DoctorReport, Image, ImageBuildEvent, ImportQuery, Info, PullImage};
+use belljar_api::{
+    DoctorReport, Image, ImageBuildEvent, ImportQuery, Info, PruneImages, PrunedImages, PullImage,
+};
 use utoipa_axum::router::OpenApiRouter;
 use utoipa_axum::routes;
 
@@ -26,6 +28,7 @@ pub fn router() -> OpenApiRouter<AppState> {
         .routes(routes!(pull))
         .routes(routes!(import))
         .routes(routes!(remove))
+        .routes(routes!(prune))
 }
 
 /// The daemon, its backends and images.
@@ -118,6 +121,22 @@ async fn import(
     ));
     spool(body, &path, st.images.cap_bytes()).await?;
     Ok(ndjson(st.images.import(path, tags, true)?))
+}
+
+/// Remove the images nothing stands on: unnamed ones, and as asked every named one of the
+/// user's and the Dockerfile step cache.
+#[utoipa::path(post, path = "/v1/images/prune", operation_id = "images_prune", tag = "images",
+    request_body = PruneImages,
+    responses((status = 200, description = "What was removed", body = PrunedImages), Errors))]
+async fn prune(
+    State(st): State<AppState>,
+    ApiJson(req): ApiJson<PruneImages>,
+) -> Result<Json<PrunedImages>, ApiError> {
+    let images = st.images.clone();
+    let pruned = tokio::task::spawn_blocking(move || images.prune(&req))
+        .await
+        .map_err(|e| ApiError::Internal(format!("prune: {e}")))??;
+    Ok(Json(pruned))
 }
 
 /// Remove a pulled or imported image's name; the image goes with its last name.

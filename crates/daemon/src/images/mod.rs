@@ -52,6 +52,9 @@ pub enum ImageError {
     /// The build script is missing.
     #[error("Cannot find the image build script at {0}")]
     NoScript(PathBuf),
+    /// The image a sandbox or snapshot was made from is no longer in the store.
+    #[error("Image {id} (once named {name}) is no longer here")]
+    Gone { name: String, id: String },
     /// A reference to an image this daemon has not pulled or imported.
     #[error("Image {0} is not here; run `belljar images pull {0}` (or import it)")]
     NotPulled(String),
@@ -82,6 +85,8 @@ pub struct ResolvedImage {
     pub ext4: PathBuf,
     /// A user's image (from the OCI store), with how its commands run.
     pub oci: Option<Arc<RunDefaults>>,
+    /// A user's image's id (`sha256:…`), which a sandbox made from it keeps.
+    pub id: Option<String>,
 }
 
 #[derive(Debug, Deserialize)]
@@ -106,6 +111,17 @@ pub struct Images {
     registries: Arc<RegistrySettings>,
     /// Users' images' run defaults by image id: read once, they never change.
     defaults: Arc<Mutex<std::collections::HashMap<String, Arc<RunDefaults>>>>,
+    /// Dockerfile builds under way: their steps' images are not yet named or cached.
+    dockerfile_builds: Arc<std::sync::atomic::AtomicUsize>,
+}
+
+/// Counts a Dockerfile build as under way while it lives ([`Images::build_running`]).
+pub struct BuildRunning(Arc<std::sync::atomic::AtomicUsize>);
+
+impl Drop for BuildRunning {
+    fn drop(&mut self) {
+        self.0.fetch_sub(1, std::sync::atomic::Ordering::SeqCst);
+    }
 }
 
 /// Image names are recipe directory names: lowercase letters, digits, `.`, `-`.
@@ -135,6 +151,7 @@ impl Images {
             oci,
             registries: Arc::new(registries),
             defaults: Default::default(),
+            dockerfile_builds: Default::default(),
         }
     }
 
@@ -181,7 +198,26 @@ impl Images {
             rootfs,
             dir,
             oci: None,
+            id: None,
         })
+    }
+
+    /// The image a sandbox or snapshot stands on: by the id it was made with when it has one
+    /// (the name may name another image since), else by its name.
+    pub fn resolve_pinned(
+        &self,
+        name: &str,
+        id: Option<&str>,
+    ) -> Result<ResolvedImage, ImageError> {
+        let Some(id) = id else {
+            return self.resolve(name);
+        };
+        self.resolve_oci(id)?
+            .filter(|r| r.id.as_deref() == Some(id))
+            .ok_or_else(|| ImageError::Gone {
+                name: name.to_owned(),
+                id: id.to_owned(),
+            })
     }
 
     pub(super) fn recipe(&self, name: &str) -> PathBuf {

@@ -4,7 +4,7 @@
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
-use belljar_api::{Image, ImageBuildEvent, ImageStatus};
+use belljar_api::{Image, ImageBuildEvent, ImageStatus, PruneImages, PrunedImage, PrunedImages};
 use futures::Stream;
 use tokio::sync::mpsc;
 use tokio_stream::wrappers::ReceiverStream;
@@ -196,6 +196,7 @@ impl Images {
             rootfs: image.rootfs(),
             dir: image.dir.clone(),
             oci: Some(self.defaults_of(&image)?),
+            id: Some(image.id.to_string()),
         }))
     }
 
@@ -222,13 +223,17 @@ impl Images {
         Ok(d)
     }
 
-    /// How commands of a sandbox of image `name` run, when it is a user's image. Cached by
-    /// name (a pull, import or removal forgets the cache), since every command asks.
-    pub fn run_defaults(&self, name: &str) -> Option<Arc<RunDefaults>> {
-        if valid_name(name) && KNOWN.contains(&name) {
+    /// How commands of a sandbox of image `name` (made from the image `id`, when it has
+    /// one) run, when it is a user's image. Cached by id, or by name for a sandbox recorded
+    /// without one (a pull, import or removal forgets those), since every command asks.
+    pub fn run_defaults(&self, name: &str, id: Option<&str>) -> Option<Arc<RunDefaults>> {
+        if id.is_none() && valid_name(name) && KNOWN.contains(&name) {
             return None;
         }
-        let key = format!("name:{name}");
+        let key = match id {
+            Some(id) => id.to_owned(),
+            None => format!("name:{name}"),
+        };
         if let Some(d) = self
             .defaults
             .lock()
@@ -237,7 +242,7 @@ impl Images {
         {
             return Some(d.clone());
         }
-        let d = self.resolve(name).ok()?.oci?;
+        let d = self.resolve_pinned(name, id).ok()?.oci?;
         self.defaults
             .lock()
             .unwrap_or_else(|e| e.into_inner())
@@ -406,7 +411,12 @@ impl Images {
                 .images_in_use()
                 .map_err(|e| ImageError::InUse(format!("cannot read the sandboxes: {e}")))?
                 .into_iter()
-                .filter(|n| store.get(n).is_some_and(|i| i.id == image.id))
+                .filter(|(n, id)| match id {
+                    Some(id) => *id == image.id.to_string(),
+                    // Recorded before ids were: by what the name names now.
+                    None => store.get(n).is_some_and(|i| i.id == image.id),
+                })
+                .map(|(n, _)| n)
                 .collect();
             if !users.is_empty() {
                 return Err(ImageError::InUse(format!(
@@ -422,6 +432,62 @@ impl Images {
             Some(_) => Ok(()),
             None => Err(ImageError::NotPulled(name.to_owned())),
         }
+    }
+
+    /// Counts a Dockerfile build as under way until the guard is dropped.
+    pub fn build_running(&self) -> super::BuildRunning {
+        self.dockerfile_builds
+            .fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+        super::BuildRunning(self.dockerfile_builds.clone())
+    }
+
+    /// Removes the user's images nothing stands on (no sandbox, usable snapshot or
+    /// template): unnamed ones; with `all`, named ones too; with `build_cache`, the
+    /// Dockerfile step cache and its steps' images (refused while a build runs, whose steps
+    /// are not yet cached or named).
+    pub fn prune(&self, req: &PruneImages) -> Result<PrunedImages, ImageError> {
+        let store = self.oci()?;
+        let build_cache = req.build_cache.unwrap_or(false);
+        if build_cache
+            && self
+                .dockerfile_builds
+                .load(std::sync::atomic::Ordering::SeqCst)
+                > 0
+        {
+            return Err(ImageError::InUse(
+                "A Dockerfile build is running: prune the build cache when it has ended".into(),
+            ));
+        }
+        let in_use: std::collections::HashSet<String> = self
+            .store
+            .images_in_use()
+            .map_err(|e| ImageError::InUse(format!("cannot read the sandboxes: {e}")))?
+            .into_iter()
+            .filter_map(|(name, id)| id.or_else(|| store.get(&name).map(|i| i.id.to_string())))
+            .collect();
+        let mut out = PrunedImages::default();
+        for image in store.list() {
+            let id = image.id.to_string();
+            let named = !image.names.is_empty();
+            let step = !named && image.source == belljar_oci::build::BUILD_SOURCE;
+            if !prunable(named, step, req) || in_use.contains(&id) {
+                continue;
+            }
+            if store.remove(&id)?.is_some() {
+                out.reclaimed_bytes += image.size_bytes;
+                out.removed.push(PrunedImage {
+                    id,
+                    names: image.names.clone(),
+                    build_step: step,
+                    size_bytes: image.size_bytes,
+                });
+            }
+        }
+        if build_cache {
+            store.clear_build_cache()?;
+        }
+        self.names_changed();
+        Ok(out)
     }
 
     /// The auth files read for registry credentials: this daemon's own (`belljar login`),
@@ -452,6 +518,39 @@ impl Images {
                 .ok()
                 .map(|d| d.argv.clone())
                 .filter(|a| !a.is_empty()),
+        }
+    }
+}
+
+/// Whether a prune as `req` asks takes an image nothing stands on: an unnamed one always, a
+/// step of the build cache with `build_cache`, a named one with `all`.
+fn prunable(named: bool, build_step: bool, req: &PruneImages) -> bool {
+    if build_step {
+        req.build_cache.unwrap_or(false)
+    } else {
+        !named || req.all.unwrap_or(false)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_prune_takes_what_it_is_asked_for() {
+        let ask = |all, build_cache| PruneImages {
+            all: Some(all),
+            build_cache: Some(build_cache),
+        };
+        // (named, build step) → taken by a plain prune, --all, --build-cache.
+        for (named, step, plain, all, cache) in [
+            (false, false, true, true, true),
+            (true, false, false, true, false),
+            (false, true, false, false, true),
+        ] {
+            assert_eq!(prunable(named, step, &PruneImages::default()), plain);
+            assert_eq!(prunable(named, step, &ask(true, false)), all);
+            assert_eq!(prunable(named, step, &ask(false, true)), cache);
         }
     }
 }

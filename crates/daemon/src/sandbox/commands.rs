@@ -122,7 +122,10 @@ impl Sandboxes {
         };
         let cid = rec.command.id.clone();
         // A user's image: its Env under the sandbox's, its WorkingDir and User by default.
-        let image = self.inner.images.run_defaults(&sandbox.image);
+        let image = self
+            .inner
+            .images
+            .run_defaults(&sandbox.image, sandbox.image_id.as_deref());
         let mut env: std::collections::BTreeMap<String, String> = image
             .as_ref()
             .map(|d| d.env.iter().cloned().collect())

@@ -84,7 +84,12 @@ impl Sandboxes {
 
         // The warm pool's hook: a pooled sandbox (see `pool`) replaces the launch below.
         let claimed = self
-            .claim_pooled(req, &r.image_name, r.backend.kind(), r.resources)
+            .claim_pooled(
+                req,
+                (&r.image_name, r.image.id.as_deref()),
+                r.backend.kind(),
+                r.resources,
+            )
             .await;
         let id = claimed
             .as_ref()
@@ -118,6 +123,7 @@ impl Sandboxes {
                 deletes_at: req.hard_ttl_ms.map(|ttl| now.saturating_add(ttl)),
                 auto_resume: req.auto_resume.unwrap_or(true),
             },
+            image_id: r.image.id.clone(),
             ..Sandbox::pending(
                 id.clone(),
                 r.image_name.clone(),
@@ -219,17 +225,22 @@ impl Sandboxes {
             super::source::validate(source)?;
         }
         let snapshot_image = self.snapshot_image(req.source.as_ref())?;
-        if let (Some(theirs), Some(asked)) = (&snapshot_image, &req.image)
+        if let (Some((theirs, _)), Some(asked)) = (&snapshot_image, &req.image)
             && theirs != asked
         {
             return Err(SandboxError::BadRequest(format!(
                 "image: the snapshot is of image {theirs}, not {asked}"
             )));
         }
-        let image_name = snapshot_image
-            .or_else(|| req.image.clone())
-            .unwrap_or_else(|| s.default_image.clone());
-        let image = self.inner.images.resolve(&image_name)?;
+        // A snapshot's layers stand on the image it was taken on, whatever its name names now.
+        let (image_name, pinned) = snapshot_image.unwrap_or_else(|| {
+            let name = req.image.clone().unwrap_or_else(|| s.default_image.clone());
+            (name, None)
+        });
+        let image = self
+            .inner
+            .images
+            .resolve_pinned(&image_name, pinned.as_deref())?;
         let choice = req.backend.unwrap_or(BackendChoice::Auto);
         let volumes = req.volumes.clone().filter(|v| !v.is_empty());
         // Asked for by name, a microVM refuses mounts before its availability is looked at.

@@ -179,6 +179,7 @@ impl Sandboxes {
                     source_sandbox_id: s.id.clone(),
                     parent: Some(m.snapshot_id),
                     image: s.image.clone(),
+                    image_id: s.image_id.clone(),
                     size_bytes: layer.size_bytes,
                     depth: SnapshotRow::depth_of(&layers),
                     created_at: now,

@@ -112,7 +112,10 @@ impl Sandboxes {
                  starts again (make a new one from one of its snapshots instead)"
             )));
         }
-        let image = self.inner.images.resolve(&s.image)?;
+        let image = self
+            .inner
+            .images
+            .resolve_pinned(&s.image, s.image_id.as_deref())?;
         let agent = self.agent_binary(&image)?;
         {
             let _admission = self.inner.admission.lock().await;

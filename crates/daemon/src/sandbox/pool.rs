@@ -94,6 +94,8 @@ struct Ready {
     id: String,
     limits: LimitsReport,
     agent: AgentClient,
+    /// The id of the user's image it stands on: the class's name may name another since.
+    image_id: Option<String>,
 }
 
 /// The pool's in-memory state: ready sandboxes and launches under way, per class.
@@ -282,7 +284,7 @@ impl Sandboxes {
     pub(super) async fn claim_pooled(
         &self,
         req: &CreateSandbox,
-        image: &str,
+        (image, image_id): (&str, Option<&str>),
         backend: BackendKind,
         (vcpus, memory_mib, disk_mib): (u32, u64, u64),
     ) -> Option<Claimed> {
@@ -310,6 +312,12 @@ impl Sandboxes {
                 limits: ready.limits,
                 owner: Some(self.clone()),
             };
+            if ready.image_id.as_deref() != image_id {
+                // Made before its image's name moved to another image: not what is asked.
+                tracing::info!(sandbox = %ready.id, "a pooled sandbox of an image renamed since; discarded");
+                drop(claimed);
+                continue;
+            }
             // A pooled sandbox may have ended while it waited (OOM, a host kill).
             let healthy = tokio::time::timeout(CLAIM_HEALTH_TIMEOUT, ready.agent.health()).await;
             if matches!(healthy, Ok(Ok(_))) {
@@ -487,6 +495,7 @@ impl Sandboxes {
             (class.vcpus, class.memory_mib, class.disk_mib),
             now_ms(),
         );
+        sandbox.image_id = image.id.clone();
         let booted = async {
             let agent = self
                 .boot(&mut sandbox, image.dir.clone(), agent, Vec::new())
@@ -503,6 +512,7 @@ impl Sandboxes {
                 id,
                 limits: sandbox.limits,
                 agent,
+                image_id: image.id.clone(),
             }),
             Err(e) => {
                 self.discard(&id).await;

@@ -167,6 +167,12 @@ const MIGRATIONS: &[&str] = &[
         UNIQUE (environment, name)
     );
     "#,
+    // 10: the id of the user's image a sandbox or snapshot stands on, fixed when it was made
+    // (a name may come to name another image).
+    r#"
+    ALTER TABLE sandboxes ADD COLUMN image_id TEXT;
+    ALTER TABLE snapshots ADD COLUMN image_id TEXT;
+    "#,
 ];
 
 /// The schema version this daemon writes.

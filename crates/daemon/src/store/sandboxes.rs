@@ -7,7 +7,7 @@ use super::{Store, StoreError, enum_col, enum_to_sql, json_col};
 
 const COLUMNS: &str = "id, name, status, status_reason, image, backend, backend_reason, vcpus, \
     memory_mib, disk_mib, env, tags, source, created_at, started_at, stopped_at, timeout_ms, \
-    expires_at, limits, lifecycle, volumes";
+    expires_at, limits, lifecycle, volumes, image_id";
 
 /// One page of a listing and the cursor of the next one.
 #[derive(Debug, Clone, PartialEq)]
@@ -23,7 +23,7 @@ impl Store {
         // delete would cascade to the sandbox's commands.
         let sql = format!(
             "INSERT INTO sandboxes ({COLUMNS}) VALUES \
-             (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, ?11, ?12, ?13, ?14, ?15, ?16, ?17, ?18, ?19, ?20, ?21) \
+             (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, ?11, ?12, ?13, ?14, ?15, ?16, ?17, ?18, ?19, ?20, ?21, ?22) \
              ON CONFLICT (id) DO UPDATE SET {}",
             update_set(COLUMNS)
         );
@@ -52,6 +52,7 @@ impl Store {
                 serde_json::to_string(&s.limits)?,
                 serde_json::to_string(&s.lifecycle)?,
                 s.volumes.as_ref().map(serde_json::to_string).transpose()?,
+                s.image_id,
             ],
         )?;
         Ok(())
@@ -104,13 +105,14 @@ impl Store {
 
     /// The image names that sandboxes (in any state but gone), usable snapshots and
     /// templates stand on: their images must stay.
-    pub fn images_in_use(&self) -> Result<Vec<String>, StoreError> {
+    pub fn images_in_use(&self) -> Result<Vec<(String, Option<String>)>, StoreError> {
         let conn = self.conn();
         let mut stmt = conn.prepare(
-            "SELECT image FROM sandboxes UNION SELECT image FROM snapshots WHERE status = 'created' \
-             UNION SELECT image FROM templates",
+            "SELECT image, image_id FROM sandboxes \
+             UNION SELECT image, image_id FROM snapshots WHERE status = 'created' \
+             UNION SELECT image, NULL FROM templates",
         )?;
-        let rows = stmt.query_map([], |r| r.get::<_, String>(0))?;
+        let rows = stmt.query_map([], |r| Ok((r.get::<_, String>(0)?, r.get(1)?)))?;
         Ok(rows.collect::<Result<_, _>>()?)
     }
 
@@ -211,6 +213,7 @@ fn row_to_sandbox(r: &Row<'_>) -> rusqlite::Result<Sandbox> {
         status: enum_col(2, &r.get::<_, String>(2)?)?,
         status_reason: r.get(3)?,
         image: r.get(4)?,
+        image_id: r.get(21)?,
         backend: enum_col(5, &r.get::<_, String>(5)?)?,
         backend_reason: r.get(6)?,
         vcpus: r.get(7)?,
@@ -254,6 +257,7 @@ pub(crate) mod tests {
             status: SandboxStatus::Running,
             status_reason: None,
             image: "base".into(),
+            image_id: None,
             backend: Backend::Namespace,
             backend_reason: "test".into(),
             vcpus: 2,

@@ -15,7 +15,7 @@ use super::layers::{release, retain};
 use super::{Store, StoreError, enum_col, enum_to_sql, json_col};
 
 pub(super) const COLUMNS: &str = "id, status, status_reason, source_sandbox_id, parent_id, image, layers, \
-    size_bytes, created_at, expiration_ms, expires_at, frozen_ms, path";
+    size_bytes, created_at, expiration_ms, expires_at, frozen_ms, path, image_id";
 
 /// A snapshot with what the API does not show.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -54,6 +54,7 @@ impl SnapshotRow {
                 expires_at: None,
                 frozen_ms: None,
                 path: None,
+                image_id: None,
             },
             layers: layers.iter().map(|s| s.to_string()).collect(),
             expiration_ms: 0,
@@ -98,7 +99,7 @@ impl Store {
         tx.execute(
             &format!(
                 "INSERT INTO snapshots ({COLUMNS}) VALUES \
-                 (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, ?11, ?12, ?13)"
+                 (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, ?11, ?12, ?13, ?14)"
             ),
             params![
                 s.id,
@@ -114,6 +115,7 @@ impl Store {
                 s.expires_at,
                 s.frozen_ms.map(|f| f as i64),
                 s.path,
+                s.image_id,
             ],
         )?;
         if s.status == SnapshotStatus::Created {
@@ -416,6 +418,7 @@ fn empty_snapshot() -> Snapshot {
         expires_at: None,
         frozen_ms: None,
         path: None,
+        image_id: None,
     }
 }
 
@@ -435,6 +438,7 @@ pub(super) fn row_to_snapshot(r: &Row<'_>) -> rusqlite::Result<SnapshotRow> {
             expires_at: r.get(10)?,
             frozen_ms: r.get::<_, Option<i64>>(11)?.map(|f| f as u64),
             path: r.get(12)?,
+            image_id: r.get(13)?,
         },
         layers,
         expiration_ms: r.get(9)?,

@@ -88,7 +88,7 @@ mod tests {
             store
                 .images_in_use()
                 .unwrap()
-                .contains(&"python3.13".into())
+                .contains(&("python3.13".into(), None))
         );
         assert!(store.delete_template("py").unwrap());
         assert!(!store.delete_template("py").unwrap());

@@ -107,6 +107,16 @@ impl Store {
         (own(&step.files) || self.get(&step.files).is_some()).then_some(step)
     }
 
+    /// Forgets every cached step (their images are removed by the caller).
+    pub fn clear_build_cache(&self) -> Result<(), Error> {
+        match std::fs::remove_dir_all(self.root.join("build-cache")) {
+            Err(e) if e.kind() != io::ErrorKind::NotFound => {
+                Err(Error::io("Cannot remove the build cache")(e))
+            }
+            _ => Ok(()),
+        }
+    }
+
     /// Records the result of step `key`.
     pub fn cache_step(&self, key: &str, step: &CachedStep) -> Result<(), Error> {
         let path = self.cache_path(key);

@@ -140,7 +140,13 @@ id: string, name?: string, status: SandboxStatus,
 /**
  * Why the sandbox failed or stopped (`timeout`, `stopped by user`, an error message).
  */
-status_reason?: string, image: string, backend: Backend, 
+status_reason?: string, image: string, 
+/**
+ * The id (`sha256:…`) of the user's image the sandbox stands on, fixed at create: the
+ * name, pulled, imported or built again, may come to name another image; the sandbox
+ * keeps this one. Absent for Belljar's own images.
+ */
+image_id?: string, backend: Backend, 
 /**
  * Why this backend was chosen, e.g. "KVM is software-based (PVM) here".
  */
@@ -403,6 +409,11 @@ parent?: string,
  * The image below its layers.
  */
 image: string, 
+/**
+ * The id (`sha256:…`) of that image when it is a user's: the one below the layers,
+ * whatever the name has come to name since.
+ */
+image_id?: string, 
 /**
  * Bytes of file content its own layer added (the layers below it are shared).
  */
@@ -808,6 +819,32 @@ reference: string,
  * `--insecure-registry`).
  */
 insecure?: boolean, };
+
+export type PruneImages = { 
+/**
+ * Also every named image of yours that nothing stands on.
+ */
+all?: boolean, 
+/**
+ * Also the Dockerfile step cache (its steps' unnamed images).
+ */
+build_cache?: boolean, };
+
+export type PrunedImages = { 
+/**
+ * The removed images' ids (`sha256:…`), with the names they had.
+ */
+removed: Array<PrunedImage>, 
+/**
+ * Bytes of file data they held.
+ */
+reclaimed_bytes: number, };
+
+export type PrunedImage = { id: string, names: Array<string>, 
+/**
+ * Whether it was a step of the Dockerfile step cache.
+ */
+build_step: boolean, size_bytes: number, };
 
 export type ImportQuery = { 
 /**

@@ -23,7 +23,11 @@ impl Sandboxes {
         to: Option<&str>,
     ) -> Result<SnapshotDiff, SandboxError> {
         let a = self.usable_snapshot(id)?;
-        let image = self.inner.images.resolve(&a.snapshot.image)?.rootfs;
+        let image = self
+            .inner
+            .images
+            .resolve_pinned(&a.snapshot.image, a.snapshot.image_id.as_deref())?
+            .rootfs;
         let layers_dir = self.layers_dir();
         let stored = |chain: &[String]| -> Vec<Layer> {
             chain

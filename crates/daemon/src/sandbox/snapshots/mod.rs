@@ -175,6 +175,7 @@ impl Sandboxes {
                 source_sandbox_id: id.to_owned(),
                 parent: held.snapshot_id.clone(),
                 image: sandbox.image.clone(),
+                image_id: sandbox.image_id.clone(),
                 size_bytes: 0,
                 depth: 0,
                 created_at: now,
@@ -521,7 +522,12 @@ impl Sandboxes {
             .iter()
             .map(|d| self.layers_dir().join(d))
             .collect();
-        lowers.push(self.inner.images.resolve(&sandbox.image)?.rootfs);
+        lowers.push(
+            self.inner
+                .images
+                .resolve_pinned(&sandbox.image, sandbox.image_id.as_deref())?
+                .rootfs,
+        );
         if let Err(e) = self.hold_mounts(sandbox, mounts, &lowers) {
             // Nothing of the sandbox runs yet: its hold on its own chain goes with it.
             let freed = self.inner.store.release_sandbox_layers(&sandbox.id)?;
@@ -542,7 +548,7 @@ impl Sandboxes {
     pub(super) fn snapshot_image(
         &self,
         source: Option<&Source>,
-    ) -> Result<Option<String>, SandboxError> {
+    ) -> Result<Option<(String, Option<String>)>, SandboxError> {
         let Some(Source::Snapshot { snapshot_id }) = source else {
             return Ok(None);
         };
@@ -562,7 +568,7 @@ impl Sandboxes {
                 "source: snapshot {snapshot_id} is of a directory; mount it with `mounts`"
             )));
         }
-        Ok(Some(row.snapshot.image))
+        Ok(Some((row.snapshot.image, row.snapshot.image_id)))
     }
 
     /// Drops a deleted sandbox's hold on its layers, deleting those no one else holds.

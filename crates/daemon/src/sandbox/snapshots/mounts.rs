@@ -70,6 +70,7 @@ impl Sandboxes {
                 source_sandbox_id: sandbox.id.clone(),
                 parent: None,
                 image: sandbox.image.clone(),
+                image_id: sandbox.image_id.clone(),
                 size_bytes: captured.size_bytes,
                 depth: 1,
                 created_at: now,
