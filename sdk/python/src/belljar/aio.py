@@ -1,17 +1,19 @@
 """The asyncio client: ``AsyncSandbox`` mirrors ``belljar.Sandbox`` with coroutines
 (``await AsyncSandbox.create(...)``, ``async for line in p.stdout``), over httpx's
 ``AsyncClient``. Request bodies and answers are built and read by the same code as the sync
-client (``_common``)."""
+client (``_common``), and every request-answer operation is the same sans-IO generator
+(``_ops``) that this client awaits and the sync one drives blocking."""
 
 from __future__ import annotations
 
 import asyncio
 import json
 from pathlib import Path
-from typing import Any, AsyncIterator, Dict, List, Mapping, Optional, Sequence, Union
+from typing import Any, AsyncIterator, Dict, List, Mapping, Optional, Sequence, TypeVar, Union
 
 import httpx
 
+from . import _ops
 from ._common import (
     BelljarError,
     Endpoint,
@@ -29,6 +31,7 @@ from ._common import (
 )
 
 _TIMEOUT = httpx.Timeout(None, connect=10.0)
+T = TypeVar("T")
 
 
 class AsyncClient:
@@ -57,6 +60,25 @@ class AsyncClient:
             kw["json"] = body
         resp = await self.request(method, url, **kw)
         return resp.json() if resp.content else None
+
+    async def perform(self, call: _ops.Call) -> Any:
+        """One request of an operation (``_ops``): its answer, decoded unless raw."""
+        kw: Dict[str, Any] = {"params": call.params, "headers": call.headers}
+        if call.body is not None:
+            kw["json"] = call.body
+        if call.content is not None:
+            kw["content"] = call.content
+        try:
+            resp = await asyncio.wait_for(self.request(call.method, call.url, **kw), call.timeout)
+        except asyncio.TimeoutError as e:
+            raise BelljarError("timeout", f"{call.method} {call.url} took longer than {call.timeout}s") from e
+        if call.raw:
+            return resp.content
+        return resp.json() if resp.content else None
+
+    async def run(self, op: "_ops.Op[T]") -> T:
+        """Runs an operation of ``_ops`` to its result."""
+        return await _ops.adrive(op, self.perform)
 
     async def ndjson(self, url: str) -> AsyncIterator[Dict[str, Any]]:
         try:
@@ -119,7 +141,7 @@ class AsyncContainerProcess:
     def __init__(self, client: AsyncClient, command: Dict[str, Any]) -> None:
         self._client = client
         self._data = command
-        self._url = f"/v1/sandboxes/{seg(command['sandbox_id'])}/commands/{seg(command['id'])}"
+        self._url = _ops.command_url(command)
         self._queues: Dict[str, "asyncio.Queue[Optional[bytes]]"] = {}
         self._pump: Optional["asyncio.Task[None]"] = None
         self.stdout = AsyncStreamReader(self, "stdout")
@@ -135,27 +157,20 @@ class AsyncContainerProcess:
         return returncode_of(self._data)
 
     async def poll(self) -> Optional[int]:
-        self._data = await self._client.json("GET", self._url)
+        self._data = await self._client.run(_ops.command_get(self._url, wait=False))
         return self.returncode
 
     async def wait(self) -> int:
-        self._data = await self._client.json("GET", self._url + "?wait=true")
+        self._data = await self._client.run(_ops.command_get(self._url, wait=True))
         code = self.returncode
         assert code is not None
         return code
 
     async def kill(self, signal: str = "KILL") -> None:
-        self._data = await self._client.json("POST", self._url + "/kill", {"signal": signal})
+        self._data = await self._client.run(_ops.command_kill(self._url, signal))
 
     async def _stdin(self, data: bytes, close: bool) -> None:
-        headers = {"content-type": "application/octet-stream"} if data else {}
-        url = self._url + "/stdin" + ("?close=true" if close else "")
-        try:
-            await self._client.request("POST", url, content=data, headers=headers)
-        except BelljarError as e:
-            # 409: the command already exited (or its stdin is closed): nothing is left to close.
-            if not (close and not data and e.status == 409):
-                raise
+        await self._client.run(_ops.command_stdin(self._url, data, close))
 
     def _queue(self, stream: str) -> "asyncio.Queue[Optional[bytes]]":
         if self._pump is None:
@@ -182,18 +197,13 @@ class AsyncSandboxFilesystem:
         return f"/v1/sandboxes/{seg(self._sb.object_id)}/files{rest}"
 
     async def read_bytes(self, remote_path: str) -> bytes:
-        return (await self._sb._client.request("GET", self._url(), params={"path": remote_path})).content
+        return await self._sb._client.run(_ops.read_bytes(self._sb.object_id, remote_path))
 
     async def read_text(self, remote_path: str) -> str:
         return (await self.read_bytes(remote_path)).decode("utf-8")
 
     async def write_bytes(self, data: Union[bytes, bytearray, memoryview], remote_path: str, *, mode: Optional[int] = None) -> None:
-        params: Dict[str, str] = {"path": remote_path}
-        if mode is not None:
-            params["mode"] = format(mode, "o")
-        await self._sb._client.request(
-            "PUT", self._url(), params=params, content=bytes(data), headers={"content-type": "application/octet-stream"}
-        )
+        await self._sb._client.run(_ops.write_bytes(self._sb.object_id, bytes(data), remote_path, mode))
 
     async def write_text(self, data: str, remote_path: str) -> None:
         await self.write_bytes(data.encode("utf-8"), remote_path)
@@ -207,32 +217,21 @@ class AsyncSandboxFilesystem:
         local.write_bytes(await self.read_bytes(remote_path))
 
     async def stat(self, remote_path: str) -> FileEntry:
-        return FileEntry.of(await self._sb._client.json("GET", self._url("/stat"), params={"path": remote_path}))
+        return await self._sb._client.run(_ops.stat(self._sb.object_id, remote_path))
 
     async def list_files(self, remote_path: str) -> List[FileEntry]:
-        out: List[FileEntry] = []
-        cursor: Optional[str] = None
-        while True:
-            params = {"path": remote_path, **({"cursor": cursor} if cursor else {})}
-            page = await self._sb._client.json("GET", self._url("/list"), params=params)
-            out.extend(FileEntry.of(e) for e in page["entries"])
-            cursor = page.get("next_cursor")
-            if not cursor:
-                return out
+        return await self._sb._client.run(_ops.list_files(self._sb.object_id, remote_path))
 
     async def ls(self, path: str) -> List[str]:
         return [e.name for e in await self.list_files(path)]
 
     async def make_directory(self, remote_path: str, *, create_parents: bool = True) -> None:
-        if not create_parents:
-            await self.stat(str(Path(remote_path).parent))
-        await self._sb._client.json("POST", self._url("/mkdir"), {"path": remote_path})
+        await self._sb._client.run(_ops.make_directory(self._sb.object_id, remote_path, create_parents))
 
     mkdir = make_directory
 
     async def remove(self, remote_path: str, *, recursive: bool = False) -> None:
-        params = {"path": remote_path, **({"recursive": "true"} if recursive else {})}
-        await self._sb._client.request("DELETE", self._url(), params=params)
+        await self._sb._client.run(_ops.remove(self._sb.object_id, remote_path, recursive))
 
     rm = remove
 
@@ -279,31 +278,22 @@ class AsyncSandbox:
         )
         check_ports(encrypted_ports, h2_ports)
         c = client or AsyncClient()
-        sb = AsyncSandbox(c, await c.json("POST", "/v1/sandboxes", body))
-        for port in unencrypted_ports:
-            await c.json("POST", f"/v1/sandboxes/{seg(sb.object_id)}/ports", {"port": port})
-        return sb
+        return AsyncSandbox(c, await c.run(_ops.create(body, list(unencrypted_ports))))
 
     @staticmethod
     async def from_id(sandbox_id: str, client: Optional[AsyncClient] = None) -> "AsyncSandbox":
         c = client or AsyncClient()
-        return AsyncSandbox(c, await c.json("GET", f"/v1/sandboxes/{seg(sandbox_id)}"))
+        return AsyncSandbox(c, await c.run(_ops.get(sandbox_id)))
 
     @staticmethod
     async def list(*, tags: Optional[Mapping[str, str]] = None, client: Optional[AsyncClient] = None) -> AsyncIterator["AsyncSandbox"]:
         c = client or AsyncClient()
         want = dict(tags or {})
-        first = next(iter(want.items()), None)
         cursor: Optional[str] = None
         while True:
-            params: Dict[str, Any] = {"limit": 200}
-            if first:
-                params["tag"] = f"{first[0]}={first[1]}"
-            if cursor:
-                params["cursor"] = cursor
-            page = await c.json("GET", "/v1/sandboxes", params=params)
+            page = await c.run(_ops.list_page(want, cursor))
             for s in page["sandboxes"]:
-                if all(s["tags"].get(k) == v for k, v in want.items()):
+                if _ops.matches(s, want):
                     yield AsyncSandbox(c, s)
             cursor = page.get("next_cursor")
             if not cursor:
@@ -318,63 +308,50 @@ class AsyncSandbox:
         sudo: bool = False,
     ) -> AsyncContainerProcess:
         body = exec_body(args, workdir, env, pty, sudo)
-        data = await self._client.json("POST", f"/v1/sandboxes/{seg(self.object_id)}/commands", body)
+        data = await self._client.run(_ops.exec_command(self.object_id, body))
         return AsyncContainerProcess(self._client, data)
 
     async def get_tags(self) -> Dict[str, str]:
-        self._data = await self._client.json("GET", f"/v1/sandboxes/{seg(self.object_id)}")
+        self._data = await self._client.run(_ops.get(self.object_id))
         return dict(self._data["tags"])
 
     async def set_tags(self, tags: Mapping[str, str]) -> None:
-        self._data = await self._client.json("PATCH", f"/v1/sandboxes/{seg(self.object_id)}", {"tags": dict(tags)})
+        self._data = await self._client.run(_ops.update(self.object_id, {"tags": dict(tags)}))
 
     async def snapshot_filesystem(self, timeout: int = 55) -> SnapshotImage:
-        url = f"/v1/sandboxes/{seg(self.object_id)}/snapshots"
-        try:
-            snap = await asyncio.wait_for(self._client.json("POST", url, {"keep_running": True}), timeout)
-        except asyncio.TimeoutError as e:
-            raise BelljarError("timeout", f"The snapshot took longer than {timeout}s") from e
-        return SnapshotImage(snap["id"], snap["source_sandbox_id"], snap["size_bytes"])
+        return await self._client.run(_ops.snapshot_filesystem(self.object_id, float(timeout)))
 
     async def snapshot_directory(self, path: str) -> SnapshotImage:
         """Snapshots one directory (the sandbox keeps running), as Modal's
         ``snapshot_directory``."""
-        url = f"/v1/sandboxes/{seg(self.object_id)}/snapshots"
-        snap = await self._client.json("POST", url, {"path": path})
-        return SnapshotImage(snap["id"], snap["source_sandbox_id"], snap["size_bytes"])
+        return await self._client.run(_ops.snapshot_directory(self.object_id, path))
 
     async def mount_image(self, path: str, image: Union[SnapshotImage, str]) -> None:
         """Mounts a directory snapshot at ``path`` of this running sandbox (Modal's
         ``mount_image``)."""
         snapshot_id = image if isinstance(image, str) else image.object_id
-        url = f"/v1/sandboxes/{seg(self.object_id)}/mounts"
-        await self._client.json("POST", url, {"snapshot_id": snapshot_id, "path": path})
+        await self._client.run(_ops.mount_image(self.object_id, path, snapshot_id))
 
     async def unmount_image(self, path: str) -> None:
         """Unmounts the snapshot mounted at exactly ``path`` (Modal's ``unmount_image``)."""
-        url = f"/v1/sandboxes/{seg(self.object_id)}/mounts"
-        await self._client.json("DELETE", url, params={"path": path})
+        await self._client.run(_ops.unmount_image(self.object_id, path))
 
     async def tunnels(self, timeout: int = 50) -> Dict[int, Tunnel]:
         """The exposed ports (``unencrypted_ports``), by the sandbox's port."""
-        ports = await self._client.json("GET", f"/v1/sandboxes/{seg(self.object_id)}/ports")
-        return {p["port"]: Tunnel("127.0.0.1", p["host_port"], p["url"]) for p in ports["ports"]}
+        return await self._client.run(_ops.tunnels(self.object_id))
 
     async def network_policy(self) -> Any:
         """The firewall: ``"allow-all"``, ``"deny-all"`` or rules (brokered values redacted)."""
-        return (await self._client.json("GET", f"/v1/sandboxes/{seg(self.object_id)}/network"))["policy"]
+        return await self._client.run(_ops.network_policy(self.object_id))
 
     async def set_network_policy(self, policy: Any) -> None:
         """Replaces the firewall while the sandbox runs."""
-        url = f"/v1/sandboxes/{seg(self.object_id)}"
-        self._data = await self._client.json("PATCH", url, {"network_policy": policy})
+        self._data = await self._client.run(_ops.update(self.object_id, {"network_policy": policy}))
 
     async def terminate(self) -> None:
-        try:
-            self._data = await self._client.json("POST", f"/v1/sandboxes/{seg(self.object_id)}/stop")
-        except BelljarError as e:
-            if e.code != "sandbox_not_running":
-                raise
+        stopped = await self._client.run(_ops.terminate(self.object_id))
+        if stopped is not None:
+            self._data = stopped
 
     async def delete(self) -> None:
-        await self._client.request("DELETE", f"/v1/sandboxes/{seg(self.object_id)}")
+        await self._client.run(_ops.delete(self.object_id))

@@ -11,10 +11,11 @@ import queue
 import shutil
 import threading
 from pathlib import Path
-from typing import Any, Dict, Iterator, List, Mapping, Optional, Sequence, Union
+from typing import Any, Dict, Iterator, List, Mapping, Optional, Sequence, TypeVar, Union
 
 import httpx
 
+from . import _ops
 from ._common import (
     BelljarError,
     Endpoint,
@@ -32,6 +33,7 @@ from ._common import (
 )
 
 _TIMEOUT = httpx.Timeout(None, connect=10.0)
+T = TypeVar("T")
 
 
 class Client:
@@ -58,6 +60,27 @@ class Client:
     def json(self, method: str, url: str, body: Any = None, **kw: Any) -> Any:
         resp = self.request(method, url, json=body, **kw) if body is not None else self.request(method, url, **kw)
         return resp.json() if resp.content else None
+
+    def perform(self, call: _ops.Call) -> Any:
+        """One request of an operation (``_ops``): its answer, decoded unless raw."""
+        kw: Dict[str, Any] = {"params": call.params, "headers": call.headers}
+        if call.body is not None:
+            kw["json"] = call.body
+        if call.content is not None:
+            kw["content"] = call.content
+        if call.timeout is not None:
+            kw["timeout"] = call.timeout
+        try:
+            resp = self.request(call.method, call.url, **kw)
+        except httpx.TimeoutException as e:
+            raise BelljarError("timeout", f"{call.method} {call.url} took longer than {call.timeout}s") from e
+        if call.raw:
+            return resp.content
+        return resp.json() if resp.content else None
+
+    def run(self, op: "_ops.Op[T]") -> T:
+        """Runs an operation of ``_ops`` to its result."""
+        return _ops.drive(op, self.perform)
 
     def ndjson(self, url: str) -> Iterator[Dict[str, Any]]:
         try:
@@ -101,21 +124,7 @@ class Volume:
         client: Optional[Client] = None,
     ) -> "Volume":
         """The volume ``name``; with ``create_if_missing``, made (capped at ``size_mib``) if absent."""
-        c = _client(client)
-        try:
-            data = c.json("GET", f"/v1/volumes/{seg(name)}")
-        except BelljarError as e:
-            if e.code != "volume_not_found" or not create_if_missing:
-                raise
-            body: Dict[str, Any] = {"name": name}
-            if size_mib is not None:
-                body["size_mib"] = size_mib
-            try:
-                data = c.json("POST", "/v1/volumes", body)
-            except BelljarError as race:
-                if race.code != "conflict":
-                    raise
-                data = c.json("GET", f"/v1/volumes/{seg(name)}")
+        data = _client(client).run(_ops.volume_from_name(name, create_if_missing, size_mib))
         return Volume(str(data["name"]), size_mib=data.get("size_mib"))
 
     def read_only(self) -> "Volume":
@@ -125,7 +134,7 @@ class Volume:
     @staticmethod
     def delete(name: str, *, client: Optional[Client] = None) -> None:
         """Deletes the volume and its files (``volume_in_use`` while a sandbox mounts it)."""
-        _client(client).request("DELETE", f"/v1/volumes/{seg(name)}")
+        _client(client).run(_ops.volume_delete(name))
 
 
 class StreamReader:
@@ -174,7 +183,7 @@ class ContainerProcess:
     def __init__(self, client: Client, command: Dict[str, Any]) -> None:
         self._client = client
         self._data = command
-        self._url = f"/v1/sandboxes/{seg(command['sandbox_id'])}/commands/{seg(command['id'])}"
+        self._url = _ops.command_url(command)
         self._queues: Dict[str, "queue.Queue[Optional[bytes]]"] = {"stdout": queue.Queue(), "stderr": queue.Queue()}
         self._pump: Optional[threading.Thread] = None
         self._lock = threading.Lock()
@@ -192,27 +201,21 @@ class ContainerProcess:
 
     def poll(self) -> Optional[int]:
         """The exit code if the command ended, else ``None``."""
-        self._data = self._client.json("GET", self._url)
+        self._data = self._client.run(_ops.command_get(self._url, wait=False))
         return self.returncode
 
     def wait(self) -> int:
         """Waits until the command ends; its exit code (``-signal`` when killed)."""
-        self._data = self._client.json("GET", self._url + "?wait=true")
+        self._data = self._client.run(_ops.command_get(self._url, wait=True))
         code = self.returncode
         assert code is not None
         return code
 
     def kill(self, signal: str = "KILL") -> None:
-        self._data = self._client.json("POST", self._url + "/kill", {"signal": signal})
+        self._data = self._client.run(_ops.command_kill(self._url, signal))
 
     def _stdin(self, data: bytes, close: bool) -> None:
-        headers = {"content-type": "application/octet-stream"} if data else {}
-        try:
-            self._client.request("POST", self._url + "/stdin" + ("?close=true" if close else ""), content=data, headers=headers)
-        except BelljarError as e:
-            # 409: the command already exited (or its stdin is closed): nothing is left to close.
-            if not (close and not data and e.status == 409):
-                raise
+        self._client.run(_ops.command_stdin(self._url, data, close))
 
     def _chunks(self, stream: str) -> Iterator[bytes]:
         with self._lock:
@@ -245,19 +248,13 @@ class SandboxFilesystem:
         return f"/v1/sandboxes/{seg(self._sb.object_id)}/files{rest}"
 
     def read_bytes(self, remote_path: str) -> bytes:
-        return self._sb._client.request("GET", self._url(), params={"path": remote_path}).content
+        return self._sb._client.run(_ops.read_bytes(self._sb.object_id, remote_path))
 
     def read_text(self, remote_path: str) -> str:
         return self.read_bytes(remote_path).decode("utf-8")
 
     def write_bytes(self, data: Union[bytes, bytearray, memoryview], remote_path: str, *, mode: Optional[int] = None) -> None:
-        params: Dict[str, str] = {"path": remote_path}
-        if mode is not None:
-            params["mode"] = format(mode, "o")
-        self._sb._client.request(
-            "PUT", self._url(), params=params, content=bytes(data),
-            headers={"content-type": "application/octet-stream"},
-        )
+        self._sb._client.run(_ops.write_bytes(self._sb.object_id, bytes(data), remote_path, mode))
 
     def write_text(self, data: str, remote_path: str) -> None:
         self.write_bytes(data.encode("utf-8"), remote_path)
@@ -285,32 +282,21 @@ class SandboxFilesystem:
             tmp.unlink(missing_ok=True)
 
     def stat(self, remote_path: str) -> FileEntry:
-        return FileEntry.of(self._sb._client.json("GET", self._url("/stat"), params={"path": remote_path}))
+        return self._sb._client.run(_ops.stat(self._sb.object_id, remote_path))
 
     def list_files(self, remote_path: str) -> List[FileEntry]:
-        out: List[FileEntry] = []
-        cursor: Optional[str] = None
-        while True:
-            params = {"path": remote_path, **({"cursor": cursor} if cursor else {})}
-            page = self._sb._client.json("GET", self._url("/list"), params=params)
-            out.extend(FileEntry.of(e) for e in page["entries"])
-            cursor = page.get("next_cursor")
-            if not cursor:
-                return out
+        return self._sb._client.run(_ops.list_files(self._sb.object_id, remote_path))
 
     def ls(self, path: str) -> List[str]:
         return [e.name for e in self.list_files(path)]
 
     def make_directory(self, remote_path: str, *, create_parents: bool = True) -> None:
-        if not create_parents:
-            self.stat(str(Path(remote_path).parent))
-        self._sb._client.json("POST", f"/v1/sandboxes/{seg(self._sb.object_id)}/files/mkdir", {"path": remote_path})
+        self._sb._client.run(_ops.make_directory(self._sb.object_id, remote_path, create_parents))
 
     mkdir = make_directory
 
     def remove(self, remote_path: str, *, recursive: bool = False) -> None:
-        params = {"path": remote_path, **({"recursive": "true"} if recursive else {})}
-        self._sb._client.request("DELETE", self._url(), params=params)
+        self._sb._client.run(_ops.remove(self._sb.object_id, remote_path, recursive))
 
     rm = remove
 
@@ -358,32 +344,23 @@ class Sandbox:
         )
         check_ports(encrypted_ports, h2_ports)
         c = _client(client)
-        sb = Sandbox(c, c.json("POST", "/v1/sandboxes", body))
-        for port in unencrypted_ports:
-            c.json("POST", f"/v1/sandboxes/{seg(sb.object_id)}/ports", {"port": port})
-        return sb
+        return Sandbox(c, c.run(_ops.create(body, list(unencrypted_ports))))
 
     @staticmethod
     def from_id(sandbox_id: str, client: Optional[Client] = None) -> "Sandbox":
         c = _client(client)
-        return Sandbox(c, c.json("GET", f"/v1/sandboxes/{seg(sandbox_id)}"))
+        return Sandbox(c, c.run(_ops.get(sandbox_id)))
 
     @staticmethod
     def list(*, tags: Optional[Mapping[str, str]] = None, client: Optional[Client] = None) -> Iterator["Sandbox"]:
         """Sandboxes carrying at least ``tags``, newest first."""
         c = _client(client)
         want = dict(tags or {})
-        first = next(iter(want.items()), None)
         cursor: Optional[str] = None
         while True:
-            params: Dict[str, Any] = {"limit": 200}
-            if first:
-                params["tag"] = f"{first[0]}={first[1]}"
-            if cursor:
-                params["cursor"] = cursor
-            page = c.json("GET", "/v1/sandboxes", params=params)
+            page = c.run(_ops.list_page(want, cursor))
             for s in page["sandboxes"]:
-                if all(s["tags"].get(k) == v for k, v in want.items()):
+                if _ops.matches(s, want):
                     yield Sandbox(c, s)
             cursor = page.get("next_cursor")
             if not cursor:
@@ -399,71 +376,58 @@ class Sandbox:
     ) -> ContainerProcess:
         """Starts a command; its output streams while it runs."""
         body = exec_body(args, workdir, env, pty, sudo)
-        return ContainerProcess(self._client, self._client.json("POST", f"/v1/sandboxes/{seg(self.object_id)}/commands", body))
+        return ContainerProcess(self._client, self._client.run(_ops.exec_command(self.object_id, body)))
 
     def get_tags(self) -> Dict[str, str]:
-        self._data = self._client.json("GET", f"/v1/sandboxes/{seg(self.object_id)}")
+        self._data = self._client.run(_ops.get(self.object_id))
         return dict(self._data["tags"])
 
     def set_tags(self, tags: Mapping[str, str]) -> None:
-        self._data = self._client.json("PATCH", f"/v1/sandboxes/{seg(self.object_id)}", {"tags": dict(tags)})
+        self._data = self._client.run(_ops.update(self.object_id, {"tags": dict(tags)}))
 
     def snapshot_filesystem(self, timeout: int = 55) -> SnapshotImage:
         """Snapshots the files (the sandbox keeps running); start new sandboxes from it with
         ``Sandbox.create(image=snapshot)``."""
-        url = f"/v1/sandboxes/{seg(self.object_id)}/snapshots"
-        try:
-            snap = self._client.json("POST", url, {"keep_running": True}, timeout=float(timeout))
-        except httpx.TimeoutException as e:
-            raise BelljarError("timeout", f"The snapshot took longer than {timeout}s") from e
-        return SnapshotImage(snap["id"], snap["source_sandbox_id"], snap["size_bytes"])
+        return self._client.run(_ops.snapshot_filesystem(self.object_id, float(timeout)))
 
     def snapshot_directory(self, path: str) -> SnapshotImage:
         """Snapshots one directory (the sandbox keeps running), as Modal's
         ``snapshot_directory``; mount it with ``mount_image`` or the API's ``mounts``."""
-        url = f"/v1/sandboxes/{seg(self.object_id)}/snapshots"
-        snap = self._client.json("POST", url, {"path": path})
-        return SnapshotImage(snap["id"], snap["source_sandbox_id"], snap["size_bytes"])
+        return self._client.run(_ops.snapshot_directory(self.object_id, path))
 
     def mount_image(self, path: str, image: Union[SnapshotImage, str]) -> None:
         """Mounts a directory snapshot at ``path`` of this running sandbox, copy-on-write
         (Modal's ``mount_image``): a missing path is made, an existing one hidden."""
         snapshot_id = image if isinstance(image, str) else image.object_id
-        url = f"/v1/sandboxes/{seg(self.object_id)}/mounts"
-        self._client.json("POST", url, {"snapshot_id": snapshot_id, "path": path})
+        self._client.run(_ops.mount_image(self.object_id, path, snapshot_id))
 
     def unmount_image(self, path: str) -> None:
         """Unmounts the snapshot mounted at exactly ``path`` (Modal's ``unmount_image``);
         what was there shows again and the writes under the mount are discarded."""
-        url = f"/v1/sandboxes/{seg(self.object_id)}/mounts"
-        self._client.json("DELETE", url, params={"path": path})
+        self._client.run(_ops.unmount_image(self.object_id, path))
 
     def poll(self) -> Optional[str]:
         """``None`` while the sandbox runs, else its final status."""
-        self._data = self._client.json("GET", f"/v1/sandboxes/{seg(self.object_id)}")
+        self._data = self._client.run(_ops.get(self.object_id))
         return None if self.status in ("pending", "running", "paused") else self.status
 
     def tunnels(self, timeout: int = 50) -> Dict[int, Tunnel]:
         """The exposed ports (``unencrypted_ports``), by the sandbox's port."""
-        ports = self._client.json("GET", f"/v1/sandboxes/{seg(self.object_id)}/ports")
-        return {p["port"]: Tunnel("127.0.0.1", p["host_port"], p["url"]) for p in ports["ports"]}
+        return self._client.run(_ops.tunnels(self.object_id))
 
     def network_policy(self) -> Any:
         """The firewall: ``"allow-all"``, ``"deny-all"`` or rules (brokered values redacted)."""
-        return (self._client.json("GET", f"/v1/sandboxes/{seg(self.object_id)}/network"))["policy"]
+        return self._client.run(_ops.network_policy(self.object_id))
 
     def set_network_policy(self, policy: Any) -> None:
         """Replaces the firewall while the sandbox runs."""
-        url = f"/v1/sandboxes/{seg(self.object_id)}"
-        self._data = self._client.json("PATCH", url, {"network_policy": policy})
+        self._data = self._client.run(_ops.update(self.object_id, {"network_policy": policy}))
 
     def terminate(self) -> None:
         """Stops the sandbox; a no-op when it already ended."""
-        try:
-            self._data = self._client.json("POST", f"/v1/sandboxes/{seg(self.object_id)}/stop")
-        except BelljarError as e:
-            if e.code != "sandbox_not_running":
-                raise
+        stopped = self._client.run(_ops.terminate(self.object_id))
+        if stopped is not None:
+            self._data = stopped
 
     def delete(self) -> None:
-        self._client.request("DELETE", f"/v1/sandboxes/{seg(self.object_id)}")
+        self._client.run(_ops.delete(self.object_id))
