@@ -52,6 +52,18 @@ RUN id -u > files/whoami && echo "as $(id -un)"
 CMD ["/bin/sh", "-c", "echo $GREETING from $(pwd) as $(id -u); cat /opt/artifact"]
 "#;
 
+/// A scratch directory and a daemon with the base image `name` imported.
+fn with_base(name: &str) -> (tempfile::TempDir, Daemon) {
+    belljar_e2e::require_image("base");
+    let work = tempfile::Builder::new()
+        .prefix("belljar-build-")
+        .tempdir()
+        .unwrap();
+    let daemon = Daemon::start();
+    make_base(work.path(), &daemon, name);
+    (work, daemon)
+}
+
 /// Builds `dir` with the CLI (`--json`): its events and whether it succeeded.
 fn build(daemon: &Daemon, dir: &Path, tag: &str, extra: &[&str]) -> (bool, Vec<ImageBuildEvent>) {
     let mut args = vec!["--json", "images", "build", "-t", tag];
@@ -94,13 +106,7 @@ fn write(dir: &Path, name: &str, text: &str) {
 
 #[test]
 fn builds_a_multi_stage_dockerfile_caches_steps_and_refuses_bad_builds() {
-    belljar_e2e::require_image("base");
-    let work = tempfile::Builder::new()
-        .prefix("belljar-build-")
-        .tempdir()
-        .unwrap();
-    let daemon = Daemon::start();
-    make_base(work.path(), &daemon, BASE);
+    let (work, daemon) = with_base(BASE);
     let ctx = work.path().join("ctx");
     write(&ctx, "Dockerfile", DOCKERFILE);
     write(&ctx, "files/a.txt", "content\n");
@@ -330,13 +336,7 @@ const IGNORE_BASE: &str = "localhost/e2e-ignore/base:1";
 
 #[test]
 fn a_dockerignore_leaves_files_out_of_the_context_from_the_cli_and_the_api() {
-    belljar_e2e::require_image("base");
-    let work = tempfile::Builder::new()
-        .prefix("belljar-build-")
-        .tempdir()
-        .unwrap();
-    let daemon = Daemon::start();
-    make_base(work.path(), &daemon, IGNORE_BASE);
+    let (work, daemon) = with_base(IGNORE_BASE);
     let ctx = work.path().join("ctx");
     write(
         &ctx,
@@ -440,14 +440,8 @@ fn sandbox(daemon: &Daemon, id: &str) -> belljar_api::Sandbox {
 
 #[test]
 fn a_sandbox_keeps_its_image_when_the_name_moves_and_prune_keeps_what_is_used() {
-    belljar_e2e::require_image("base");
-    let work = tempfile::Builder::new()
-        .prefix("belljar-build-")
-        .tempdir()
-        .unwrap();
-    let daemon = Daemon::start();
     let name = "localhost/e2e-pin/base:1";
-    make_base(work.path(), &daemon, name);
+    let (work, daemon) = with_base(name);
     let first = image_id(&daemon, name);
     let out = daemon.cli(["create", "--persistent", "--image", name]);
     assert!(out.status.success(), "{}", stderr(&out));
