@@ -276,12 +276,19 @@ fn a_dns_flood_is_refused_past_the_rate_while_another_sandbox_is_answered() {
         "the burst, then one a second: {answered} answered in {secs} s"
     );
     assert_eq!(flooding.net.dns_refused_for_rate(), refused);
-    assert_eq!(
-        dns(&mut flooding, 100, "api.example.test").0,
-        ResponseCode::Refused,
-        "still past the rate"
+    // One more: refused, unless a second has refilled a token since the last answer (on a
+    // loaded machine the flood itself takes seconds); either way, within the rate.
+    match dns(&mut flooding, 100, "api.example.test").0 {
+        ResponseCode::NoError => answered += 1,
+        ResponseCode::Refused => refused += 1,
+        other => panic!("unexpected answer {other:?}"),
+    }
+    let secs = start.elapsed().as_secs();
+    assert!(
+        answered <= 21 + secs,
+        "still held to the rate: {answered} answered in {secs} s"
     );
-    refused += 1;
+    assert_eq!(flooding.net.dns_refused_for_rate(), refused);
     for id in 0..30 {
         assert_eq!(
             dns(&mut other, id, "api.example.test"),
