@@ -1,4 +1,5 @@
-// Typed calls of the daemon's API (crates/api/src/routes.rs), all through the one client.
+// Typed calls of the daemon's API (crates/api/src/routes.rs), all through the one client, on
+// routes built by the TypeScript SDK's own builders (sdk/typescript/src/routes.ts).
 
 import type {
   Command,
@@ -20,6 +21,7 @@ import type {
   SnapshotDiff,
   SnapshotList,
 } from "../generated/api";
+import { path, query } from "../../../sdk/typescript/src/routes";
 import { ApiError, check, client } from "./client";
 
 async function json<T>(path: string, init?: RequestInit): Promise<T> {
@@ -35,20 +37,20 @@ function body(method: string, value: unknown): RequestInit {
   return { method, headers: { "Content-Type": "application/json" }, body: JSON.stringify(value) };
 }
 
-const sbx = (id: string) => `/v1/sandboxes/${encodeURIComponent(id)}`;
-const q = (params: Record<string, string | number | boolean>) =>
-  new URLSearchParams(Object.entries(params).map(([k, v]) => [k, String(v)])).toString();
+// Routes are built as the TypeScript SDK builds them (every variable part encoded).
+const sbx = (id: string, ...rest: string[]) => path("sandboxes", id, ...rest);
+const snap = (id: string, ...rest: string[]) => path("snapshots", id, ...rest);
 
 export const api = {
-  info: () => json<Info>("/v1/info"),
-  doctor: () => json<DoctorReport>("/v1/doctor"),
+  info: () => json<Info>(path("info")),
+  doctor: () => json<DoctorReport>(path("doctor")),
 
   async listSandboxes(): Promise<Sandbox[]> {
     const all: Sandbox[] = [];
     let cursor: string | undefined;
     do {
       const page = await json<SandboxList>(
-        "/v1/sandboxes?" + q(cursor ? { limit: 200, cursor } : { limit: 200 }),
+        path("sandboxes") + query({ limit: 200, cursor }),
       );
       all.push(...page.sandboxes);
       cursor = page.next_cursor;
@@ -56,10 +58,10 @@ export const api = {
     return all;
   },
   getSandbox: (id: string) => json<Sandbox>(sbx(id)),
-  createSandbox: (req: CreateSandbox) => json<Sandbox>("/v1/sandboxes", body("POST", req)),
-  stopSandbox: (id: string) => json<Sandbox>(sbx(id) + "/stop", { method: "POST" }),
+  createSandbox: (req: CreateSandbox) => json<Sandbox>(path("sandboxes"), body("POST", req)),
+  stopSandbox: (id: string) => json<Sandbox>(sbx(id, "stop"), { method: "POST" }),
   extendSandbox: (id: string, duration_ms: number) =>
-    json<Sandbox>(sbx(id) + "/extend", body("POST", { duration_ms })),
+    json<Sandbox>(sbx(id, "extend"), body("POST", { duration_ms })),
   async deleteSandbox(id: string): Promise<void> {
     await check(await client.fetch(sbx(id), { method: "DELETE" }));
   },
@@ -67,79 +69,75 @@ export const api = {
   /** Replaces the sandbox's firewall whole; flows it now denies are cut. */
   setNetworkPolicy: (id: string, network_policy: NetworkPolicy) =>
     json<Sandbox>(sbx(id), body("PATCH", { network_policy })),
-  network: (id: string) => json<NetworkInfo>(sbx(id) + "/network"),
+  network: (id: string) => json<NetworkInfo>(sbx(id, "network")),
   /** The flow log, oldest first; with `follow`, new flows (and again when they end) until
    *  `signal` aborts. */
   async flows(id: string, follow: boolean, onFlow: (f: NetworkFlow) => void, signal?: AbortSignal) {
-    const res = await check(await client.fetch(sbx(id) + "/network/flows?" + q({ follow }), { signal }));
+    const res = await check(await client.fetch(sbx(id, "network", "flows") + query({ follow }), { signal }));
     await readNdjson<NetworkFlow>(res, onFlow);
   },
-  ports: (id: string) => json<PortList>(sbx(id) + "/ports"),
+  ports: (id: string) => json<PortList>(sbx(id, "ports")),
   addPort: (id: string, port: number, host_port?: number) =>
-    json<Port>(sbx(id) + "/ports", body("POST", host_port ? { port, host_port } : { port })),
+    json<Port>(sbx(id, "ports"), body("POST", host_port ? { port, host_port } : { port })),
   async removePort(id: string, port: number): Promise<void> {
-    await check(await client.fetch(`${sbx(id)}/ports/${port}`, { method: "DELETE" }));
+    await check(await client.fetch(sbx(id, "ports", String(port)), { method: "DELETE" }));
   },
 
-  pauseSandbox: (id: string) => json<Sandbox>(sbx(id) + "/pause", { method: "POST" }),
-  resumeSandbox: (id: string) => json<Sandbox>(sbx(id) + "/resume", { method: "POST" }),
-  startSandbox: (id: string) => json<Sandbox>(sbx(id) + "/start", { method: "POST" }),
-  forkSandbox: (id: string) => json<Sandbox>(sbx(id) + "/fork", body("POST", {})),
+  pauseSandbox: (id: string) => json<Sandbox>(sbx(id, "pause"), { method: "POST" }),
+  resumeSandbox: (id: string) => json<Sandbox>(sbx(id, "resume"), { method: "POST" }),
+  startSandbox: (id: string) => json<Sandbox>(sbx(id, "start"), { method: "POST" }),
+  forkSandbox: (id: string) => json<Sandbox>(sbx(id, "fork"), body("POST", {})),
   takeSnapshot: (id: string, keep_running: boolean) =>
-    json<Snapshot>(sbx(id) + "/snapshots", body("POST", { keep_running })),
+    json<Snapshot>(sbx(id, "snapshots"), body("POST", { keep_running })),
   /** Every snapshot taken of a sandbox, newest first. */
   async listSnapshots(sandbox_id: string): Promise<Snapshot[]> {
     const all: Snapshot[] = [];
     let cursor: string | undefined;
     do {
-      const params: Record<string, string | number> = { sandbox_id, limit: 200 };
-      if (cursor) params.cursor = cursor;
-      const page = await json<SnapshotList>("/v1/snapshots?" + q(params));
+      const page = await json<SnapshotList>(path("snapshots") + query({ sandbox_id, limit: 200, cursor }));
       all.push(...page.snapshots);
       cursor = page.next_cursor;
     } while (cursor);
     return all;
   },
-  deleteSnapshot: (id: string) =>
-    json<Snapshot>(`/v1/snapshots/${encodeURIComponent(id)}`, { method: "DELETE" }),
+  deleteSnapshot: (id: string) => json<Snapshot>(snap(id), { method: "DELETE" }),
   setSnapshotExpiration: (id: string, expiration_ms: number) =>
-    json<Snapshot>(`/v1/snapshots/${encodeURIComponent(id)}`, body("PATCH", { expiration_ms })),
-  diffSnapshot: (id: string, to?: string) =>
-    json<SnapshotDiff>(`/v1/snapshots/${encodeURIComponent(id)}/diff` + (to ? "?" + q({ to }) : "")),
+    json<Snapshot>(snap(id), body("PATCH", { expiration_ms })),
+  diffSnapshot: (id: string, to?: string) => json<SnapshotDiff>(snap(id, "diff") + query({ to })),
 
-  listCommands: (id: string) => json<CommandList>(sbx(id) + "/commands"),
+  listCommands: (id: string) => json<CommandList>(sbx(id, "commands")),
   killCommand: (id: string, cid: string) =>
-    json<Command>(`${sbx(id)}/commands/${cid}/kill`, body("POST", {})),
+    json<Command>(sbx(id, "commands", cid, "kill"), body("POST", {})),
   /** Streams a command's output; returns when it ends or `signal` aborts. */
   async logs(id: string, cid: string, follow: boolean, onLine: (l: LogLine) => void, signal?: AbortSignal) {
     const res = await check(
-      await client.fetch(`${sbx(id)}/commands/${cid}/logs?` + q({ follow }), { signal }),
+      await client.fetch(sbx(id, "commands", cid, "logs") + query({ follow }), { signal }),
     );
     await readNdjson<LogLine>(res, onLine);
   },
 
   /** One page of a folder; pass the previous page's `next_cursor` for the next one. */
-  listFiles: (id: string, path: string, cursor?: string) =>
-    json<FileList>(`${sbx(id)}/files/list?` + q(cursor ? { path, cursor } : { path })),
-  stat: (id: string, path: string) => json<FileEntry>(`${sbx(id)}/files/stat?` + q({ path })),
-  async readFile(id: string, path: string): Promise<Blob> {
-    const res = await check(await client.fetch(`${sbx(id)}/files?` + q({ path })));
+  listFiles: (id: string, file: string, cursor?: string) =>
+    json<FileList>(sbx(id, "files", "list") + query({ path: file, cursor })),
+  stat: (id: string, file: string) => json<FileEntry>(sbx(id, "files", "stat") + query({ path: file })),
+  async readFile(id: string, file: string): Promise<Blob> {
+    const res = await check(await client.fetch(sbx(id, "files") + query({ path: file })));
     return res.blob();
   },
-  async thumbnail(id: string, path: string, size = 512): Promise<Blob> {
-    const res = await check(await client.fetch(`${sbx(id)}/files/thumbnail?` + q({ path, size })));
+  async thumbnail(id: string, file: string, size = 512): Promise<Blob> {
+    const res = await check(await client.fetch(sbx(id, "files", "thumbnail") + query({ path: file, size })));
     return res.blob();
   },
-  mkdir: (id: string, path: string) => json<FileEntry>(`${sbx(id)}/files/mkdir`, body("POST", { path })),
+  mkdir: (id: string, file: string) => json<FileEntry>(sbx(id, "files", "mkdir"), body("POST", { path: file })),
   move: (id: string, from: string, to: string) =>
-    json<FileEntry>(`${sbx(id)}/files/move`, body("POST", { from, to, overwrite: false })),
-  async remove(id: string, path: string): Promise<void> {
-    await check(await client.fetch(`${sbx(id)}/files?` + q({ path, recursive: true }), { method: "DELETE" }));
+    json<FileEntry>(sbx(id, "files", "move"), body("POST", { from, to, overwrite: false })),
+  async remove(id: string, file: string): Promise<void> {
+    await check(await client.fetch(sbx(id, "files") + query({ path: file, recursive: true }), { method: "DELETE" }));
   },
   /** The route an upload PUTs to. */
-  uploadPath: (id: string, path: string) => `${sbx(id)}/files?` + q({ path }),
-  watchPath: (id: string, path: string) => `${sbx(id)}/files/watch?` + q({ path, recursive: true }),
-  terminalPath: (id: string, rows: number, cols: number) => `${sbx(id)}/terminal?` + q({ rows, cols }),
+  uploadPath: (id: string, file: string) => sbx(id, "files") + query({ path: file }),
+  watchPath: (id: string, file: string) => sbx(id, "files", "watch") + query({ path: file, recursive: true }),
+  terminalPath: (id: string, rows: number, cols: number) => sbx(id, "terminal") + query({ rows, cols }),
 };
 
 /** Calls `onItem` for each JSON line of a streamed answer. */
