@@ -106,6 +106,12 @@ $B unmount "$c2"
 $B config --env FOO=from-image --env PATH=/bin --workingdir /srv --user 1000 \
   --entrypoint '["/bin/sh","-c"]' --cmd '["echo from-cmd"]' "$c2"
 $B commit -q "$c2" e2e-img >/dev/null
+c3=$($B from e2e-l1)
+m=$($B mount "$c3")
+echo other > "$m/etc/other"
+$B unmount "$c3"
+$B commit -q "$c3" e2e-other >/dev/null
+$B push -q --tls-verify=false e2e-other docker://127.0.0.1:{port}/e2e/busy:other
 $B push -q --tls-verify=false e2e-img docker://127.0.0.1:{port}/e2e/busy:1
 $B push -q --tls-verify=false --compression-format zstd e2e-img docker://127.0.0.1:{port}/e2e/busy:zstd
 $B push -q e2e-img docker-archive:{archive}:localhost/e2e/busy:archived
@@ -114,6 +120,43 @@ $B push -q e2e-img docker-archive:{archive}:localhost/e2e/busy:archived
     );
     belljar_e2e::oci::buildah(work, &script);
     archive
+}
+
+/// The files of the store's image `digest`: those of the top of its layers.
+fn rootfs_of(digest: &str) -> PathBuf {
+    let hex = digest.trim_start_matches("sha256:");
+    let oci = belljar_e2e::cache_dir().join("oci");
+    let json: serde_json::Value = serde_json::from_slice(
+        &std::fs::read(oci.join(format!("images/{hex}/image.json"))).unwrap(),
+    )
+    .unwrap();
+    let top = json["chain"]
+        .as_array()
+        .unwrap()
+        .last()
+        .unwrap()
+        .as_str()
+        .unwrap();
+    oci.join(format!(
+        "layers/{}/rootfs",
+        top.trim_start_matches("sha256:")
+    ))
+}
+
+/// The progress lines of a pull, and the images it made.
+async fn follow_lines(
+    events: Result<belljar_client::NdjsonStream<ImageBuildEvent>, ClientError>,
+) -> (Vec<String>, Vec<belljar_api::Image>) {
+    let mut events = events.unwrap();
+    let (mut lines, mut done) = (Vec::new(), Vec::new());
+    while let Some(e) = events.next().await.unwrap() {
+        match e {
+            ImageBuildEvent::Progress { message } => lines.push(message),
+            ImageBuildEvent::Done { image } => done.push(*image),
+            other => panic!("{other:?}"),
+        }
+    }
+    (lines, done)
 }
 
 /// Follows an image operation to its end: the images it made, or the error's code and text.
@@ -129,7 +172,7 @@ async fn follow(
     while let Some(e) = events.next().await.unwrap() {
         match e {
             ImageBuildEvent::Progress { .. } | ImageBuildEvent::Step { .. } => {}
-            ImageBuildEvent::Done { image } => done.push(image),
+            ImageBuildEvent::Done { image } => done.push(*image),
             ImageBuildEvent::Error { code, message } => return Err((code, message)),
         }
     }
@@ -184,7 +227,10 @@ async fn check_image(client: &Client, id: &str) {
     .await;
     let lines: Vec<&str> = stat.lines().collect();
     assert_eq!(lines[0], lines[1], "{stat}");
-    assert!(lines[0].ends_with(" 2 1234:5678"), "{stat}");
+    // (The link count counts the store's sharing too: the layer's files are linked from
+    // each image that has the layer.)
+    let links: u32 = lines[0].split(' ').nth(1).unwrap().parse().unwrap();
+    assert!(links >= 2 && lines[0].ends_with(" 1234:5678"), "{stat}");
     assert_eq!(lines[2], "4755", "{stat}");
 }
 
@@ -218,13 +264,7 @@ fn pulls_imports_and_runs_images_made_by_buildah() {
         let id = sandbox_of(&daemon, &client, &name).await;
         check_image(&client, &id).await;
         // The user's xattr came through, into the store's copy of the image.
-        let hex = images[0]
-            .digest
-            .as_deref()
-            .unwrap()
-            .trim_start_matches("sha256:")
-            .to_owned();
-        let file = belljar_e2e::cache_dir().join(format!("oci/images/{hex}/rootfs/data/a"));
+        let file = rootfs_of(images[0].digest.as_deref().unwrap()).join("data/a");
         let out = Command::new("python3")
             .args([
                 "-c",
@@ -238,6 +278,42 @@ fn pulls_imports_and_runs_images_made_by_buildah() {
             "kept",
             "{}",
             String::from_utf8_lossy(&out.stderr)
+        );
+
+        // An image with the same first layer: that layer is not fetched again, and its files
+        // are the first image's (one copy on disk).
+        let other = format!("{reg}/e2e/busy:other");
+        let (lines, made) = follow_lines(client.pull_image(&other, false).await).await;
+        assert!(
+            lines.iter().any(|l| l == "layer 1: already here (shared)"),
+            "{lines:?}"
+        );
+        use std::os::unix::fs::MetadataExt;
+        let (busy_files, other_files) = (
+            rootfs_of(images[0].digest.as_deref().unwrap()),
+            rootfs_of(made[0].digest.as_deref().unwrap()),
+        );
+        let ino = |p: PathBuf| std::fs::metadata(p).unwrap().ino();
+        assert_eq!(
+            ino(busy_files.join("etc/hello")),
+            ino(other_files.join("etc/hello"))
+        );
+        let listed = client.images().await.unwrap();
+        let row = |n: &str| listed.iter().find(|i| i.name == n).unwrap().clone();
+        let (busy_row, other_row) = (row(&name), row(&other));
+        assert!(busy_row.shared_bytes.unwrap() > 0, "{busy_row:?}");
+        assert_eq!(busy_row.shared_bytes, other_row.shared_bytes);
+        assert!(
+            other_row.shared_bytes < other_row.size_bytes,
+            "{other_row:?}"
+        );
+        // The sandbox made from it above: when, and that it stands on it.
+        assert!(busy_row.last_used_at.is_some(), "{busy_row:?}");
+        assert_eq!(busy_row.used_by.unwrap().sandboxes, vec![id.clone()]);
+        assert_eq!(other_row.last_used_at, None);
+        assert_eq!(
+            busy_row.source.as_deref(),
+            Some(format!("pull {name}").as_str())
         );
 
         // zstd layers of the same image: the same image (one id), already here.
@@ -332,6 +408,14 @@ fn pulls_imports_and_runs_images_made_by_buildah() {
         );
         let e = client.remove_image(&name).await.unwrap_err();
         assert!(e.to_string().contains("not here"), "{e}");
+        // The image that shares its first layer still has all of its files.
+        let id4 = sandbox_of(&daemon, &client, &other).await;
+        assert_eq!(
+            out_of(&client, &id4, "cat /etc/hello /etc/other", false).await,
+            "hello\nother"
+        );
+        client.delete_sandbox(&id4).await.unwrap();
+        client.remove_image(&other).await.unwrap();
     });
     drop(registry);
 }

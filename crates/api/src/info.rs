@@ -75,6 +75,34 @@ pub struct Image {
     #[serde(default, skip_serializing_if = "Option::is_none")]
     #[ts(optional)]
     pub command: Option<Vec<String>>,
+    /// Bytes of its files that other images hold too (layers they share, and what a
+    /// Dockerfile build took from one of Belljar's own images), for a user's image.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[ts(optional)]
+    pub shared_bytes: Option<u64>,
+    /// When a sandbox was last made from it (ms since the epoch), for a user's image.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[ts(optional)]
+    pub last_used_at: Option<i64>,
+    /// Where a user's image came from: `pull REF`, `import FILE` or `build`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[ts(optional)]
+    pub source: Option<String>,
+    /// What stands on it, in `GET /v1/images`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[ts(optional)]
+    pub used_by: Option<ImageUsers>,
+}
+
+/// What stands on an image: a sandbox, snapshot or template keeps it from being removed.
+#[derive(Debug, Clone, PartialEq, Eq, Default, Serialize, Deserialize, ToSchema, TS)]
+pub struct ImageUsers {
+    /// The sandboxes' ids.
+    pub sandboxes: Vec<String>,
+    /// The usable snapshots' ids.
+    pub snapshots: Vec<String>,
+    /// The templates' names.
+    pub templates: Vec<String>,
 }
 
 /// The body of `POST /v1/images/prune`: which of the images nothing stands on (no sandbox,
@@ -224,7 +252,7 @@ pub enum ImageBuildEvent {
         cached: bool,
     },
     Done {
-        image: Image,
+        image: Box<Image>,
     },
     Error {
         code: ErrorCode,

@@ -189,7 +189,7 @@ async fn dispatch(client: &Client, paths: &Paths, command: Cmd, json: bool) -> R
             if json {
                 print_json(&images)?;
             } else {
-                out!("{}", output::images(&images))?;
+                out!("{}", output::images(&images, now_ms()))?;
             }
             Ok(0)
         }

@@ -203,20 +203,41 @@ fn limits(l: &LimitsReport) -> String {
     .join("; ")
 }
 
-/// The `belljar images` table.
-pub fn images(list: &[Image]) -> String {
+/// The `belljar images` table: SHARED is what of its size other images hold too, USED BY
+/// the sandboxes, snapshots and templates that stand on it.
+pub fn images(list: &[Image], now: i64) -> String {
+    let mib = |b: Option<u64>| {
+        b.map_or_else(
+            || "-".into(),
+            |b| format!("{:.0} MiB", b as f64 / 1048576.0),
+        )
+    };
     let rows: Vec<Vec<String>> = list
         .iter()
         .map(|i| {
+            let users = i.used_by.as_ref().map_or(0, |u| {
+                u.sandboxes.len() + u.snapshots.len() + u.templates.len()
+            });
             vec![
                 i.name.clone(),
                 serde_json::to_value(i.status)
                     .ok()
                     .and_then(|v| v.as_str().map(str::to_string))
                     .unwrap_or_default(),
-                i.size_bytes
-                    .map(|b| format!("{:.0} MiB", b as f64 / 1048576.0))
-                    .unwrap_or_else(|| "-".into()),
+                mib(i.size_bytes),
+                mib(i.shared_bytes),
+                i.last_used_at.map_or_else(|| "-".into(), |t| ago(t, now)),
+                match &i.used_by {
+                    Some(u) if users > 0 => u
+                        .sandboxes
+                        .iter()
+                        .chain(&u.snapshots)
+                        .chain(&u.templates)
+                        .cloned()
+                        .collect::<Vec<_>>()
+                        .join(","),
+                    _ => "-".into(),
+                },
                 i.digest
                     .as_deref()
                     .map(|d| d.chars().take(19).collect())
@@ -224,7 +245,18 @@ pub fn images(list: &[Image]) -> String {
             ]
         })
         .collect();
-    table(&["NAME", "STATUS", "SIZE", "DIGEST"], &rows)
+    table(
+        &[
+            "NAME",
+            "STATUS",
+            "SIZE",
+            "SHARED",
+            "LAST USED",
+            "USED BY",
+            "DIGEST",
+        ],
+        &rows,
+    )
 }
 
 /// The `belljar volumes ls` table.

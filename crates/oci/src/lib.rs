@@ -17,6 +17,7 @@ pub mod archive;
 pub mod build;
 pub mod digest;
 pub mod dockerfile;
+pub mod layers;
 pub mod reference;
 pub mod registry;
 pub mod spec;

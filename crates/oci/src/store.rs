@@ -5,8 +5,13 @@
 //!                           config.json     the image configuration, as pulled
 //!                           image.json      what the store knows of it (`StoredImage`)
 //! <root>/names.json                         name → config hex
+//! <root>/layers/                            the files of its layers, shared ([`crate::layers`])
 //! <root>/tmp/                               pulls and imports in progress
 //! ```
+//!
+//! An image's files are those of the top chain of its layers, under `layers/`, which images
+//! with the same first layers share; one stored before layers were shared has its own
+//! `rootfs/`.
 //!
 //! An image is identified by its config's digest, as Docker's image id. It is unpacked
 //! under `tmp/` and renamed into `images/` only when complete, and only then named: a
@@ -22,6 +27,7 @@ use serde::{Deserialize, Serialize};
 
 use crate::archive::Archive;
 use crate::digest::Verified;
+use crate::layers::{Base, chain_ids};
 use crate::registry::{Options, Registry};
 use crate::spec::{self, Document, ImageConfig, MAX_CONFIG};
 use crate::{Digest, Error, Reference, unpack};
@@ -42,13 +48,20 @@ pub struct StoredImage {
     pub created_ms: i64,
     /// Where it came from (`pull REF`, `import FILE`).
     pub source: String,
+    /// The chains of its layers, bottom first ([`crate::layers`]); empty for an image with
+    /// files of its own.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub chain: Vec<Digest>,
     #[serde(skip)]
     pub dir: PathBuf,
+    #[serde(skip)]
+    rootfs: PathBuf,
 }
 
 impl StoredImage {
+    /// Its root filesystem (shared with the images its layers are in too: read only).
     pub fn rootfs(&self) -> PathBuf {
-        self.dir.join("rootfs")
+        self.rootfs.clone()
     }
 
     pub fn config(&self) -> Result<ImageConfig, Error> {
@@ -70,6 +83,8 @@ pub enum Progress {
     Unpacked { index: usize, stats: unpack::Stats },
     /// The image is already in the store.
     Cached,
+    /// Layer `index` is in the store already (another image has it).
+    Shared { index: usize },
 }
 
 #[derive(Clone)]
@@ -138,6 +153,10 @@ impl Store {
         let dir = self.root.join("images").join(hex);
         let bytes = std::fs::read(dir.join("image.json")).ok()?;
         let mut image: StoredImage = serde_json::from_slice(&bytes).ok()?;
+        image.rootfs = match image.chain.last() {
+            Some(top) => self.chain_rootfs(top),
+            None => dir.join("rootfs"),
+        };
         image.dir = dir;
         image.names = names
             .iter()
@@ -194,8 +213,51 @@ impl Store {
         all
     }
 
-    pub(crate) fn used_bytes(&self) -> u64 {
-        self.list().iter().map(|i| i.size_bytes).sum()
+    /// Bytes of file data the store holds: its layers', each once, and those of images with
+    /// files of their own.
+    pub fn used_bytes(&self) -> u64 {
+        let own: u64 = self
+            .list()
+            .iter()
+            .filter(|i| i.chain.is_empty())
+            .map(|i| i.size_bytes)
+            .sum();
+        own + self.chain_bytes()
+    }
+
+    /// Bytes of `image`'s file data that other images hold too: its layers that are theirs
+    /// too, and what it has of one of Belljar's own images.
+    pub fn shared_bytes(&self, image: &StoredImage, all: &[StoredImage]) -> u64 {
+        let Some(top) = image.chain.last() else {
+            return 0;
+        };
+        let others: std::collections::HashSet<&Digest> = all
+            .iter()
+            .filter(|i| i.id != image.id)
+            .flat_map(|i| i.chain.iter())
+            .collect();
+        let layers: u64 = image
+            .chain
+            .iter()
+            .filter(|c| others.contains(c))
+            .filter_map(|c| self.chain(c))
+            .map(|i| i.layer_bytes)
+            .sum();
+        layers + self.chain(top).map_or(0, |i| i.outside_bytes)
+    }
+
+    /// Records that a sandbox was made from image `id` now.
+    pub fn touch(&self, id: &Digest) {
+        let _ = std::fs::write(self.image_dir(id).join("last-used"), now_ms().to_string());
+    }
+
+    /// When a sandbox was last made from `image` (ms since the epoch).
+    pub fn last_used(&self, image: &StoredImage) -> Option<i64> {
+        std::fs::read_to_string(image.dir.join("last-used"))
+            .ok()?
+            .trim()
+            .parse()
+            .ok()
     }
 
     /// Gives image `id` the name `name` (moving the name from any other image).
@@ -239,14 +301,9 @@ impl Store {
             // busy disk) go on a thread of their own, so that the removal answers at once.
             // What a crash leaves of them is scratch of a process gone: the next
             // [`Store::open`] removes it.
-            let spawned = std::thread::Builder::new().name("image-rm".into()).spawn({
-                let trash = trash.clone();
-                move || {
-                    let _ = remove_tree(&trash);
-                }
-            });
-            if spawned.is_err() {
-                remove_tree(&trash).map_err(Error::io("Cannot remove the image's files"))?;
+            remove_in_background(vec![trash]);
+            if !image.chain.is_empty() {
+                self.collect_chains()?;
             }
         }
         Ok(Some(image.id))
@@ -287,17 +344,21 @@ impl Store {
             return Ok(self.load(id.hex(), &self.names()).unwrap_or(existing));
         }
         check_layers(&config, manifest.layers.len())?;
-        let total: u64 = manifest.layers.iter().map(|l| l.size).sum();
+        let held = self.hold_chains()?;
+        let chains = chain_ids(&config.rootfs.diff_ids);
+        let have = self.chains_here(&chains);
+        let total: u64 = manifest.layers[have..].iter().map(|l| l.size).sum();
         progress(Progress::Resolved {
             layers: manifest.layers.len(),
             bytes: total,
         });
+        for index in 0..have {
+            progress(Progress::Shared { index });
+        }
         let work = self.scratch()?;
-        let rootfs = work.path().join("rootfs");
-        std::fs::create_dir(&rootfs).map_err(Error::io("Cannot make the image's root"))?;
         let mut used = 0u64;
         let budget = self.cap_bytes.saturating_sub(self.used_bytes());
-        for (index, layer) in manifest.layers.iter().enumerate() {
+        for (index, layer) in manifest.layers.iter().enumerate().skip(have) {
             let blob = work.path().join(format!("layer-{index}"));
             registry
                 .blob_to_file(layer, &blob, &mut |done| {
@@ -308,13 +369,13 @@ impl Store {
                     })
                 })
                 .await?;
-            let diff_id = config.rootfs.diff_ids[index].clone();
-            let root = rootfs.clone();
+            let store = self.clone();
+            let (diff_id, chains) = (config.rootfs.diff_ids[index].clone(), chains.clone());
             let blob_path = blob.clone();
             let (stats, u) = tokio::task::spawn_blocking(move || {
                 let file = std::fs::File::open(&blob_path)
                     .map_err(Error::io(format!("Cannot open {}", blob_path.display())))?;
-                apply_checked(&root, Box::new(file), &diff_id, budget, used)
+                store.apply_chain(&chains, index, Box::new(file), &diff_id, budget, used)
             })
             .await
             .map_err(|e| Error::Io {
@@ -330,9 +391,10 @@ impl Store {
             &id,
             &config_bytes,
             Some(manifest_digest),
-            used,
+            chains,
             format!("pull {shown}"),
         )?;
+        drop(held);
         self.name(&shown, &id)?;
         Ok(self.load(id.hex(), &self.names()).unwrap_or(image))
     }
@@ -365,17 +427,22 @@ impl Store {
                 .collect();
             if self.load(id.hex(), &self.names()).is_none() {
                 check_layers(&image.config, image.layers.len())?;
+                let held = self.hold_chains()?;
+                let chains = chain_ids(&image.config.rootfs.diff_ids);
+                let have = self.chains_here(&chains);
                 progress(Progress::Resolved {
                     layers: image.layers.len(),
                     bytes: 0,
                 });
+                for index in 0..have {
+                    progress(Progress::Shared { index });
+                }
                 let work = self.scratch()?;
-                let rootfs = work.path().join("rootfs");
-                std::fs::create_dir(&rootfs).map_err(Error::io("Cannot make the image's root"))?;
                 let mut used = 0u64;
-                for (index, layer) in image.layers.iter().enumerate() {
+                for (index, layer) in image.layers.iter().enumerate().skip(have) {
                     let diff_id = &image.config.rootfs.diff_ids[index];
-                    let (stats, u) = apply_checked(&rootfs, layer.open()?, diff_id, budget, used)?;
+                    let (stats, u) =
+                        self.apply_chain(&chains, index, layer.open()?, diff_id, budget, used)?;
                     used = u;
                     progress(Progress::Unpacked { index, stats });
                 }
@@ -384,9 +451,10 @@ impl Store {
                     &id,
                     &image.config_bytes,
                     None,
-                    used,
+                    chains,
                     format!("import {}", path.display()),
                 )?;
+                drop(held);
             } else {
                 progress(Progress::Cached);
             }
@@ -405,16 +473,62 @@ impl Store {
             .map_err(Error::io("Cannot make a scratch directory"))
     }
 
-    /// Moves a complete unpacked image into place (unless a concurrent pull did first).
+    /// How many of the first of `chains` are here already.
+    fn chains_here(&self, chains: &[Digest]) -> usize {
+        (0..chains.len())
+            .rev()
+            .find(|&i| self.chain(&chains[i]).is_some())
+            .map_or(0, |i| i + 1)
+    }
+
+    /// Makes chain `chains[index]` from the one below and layer `stored` (checked against
+    /// `diff_id`). Returns the layer's stats and the new running total of bytes written.
+    fn apply_chain(
+        &self,
+        chains: &[Digest],
+        index: usize,
+        stored: Box<dyn Read + Send>,
+        diff_id: &Digest,
+        budget: u64,
+        used: u64,
+    ) -> Result<(unpack::Stats, u64), Error> {
+        let base = match index.checked_sub(1) {
+            Some(below) => Base::Chain(&chains[below]),
+            None => Base::Empty,
+        };
+        let mut out = (unpack::Stats::default(), used);
+        self.make_chain(&chains[index], base, Some(diff_id), |root| {
+            out = apply_checked(root, stored, diff_id, budget, used)?;
+            Ok(out.1 - used)
+        })?;
+        Ok(out)
+    }
+
+    /// Moves a complete image into place (unless a concurrent pull did first); its files
+    /// are those of the chains, already in place.
     pub(crate) fn commit(
         &self,
         work: tempfile::TempDir,
         id: &Digest,
         config_bytes: &[u8],
         manifest: Option<Digest>,
-        size_bytes: u64,
+        chain: Vec<Digest>,
         source: String,
     ) -> Result<StoredImage, Error> {
+        // An image of no layers has an empty root of its own.
+        let size_bytes = match chain.last() {
+            Some(top) => {
+                self.chain(top)
+                    .ok_or_else(|| Error::Invalid(format!("layer chain {top} is gone")))?
+                    .tree_bytes
+            }
+            None => {
+                std::fs::create_dir(work.path().join("rootfs"))
+                    .map_err(Error::io("Cannot make the image's root"))?;
+                0
+            }
+        };
+        let dir = self.image_dir(id);
         let image = StoredImage {
             id: id.clone(),
             names: Vec::new(),
@@ -422,7 +536,12 @@ impl Store {
             size_bytes,
             created_ms: now_ms(),
             source,
-            dir: self.image_dir(id),
+            rootfs: match chain.last() {
+                Some(top) => self.chain_rootfs(top),
+                None => dir.join("rootfs"),
+            },
+            chain,
+            dir,
         };
         let write = |name: &str, bytes: &[u8]| {
             std::fs::write(work.path().join(name), bytes)
@@ -516,6 +635,29 @@ pub fn scratch_prefix() -> String {
     format!("{}.", std::process::id())
 }
 
+/// Removes trees already out of the store's view (renamed into `tmp/`) on a thread of their
+/// own, so that a removal answers at once (a large image's files take seconds on a busy
+/// disk). What a crash leaves of them is scratch of a process gone: the next [`Store::open`]
+/// removes it.
+pub(crate) fn remove_in_background(trees: Vec<PathBuf>) {
+    if trees.is_empty() {
+        return;
+    }
+    let spawned = std::thread::Builder::new().name("image-rm".into()).spawn({
+        let trees = trees.clone();
+        move || {
+            for t in &trees {
+                let _ = remove_tree(t);
+            }
+        }
+    });
+    if spawned.is_err() {
+        for t in &trees {
+            let _ = remove_tree(t);
+        }
+    }
+}
+
 /// Removes a tree the store made (never following a link out of it).
 fn remove_tree(path: &Path) -> std::io::Result<()> {
     match std::fs::remove_dir_all(path) {
@@ -528,4 +670,100 @@ fn now_ms() -> i64 {
     std::time::SystemTime::now()
         .duration_since(std::time::UNIX_EPOCH)
         .map_or(0, |d| i64::try_from(d.as_millis()).unwrap_or(i64::MAX))
+}
+
+#[cfg(test)]
+mod tests {
+    use std::os::unix::fs::MetadataExt;
+
+    use super::*;
+
+    /// A layer tar of `files` (name, text).
+    fn layer(files: &[(&str, &str)]) -> Vec<u8> {
+        let mut b = tar::Builder::new(Vec::new());
+        for (name, text) in files {
+            let mut h = tar::Header::new_ustar();
+            h.set_size(text.len() as u64);
+            h.set_mode(0o644);
+            h.set_entry_type(tar::EntryType::Regular);
+            b.append_data(&mut h, name, text.as_bytes()).unwrap();
+        }
+        b.into_inner().unwrap()
+    }
+
+    /// A docker-archive directory of one image `tag` with `layers`.
+    fn archive(dir: &Path, tag: &str, layers: &[Vec<u8>]) -> PathBuf {
+        std::fs::create_dir_all(dir).unwrap();
+        let mut names = Vec::new();
+        let mut diff_ids = Vec::new();
+        for (i, l) in layers.iter().enumerate() {
+            let name = format!("l{i}.tar");
+            std::fs::write(dir.join(&name), l).unwrap();
+            names.push(name);
+            diff_ids.push(Digest::of(l).to_string());
+        }
+        let config = serde_json::json!({
+            "architecture": "amd64", "os": "linux", "config": {},
+            "rootfs": {"type": "layers", "diff_ids": diff_ids},
+        });
+        std::fs::write(dir.join("config.json"), config.to_string()).unwrap();
+        let manifest =
+            serde_json::json!([{"Config": "config.json", "RepoTags": [tag], "Layers": names}]);
+        std::fs::write(dir.join("manifest.json"), manifest.to_string()).unwrap();
+        dir.to_owned()
+    }
+
+    #[test]
+    fn images_share_their_first_layers_and_the_last_one_takes_them() {
+        let work = tempfile::tempdir().unwrap();
+        let store = Store::open(&work.path().join("store"), 1 << 30).unwrap();
+        let base = layer(&[("hello", "hello\n")]);
+        let a = archive(
+            &work.path().join("a"),
+            "localhost/a:1",
+            &[base.clone(), layer(&[("a", "aaaa")])],
+        );
+        let b = archive(
+            &work.path().join("b"),
+            "localhost/b:1",
+            &[base, layer(&[("b", "bbbbbbbb")])],
+        );
+        let mut steps = Vec::new();
+        let ia = store
+            .import(&a, &[], &mut |p| steps.push(p))
+            .unwrap()
+            .remove(0);
+        assert!(!steps.contains(&Progress::Shared { index: 0 }));
+        steps.clear();
+        let ib = store
+            .import(&b, &[], &mut |p| steps.push(p))
+            .unwrap()
+            .remove(0);
+        assert!(steps.contains(&Progress::Shared { index: 0 }), "{steps:?}");
+        assert_eq!((ia.size_bytes, ib.size_bytes), (10, 14));
+        let ino = |i: &StoredImage| std::fs::metadata(i.rootfs().join("hello")).unwrap().ino();
+        assert_eq!(ino(&ia), ino(&ib), "one copy of the shared layer's file");
+        let all = store.list();
+        assert_eq!(store.shared_bytes(&ia, &all), 6);
+        assert_eq!(store.shared_bytes(&ib, &all), 6);
+        // Each layer counted once: 6 + 4 + 8.
+        assert_eq!(store.used_bytes(), 18);
+
+        store.remove("localhost/a:1").unwrap();
+        assert_eq!(
+            std::fs::read_to_string(ib.rootfs().join("hello")).unwrap(),
+            "hello\n"
+        );
+        assert!(!ia.rootfs().exists(), "the layer only it had went with it");
+        assert_eq!(store.used_bytes(), 14);
+        assert_eq!(store.shared_bytes(&ib, &store.list()), 0);
+        store.remove("localhost/b:1").unwrap();
+        assert_eq!(store.used_bytes(), 0);
+        assert_eq!(
+            std::fs::read_dir(work.path().join("store/layers"))
+                .unwrap()
+                .count(),
+            0
+        );
+    }
 }

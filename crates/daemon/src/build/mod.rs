@@ -18,7 +18,7 @@ use std::path::PathBuf;
 
 use belljar_api::{ErrorCode, Image, ImageBuildEvent};
 use belljar_oci::build::copy::{self, Copy, Owner, Scope};
-use belljar_oci::build::{CachedStep, LayerFile, step_key, tar_out};
+use belljar_oci::build::{CachedStep, LayerFile, Parent, step_key, tar_out};
 use belljar_oci::dockerfile::{self, Instruction, Kind, Paths};
 use belljar_oci::spec::ImageConfig;
 use futures::Stream;
@@ -118,7 +118,9 @@ pub fn start(
         let result = build(&ctx, &context, &req).await;
         let _ = tokio::fs::remove_file(&context).await;
         let end = match result {
-            Ok(image) => ImageBuildEvent::Done { image },
+            Ok(image) => ImageBuildEvent::Done {
+                image: Box::new(image),
+            },
             Err(e) => {
                 tracing::info!(tag = %req.tag, error = %e, "build failed");
                 ImageBuildEvent::Error {
@@ -348,13 +350,7 @@ async fn commit(
     if let Some(layer) = layer {
         let mut config = stage.config.clone();
         config.rootfs.diff_ids.push(layer.diff_id.clone());
-        let store = ctx.store.clone();
-        let parent = stage.rootfs.clone();
-        let c = config.clone();
-        let image =
-            tokio::task::spawn_blocking(move || store.build_image(&parent, Some(&layer), &c))
-                .await
-                .map_err(|e| belljar_oci::Error::Invalid(format!("build step: {e}")))??;
+        let image = build_on(ctx, stage, Some(layer), config.clone()).await?;
         stage.files = image.id.hex().to_owned();
         stage.rootfs = image.rootfs();
         stage.config = config;
@@ -532,10 +528,49 @@ fn copy_step(
 /// Names the last stage's image: the step's own when its configuration is the final one,
 /// else an image of the same files with it.
 async fn finish(ctx: &Ctx, stage: Stage, tag: &str) -> Result<Image, BuildError> {
-    let store = ctx.store.clone();
-    let (rootfs, config) = (stage.rootfs.clone(), stage.config.clone());
-    let image = tokio::task::spawn_blocking(move || store.build_image(&rootfs, None, &config))
-        .await
-        .map_err(|e| belljar_oci::Error::Invalid(format!("build: {e}")))??;
+    let config = stage.config.clone();
+    let image = build_on(ctx, &stage, None, config).await?;
     Ok(ctx.images.name_built(tag, &image)?)
+}
+
+/// The image of `config` with the stage's files and `layer` on top.
+async fn build_on(
+    ctx: &Ctx,
+    stage: &Stage,
+    layer: Option<LayerFile>,
+    config: ImageConfig,
+) -> Result<belljar_oci::store::StoredImage, BuildError> {
+    // The stage's files are an image of the store (its id), or one of Belljar's own, named
+    // for good by its name and digest.
+    let stored = if belljar_oci::Digest::parse(&format!("sha256:{}", stage.files)).is_ok() {
+        Some(
+            ctx.store
+                .get(&stage.files)
+                .ok_or_else(|| BuildError::NoImage(stage.files.clone()))?,
+        )
+    } else {
+        None
+    };
+    let own_key = match stored {
+        Some(_) => String::new(),
+        None => format!(
+            "{}@{}",
+            stage.files,
+            ctx.images.get(&stage.files).digest.unwrap_or_default()
+        ),
+    };
+    let (store, rootfs) = (ctx.store.clone(), stage.rootfs.clone());
+    let image = tokio::task::spawn_blocking(move || {
+        let parent = match &stored {
+            Some(image) => Parent::Stored(image),
+            None => Parent::Outside {
+                rootfs: &rootfs,
+                key: &own_key,
+            },
+        };
+        store.build_image(&parent, layer.as_ref(), &config)
+    })
+    .await
+    .map_err(|e| belljar_oci::Error::Invalid(format!("build step: {e}")))??;
+    Ok(image)
 }

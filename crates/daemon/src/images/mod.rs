@@ -17,7 +17,7 @@ use std::collections::HashSet;
 use std::path::PathBuf;
 use std::sync::{Arc, Mutex};
 
-use belljar_api::{Image, ImageStatus};
+use belljar_api::{Image, ImageStatus, ImageUsers};
 use serde::Deserialize;
 
 pub use self::oci::{RegistrySettings, RunDefaults, run_defaults};
@@ -252,6 +252,10 @@ impl Images {
             size_bytes: None,
             built_at: None,
             command: None,
+            shared_bytes: None,
+            last_used_at: None,
+            source: None,
+            used_by: None,
         };
         if let (true, Some(m)) = (built, manifest) {
             image.digest = m.digest;
@@ -283,17 +287,53 @@ impl Images {
         names.sort();
         let mut all: Vec<Image> = names.iter().map(|n| self.get(n)).collect();
         if let Some(store) = &self.oci {
-            for image in store.list() {
+            let stored = store.list();
+            for image in &stored {
                 // A build's unnamed images are its steps (the step cache), not the user's.
                 if image.names.is_empty() && image.source != belljar_oci::build::BUILD_SOURCE {
-                    all.push(self.oci_image(&image, image.id.as_str()));
+                    all.push(self.oci_image_among(image, image.id.as_str(), &stored));
                 }
                 for n in &image.names {
-                    all.push(self.oci_image(&image, n));
+                    all.push(self.oci_image_among(image, n, &stored));
                 }
             }
         }
+        match self.store.image_users() {
+            Ok(users) => {
+                for image in &mut all {
+                    image.used_by = Some(self.users_of(image, &users));
+                }
+            }
+            Err(e) => tracing::warn!(error = %e, "cannot read what stands on the images"),
+        }
         all
+    }
+
+    /// What of `users` stands on `image`: by the id they were made with, else (recorded
+    /// before ids were, or one of Belljar's own) by name.
+    fn users_of(&self, image: &Image, users: &[crate::store::ImageUser]) -> ImageUsers {
+        let mut out = ImageUsers::default();
+        let same_name = |n: &str| match (&self.oci, &image.digest) {
+            (Some(store), Some(id)) if image.source.is_some() => {
+                store.get(n).is_some_and(|i| i.id.as_str() == id)
+            }
+            _ => n == image.name,
+        };
+        for u in users {
+            let on = match (&u.image_id, &image.digest) {
+                (Some(id), Some(d)) if image.source.is_some() => id == d,
+                (Some(_), _) => false,
+                (None, _) => same_name(&u.image),
+            };
+            if on {
+                match u.kind {
+                    crate::store::ImageUserKind::Sandbox => out.sandboxes.push(u.id.clone()),
+                    crate::store::ImageUserKind::Snapshot => out.snapshots.push(u.id.clone()),
+                    crate::store::ImageUserKind::Template => out.templates.push(u.id.clone()),
+                }
+            }
+        }
+        out
     }
 }
 

@@ -121,6 +121,7 @@ fn progress_line(
             }
         ),
         Progress::Cached => "already here".into(),
+        Progress::Shared { index } => format!("layer {}: already here (shared)", index + 1),
     })
 }
 
@@ -317,7 +318,7 @@ impl Images {
             this.names_changed();
             let end = match got {
                 Ok(image) => ImageBuildEvent::Done {
-                    image: this.oci_image(&image, &parsed.to_string()),
+                    image: Box::new(this.oci_image(&image, &parsed.to_string())),
                 },
                 Err(e) => ImageBuildEvent::Error {
                     code: oci_code(&e),
@@ -353,7 +354,7 @@ impl Images {
                     .map(|i| {
                         let name = i.names.first().cloned().unwrap_or_else(|| i.id.to_string());
                         ImageBuildEvent::Done {
-                            image: this.oci_image(i, &name),
+                            image: Box::new(this.oci_image(i, &name)),
                         }
                     })
                     .collect(),
@@ -466,6 +467,7 @@ impl Images {
             .filter_map(|(name, id)| id.or_else(|| store.get(&name).map(|i| i.id.to_string())))
             .collect();
         let mut out = PrunedImages::default();
+        let before = store.used_bytes();
         for image in store.list() {
             let id = image.id.to_string();
             let named = !image.names.is_empty();
@@ -474,7 +476,6 @@ impl Images {
                 continue;
             }
             if store.remove(&id)?.is_some() {
-                out.reclaimed_bytes += image.size_bytes;
                 out.removed.push(PrunedImage {
                     id,
                     names: image.names.clone(),
@@ -486,6 +487,10 @@ impl Images {
         if build_cache {
             store.clear_build_cache()?;
         }
+        // Layers no image names: left by pulls and builds that failed, or by images removed
+        // while a pull held the layers.
+        store.collect_chains()?;
+        out.reclaimed_bytes = before.saturating_sub(store.used_bytes());
         self.names_changed();
         Ok(out)
     }
@@ -507,6 +512,18 @@ impl Images {
     }
 
     pub(crate) fn oci_image(&self, image: &belljar_oci::store::StoredImage, name: &str) -> Image {
+        let all = self.oci.as_ref().map(|s| s.list()).unwrap_or_default();
+        self.oci_image_among(image, name, &all)
+    }
+
+    /// `image` as `name`, with the bytes it shares with the others of `all`.
+    pub(crate) fn oci_image_among(
+        &self,
+        image: &belljar_oci::store::StoredImage,
+        name: &str,
+        all: &[belljar_oci::store::StoredImage],
+    ) -> Image {
+        let store = self.oci.as_ref();
         Image {
             name: name.to_owned(),
             status: ImageStatus::Ready,
@@ -518,6 +535,17 @@ impl Images {
                 .ok()
                 .map(|d| d.argv.clone())
                 .filter(|a| !a.is_empty()),
+            shared_bytes: store.map(|s| s.shared_bytes(image, all)),
+            last_used_at: store.and_then(|s| s.last_used(image)),
+            source: Some(image.source.clone()),
+            used_by: None,
+        }
+    }
+
+    /// Records that a sandbox is made from the user's image `id` now.
+    pub fn used(&self, id: &str) {
+        if let (Some(store), Ok(d)) = (&self.oci, belljar_oci::Digest::parse(id)) {
+            store.touch(&d);
         }
     }
 }

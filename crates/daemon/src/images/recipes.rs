@@ -63,7 +63,7 @@ impl Images {
                 .remove(&name);
             let end = match last {
                 Ok(()) => ImageBuildEvent::Done {
-                    image: this.get(&name),
+                    image: Box::new(this.get(&name)),
                 },
                 Err(e) => ImageBuildEvent::Error {
                     code: belljar_api::ErrorCode::BuildFailed,

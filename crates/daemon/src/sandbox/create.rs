@@ -107,6 +107,9 @@ impl Sandboxes {
             }
             (Some(_), None) => false,
         };
+        if let Some(image_id) = &r.image.id {
+            self.inner.images.used(image_id);
+        }
         let now = now_ms();
         let mut sandbox = Sandbox {
             name: r.req.name.clone(),

@@ -36,6 +36,10 @@ impl Store {
                 size_bytes: r.get::<_, Option<i64>>(2)?.map(|s| s as u64),
                 built_at: r.get(3)?,
                 command: None,
+                shared_bytes: None,
+                last_used_at: None,
+                source: None,
+                used_by: None,
             })
         })?;
         Ok(rows.collect::<Result<_, _>>()?)
@@ -56,6 +60,10 @@ mod tests {
             size_bytes: Some(5),
             built_at: Some(1),
             command: None,
+            shared_bytes: None,
+            last_used_at: None,
+            source: None,
+            used_by: None,
         };
         store.put_image(&img, 1).unwrap();
         img.digest = Some("d2".into());

@@ -32,7 +32,7 @@ pub(crate) use events::append_event_in;
 pub(crate) use group::in_savepoint;
 pub use modal_secrets::ModalSecret;
 pub use mounts::{HeldMount, MountRefused, slots as mount_slots};
-pub use sandboxes::SandboxPage;
+pub use sandboxes::{ImageUser, ImageUserKind, SandboxPage};
 pub use snapshots::{SandboxLayers, SnapshotPage, SnapshotRow};
 
 #[derive(Debug, thiserror::Error)]

@@ -16,6 +16,25 @@ pub struct SandboxPage {
     pub next_cursor: Option<String>,
 }
 
+/// What stands on an image ([`Store::image_users`]).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ImageUser {
+    pub kind: ImageUserKind,
+    /// The sandbox's or snapshot's id, the template's name.
+    pub id: String,
+    /// The image's name as it was made with.
+    pub image: String,
+    /// The image's id, when it is a user's image made with one.
+    pub image_id: Option<String>,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum ImageUserKind {
+    Sandbox,
+    Snapshot,
+    Template,
+}
+
 impl Store {
     /// Inserts or replaces the whole row of `sandbox`.
     pub fn put_sandbox(&self, s: &Sandbox) -> Result<(), StoreError> {
@@ -101,6 +120,29 @@ impl Store {
                 |r| r.get(0),
             )
             .optional()?)
+    }
+
+    /// Each sandbox, usable snapshot and template with the image it stands on.
+    pub fn image_users(&self) -> Result<Vec<ImageUser>, StoreError> {
+        let conn = self.conn();
+        let mut stmt = conn.prepare(
+            "SELECT 0, id, image, image_id FROM sandboxes \
+             UNION ALL SELECT 1, id, image, image_id FROM snapshots WHERE status = 'created' \
+             UNION ALL SELECT 2, name, image, NULL FROM templates",
+        )?;
+        let rows = stmt.query_map([], |r| {
+            Ok(ImageUser {
+                kind: match r.get::<_, i64>(0)? {
+                    0 => ImageUserKind::Sandbox,
+                    1 => ImageUserKind::Snapshot,
+                    _ => ImageUserKind::Template,
+                },
+                id: r.get(1)?,
+                image: r.get(2)?,
+                image_id: r.get(3)?,
+            })
+        })?;
+        Ok(rows.collect::<Result<_, _>>()?)
     }
 
     /// The image names that sandboxes (in any state but gone), usable snapshots and

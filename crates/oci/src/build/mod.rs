@@ -1,7 +1,8 @@
 //! What a Dockerfile build needs of the image store: each step's result is an image of the
-//! store (unnamed until the build names it), made from its parent's root filesystem by hard
-//! links ([`tree::link_copy`]) and the step's layer applied on top by the same unpacker as a
-//! pulled layer, so a build's files obey the same rules as a registry's. A layer is written
+//! store (unnamed until the build names it), its parent's layers with the step's on top
+//! ([`crate::layers`]: a tree made by hard links, [`tree::link_copy`], and the layer applied by
+//! the same unpacker as a pulled layer), so a build's files obey the same rules as a
+//! registry's. A layer is written
 //! once as a tar ([`tar_out`], [`copy`]), hashed on the way (its diff id), then applied.
 //!
 //! The step cache (`<store>/build-cache/<key>.json`) maps a step's key (its parent's key, its
@@ -18,6 +19,7 @@ use std::path::{Path, PathBuf};
 use serde::{Deserialize, Serialize};
 use sha2::{Digest as _, Sha256};
 
+use crate::layers::{Base, child_chain, tree_chain};
 use crate::spec::ImageConfig;
 use crate::store::{Store, StoredImage};
 use crate::{Digest, Error, unpack};
@@ -152,11 +154,13 @@ impl Store {
         })
     }
 
-    /// The image of `config` whose files are `parent`'s (a root directory) with `layer`
-    /// applied: made when it is not here yet, unnamed, and complete before it is visible.
+    /// The image of `config` whose files are `parent`'s with `layer` applied: made when it
+    /// is not here yet, unnamed, and complete before it is visible. Its layers are
+    /// `parent`'s and the new one on top, shared as every image's are ([`crate::layers`]):
+    /// a step without a layer copies nothing.
     pub fn build_image(
         &self,
-        parent: &Path,
+        parent: &Parent<'_>,
         layer: Option<&LayerFile>,
         config: &ImageConfig,
     ) -> Result<StoredImage, Error> {
@@ -168,22 +172,50 @@ impl Store {
         if let Some(existing) = self.get(id.as_str()) {
             return Ok(existing);
         }
-        let work = self.scratch()?;
-        let rootfs = work.path().join("rootfs");
-        let mut used = tree::link_copy(parent, &rootfs)?;
+        let held = self.hold_chains()?;
+        let mut chain = match parent {
+            Parent::Stored(image) if !image.chain.is_empty() => image.chain.clone(),
+            Parent::Stored(image) => {
+                let c = tree_chain(&format!("image {}", image.id));
+                self.make_chain(&c, Base::Outside(&image.rootfs()), None, |_| Ok(0))?;
+                vec![c]
+            }
+            Parent::Outside { rootfs, key } => {
+                let c = tree_chain(key);
+                self.make_chain(&c, Base::Outside(rootfs), None, |_| Ok(0))?;
+                vec![c]
+            }
+        };
         if let Some(layer) = layer {
-            let file =
-                std::fs::File::open(&layer.path).map_err(Error::io("Cannot read the layer"))?;
+            let below = chain.last().cloned().unwrap_or_else(|| tree_chain(""));
+            let top = child_chain(&below, &layer.diff_id);
             let limits = unpack::Limits {
                 max_bytes: self.cap_bytes.saturating_sub(self.used_bytes()),
                 max_entries: 4_000_000,
             };
-            let mut written = 0u64;
-            unpack::apply(&rootfs, io::BufReader::new(file), &limits, &mut written)?;
-            used += written;
+            self.make_chain(&top, Base::Chain(&below), Some(&layer.diff_id), |root| {
+                let file =
+                    std::fs::File::open(&layer.path).map_err(Error::io("Cannot read the layer"))?;
+                let mut written = 0u64;
+                unpack::apply(root, io::BufReader::new(file), &limits, &mut written)?;
+                Ok(written)
+            })?;
+            chain.push(top);
         }
-        self.commit(work, &id, &config_bytes, None, used, BUILD_SOURCE.into())
+        let work = self.scratch()?;
+        let image = self.commit(work, &id, &config_bytes, None, chain, BUILD_SOURCE.into())?;
+        drop(held);
+        Ok(image)
     }
+}
+
+/// What a build step's files start from.
+pub enum Parent<'a> {
+    /// An image of the store.
+    Stored(&'a StoredImage),
+    /// A root directory out of the store (one of Belljar's own images), and what names its
+    /// files for good (its name and digest).
+    Outside { rootfs: &'a Path, key: &'a str },
 }
 
 #[cfg(test)]

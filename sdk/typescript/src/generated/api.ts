@@ -804,7 +804,24 @@ name: string, status: ImageStatus, digest?: string, size_bytes?: number, built_a
  * What a sandbox of the image runs when `belljar run IMAGE` names no command: a pulled
  * or imported image's `Entrypoint` followed by its `Cmd`.
  */
-command?: Array<string>, };
+command?: Array<string>, 
+/**
+ * Bytes of its files that other images hold too (layers they share, and what a
+ * Dockerfile build took from one of Belljar's own images), for a user's image.
+ */
+shared_bytes?: number, 
+/**
+ * When a sandbox was last made from it (ms since the epoch), for a user's image.
+ */
+last_used_at?: number, 
+/**
+ * Where a user's image came from: `pull REF`, `import FILE` or `build`.
+ */
+source?: string, 
+/**
+ * What stands on it, in `GET /v1/images`.
+ */
+used_by?: ImageUsers, };
 
 export type ImageBuildEvent = { "type": "progress", message: string, } | { "type": "step", step: number, steps: number, instruction: string, cached: boolean, } | { "type": "done", image: Image, } | { "type": "error", code: ErrorCode, message: string, };
 
