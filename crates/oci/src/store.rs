@@ -10,8 +10,8 @@
 //! ```
 //!
 //! An image's files are those of the top chain of its layers, under `layers/`, which images
-//! with the same first layers share; one stored before layers were shared has its own
-//! `rootfs/`.
+//! with the same first layers share (its `rootfs` is a link to them); one stored before
+//! layers were shared has its own `rootfs/`.
 //!
 //! An image is identified by its config's digest, as Docker's image id. It is unpacked
 //! under `tmp/` and renamed into `images/` only when complete, and only then named: a
@@ -515,12 +515,20 @@ impl Store {
         chain: Vec<Digest>,
         source: String,
     ) -> Result<StoredImage, Error> {
-        // An image of no layers has an empty root of its own.
+        // An image of no layers has an empty root of its own; the others' `rootfs` is a link
+        // to their top layer's files (what a sandbox's launch finds in the image directory).
         let size_bytes = match chain.last() {
             Some(top) => {
-                self.chain(top)
+                let bytes = self
+                    .chain(top)
                     .ok_or_else(|| Error::Invalid(format!("layer chain {top} is gone")))?
-                    .tree_bytes
+                    .tree_bytes;
+                std::os::unix::fs::symlink(
+                    format!("../../layers/{}/rootfs", top.hex()),
+                    work.path().join("rootfs"),
+                )
+                .map_err(Error::io("Cannot link the image's root"))?;
+                bytes
             }
             None => {
                 std::fs::create_dir(work.path().join("rootfs"))
@@ -743,6 +751,11 @@ mod tests {
         assert_eq!((ia.size_bytes, ib.size_bytes), (10, 14));
         let ino = |i: &StoredImage| std::fs::metadata(i.rootfs().join("hello")).unwrap().ino();
         assert_eq!(ino(&ia), ino(&ib), "one copy of the shared layer's file");
+        assert_eq!(
+            std::fs::read_to_string(ia.dir.join("rootfs/a")).unwrap(),
+            "aaaa",
+            "the image directory's rootfs is its files"
+        );
         let all = store.list();
         assert_eq!(store.shared_bytes(&ia, &all), 6);
         assert_eq!(store.shared_bytes(&ib, &all), 6);

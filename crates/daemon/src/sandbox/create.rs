@@ -170,7 +170,7 @@ impl Sandboxes {
             }
         };
         if let Err(e) = started {
-            tracing::warn!(sandbox = %id, error = %e, "sandbox failed to start");
+            tracing::warn!(sandbox = %id, error = %belljar_api::error_chain(&e), "sandbox failed to start");
             self.stop_failed_start(&sandbox).await;
             self.forget_agent(&id);
             self.detach_network(&id);
