@@ -326,7 +326,10 @@ def _identity(image: Optional[Mapping[str, Any]]) -> str:
 
 def build_image(ctx: BuildContext, progress: Optional[Progress], force: bool) -> "Op[str]":
     """The name of the image ``ctx`` builds: found among the daemon's images, else built
-    (its base pulled first when it is a registry's and not here)."""
+    (its base pulled first when it is a registry's and not here, or built first when it is
+    the Dockerfile the steps are added to)."""
+    if ctx.parent is not None:
+        yield from build_image(ctx.parent, progress, force)
     images: List[Dict[str, Any]] = yield Call("GET", "/v1/images")
     base = _find(images, ctx.base) if ctx.base is not None else None
     if ctx.base is not None and base is None and ctx.pull:

@@ -153,6 +153,8 @@ class BuildContext:
     base: Optional[str] = None
     pull: bool = False
     build_args: Mapping[str, str] = field(default_factory=dict)
+    #: What must be built first: the Dockerfile these steps are added to (``base`` is its name).
+    parent: Optional["BuildContext"] = None
 
     def tag(self, base_id: str = "") -> str:
         """The built image's name: from the Dockerfile, the context, the build arguments and
@@ -245,7 +247,7 @@ class Image:
     ) -> "Image":
         """The image a Dockerfile builds, from ``context_dir`` (default: the Dockerfile's
         directory), which is sent whole (its ``.dockerignore`` applies, in the daemon); the
-        methods add steps after its last line."""
+        methods add steps on the image it makes."""
         file = Path(path).expanduser().resolve()
         if not file.is_file():
             raise _refuse(f"from_dockerfile: {str(path)!r} is not a file")
@@ -372,11 +374,20 @@ class Image:
 
     def build_context(self) -> BuildContext:
         """The Dockerfile and the context's tar this recipe is built from (it reads the
-        local files now)."""
+        local files now). A Dockerfile with steps added is two builds: the Dockerfile with
+        its own context (``parent``), then the steps on the image it made, so that nothing
+        the SDK adds is in the context a ``COPY .`` of that Dockerfile reads."""
         entries: Dict[str, _Entry] = {}
         lines: List[str] = []
         ignore_text: Optional[str] = None
-        if self._dockerfile is not None:
+        parent: Optional[BuildContext] = None
+        base, pull, build_args = self._base, self._pull, self._build_args
+        if self._dockerfile is not None and self._steps:
+            parent = Image(
+                dockerfile=self._dockerfile, context_dir=self._context_dir, build_args=self._build_args
+            ).build_context()
+            base, pull, build_args = parent.tag(), False, {}
+        if self._dockerfile is not None and parent is None:
             assert self._context_dir is not None
             lines.append(Path(self._dockerfile).read_text().rstrip())
             for rel, e in _walk(Path(self._context_dir), ()):
@@ -384,7 +395,7 @@ class Image:
                     entries[str(rel)] = e
             ignore_text = _ignore_file(Path(self._dockerfile), Path(self._context_dir))
         else:
-            lines.append(f"FROM {self._base}")
+            lines.append(f"FROM {base}")
         for step in self._steps:
             if isinstance(step, str):
                 lines.append(step)
@@ -398,9 +409,10 @@ class Image:
         return BuildContext(
             dockerfile=text,
             tar=_tar(entries),
-            base=self._base,
-            pull=self._pull,
-            build_args=dict(self._build_args),
+            base=base,
+            pull=pull,
+            build_args=dict(build_args),
+            parent=parent,
         )
 
     def dockerfile(self) -> str:
@@ -526,18 +538,14 @@ def _add(entries: Dict[str, _Entry], step: _AddLocal) -> str:
 
 def _ignore_file(dockerfile: Path, context: Path) -> str:
     """The ignore file of a ``from_dockerfile`` build: the user's (beside their Dockerfile,
-    else the context's), then what keeps the SDK's added files in and its own Dockerfile
-    out of what a ``COPY .`` takes (the daemon still reads those two)."""
+    else the context's), then the SDK's own files, which the daemon reads but no ``COPY``
+    takes."""
     theirs = ""
     for candidate in (dockerfile.with_name(dockerfile.name + ".dockerignore"), context / ".dockerignore"):
         if candidate.is_file():
             theirs = candidate.read_text()
             break
-    return (
-        theirs.rstrip("\n")
-        + ("\n" if theirs.strip() else "")
-        + f"!{CONTEXT_DIR}\n{DOCKERFILE}\n{DOCKERFILE}.dockerignore\n"
-    )
+    return theirs.rstrip("\n") + ("\n" if theirs.strip() else "") + CONTEXT_DIR + "\n"
 
 
 def _tar(entries: Mapping[str, _Entry]) -> bytes:
