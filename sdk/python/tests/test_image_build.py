@@ -107,13 +107,13 @@ def _base_digest(client: Client) -> str:
 def test_a_local_dir_and_an_extended_dockerfile(client: Recording, tmp_path: Path) -> None:
     d = tmp_path / "proj"
     (d / "sub").mkdir(parents=True)
-    (d / "sub" / "a.txt").write_text(RUN)
+    (d / "sub" / "a.txt").write_text(RUN + "\n")
     (d / "skip.pyc").write_text("x")
     os.symlink("sub/a.txt", d / "link")
     ctx = tmp_path / "ctx"
     ctx.mkdir()
     (ctx / "Dockerfile").write_text(f"FROM base\nCOPY . /ctx/\nRUN echo {RUN} > /built\n")
-    (ctx / "app.txt").write_text("app")
+    (ctx / "app.txt").write_text("app\n")
     (ctx / "x.log").write_text("left out")
     (ctx / ".dockerignore").write_text("*.log\n")
     image = Image.from_dockerfile(ctx / "Dockerfile").add_local_dir(d, "/opt/proj", ignore=["*.pyc"]).user("nobody")

@@ -289,7 +289,7 @@ class Image:
                 raise _refuse(f"env: the value of {k} must be a string, not {type(v).__name__}")
             if any(c in v for c in "\n\r\0"):
                 raise _refuse(f"env: the value of {k} must be one line")
-            pairs.append(f"{k}={_word(v) if v else chr(34) * 2}")
+            pairs.append(f"{k}=" + (_word(v) if v else '""'))
         return self._with("ENV " + " ".join(pairs))
 
     def workdir(self, path: Union[str, PurePosixPath]) -> "Image":
