@@ -12,7 +12,7 @@ import asyncio
 import os
 import time
 from pathlib import Path
-from typing import Any, List, Tuple
+from typing import Any, List, Set, Tuple
 
 import pytest
 
@@ -26,8 +26,12 @@ TAG = {"suite": f"py-image-{os.getpid()}"}
 BUILD = ("POST", "/v1/images/build")
 
 
+#: The images this run built, removed at its end.
+BUILT: Set[str] = set()
+
+
 class Recording(Client):
-    """The real client, noting each request it makes."""
+    """The real client, noting each request it makes and each image it builds."""
 
     def __init__(self) -> None:
         super().__init__()
@@ -35,6 +39,8 @@ class Recording(Client):
 
     def perform(self, call: _ops.Call) -> Any:
         self.calls.append((call.method, call.url))
+        if (call.method, call.url) == BUILD:
+            BUILT.add(str((call.params or {})["tag"]))
         return super().perform(call)
 
 
@@ -44,12 +50,11 @@ def client():
     yield c
     for left in Sandbox.list(tags=TAG, client=c):
         left.delete()
-    for image in c.json("GET", "/v1/images"):
-        if image["name"].startswith("belljar-sdk/image:"):
-            try:
-                c.request("DELETE", f"/v1/images/{seg(image['name'])}")
-            except BelljarError:
-                pass  # another suite's sandbox stands on it
+    for name in sorted(BUILT):
+        try:
+            c.request("DELETE", f"/v1/images/{seg(name)}")
+        except BelljarError as e:
+            assert e.code == "image_not_available", e  # a failed build named nothing
 
 
 def out(sb: Sandbox, script: str) -> str:
@@ -130,6 +135,7 @@ def test_the_asyncio_client_builds_too(tmp_path: Path) -> None:
         c = AsyncClient()
         image = Image.base().env({"B": f"async-{RUN}"}).run_commands("echo $B > /b")
         sb = await AsyncSandbox.create(image=image, tags=TAG, client=c)
+        BUILT.add(sb._data["image"])
         try:
             p = await sb.exec("cat", "/b")
             assert await p.stdout.read() == f"async-{RUN}\n"

@@ -475,11 +475,16 @@ def _ignored(ignore: Any, rel: PurePosixPath) -> bool:
     return any(fnmatch.fnmatchcase(text, p) or ("/" not in p and fnmatch.fnmatchcase(rel.name, p)) for p in ignore)
 
 
+def _raise(e: OSError) -> None:
+    # A directory that cannot be read is an error, not a directory left out.
+    raise e
+
+
 def _walk(root: Path, ignore: Any) -> List[Tuple[PurePosixPath, _Entry]]:
     """What the directory ``root`` holds, sorted, without following links: directories,
     regular files and links (sockets, pipes and devices are left out)."""
     out: List[Tuple[PurePosixPath, _Entry]] = []
-    for dirpath, dirnames, filenames in os.walk(root, followlinks=False):
+    for dirpath, dirnames, filenames in os.walk(root, onerror=_raise, followlinks=False):
         here = Path(dirpath)
         base = PurePosixPath(here.relative_to(root).as_posix())
         kept = []
