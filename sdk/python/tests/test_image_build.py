@@ -1,7 +1,9 @@
 """``belljar.Image`` built by a real daemon (sdk/run-tests.sh starts one and sets
 BELLJAR_HOME): a recipe built on the first create and found again on the second, a changed
 last step rebuilt with every earlier one cached, local files and directories, a Dockerfile
-extended, a failing step raising the daemon's code with its output, and the asyncio client.
+extended, an image of a registry on loopback (Debian's docker-registry, fed by buildah)
+pulled once and built on, a failing step raising the daemon's code with its output, and the
+asyncio client.
 
 The image store outlives the daemon's home, so every recipe here holds this run's id (a
 built image of an earlier run would not need building) and the images are removed at the
@@ -10,6 +12,9 @@ text of apt_install and pip_install)."""
 
 import asyncio
 import os
+import shutil
+import socket
+import subprocess
 import time
 from pathlib import Path
 from typing import Any, List, Set, Tuple
@@ -148,3 +153,68 @@ def test_the_asyncio_client_builds_too(tmp_path: Path) -> None:
             await c.aclose()
 
     asyncio.run(scenario())
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+@pytest.fixture(scope="module")
+def registry(tmp_path_factory: pytest.TempPathFactory):
+    """A registry on loopback holding a busybox image made by buildah (as
+    tests/tests/e2e_oci.rs makes its own); its reference."""
+    tools = {t: shutil.which(t) for t in ("docker-registry", "buildah", "busybox")}
+    if not all(tools.values()):
+        pytest.skip(f"not installed (scripts/setup.sh installs them): {tools}")
+    work = tmp_path_factory.mktemp("registry")
+    port = _free_port()
+    (work / "registry.yml").write_text(
+        f"version: 0.1\nlog:\n  level: error\nstorage:\n  filesystem:\n    rootdirectory: {work}/data\n"
+        f"http:\n  addr: 127.0.0.1:{port}\n"
+    )
+    server = subprocess.Popen(
+        [str(tools["docker-registry"]), "serve", str(work / "registry.yml")],
+        stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+    )
+    try:
+        for _ in range(300):
+            try:
+                socket.create_connection(("127.0.0.1", port), timeout=1).close()
+                break
+            except OSError:
+                time.sleep(0.1)
+        ref = f"127.0.0.1:{port}/sdk/busy:1"
+        script = f"""set -euo pipefail
+B="buildah --root {work}/storage --runroot {work}/run --storage-driver vfs"
+c=$($B from scratch)
+m=$($B mount "$c")
+mkdir -p "$m/bin" "$m/etc"
+cp {tools["busybox"]} "$m/bin/busybox"
+for a in sh cat echo env; do ln -s busybox "$m/bin/$a"; done
+echo 'root:x:0:0:root:/root:/bin/sh' > "$m/etc/passwd"
+$B unmount "$c"
+$B config --env PATH=/bin "$c"
+$B commit -q "$c" sdk-busy >/dev/null
+$B push -q --tls-verify=false sdk-busy docker://{ref}
+"""
+        done = subprocess.run(["bash", "-c", script], capture_output=True, text=True)
+        assert done.returncode == 0, done.stderr
+        yield ref
+    finally:
+        server.terminate()
+        server.wait()
+
+
+def test_an_image_of_a_registry_is_pulled_once_and_built_on(client: Recording, registry: str) -> None:
+    PULL = ("POST", "/v1/images/pull")
+    image = Image.from_registry(registry).env({"X": RUN}).run_commands("echo pulled > /p")
+    client.calls.clear()
+    sb = Sandbox.create(image=image, tags=TAG, client=client)
+    BUILT.add(registry)
+    assert PULL in client.calls and BUILD in client.calls
+    assert out(sb, "cat /p; echo $X") == f"pulled\n{RUN}\n"
+    client.calls.clear()
+    Sandbox.create(image=image, tags=TAG, client=client)
+    assert PULL not in client.calls and BUILD not in client.calls
