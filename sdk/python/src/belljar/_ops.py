@@ -3,16 +3,19 @@ the requests it needs (``Call``), is sent each answer (the decoded JSON, ``None`
 empty one, or the bytes of a ``raw`` call), may have the daemon's error thrown into it at the
 point of the request, and returns its result. ``Client.run`` drives one with httpx's blocking
 client and ``AsyncClient.run`` awaiting httpx's asyncio one, so the URL, body, paging and
-error handling of every operation are written once. Streams (a command's output) and local
-files stay with each client."""
+error handling of every operation are written once. An NDJSON answer that ends (a pull's or
+a build's progress) is handed line by line to the call's ``lines``; a followed stream (a
+command's output) and local files stay with each client."""
 
 from __future__ import annotations
 
+import json
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Dict, Generator, List, Mapping, Optional, TypeVar
+from typing import Any, Callable, Dict, Generator, List, Mapping, Optional, Sequence, TypeVar
 
 from ._common import BelljarError, FileEntry, SnapshotImage, Tunnel, seg
+from .image import BuildContext, ImageBuildError, Progress
 
 T = TypeVar("T")
 
@@ -20,7 +23,9 @@ T = TypeVar("T")
 @dataclass(frozen=True)
 class Call:
     """One request: JSON ``body`` or raw ``content``; the answer decoded from JSON unless
-    ``raw``; ``timeout`` (seconds) raises ``BelljarError("timeout")`` when it passes."""
+    ``raw``; ``timeout`` (seconds) raises ``BelljarError("timeout")`` when it passes. With
+    ``lines``, the answer is NDJSON: each line is given to it decoded as it arrives, and the
+    answer sent back is ``None``."""
 
     method: str
     url: str
@@ -30,6 +35,7 @@ class Call:
     headers: Dict[str, str] = field(default_factory=dict)
     raw: bool = False
     timeout: Optional[float] = None
+    lines: Optional[Callable[[Dict[str, Any]], None]] = None
 
 
 Op = Generator[Call, Any, T]
@@ -266,3 +272,82 @@ def volume_from_name(name: str, create_if_missing: bool, size_mib: Optional[int]
 
 def volume_delete(name: str) -> "Op[None]":
     yield Call("DELETE", f"/v1/volumes/{seg(name)}")
+
+
+# Images.
+
+
+class _Events:
+    """The NDJSON events of a pull or a build as they arrive: given to ``progress``, and
+    kept as far as the result needs (the image, or the error with its step's output)."""
+
+    def __init__(self, progress: Optional[Progress]) -> None:
+        self.progress = progress
+        self.image: Optional[Dict[str, Any]] = None
+        self.error: Optional[Dict[str, Any]] = None
+        self.step: Optional[str] = None
+        self.output: List[str] = []
+
+    def __call__(self, event: Dict[str, Any]) -> None:
+        kind = event.get("type")
+        if kind == "step":
+            self.step = str(event.get("instruction"))
+            self.output = []
+        elif kind == "progress":
+            self.output.append(str(event.get("message")))
+        elif kind == "done":
+            self.image = event.get("image")
+        elif kind == "error":
+            self.error = event
+        if self.progress is not None:
+            self.progress(event)
+
+    def result(self, what: str) -> Dict[str, Any]:
+        if self.error is not None:
+            code, message = str(self.error.get("code")), str(self.error.get("message"))
+            raise ImageBuildError(code, message, self.step, self.output)
+        if self.image is None:
+            raise BelljarError("connection_lost", f"The {what} ended with neither done nor error")
+        return self.image
+
+
+def _find(images: Sequence[Mapping[str, Any]], name: str) -> Optional[Mapping[str, Any]]:
+    """The ready image of ``name`` (a reference without a tag also by its ``:latest``)."""
+    last = name.rsplit("/", 1)[-1]
+    names = {name} if (":" in last or "@" in name) else {name, f"{name}:latest"}
+    return next((i for i in images if i["name"] in names and i["status"] == "ready"), None)
+
+
+def _identity(image: Optional[Mapping[str, Any]]) -> str:
+    if image is None:
+        return ""
+    return str(image.get("digest") or image.get("built_at") or "")
+
+
+def build_image(ctx: BuildContext, progress: Optional[Progress], force: bool) -> "Op[str]":
+    """The name of the image ``ctx`` builds: found among the daemon's images, else built
+    (its base pulled first when it is a registry's and not here, or built first when it is
+    the Dockerfile the steps are added to)."""
+    if ctx.parent is not None:
+        yield from build_image(ctx.parent, progress, force)
+    images: List[Dict[str, Any]] = yield Call("GET", "/v1/images")
+    base = _find(images, ctx.base) if ctx.base is not None else None
+    if ctx.base is not None and base is None and ctx.pull:
+        pulled = _Events(progress)
+        yield Call("POST", "/v1/images/pull", {"reference": ctx.base}, lines=pulled)
+        base = pulled.result("pull")
+    tag = ctx.tag(_identity(base))
+    if not force and _find(images, tag) is not None:
+        return tag
+    params: Dict[str, Any] = {"tag": tag, "dockerfile": ctx.dockerfile_path}
+    if ctx.build_args:
+        params["build_args"] = json.dumps(dict(ctx.build_args))
+    if force:
+        params["no_cache"] = "true"
+    built = _Events(progress)
+    yield Call(
+        "POST", "/v1/images/build", params=params, content=ctx.tar,
+        headers={"content-type": "application/x-tar"}, lines=built,
+    )
+    built.result("build")
+    return tag

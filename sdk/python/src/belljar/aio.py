@@ -29,6 +29,7 @@ from ._common import (
     returncode_of,
     seg,
 )
+from .image import Image
 
 _TIMEOUT = httpx.Timeout(None, connect=10.0)
 T = TypeVar("T")
@@ -68,6 +69,9 @@ class AsyncClient:
             kw["json"] = call.body
         if call.content is not None:
             kw["content"] = call.content
+        if call.lines is not None:
+            await self._stream_lines(call, kw)
+            return None
         try:
             resp = await asyncio.wait_for(self.request(call.method, call.url, **kw), call.timeout)
         except asyncio.TimeoutError as e:
@@ -75,6 +79,18 @@ class AsyncClient:
         if call.raw:
             return resp.content
         return resp.json() if resp.content else None
+
+    async def _stream_lines(self, call: _ops.Call, kw: Dict[str, Any]) -> None:
+        assert call.lines is not None
+        try:
+            async with self.http.stream(call.method, call.url, **kw) as resp:
+                if resp.status_code >= 400:
+                    raise error_of(resp.status_code, await resp.aread())
+                async for line in resp.aiter_lines():
+                    if line.strip():
+                        call.lines(json.loads(line))
+        except httpx.TransportError as e:
+            raise BelljarError("connection_lost", f"Stream from the daemon broke: {e}") from e
 
     async def run(self, op: "_ops.Op[T]") -> T:
         """Runs an operation of ``_ops`` to its result."""
@@ -271,13 +287,16 @@ class AsyncSandbox:
         volumes: Optional[Mapping[str, Any]] = None,
         client: Optional[AsyncClient] = None,
     ) -> "AsyncSandbox":
+        built = isinstance(image, Image)
         body = create_body(
-            image=image, timeout=timeout, idle_timeout=idle_timeout, env=env, tags=tags,
+            image=None if built else image, timeout=timeout, idle_timeout=idle_timeout, env=env, tags=tags,
             block_network=block_network, outbound_cidr_allowlist=outbound_cidr_allowlist,
             name=name, cpu=cpu, memory=memory, volumes=volumes,
         )
         check_ports(encrypted_ports, h2_ports)
         c = client or AsyncClient()
+        if built:
+            body["image"] = await image.build_async(c)
         return AsyncSandbox(c, await c.run(_ops.create(body, list(unencrypted_ports))))
 
     @staticmethod

@@ -31,6 +31,7 @@ from ._common import (
     returncode_of,
     seg,
 )
+from .image import Image
 
 _TIMEOUT = httpx.Timeout(None, connect=10.0)
 T = TypeVar("T")
@@ -70,6 +71,9 @@ class Client:
             kw["content"] = call.content
         if call.timeout is not None:
             kw["timeout"] = call.timeout
+        if call.lines is not None:
+            self._stream_lines(call, kw)
+            return None
         try:
             resp = self.request(call.method, call.url, **kw)
         except httpx.TimeoutException as e:
@@ -77,6 +81,18 @@ class Client:
         if call.raw:
             return resp.content
         return resp.json() if resp.content else None
+
+    def _stream_lines(self, call: _ops.Call, kw: Dict[str, Any]) -> None:
+        assert call.lines is not None
+        try:
+            with self.http.stream(call.method, call.url, **kw) as resp:
+                if resp.status_code >= 400:
+                    raise error_of(resp.status_code, resp.read())
+                for line in resp.iter_lines():
+                    if line.strip():
+                        call.lines(json.loads(line))
+        except httpx.TransportError as e:
+            raise BelljarError("connection_lost", f"Stream from the daemon broke: {e}") from e
 
     def run(self, op: "_ops.Op[T]") -> T:
         """Runs an operation of ``_ops`` to its result."""
@@ -336,14 +352,18 @@ class Sandbox:
         volumes: Optional[Mapping[str, Any]] = None,
         client: Optional[Client] = None,
     ) -> "Sandbox":
-        """Creates a sandbox (``image`` is an image name or a ``SnapshotImage``); returns once it runs."""
+        """Creates a sandbox (``image`` is an image name, an ``Image`` recipe, built first
+        when this daemon does not have it yet, or a ``SnapshotImage``); returns once it runs."""
+        built = isinstance(image, Image)
         body = create_body(
-            image=image, timeout=timeout, idle_timeout=idle_timeout, env=env, tags=tags,
+            image=None if built else image, timeout=timeout, idle_timeout=idle_timeout, env=env, tags=tags,
             block_network=block_network, outbound_cidr_allowlist=outbound_cidr_allowlist,
             name=name, cpu=cpu, memory=memory, volumes=volumes,
         )
         check_ports(encrypted_ports, h2_ports)
         c = _client(client)
+        if built:
+            body["image"] = image.build(c)
         return Sandbox(c, c.run(_ops.create(body, list(unencrypted_ports))))
 
     @staticmethod
