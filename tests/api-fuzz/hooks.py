@@ -11,7 +11,7 @@ when the schema has loaded):
 - a victim sandbox for the operations that end one (stop, delete, snapshot);
 - a snapshot for get, update and diff, and a victim snapshot for delete;
 - a named volume for the volume routes, and a victim volume for `volume_delete`;
-- an image of its own (a one-file OCI layout the hooks import) for `image_remove`, so that the
+- an image of its own (a one-file OCI layout the hooks import) for `image_remove` and `image_export`, so that the
   fuzzer never removes an image of the user's cache, which the daemon's image store is;
 - an exposed port for `port_remove`; a directory snapshot mounted in the shared sandbox for
   `sandbox_mount`'s body and `sandbox_unmount`'s query, and real files for the file routes'
@@ -59,8 +59,8 @@ VICTIM_SNAPSHOT = {"snapshot_delete"}
 VOLUME = {"volume_get"}
 VICTIM_VOLUME = {"volume_delete"}
 # The operations whose path `name` is an image's: the fixture image, by its id (a name has a
-# `/`, which the fuzzer would send as it is), imported again when gone.
-VICTIM_IMAGE = {"image_remove"}
+# `/`, which the fuzzer would send as it is), imported again when gone (export reads it).
+VICTIM_IMAGE = {"image_remove", "image_export"}
 VICTIM_IMAGE_NAME = "localhost/belljar-fuzz-victim:1"
 # Where the directory snapshot is mounted in the shared sandbox, and what it was taken of.
 MOUNT_PATH = "/mnt/belljar-fuzz"

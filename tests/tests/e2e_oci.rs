@@ -415,7 +415,59 @@ fn pulls_imports_and_runs_images_made_by_buildah() {
             "hello\nother"
         );
         client.delete_sandbox(&id4).await.unwrap();
-        client.remove_image(&other).await.unwrap();
+        // Exported as an OCI archive: skopeo reads it (every digest checked on the copy), and
+        // imported again under another name it has the same files.
+        let exported = work.path().join("other.tar");
+        let out = daemon.cli([
+            "images",
+            "export",
+            other.as_str(),
+            "-o",
+            exported.to_str().unwrap(),
+        ]);
+        assert!(out.status.success(), "{}", belljar_e2e::stderr(&out));
+        let copied = work.path().join("copied");
+        let skopeo = Command::new(require("skopeo"))
+            .arg("copy")
+            .arg(format!("oci-archive:{}", exported.display()))
+            .arg(format!("dir:{}", copied.display()))
+            .output()
+            .unwrap();
+        assert!(
+            skopeo.status.success(),
+            "{}",
+            String::from_utf8_lossy(&skopeo.stderr)
+        );
+        let back = follow(
+            client
+                .import_image(
+                    belljar_client::full(std::fs::read(&exported).unwrap()),
+                    Some("localhost/e2e/exported:1"),
+                )
+                .await,
+        )
+        .await
+        .unwrap();
+        assert_eq!(back[0].name, other, "known by its own name too: {back:?}");
+        let id5 = sandbox_of(&daemon, &client, "localhost/e2e/exported:1").await;
+        assert_eq!(
+            out_of(
+                &client,
+                &id5,
+                "cat /etc/hello /etc/other /gone/deep/file",
+                false
+            )
+            .await,
+            "hello\nother\nold"
+        );
+        client.delete_sandbox(&id5).await.unwrap();
+        let back_id = back[0].digest.clone().unwrap();
+        client.remove_image(&back_id).await.unwrap();
+        // The import took the name: the pulled image is known by its id only now.
+        client
+            .remove_image(made[0].digest.as_deref().unwrap())
+            .await
+            .unwrap();
     });
     drop(registry);
 }

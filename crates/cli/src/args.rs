@@ -604,6 +604,15 @@ pub enum ImagesCmd {
     },
     /// Remove the images nothing stands on (no sandbox, snapshot or template): unnamed ones
     /// (a name pulled, imported or built again moved off them), and as asked more.
+    /// Write a pulled, imported or built image as an OCI archive (`podman load`, `docker load`
+    /// and `belljar images import` read it).
+    Export {
+        /// The image's name or id.
+        image: String,
+        /// The archive to write (`-` for standard output).
+        #[arg(short, long, value_name = "FILE")]
+        output: String,
+    },
     Prune {
         /// Also every named image of yours that nothing stands on.
         #[arg(short, long)]

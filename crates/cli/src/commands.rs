@@ -239,6 +239,28 @@ async fn dispatch(client: &Client, paths: &Paths, command: Cmd, json: bool) -> R
             Ok(0)
         }
         Cmd::Images {
+            action: Some(ImagesCmd::Export { image, output }),
+        } => {
+            let mut download = client.export_image(&image).await?;
+            let mut out: Box<dyn std::io::Write> = if output == "-" {
+                Box::new(std::io::stdout().lock())
+            } else {
+                // Written beside its place and renamed when whole: a failed export leaves no
+                // archive that looks complete.
+                Box::new(std::fs::File::create(format!("{output}.part"))?)
+            };
+            while let Some(chunk) = download.chunk().await? {
+                out.write_all(&chunk)?;
+            }
+            out.flush()?;
+            drop(out);
+            if output != "-" {
+                std::fs::rename(format!("{output}.part"), &output)?;
+                outln!("{image} written to {output}")?;
+            }
+            Ok(0)
+        }
+        Cmd::Images {
             action: Some(ImagesCmd::Prune { all, build_cache }),
         } => {
             let req = belljar_api::PruneImages {

@@ -112,6 +112,14 @@ impl Client {
         Ok(NdjsonStream::new(resp.into_body()))
     }
 
+    /// `GET /v1/images/{name}/export`: a user's image as an OCI archive, as it arrives.
+    pub async fn export_image(&self, name: &str) -> Result<crate::body::Download, ClientError> {
+        let resp = self
+            .request(Method::GET, &routes::image_export(name), empty(), None)
+            .await?;
+        Ok(crate::body::Download::new(resp))
+    }
+
     /// `POST /v1/images/prune`: removes the images nothing stands on, as `req` says.
     pub async fn prune_images(&self, req: &PruneImages) -> Result<PrunedImages, ClientError> {
         self.call(Method::POST, routes::IMAGE_PRUNE, req).await

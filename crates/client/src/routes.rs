@@ -68,6 +68,11 @@ pub fn image(name: &str) -> String {
     format!("{IMAGES}/{}", segment(name))
 }
 
+/// `/v1/images/{name}/export`.
+pub fn image_export(name: &str) -> String {
+    format!("{IMAGES}/{}/export", segment(name))
+}
+
 /// `/v1/images/{name}/build`.
 pub fn image_build(name: &str) -> String {
     format!("{IMAGES}/{}/build", segment(name))

@@ -191,14 +191,16 @@ impl Archive {
         };
         let mut out = Vec::new();
         for desc in &index.manifests {
-            let mut names: Vec<String> = [
+            // containerd's annotation is the full name, beside which `ref.name` is only the
+            // tag; without it, `ref.name` is what the layout names the image.
+            let names: Vec<String> = [
                 "io.containerd.image.name",
                 "org.opencontainers.image.ref.name",
             ]
             .iter()
-            .filter_map(|k| desc.annotations.get(*k).cloned())
+            .find_map(|k| desc.annotations.get(*k).cloned())
+            .into_iter()
             .collect();
-            names.dedup();
             let mut doc =
                 spec::parse_document(&desc.media_type, &self.blob(&desc.digest, MAX_MANIFEST)?)?;
             if let Document::Index(inner) = &doc {

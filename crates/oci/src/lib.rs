@@ -17,6 +17,7 @@ pub mod archive;
 pub mod build;
 pub mod digest;
 pub mod dockerfile;
+pub mod export;
 pub mod layers;
 pub mod reference;
 pub mod registry;
@@ -88,7 +89,7 @@ impl Error {
         }
     }
 
-    pub(crate) fn io(what: impl Into<String>) -> impl FnOnce(std::io::Error) -> Error {
+    pub fn io(what: impl Into<String>) -> impl FnOnce(std::io::Error) -> Error {
         let what = what.into();
         move |source| Error::Io { what, source }
     }

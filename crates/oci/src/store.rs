@@ -762,6 +762,22 @@ mod tests {
         // Each layer counted once: 6 + 4 + 8.
         assert_eq!(store.used_bytes(), 18);
 
+        // Exported and imported into another store: the same files, and its name.
+        let out = work.path().join("b-export.tar");
+        store
+            .export("localhost/b:1", std::fs::File::create(&out).unwrap())
+            .unwrap();
+        let other = Store::open(&work.path().join("other"), 1 << 30).unwrap();
+        let back = other.import(&out, &[], &mut |_| {}).unwrap().remove(0);
+        assert_eq!(back.names, ["localhost/b:1"]);
+        for (f, text) in [("hello", "hello\n"), ("b", "bbbbbbbb")] {
+            assert_eq!(
+                std::fs::read_to_string(back.rootfs().join(f)).unwrap(),
+                text
+            );
+        }
+        assert!(!back.rootfs().join("a").exists());
+
         store.remove("localhost/a:1").unwrap();
         assert_eq!(
             std::fs::read_to_string(ib.rootfs().join("hello")).unwrap(),

@@ -4,7 +4,7 @@ use axum::Json;
 use axum::body::Body;
 use axum::extract::State;
 use axum::http::StatusCode;
-use axum::response::Response;
+use axum::response::{IntoResponse, Response};
 use belljar_api::{
     DoctorReport, Image, ImageBuildEvent, ImportQuery, Info, PruneImages, PrunedImages, PullImage,
 };
@@ -29,6 +29,7 @@ pub fn router() -> OpenApiRouter<AppState> {
         .routes(routes!(import))
         .routes(routes!(remove))
         .routes(routes!(prune))
+        .routes(routes!(export))
 }
 
 /// The daemon, its backends and images.
@@ -137,6 +138,33 @@ async fn prune(
         .await
         .map_err(|e| ApiError::Internal(format!("prune: {e}")))??;
     Ok(Json(pruned))
+}
+
+/// Export a user's image as an OCI archive (an OCI layout as a tar, with Docker's
+/// `manifest.json` too: `podman load`, `docker load` and `belljar images import` read it).
+#[utoipa::path(get, path = "/v1/images/{name}/export", operation_id = "image_export", tag = "images", params(ImagePath),
+    responses((status = 200, description = "The archive", body = RawBytes,
+        content_type = "application/x-tar"), Errors))]
+async fn export(
+    State(st): State<AppState>,
+    ApiPath(ImagePath { name }): ApiPath<ImagePath>,
+) -> Result<Response, ApiError> {
+    let images = st.images.clone();
+    let (file, len) = tokio::task::spawn_blocking(move || images.export(&name))
+        .await
+        .map_err(|e| ApiError::Internal(format!("export: {e}")))??;
+    let stream = tokio_util::io::ReaderStream::new(tokio::fs::File::from_std(file));
+    Ok((
+        [
+            (
+                axum::http::header::CONTENT_TYPE,
+                "application/x-tar".to_owned(),
+            ),
+            (axum::http::header::CONTENT_LENGTH, len.to_string()),
+        ],
+        Body::from_stream(stream),
+    )
+        .into_response())
 }
 
 /// Remove a pulled or imported image's name; the image goes with its last name.

@@ -542,6 +542,39 @@ impl Images {
         }
     }
 
+    /// Writes the user's image `name` (a name or an id) as an OCI archive into a scratch
+    /// file, opened and already unlinked (it goes when the reader is done). Blocking.
+    pub fn export(&self, name: &str) -> Result<(std::fs::File, u64), ImageError> {
+        if valid_name(name) && self.is_recipe(name) {
+            return Err(ImageError::BadName(format!(
+                "{name} is one of Belljar's own images, which are not exported"
+            )));
+        }
+        let store = self.oci()?;
+        if store.get(name).is_none() {
+            return Err(ImageError::NotPulled(name.to_owned()));
+        }
+        let path = self.scratch_dir()?.join(format!(
+            "{}export-{}.tar",
+            belljar_oci::store::scratch_prefix(),
+            crate::util::new_id("exp")
+        ));
+        let written = std::fs::File::create(&path)
+            .map_err(|e| ImageError::Oci(belljar_oci::Error::io("Cannot write the archive")(e)))
+            .and_then(|f| {
+                store.export(name, std::io::BufWriter::with_capacity(1 << 20, f))?;
+                Ok(())
+            });
+        let opened = written.and_then(|()| {
+            std::fs::File::open(&path)
+                .map_err(|e| ImageError::Oci(belljar_oci::Error::io("Cannot read the archive")(e)))
+        });
+        let _ = std::fs::remove_file(&path);
+        let file = opened?;
+        let len = file.metadata().map(|m| m.len()).unwrap_or(0);
+        Ok((file, len))
+    }
+
     /// Records that a sandbox is made from the user's image `id` now.
     pub fn used(&self, id: &str) {
         if let (Some(store), Ok(d)) = (&self.oci, belljar_oci::Digest::parse(id)) {
