@@ -5,10 +5,10 @@
 #
 #   bench/images.sh [ROUNDS]      (default 5; p50 of the rounds)
 #
-# Needs root, `buildah`, `podman` and Debian's `docker-registry` (scripts/setup.sh installs
+# Needs root, `buildah`, `podman` (with `runc` on cgroup v1 hosts) and Debian's `docker-registry` (scripts/setup.sh installs
 # them) and the `base` image. Runs its own daemon in a temporary BELLJAR_HOME from BIN
 # (default target/release: build belljard, belljar-cli and belljar-agent first) and podman
-# with storage of its own in a temporary directory; the image is made by buildah from files
+# with overlay storage of its own in a temporary directory; the image is made by buildah from files
 # the script writes (busybox and 100 MB of random data in two layers, gzip as buildah pushes
 # it), so nothing is downloaded. Each round of a pull starts with the image removed from
 # both.
@@ -30,7 +30,12 @@ cleanup() {
     umount -R "$work"/*/overlay 2>/dev/null || true
     rm -rf "$work"
 }
-pod=(--root "$work/podman" --runroot "$work/podman-run" --storage-driver vfs)
+pod=(--root "$work/podman" --runroot "$work/podman-run" --storage-driver overlay)
+# crun raises the open-files limit to its default unless told, which a host with a lower hard
+# limit refuses (snapshot_bench says the same); crun refuses cgroup v1 hosts with v2 mounted
+# too (hybrid), runc does not.
+limits=(--ulimit=nofile=1024:1024 --ulimit=nproc=1024:1024 --network=none)
+command -v runc >/dev/null && pod+=(--runtime runc)
 trap cleanup EXIT
 
 for tool in buildah podman docker-registry; do
@@ -99,12 +104,12 @@ for _ in $(seq "$rounds"); do
     "$cli" images prune >/dev/null 2>&1 || true
     belljar_pull+=("$(ms "$cli" run --backend namespace "$ref" -- /bin/true)")
     podman "${pod[@]}" rmi -f "$ref" >/dev/null 2>&1 || true
-    podman_pull+=("$(ms podman "${pod[@]}" run --rm --tls-verify=false "$ref" /bin/true)")
+    podman_pull+=("$(ms podman "${pod[@]}" run --rm "${limits[@]}" --tls-verify=false "$ref" /bin/true)")
 done
 for _ in $(seq "$rounds"); do
     belljar_cached+=("$(ms "$cli" run --backend namespace "$ref" -- /bin/true)")
     base+=("$(ms "$cli" run --backend namespace base -- /bin/true)")
-    podman_cached+=("$(ms podman "${pod[@]}" run --rm "$ref" /bin/true)")
+    podman_cached+=("$(ms podman "${pod[@]}" run --rm "${limits[@]}" "$ref" /bin/true)")
 done
 show() { printf '%s\n' "$@" | grep -v failed | p50; }
 size=$(du -sm "$work/registry" | cut -f1)
