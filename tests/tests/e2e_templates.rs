@@ -1,6 +1,7 @@
 //! Templates: a template over an image with env, limits, a timeout and a pool of 2; a create
 //! from it is served by its pool and gets its defaults, with the request's own fields over
-//! them; templates survive a restart; an unknown image, a duplicate name, an unknown
+//! them; templates survive a restart; a replaced template's pool is made again to its new
+//! defaults; an unknown image, a duplicate name, an unknown
 //! template and removing an image a template uses are refused with stable codes; removing a
 //! template destroys its pooled sandboxes. Needs root, the `base` image, buildah and
 //! busybox-static, like the other namespace and OCI e2e tests.
@@ -211,6 +212,59 @@ async fn a_template_serves_creates_from_its_pool_with_its_defaults() {
         "{after:?} {refilled:?}"
     );
 
+    // Replaced: new creates get the new defaults, the pool is made again to them (the old
+    // pooled sandboxes go), and sandboxes made before keep theirs.
+    let out = d.cli([
+        "templates",
+        "update",
+        "web",
+        "--image",
+        "base",
+        "--memory",
+        "256",
+        "--env",
+        "GREETING=bye",
+        "--pool",
+        "1",
+    ]);
+    assert_eq!(ok(&out).trim(), "web");
+    let renewed = pool_ready(&d, "web", 1).await;
+    assert!(
+        after.iter().all(|id| !renewed.contains(id)),
+        "{renewed:?} {after:?}"
+    );
+    let web = c.template("web").await.unwrap();
+    assert_eq!((web.memory_mib, web.vcpus, web.pool), (Some(256), None, 1));
+    let third = c
+        .create_sandbox(&belljar_api::CreateSandbox {
+            template: Some("web".into()),
+            ..Default::default()
+        })
+        .await
+        .unwrap();
+    assert_eq!(renewed, std::slice::from_ref(&third.id), "served by the new pool");
+    assert_eq!(third.memory_mib, 256);
+    assert_eq!(sh_ok(&c, &third.id, "echo $GREETING").await, "bye\n");
+    assert_eq!(c.sandbox(&one.id).await.unwrap().env["GREETING"], "hello");
+    let err = c
+        .replace_template(&spec("absent", "base"))
+        .await
+        .unwrap_err();
+    assert_eq!(err.code(), "template_not_found", "{err}");
+    let err = c
+        .replace_template(&CreateTemplate {
+            pool: Some(65),
+            ..spec("web", "base")
+        })
+        .await
+        .unwrap_err();
+    assert_eq!(err.code(), "bad_request", "{err}");
+    assert_eq!(
+        c.template("web").await.unwrap().memory_mib,
+        Some(256),
+        "unchanged"
+    );
+
     // Removing the templates: the pooled sandboxes go, the sandboxes made from it stay, and
     // the image may go.
     ok(&d.cli(["templates", "rm", "web", "busy"]));
@@ -238,7 +292,7 @@ async fn a_template_serves_creates_from_its_pool_with_its_defaults() {
     .map(|s| s.id)
     .collect();
     ids.sort();
-    let mut made = vec![one.id.clone(), other.id.clone()];
+    let mut made = vec![one.id.clone(), other.id.clone(), third.id.clone()];
     made.sort();
     assert_eq!(ids, made);
     c.remove_image(&image).await.unwrap();

@@ -473,6 +473,9 @@ pub struct RunArgs {
 pub enum TemplatesCmd {
     /// Create a template and print its name; its pool starts filling in the background.
     Create(Box<TemplateCreateArgs>),
+    /// Replace a template's image and defaults with these (what is not given goes back to
+    /// the daemon's default); its pool is made again, sandboxes made from it stay.
+    Update(Box<TemplateCreateArgs>),
     /// List templates, with their pools (ready/target).
     Ls,
     /// Delete templates and their pooled sandboxes (sandboxes made from them stay).

@@ -1,4 +1,4 @@
-//! `belljar templates create|ls|inspect|rm`: an image plus the defaults of the sandboxes
+//! `belljar templates create|update|ls|inspect|rm`: an image plus the defaults of the sandboxes
 //! made from it and the size of its warm pool.
 
 use std::fmt::Write as _;
@@ -16,6 +16,14 @@ pub async fn templates(client: &Client, action: TemplatesCmd, json: bool) -> Res
     match action {
         TemplatesCmd::Create(a) => {
             let t = client.create_template(&request(*a)?).await?;
+            if json {
+                print_json(&t)?;
+            } else {
+                outln!("{}", t.name)?;
+            }
+        }
+        TemplatesCmd::Update(a) => {
+            let t = client.replace_template(&request(*a)?).await?;
             if json {
                 print_json(&t)?;
             } else {

@@ -13,6 +13,17 @@ impl Client {
         self.call(Method::POST, TEMPLATES, req).await
     }
 
+    /// `PUT /v1/templates/{name}`: replaces the template's image and defaults (`req.name` is
+    /// its name); its pool is made again.
+    pub async fn replace_template(&self, req: &CreateTemplate) -> Result<Template, ClientError> {
+        self.call(
+            Method::PUT,
+            &format!("{TEMPLATES}/{}", segment(&req.name)),
+            req,
+        )
+        .await
+    }
+
     /// `GET /v1/templates`: every template, by name, with its pool's state.
     pub async fn list_templates(&self) -> Result<TemplateList, ClientError> {
         self.get(TEMPLATES).await

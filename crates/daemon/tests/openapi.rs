@@ -54,7 +54,7 @@ fn the_document_lists_exactly_the_routes_that_answer() {
             }
         }
     }
-    assert_eq!(operations, 67);
+    assert_eq!(operations, 68);
     let none = d.unix("GET", "/v1/no-such-route", "");
     assert_eq!((none.status, none.code().as_str()), (404, "not_found"));
 }

@@ -17,7 +17,7 @@ use super::sandboxes::detached;
 pub fn router() -> OpenApiRouter<AppState> {
     OpenApiRouter::new()
         .routes(routes!(create, list))
-        .routes(routes!(get_one, remove))
+        .routes(routes!(get_one, replace, remove))
 }
 
 /// Create a template over an image the daemon has (`image_not_available` otherwise;
@@ -49,6 +49,20 @@ async fn get_one(
     ApiPath(TemplatePath { name }): ApiPath<TemplatePath>,
 ) -> Result<Json<Template>, ApiError> {
     Ok(Json(st.sandboxes.template(&name)?))
+}
+
+/// Replace a template's image and defaults (the body's `name` is the template's): sandboxes
+/// made from it stay as they are; its pool is made again to the new defaults.
+#[utoipa::path(put, path = "/v1/templates/{name}", operation_id = "template_replace", tag = "templates",
+    params(TemplatePath), request_body = CreateTemplate,
+    responses((status = 200, description = "The template", body = Template), Errors))]
+async fn replace(
+    State(st): State<AppState>,
+    ApiPath(TemplatePath { name }): ApiPath<TemplatePath>,
+    ApiJson(req): ApiJson<CreateTemplate>,
+) -> Result<Json<Template>, ApiError> {
+    let t = detached(async move { st.sandboxes.replace_template(&name, req).await }).await?;
+    Ok(Json(t))
 }
 
 /// Delete a template and destroy its pooled sandboxes; sandboxes made from it stay.

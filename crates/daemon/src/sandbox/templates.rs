@@ -12,6 +12,46 @@ use crate::util::now_ms;
 impl Sandboxes {
     /// Records a template over an image the daemon has, and starts its pool.
     pub fn create_template(&self, req: CreateTemplate) -> Result<Template, SandboxError> {
+        self.check_template(&req)?;
+        // The image must be here now, and the backend able to run it.
+        let class = self.template_class(&req)?;
+        if !self.inner.store.insert_template(&req, now_ms())? {
+            return Err(SandboxError::Conflict(format!(
+                "A template named {} exists",
+                req.name
+            )));
+        }
+        self.add_template_pool(&req.name, class, req.pool.unwrap_or(0) as usize);
+        self.template(&req.name)
+    }
+
+    /// Replaces template `name` with `req` (whose name must be the same): the sandboxes made
+    /// from it before stay as they are; its pooled ones, made to the old defaults, are
+    /// destroyed and the pool refills to the new ones.
+    pub async fn replace_template(
+        &self,
+        name: &str,
+        req: CreateTemplate,
+    ) -> Result<Template, SandboxError> {
+        if req.name != name {
+            return Err(SandboxError::BadRequest(format!(
+                "name: {:?} is not the template's name {name:?} (a template is not renamed)",
+                req.name
+            )));
+        }
+        self.check_template(&req)?;
+        let class = self.template_class(&req)?;
+        if !self.inner.store.replace_template(&req)? {
+            return Err(SandboxError::TemplateNotFound(name.to_owned()));
+        }
+        self.drain_template_pool(name).await;
+        self.add_template_pool(name, class, req.pool.unwrap_or(0) as usize);
+        self.template(name)
+    }
+
+    /// What every template must be: valid, within the daemon's limits, its policy one the
+    /// firewall takes.
+    fn check_template(&self, req: &CreateTemplate) -> Result<(), SandboxError> {
         req.validate()
             .map_err(|e| SandboxError::BadRequest(e.to_string()))?;
         let s = &self.inner.settings;
@@ -24,16 +64,7 @@ impl Sandboxes {
         if let Some(policy) = &req.network_policy {
             super::network::policy::firewall(policy)?;
         }
-        // The image must be here now, and the backend able to run it.
-        let class = self.template_class(&req)?;
-        if !self.inner.store.insert_template(&req, now_ms())? {
-            return Err(SandboxError::Conflict(format!(
-                "A template named {} exists",
-                req.name
-            )));
-        }
-        self.add_template_pool(&req.name, class, req.pool.unwrap_or(0) as usize);
-        self.template(&req.name)
+        Ok(())
     }
 
     /// Every template, by name, with its pool's state.

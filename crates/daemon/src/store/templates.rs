@@ -41,6 +41,17 @@ impl Store {
         Ok(rows.collect::<Result<_, _>>()?)
     }
 
+    /// Replaces template `t.name`'s request, keeping when it was made; `false` when there is
+    /// none.
+    pub fn replace_template(&self, t: &CreateTemplate) -> Result<bool, StoreError> {
+        let body = serde_json::to_string(t)?;
+        let n = self.conn().execute(
+            "UPDATE templates SET image = ?2, body = ?3 WHERE name = ?1",
+            params![t.name, t.image, body],
+        )?;
+        Ok(n == 1)
+    }
+
     /// Deletes the template; `false` when there was none.
     pub fn delete_template(&self, name: &str) -> Result<bool, StoreError> {
         let n = self
