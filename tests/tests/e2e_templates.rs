@@ -125,6 +125,11 @@ async fn a_template_serves_creates_from_its_pool_with_its_defaults() {
         one.id
     );
     assert_eq!(one.image, "base");
+    assert_eq!(
+        one.template.as_deref(),
+        Some("web"),
+        "it records its template"
+    );
     assert_eq!((one.memory_mib, one.vcpus), (512, 1));
     assert_eq!(one.timeout_ms, 600_000);
     assert_eq!(one.env["GREETING"], "hello");
@@ -205,6 +210,14 @@ async fn a_template_serves_creates_from_its_pool_with_its_defaults() {
     let c = d.unix();
     let web = c.template("web").await.unwrap();
     assert_eq!((web.memory_mib, web.pool), (Some(512), 2));
+    assert_eq!(
+        c.sandbox(&one.id).await.unwrap().template.as_deref(),
+        Some("web")
+    );
+    assert_eq!(
+        c.sandbox(&other.id).await.unwrap().template.as_deref(),
+        Some("web")
+    );
     assert_eq!(web.env["GREETING"], "hello");
     let after = pool_ready(&d, "web", 2).await;
     assert!(
@@ -242,8 +255,13 @@ async fn a_template_serves_creates_from_its_pool_with_its_defaults() {
         })
         .await
         .unwrap();
-    assert_eq!(renewed, std::slice::from_ref(&third.id), "served by the new pool");
+    assert_eq!(
+        renewed,
+        std::slice::from_ref(&third.id),
+        "served by the new pool"
+    );
     assert_eq!(third.memory_mib, 256);
+    assert_eq!(third.template.as_deref(), Some("web"));
     assert_eq!(sh_ok(&c, &third.id, "echo $GREETING").await, "bye\n");
     assert_eq!(c.sandbox(&one.id).await.unwrap().env["GREETING"], "hello");
     let err = c

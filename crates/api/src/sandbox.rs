@@ -312,6 +312,10 @@ pub struct Sandbox {
     #[serde(default)]
     #[ts(optional)]
     pub image_id: Option<String>,
+    /// The template (`/v1/templates`) the sandbox was made from, when its create named one.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[ts(optional)]
+    pub template: Option<String>,
     pub backend: Backend,
     /// Why this backend was chosen, e.g. "KVM is software-based (PVM) here".
     pub backend_reason: String,
@@ -368,6 +372,7 @@ impl Sandbox {
             status_reason: None,
             image,
             image_id: None,
+            template: None,
             backend,
             backend_reason: String::new(),
             vcpus,

@@ -119,6 +119,9 @@ pub fn sandbox(s: &Sandbox, now: i64) -> String {
     }
     kv("status", status);
     kv("image", s.image.clone());
+    if let Some(t) = &s.template {
+        kv("template", t.clone());
+    }
     kv("backend", format!("{} ({})", backend(s), s.backend_reason));
     kv(
         "resources",

@@ -127,6 +127,7 @@ impl Sandboxes {
                 auto_resume: req.auto_resume.unwrap_or(true),
             },
             image_id: r.image.id.clone(),
+            template: req.template.clone(),
             ..Sandbox::pending(
                 id.clone(),
                 r.image_name.clone(),

@@ -173,6 +173,10 @@ const MIGRATIONS: &[&str] = &[
     ALTER TABLE sandboxes ADD COLUMN image_id TEXT;
     ALTER TABLE snapshots ADD COLUMN image_id TEXT;
     "#,
+    // 11: the template a sandbox was made from.
+    r#"
+    ALTER TABLE sandboxes ADD COLUMN template TEXT;
+    "#,
 ];
 
 /// The schema version this daemon writes.

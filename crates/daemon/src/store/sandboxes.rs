@@ -7,7 +7,7 @@ use super::{Store, StoreError, enum_col, enum_to_sql, json_col};
 
 const COLUMNS: &str = "id, name, status, status_reason, image, backend, backend_reason, vcpus, \
     memory_mib, disk_mib, env, tags, source, created_at, started_at, stopped_at, timeout_ms, \
-    expires_at, limits, lifecycle, volumes, image_id";
+    expires_at, limits, lifecycle, volumes, image_id, template";
 
 /// One page of a listing and the cursor of the next one.
 #[derive(Debug, Clone, PartialEq)]
@@ -42,7 +42,7 @@ impl Store {
         // delete would cascade to the sandbox's commands.
         let sql = format!(
             "INSERT INTO sandboxes ({COLUMNS}) VALUES \
-             (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, ?11, ?12, ?13, ?14, ?15, ?16, ?17, ?18, ?19, ?20, ?21, ?22) \
+             (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, ?11, ?12, ?13, ?14, ?15, ?16, ?17, ?18, ?19, ?20, ?21, ?22, ?23) \
              ON CONFLICT (id) DO UPDATE SET {}",
             update_set(COLUMNS)
         );
@@ -72,6 +72,7 @@ impl Store {
                 serde_json::to_string(&s.lifecycle)?,
                 s.volumes.as_ref().map(serde_json::to_string).transpose()?,
                 s.image_id,
+                s.template,
             ],
         )?;
         Ok(())
@@ -256,6 +257,7 @@ fn row_to_sandbox(r: &Row<'_>) -> rusqlite::Result<Sandbox> {
         status_reason: r.get(3)?,
         image: r.get(4)?,
         image_id: r.get(21)?,
+        template: r.get(22)?,
         backend: enum_col(5, &r.get::<_, String>(5)?)?,
         backend_reason: r.get(6)?,
         vcpus: r.get(7)?,
@@ -300,6 +302,7 @@ pub(crate) mod tests {
             status_reason: None,
             image: "base".into(),
             image_id: None,
+            template: None,
             backend: Backend::Namespace,
             backend_reason: "test".into(),
             vcpus: 2,

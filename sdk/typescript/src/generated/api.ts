@@ -146,7 +146,11 @@ status_reason?: string, image: string,
  * name, pulled, imported or built again, may come to name another image; the sandbox
  * keeps this one. Absent for Belljar's own images.
  */
-image_id?: string, backend: Backend, 
+image_id?: string, 
+/**
+ * The template (`/v1/templates`) the sandbox was made from, when its create named one.
+ */
+template?: string, backend: Backend, 
 /**
  * Why this backend was chosen, e.g. "KVM is software-based (PVM) here".
  */
