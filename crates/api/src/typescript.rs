@@ -97,6 +97,7 @@ pub fn render() -> String {
         SessionToken::decl(&cfg),
         ImageStatus::decl(&cfg),
         Image::decl(&cfg),
+        ImageUsers::decl(&cfg),
         ImageBuildEvent::decl(&cfg),
         PullImage::decl(&cfg),
         PruneImages::decl(&cfg),

@@ -89,3 +89,53 @@ def test_pages_are_followed_and_the_async_driver_agrees() -> None:
 
     entries = asyncio.run(_ops.adrive(_ops.list_files("sbx_1", "/d"), aperform))
     assert [e.name for e in entries] == ["a", "b"]
+
+
+def lines(*events: Any) -> Callable[[_ops.Call], Any]:
+    """A ``perform`` that gives an NDJSON call's ``lines`` each event, as a client does."""
+
+    def perform(call: _ops.Call) -> Any:
+        assert call.lines is not None
+        for event in events:
+            call.lines(event)
+        return None
+
+    return perform
+
+
+def test_an_import_is_every_done_image_and_names_its_body() -> None:
+    a, b = {"name": "x/a:1", "status": "ready"}, {"name": "x/b:1", "status": "ready"}
+    seen: List[Any] = []
+    perform = lines({"type": "progress", "message": "m"}, {"type": "done", "image": a}, {"type": "done", "image": b})
+    assert _ops.drive(_ops.import_image(b"tar", "x/c:1", seen.append), perform) == [a, b]
+    assert [e["type"] for e in seen] == ["progress", "done", "done"]
+
+    calls: List[_ops.Call] = []
+
+    def record(call: _ops.Call) -> Any:
+        calls.append(call)
+        return lines({"type": "done", "image": a})(call)
+
+    _ops.drive(_ops.import_image(b"tar", None, None), record)
+    _ops.drive(_ops.import_image("/tmp/app.tar", "x/c:1", None), record)
+    assert (calls[0].content, calls[0].upload, calls[0].params) == (b"tar", None, None)
+    assert (calls[1].content, str(calls[1].upload), calls[1].params) == (None, "/tmp/app.tar", {"tag": "x/c:1"})
+
+
+def test_a_pull_error_event_raises_its_code() -> None:
+    perform = lines({"type": "progress", "message": "m"}, {"type": "error", "code": "registry_unavailable", "message": "no"})
+    with pytest.raises(BelljarError) as e:
+        _ops.drive(_ops.pull_image("127.0.0.1:1/none:1", False, None), perform)
+    assert e.value.code == "registry_unavailable"
+    with pytest.raises(BelljarError) as cut:
+        _ops.drive(_ops.pull_image("r/x:1", False, None), lines({"type": "progress", "message": "m"}))
+    assert cut.value.code == "connection_lost"
+
+
+def test_image_names_are_one_path_segment() -> None:
+    calls, perform = script(None, None)
+    _ops.drive(_ops.remove_image("localhost:5000/a/b:1"), perform)
+    _ops.drive(_ops.export_image("localhost:5000/a/b:1", "out.tar"), perform)
+    assert calls[0].url == "/v1/images/localhost%3A5000%2Fa%2Fb%3A1"
+    assert calls[1].url == "/v1/images/localhost%3A5000%2Fa%2Fb%3A1/export"
+    assert str(calls[1].download) == "out.tar"

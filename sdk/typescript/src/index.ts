@@ -5,6 +5,8 @@ export { Sandbox, Snapshots } from "./sandbox.js";
 export type { CreateOptions, RunOptions, Signalled } from "./sandbox.js";
 export { Command, CommandFinished } from "./command.js";
 export type { LogChunk } from "./command.js";
+export { Client } from "./client.js";
+export type { ImageOptions } from "./client.js";
 export { Files } from "./files.js";
 export { Network } from "./network.js";
 export { Terminal } from "./terminal.js";

@@ -13,3 +13,8 @@ export function query(pairs: Record<string, string | number | boolean | undefine
     .map(([k, v]) => `${k}=${encodeURIComponent(String(v))}`);
   return parts.length ? "?" + parts.join("&") : "";
 }
+
+/** `/v1/images/{name}[/rest...]`: an image's name (`registry/repo:tag`) is one segment. */
+export function imagePath(name: string, ...rest: string[]): string {
+  return path("images", name, ...rest);
+}

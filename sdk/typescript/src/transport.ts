@@ -132,9 +132,9 @@ export class Transport {
     }
   }
 
-  /** Items of an NDJSON answer as they arrive. */
-  async *ndjson<T>(method: string, path: string, signal?: AbortSignal): AsyncGenerator<T> {
-    const res = await this.request(method, path, { signal });
+  /** Items of an NDJSON answer as they arrive (`opts` give a request body). */
+  async *ndjson<T>(method: string, path: string, signal?: AbortSignal, opts: RequestOptions = {}): AsyncGenerator<T> {
+    const res = await this.request(method, path, { ...opts, signal });
     let pending = "";
     try {
       for await (const chunk of res) {

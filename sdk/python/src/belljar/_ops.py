@@ -4,15 +4,16 @@ empty one, or the bytes of a ``raw`` call), may have the daemon's error thrown i
 point of the request, and returns its result. ``Client.run`` drives one with httpx's blocking
 client and ``AsyncClient.run`` awaiting httpx's asyncio one, so the URL, body, paging and
 error handling of every operation are written once. An NDJSON answer that ends (a pull's or
-a build's progress) is handed line by line to the call's ``lines``; a followed stream (a
-command's output) and local files stay with each client."""
+a build's progress) is handed line by line to the call's ``lines``; a local file sent whole
+(``upload``) or an answer written to one (``download``) is named by the call and read or
+written by each client; a followed stream (a command's output) stays with each client."""
 
 from __future__ import annotations
 
 import json
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Callable, Dict, Generator, List, Mapping, Optional, Sequence, TypeVar
+from typing import Any, Callable, Dict, Generator, List, Mapping, Optional, Sequence, TypeVar, Union
 
 from ._common import BelljarError, FileEntry, SnapshotImage, Tunnel, seg
 from .image import BuildContext, ImageBuildError, Progress
@@ -25,7 +26,9 @@ class Call:
     """One request: JSON ``body`` or raw ``content``; the answer decoded from JSON unless
     ``raw``; ``timeout`` (seconds) raises ``BelljarError("timeout")`` when it passes. With
     ``lines``, the answer is NDJSON: each line is given to it decoded as it arrives, and the
-    answer sent back is ``None``."""
+    answer sent back is ``None``. With ``upload``, that file is the body, streamed; with
+    ``download``, the answer is streamed to that file (written beside it and renamed when
+    whole), and the answer sent back is ``None``."""
 
     method: str
     url: str
@@ -36,6 +39,8 @@ class Call:
     raw: bool = False
     timeout: Optional[float] = None
     lines: Optional[Callable[[Dict[str, Any]], None]] = None
+    upload: Optional[Path] = None
+    download: Optional[Path] = None
 
 
 Op = Generator[Call, Any, T]
@@ -278,12 +283,14 @@ def volume_delete(name: str) -> "Op[None]":
 
 
 class _Events:
-    """The NDJSON events of a pull or a build as they arrive: given to ``progress``, and
-    kept as far as the result needs (the image, or the error with its step's output)."""
+    """The NDJSON events of a pull, an import or a build as they arrive: given to
+    ``progress``, and kept as far as the result needs (the image, every image of an import,
+    or the error with its step's output)."""
 
     def __init__(self, progress: Optional[Progress]) -> None:
         self.progress = progress
         self.image: Optional[Dict[str, Any]] = None
+        self.images: List[Dict[str, Any]] = []
         self.error: Optional[Dict[str, Any]] = None
         self.step: Optional[str] = None
         self.output: List[str] = []
@@ -297,6 +304,8 @@ class _Events:
             self.output.append(str(event.get("message")))
         elif kind == "done":
             self.image = event.get("image")
+            if self.image is not None:
+                self.images.append(self.image)
         elif kind == "error":
             self.error = event
         if self.progress is not None:
@@ -351,3 +360,49 @@ def build_image(ctx: BuildContext, progress: Optional[Progress], force: bool) ->
     )
     built.result("build")
     return tag
+
+
+def _image(name: str, rest: str = "") -> str:
+    return f"/v1/images/{seg(name)}{rest}"
+
+
+def images() -> "Op[List[Dict[str, Any]]]":
+    answer: List[Dict[str, Any]] = yield Call("GET", "/v1/images")
+    return answer
+
+
+def pull_image(reference: str, insecure: bool, progress: Optional[Progress]) -> "Op[Dict[str, Any]]":
+    body: Dict[str, Any] = {"reference": reference}
+    if insecure:
+        body["insecure"] = True
+    pulled = _Events(progress)
+    yield Call("POST", "/v1/images/pull", body, lines=pulled)
+    return pulled.result("pull")
+
+
+def import_image(
+    archive: Union[str, Path, bytes], tag: Optional[str], progress: Optional[Progress]
+) -> "Op[List[Dict[str, Any]]]":
+    """The images of an archive (``docker save``'s, or an OCI layout as a tar): a file's
+    path, streamed, or its bytes."""
+    imported = _Events(progress)
+    data, upload = (archive, None) if isinstance(archive, bytes) else (None, Path(archive))
+    yield Call(
+        "POST", "/v1/images/import", params={"tag": tag} if tag else None,
+        content=data, upload=upload, headers={"content-type": "application/x-tar"}, lines=imported,
+    )
+    imported.result("import")
+    return imported.images
+
+
+def remove_image(name: str) -> "Op[None]":
+    yield Call("DELETE", _image(name))
+
+
+def prune_images(all: bool, build_cache: bool) -> "Op[Dict[str, Any]]":
+    answer: Dict[str, Any] = yield Call("POST", "/v1/images/prune", {"all": all, "build_cache": build_cache})
+    return answer
+
+
+def export_image(name: str, path: Union[str, Path]) -> "Op[None]":
+    yield Call("GET", _image(name, "/export"), download=Path(path))

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import os
 from pathlib import Path
 from typing import Any, AsyncIterator, Dict, List, Mapping, Optional, Sequence, TypeVar, Union
 
@@ -29,7 +30,7 @@ from ._common import (
     returncode_of,
     seg,
 )
-from .image import Image
+from .image import Image, Progress
 
 _TIMEOUT = httpx.Timeout(None, connect=10.0)
 T = TypeVar("T")
@@ -69,8 +70,13 @@ class AsyncClient:
             kw["json"] = call.body
         if call.content is not None:
             kw["content"] = call.content
+        if call.upload is not None:
+            kw["content"] = _read_chunks(call.upload)
         if call.lines is not None:
             await self._stream_lines(call, kw)
+            return None
+        if call.download is not None:
+            await self._download(call.download, call, kw)
             return None
         try:
             resp = await asyncio.wait_for(self.request(call.method, call.url, **kw), call.timeout)
@@ -92,6 +98,22 @@ class AsyncClient:
         except httpx.TransportError as e:
             raise BelljarError("connection_lost", f"Stream from the daemon broke: {e}") from e
 
+    async def _download(self, local: Path, call: _ops.Call, kw: Dict[str, Any]) -> None:
+        local.parent.mkdir(parents=True, exist_ok=True)
+        tmp = local.with_name(local.name + ".belljar-part")
+        try:
+            async with self.http.stream(call.method, call.url, **kw) as resp:
+                if resp.status_code >= 400:
+                    raise error_of(resp.status_code, await resp.aread())
+                with open(tmp, "wb") as f:
+                    async for chunk in resp.aiter_bytes():
+                        await asyncio.to_thread(f.write, chunk)
+            os.replace(tmp, local)
+        except httpx.TransportError as e:
+            raise BelljarError("connection_lost", f"Stream from the daemon broke: {e}") from e
+        finally:
+            tmp.unlink(missing_ok=True)
+
     async def run(self, op: "_ops.Op[T]") -> T:
         """Runs an operation of ``_ops`` to its result."""
         return await _ops.adrive(op, self.perform)
@@ -109,6 +131,41 @@ class AsyncClient:
 
     async def aclose(self) -> None:
         await self.http.aclose()
+
+    # Images: as ``belljar.Client``'s.
+
+    async def images(self) -> List[Dict[str, Any]]:
+        """Every image of the daemon (``GET /v1/images``)."""
+        return await self.run(_ops.images())
+
+    async def pull_image(self, reference: str, *, insecure: bool = False, progress: Optional[Progress] = None) -> Dict[str, Any]:
+        """Pulls ``reference`` from its registry; the pulled image."""
+        return await self.run(_ops.pull_image(reference, insecure, progress))
+
+    async def import_image(
+        self, archive: Union[str, Path, bytes], *, tag: Optional[str] = None, progress: Optional[Progress] = None
+    ) -> List[Dict[str, Any]]:
+        """Imports an image archive (a path, streamed, or bytes); the images it held."""
+        return await self.run(_ops.import_image(archive, tag, progress))
+
+    async def remove_image(self, name: str) -> None:
+        """Removes an image's name (``conflict`` while something uses it)."""
+        await self.run(_ops.remove_image(name))
+
+    async def prune_images(self, *, all: bool = False, build_cache: bool = False) -> Dict[str, Any]:
+        """Removes the images nothing stands on; ``{removed, reclaimed_bytes}``."""
+        return await self.run(_ops.prune_images(all, build_cache))
+
+    async def export_image(self, name: str, path: Union[str, Path]) -> None:
+        """Writes a user's image to ``path`` as an OCI archive, renamed when whole."""
+        await self.run(_ops.export_image(name, path))
+
+
+async def _read_chunks(path: Path) -> AsyncIterator[bytes]:
+    """A file's bytes as an upload body, read in a thread."""
+    with open(path, "rb") as f:
+        while chunk := await asyncio.to_thread(f.read, 1 << 20):
+            yield chunk
 
 
 class AsyncStreamReader:

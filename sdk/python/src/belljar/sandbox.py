@@ -6,7 +6,9 @@ stdout and stderr, so ``for line in p.stdout`` yields lines as the command print
 
 from __future__ import annotations
 
+import contextlib
 import json
+import os
 import queue
 import shutil
 import threading
@@ -31,7 +33,7 @@ from ._common import (
     returncode_of,
     seg,
 )
-from .image import Image
+from .image import Image, Progress
 
 _TIMEOUT = httpx.Timeout(None, connect=10.0)
 T = TypeVar("T")
@@ -71,16 +73,38 @@ class Client:
             kw["content"] = call.content
         if call.timeout is not None:
             kw["timeout"] = call.timeout
-        if call.lines is not None:
-            self._stream_lines(call, kw)
-            return None
-        try:
-            resp = self.request(call.method, call.url, **kw)
-        except httpx.TimeoutException as e:
-            raise BelljarError("timeout", f"{call.method} {call.url} took longer than {call.timeout}s") from e
+        with contextlib.ExitStack() as stack:
+            if call.upload is not None:
+                kw["content"] = stack.enter_context(open(call.upload, "rb"))
+            if call.lines is not None:
+                self._stream_lines(call, kw)
+                return None
+            if call.download is not None:
+                self._download(call.download, call, kw)
+                return None
+            try:
+                resp = self.request(call.method, call.url, **kw)
+            except httpx.TimeoutException as e:
+                raise BelljarError("timeout", f"{call.method} {call.url} took longer than {call.timeout}s") from e
         if call.raw:
             return resp.content
         return resp.json() if resp.content else None
+
+    def _download(self, local: Path, call: _ops.Call, kw: Dict[str, Any]) -> None:
+        local.parent.mkdir(parents=True, exist_ok=True)
+        tmp = local.with_name(local.name + ".belljar-part")
+        try:
+            with self.http.stream(call.method, call.url, **kw) as resp:
+                if resp.status_code >= 400:
+                    raise error_of(resp.status_code, resp.read())
+                with open(tmp, "wb") as f:
+                    for chunk in resp.iter_bytes():
+                        f.write(chunk)
+            os.replace(tmp, local)
+        except httpx.TransportError as e:
+            raise BelljarError("connection_lost", f"Stream from the daemon broke: {e}") from e
+        finally:
+            tmp.unlink(missing_ok=True)
 
     def _stream_lines(self, call: _ops.Call, kw: Dict[str, Any]) -> None:
         assert call.lines is not None
@@ -108,6 +132,40 @@ class Client:
                         yield json.loads(line)
         except httpx.TransportError as e:
             raise BelljarError("connection_lost", f"Stream from the daemon broke: {e}") from e
+
+    # Images.
+
+    def images(self) -> List[Dict[str, Any]]:
+        """Every image of the daemon (``GET /v1/images``: name, status, digest, size_bytes,
+        source, used_by, ...)."""
+        return self.run(_ops.images())
+
+    def pull_image(self, reference: str, *, insecure: bool = False, progress: Optional[Progress] = None) -> Dict[str, Any]:
+        """Pulls ``reference`` from its registry (plain HTTP to a registry off loopback with
+        ``insecure``); ``progress`` is given each event. The pulled image."""
+        return self.run(_ops.pull_image(reference, insecure, progress))
+
+    def import_image(
+        self, archive: Union[str, Path, bytes], *, tag: Optional[str] = None, progress: Optional[Progress] = None
+    ) -> List[Dict[str, Any]]:
+        """Imports a ``docker save`` archive or an OCI layout as a tar (a path, streamed, or
+        bytes), also named ``tag`` when given. The images it held."""
+        return self.run(_ops.import_image(archive, tag, progress))
+
+    def remove_image(self, name: str) -> None:
+        """Removes a pulled, imported or built image's name (``conflict`` while a sandbox,
+        snapshot or template uses it)."""
+        self.run(_ops.remove_image(name))
+
+    def prune_images(self, *, all: bool = False, build_cache: bool = False) -> Dict[str, Any]:
+        """Removes the images nothing stands on: unnamed ones, with ``all`` every named one of
+        the user's, with ``build_cache`` the Dockerfile step cache. ``{removed, reclaimed_bytes}``."""
+        return self.run(_ops.prune_images(all, build_cache))
+
+    def export_image(self, name: str, path: Union[str, Path]) -> None:
+        """Writes a user's image to ``path`` as an OCI archive (``import_image``, ``podman
+        load`` and ``docker load`` read it), streamed beside it and renamed when whole."""
+        self.run(_ops.export_image(name, path))
 
 
 _default: Optional[Client] = None

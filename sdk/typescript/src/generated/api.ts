@@ -827,6 +827,20 @@ source?: string,
  */
 used_by?: ImageUsers, };
 
+export type ImageUsers = { 
+/**
+ * The sandboxes' ids.
+ */
+sandboxes: Array<string>, 
+/**
+ * The usable snapshots' ids.
+ */
+snapshots: Array<string>, 
+/**
+ * The templates' names.
+ */
+templates: Array<string>, };
+
 export type ImageBuildEvent = { "type": "progress", message: string, } | { "type": "step", step: number, steps: number, instruction: string, cached: boolean, } | { "type": "done", image: Image, } | { "type": "error", code: ErrorCode, message: string, };
 
 export type PullImage = { 
