@@ -12,7 +12,7 @@ use std::collections::HashMap;
 use std::fs;
 use std::io::{self, BufWriter, Write};
 use std::os::unix::ffi::OsStrExt;
-use std::os::unix::fs::{FileTypeExt, MetadataExt, OpenOptionsExt};
+use std::os::unix::fs::MetadataExt;
 use std::path::{Path, PathBuf};
 
 use crate::build::Hashing;
@@ -93,25 +93,9 @@ pub fn layer_diff<W: Write>(lower: Option<&Path>, upper: &Path, out: W) -> Resul
             if old.is_some_and(|o| o.dev() == m.dev() && o.ino() == m.ino()) {
                 continue;
             }
-            if ft.is_symlink() {
-                let target = fs::read_link(&p).map_err(read_err(&p))?;
-                tar.symlink(&r, &meta, target.as_os_str().as_bytes())
-                    .map_err(write_err)?;
-            } else if ft.is_file() {
-                if let Some(first) = links.get(&(m.dev(), m.ino())) {
-                    tar.hardlink(&r, &meta, first).map_err(write_err)?;
-                    continue;
-                }
-                links.insert((m.dev(), m.ino()), r.clone());
-                let file = fs::File::options()
-                    .read(true)
-                    .custom_flags(libc::O_NOFOLLOW | libc::O_NONBLOCK)
-                    .open(&p)
-                    .map_err(read_err(&p))?;
-                tar.file(&r, &meta, m.len(), file, &kept_xattrs(&p))
-                    .map_err(write_err)?;
-            } else if !(ft.is_char_device() || ft.is_block_device() || ft.is_fifo()) {
-                // Sockets: nothing a layer holds.
+            // Devices, fifos and sockets: nothing a layer holds (the unpacker makes none).
+            if ft.is_symlink() || ft.is_file() {
+                tar.entry_of(&r, &p, &m, &mut links).map_err(read_err(&p))?;
             }
         }
         stack.extend(subdirs.into_iter().rev());

@@ -115,6 +115,31 @@ impl<W: Write> TarOut<W> {
         self.builder.append_data(&mut h, os_path(path), &mut padded)
     }
 
+    /// The regular file or symbolic link at `p` (of metadata `m`) as entry `path`; a file
+    /// whose inode an earlier entry of `links` had becomes a hard link to it.
+    pub fn entry_of(
+        &mut self,
+        path: &[u8],
+        p: &Path,
+        m: &fs::Metadata,
+        links: &mut HashMap<(u64, u64), Vec<u8>>,
+    ) -> io::Result<()> {
+        let meta = Meta::of(m);
+        if m.file_type().is_symlink() {
+            let target = fs::read_link(p)?;
+            return self.symlink(path, &meta, target.as_os_str().as_bytes());
+        }
+        if let Some(first) = links.get(&(m.dev(), m.ino())) {
+            return self.hardlink(path, &meta, first);
+        }
+        links.insert((m.dev(), m.ino()), path.to_vec());
+        let file = fs::File::options()
+            .read(true)
+            .custom_flags(libc::O_NOFOLLOW | libc::O_NONBLOCK)
+            .open(p)?;
+        self.file(path, &meta, m.len(), file, &kept_xattrs(p))
+    }
+
     pub fn symlink(&mut self, path: &[u8], meta: &Meta, target: &[u8]) -> io::Result<()> {
         let mut h = Self::header(tar::EntryType::Symlink, meta, 0);
         self.builder
@@ -266,25 +291,8 @@ pub fn overlay_layer<W: Write>(dir: &Path, out: W, skip: &[&str]) -> Result<W, E
                     tar.whiteout(&r, b"").map_err(failed(&p))?;
                 }
                 subdirs.push((p, r));
-            } else if ft.is_symlink() {
-                let target = fs::read_link(&p).map_err(failed(&p))?;
-                tar.symlink(&r, &meta, target.as_os_str().as_bytes())
-                    .map_err(failed(&p))?;
-            } else if ft.is_file() {
-                if m.nlink() > 1 {
-                    if let Some(first) = links.get(&(m.dev(), m.ino())) {
-                        tar.hardlink(&r, &meta, first).map_err(failed(&p))?;
-                        continue;
-                    }
-                    links.insert((m.dev(), m.ino()), r.clone());
-                }
-                let file = fs::File::options()
-                    .read(true)
-                    .custom_flags(libc::O_NOFOLLOW | libc::O_NONBLOCK)
-                    .open(&p)
-                    .map_err(failed(&p))?;
-                tar.file(&r, &meta, m.len(), file, &kept_xattrs(&p))
-                    .map_err(failed(&p))?;
+            } else if ft.is_symlink() || ft.is_file() {
+                tar.entry_of(&r, &p, &m, &mut links).map_err(failed(&p))?;
             }
             // Devices, fifos and sockets a step made are left out, as the unpacker would.
         }
