@@ -8,6 +8,7 @@ import type {
   DoctorReport,
   FileEntry,
   FileList,
+  ImageBuildEvent,
   Info,
   LogLine,
   NetworkFlow,
@@ -15,12 +16,17 @@ import type {
   NetworkPolicy,
   Port,
   PortList,
+  PrunedImages,
+  PruneImages,
+  PullImage,
   Sandbox,
   SandboxList,
   Snapshot,
   SnapshotDiff,
   SnapshotList,
+  TemplateList,
 } from "../generated/api";
+import type { ImageRow } from "./images";
 import { path, query } from "../../../sdk/typescript/src/routes";
 import { ApiError, check, client } from "./client";
 
@@ -31,6 +37,12 @@ async function json<T>(path: string, init?: RequestInit): Promise<T> {
   } catch {
     throw new ApiError("bad_answer", `${path} did not answer JSON: is this belljard's address?`, res.status);
   }
+}
+
+/** Calls `onItem` for each line of a streamed (NDJSON) answer; returns when it ends. */
+async function stream<T>(path: string, init: RequestInit, onItem: (item: T) => void): Promise<void> {
+  const res = await check(await client.fetch(path, init));
+  await readNdjson<T>(res, onItem);
 }
 
 function body(method: string, value: unknown): RequestInit {
@@ -44,6 +56,43 @@ const snap = (id: string, ...rest: string[]) => path("snapshots", id, ...rest);
 export const api = {
   info: () => json<Info>(path("info")),
   doctor: () => json<DoctorReport>(path("doctor")),
+
+  /** Belljar's images and the user's, each name its own row (unnamed ones by their id). */
+  listImages: () => json<ImageRow[]>(path("images")),
+  /** Pulls from a registry; `onEvent` sees its progress, then `done` or `error`. */
+  pullImage: (req: PullImage, onEvent: (e: ImageBuildEvent) => void, signal?: AbortSignal) =>
+    stream(path("images", "pull"), { ...body("POST", req), signal }, onEvent),
+  /** Builds `dockerfile` of the context `tar` into an image named `tag`. */
+  buildImage: (
+    context: Uint8Array<ArrayBuffer>,
+    q: { tag: string; dockerfile?: string; build_args?: Record<string, string>; no_cache?: boolean },
+    onEvent: (e: ImageBuildEvent) => void,
+    signal?: AbortSignal,
+  ) =>
+    stream(
+      path("images", "build") +
+        query({
+          tag: q.tag,
+          dockerfile: q.dockerfile,
+          build_args: q.build_args && Object.keys(q.build_args).length ? JSON.stringify(q.build_args) : undefined,
+          no_cache: q.no_cache || undefined,
+        }),
+      { method: "POST", headers: { "Content-Type": "application/x-tar" }, body: context, signal },
+      onEvent,
+    ),
+  /** Imports a `docker save` / `podman save` archive or an OCI layout tar. */
+  importImage: (archive: Blob, tag: string | undefined, onEvent: (e: ImageBuildEvent) => void, signal?: AbortSignal) =>
+    stream(
+      path("images", "import") + query({ tag }),
+      { method: "POST", headers: { "Content-Type": "application/x-tar" }, body: archive, signal },
+      onEvent,
+    ),
+  /** Removes a name; the image goes with its last one (`conflict` while something uses it). */
+  async removeImage(name: string): Promise<void> {
+    await check(await client.fetch(path("images", name), { method: "DELETE" }));
+  },
+  pruneImages: (req: PruneImages) => json<PrunedImages>(path("images", "prune"), body("POST", req)),
+  listTemplates: () => json<TemplateList>(path("templates")),
 
   async listSandboxes(): Promise<Sandbox[]> {
     const all: Sandbox[] = [];

@@ -116,6 +116,17 @@ class Live {
     }
   }
 
+  /**
+   * Reads the images again into `info`: images are not on the event stream, so whoever
+   * pulls, builds, imports or removes one (or opens a list of them) calls this.
+   */
+  async refreshImages() {
+    this.setImages(await api.listImages());
+  }
+  setImages(images: Info["images"]) {
+    if (this.info) this.info = { ...this.info, images };
+  }
+
   /** Records a sandbox the UI itself changed, before its event arrives. */
   put(s: Sandbox) {
     this.sandboxes[s.id] = s;

@@ -1,10 +1,11 @@
 // Hash routes: `#/` (sandboxes), `#/sandbox/<id>`, `#/terminal/<id>` (a terminal window),
-// `#/doctor` (the host check).
+// `#/doctor` (the host check), `#/images`.
 // A hash keeps the daemon's SPA fallback and the app's embedded assets out of routing.
 
 export type Route =
   | { name: "list" }
   | { name: "doctor" }
+  | { name: "images" }
   | { name: "sandbox"; id: string }
   | { name: "terminal"; id: string };
 
@@ -12,6 +13,7 @@ function parse(hash: string): Route {
   const m = /^#\/(sandbox|terminal)\/([^/?]+)/.exec(hash);
   if (m) return { name: m[1] as "sandbox" | "terminal", id: decodeURIComponent(m[2]) };
   if (/^#\/doctor\/?$/.test(hash)) return { name: "doctor" };
+  if (/^#\/images\/?$/.test(hash)) return { name: "images" };
   return { name: "list" };
 }
 
