@@ -3,7 +3,10 @@
 // drop a file onto the tree and read it back through the API, open a file, see the command
 // history, pause and resume, walk the snapshot timeline (snapshot, create from it, diff), edit
 // the network policy, see a denied flow and open a forwarded port, stop and delete the sandbox;
-// the host check shows the daemon's doctor findings. Saves screenshots to docs/screenshots/.
+// the host check shows the daemon's doctor findings; on the Images page, build an image from a
+// Dockerfile typed in the page (and again, cached), create a sandbox from it, be refused its
+// removal while the sandbox stands on it, remove it, prune, and see a pull's error code.
+// Saves screenshots to docs/screenshots/.
 
 import { mkdtempSync, rmSync, createWriteStream } from "node:fs";
 import { tmpdir } from "node:os";
@@ -22,6 +25,8 @@ let daemon;
 let context;
 let page;
 let sandboxId;
+let imageSandboxId;
+const IMAGE = "localhost/ui-hi:1";
 const NAME = "ui-test";
 const DROPPED = "hello from a dropped file\n";
 const PY = 'def greet(name: str) -> str:\n    """Say hello."""\n    return f"hello {name}"\n\nprint(greet("belljar"))  # 42\n';
@@ -434,6 +439,88 @@ try {
     if (r.status !== 404) throw new Error(`still there: ${r.status}`);
     sandboxId = null;
   });
+
+  await steps.step("the Images page lists Belljar's images, as GET /v1/images does", async () => {
+    await page.getByRole("link", { name: "Images", exact: true }).click();
+    await until("the Images page's address", async () => /#\/images$/.test(page.url()));
+    const table = page.getByRole("table", { name: "Images" });
+    await table.waitFor();
+    const listed = await api.json("GET", "/v1/images");
+    for (const i of listed.filter((i) => i.status === "ready")) {
+      await table.locator(`tr[data-image="${i.name}"]`).getByText("ready").waitFor();
+    }
+    await table.locator('tr[data-image="base"]').getByText("Belljar").waitFor();
+  });
+
+  await steps.step("build an image from a Dockerfile typed in the page, then again from the step cache", async () => {
+    const form = page.getByRole("form", { name: "Build an image" });
+    await form.getByLabel("Tag").fill(IMAGE);
+    await form.getByLabel("Dockerfile").fill("FROM base\nRUN echo hi > /hi\n");
+    await form.getByRole("button", { name: "Build" }).click();
+    await form.getByRole("status", { name: "Build status" }).filter({ hasText: `Built ${IMAGE}` }).waitFor({ timeout: 180_000 });
+    const log = form.getByLabel("Build log");
+    await log.locator('li.step[data-step="2"]').filter({ hasText: "[2/2] RUN echo hi" }).waitFor();
+    const built = (await api.json("GET", "/v1/images")).find((i) => i.name === IMAGE);
+    if (!built?.size_bytes) throw new Error(`the built image is not listed with a size: ${JSON.stringify(built)}`);
+    const row = page.getByRole("table", { name: "Images" }).locator(`tr[data-image="${IMAGE}"]`);
+    await row.getByLabel("Size").filter({ hasText: /\d+(\.\d)? (B|KiB|MiB|GiB)/ }).waitFor();
+    await row.getByText("ready").waitFor();
+    // The same Dockerfile again: every step comes from the step cache.
+    await form.getByRole("button", { name: "Build" }).click();
+    await form.getByRole("status", { name: "Build status" }).filter({ hasText: `Built ${IMAGE}` }).waitFor({ timeout: 60_000 });
+    await log.locator('li.step[data-step="2"]').filter({ hasText: "CACHED" }).waitFor();
+    await shot("images.png");
+  });
+
+  await steps.step("the create dialog offers every image; a sandbox from the built one has its /hi", async () => {
+    await page.getByRole("button", { name: `New sandbox from ${IMAGE}` }).click();
+    const dialog = page.getByRole("dialog", { name: "New sandbox" });
+    await dialog.waitFor();
+    const select = dialog.getByLabel("Image");
+    if ((await select.inputValue()) !== IMAGE) throw new Error(`the dialog starts from ${await select.inputValue()}`);
+    const offered = await select.locator("option").evaluateAll((os) => os.map((o) => o.value));
+    const listed = (await api.json("GET", "/v1/images")).map((i) => i.name);
+    for (const n of listed) if (!offered.includes(n)) throw new Error(`the dialog does not offer ${n}: ${offered}`);
+    await dialog.getByLabel("Name").fill("ui-image");
+    await dialog.getByRole("button", { name: "Create sandbox" }).click();
+    await until("the new sandbox's address", async () => /#\/sandbox\/sbx_/.test(page.url()), 120_000);
+    imageSandboxId = decodeURIComponent(new URL(page.url()).hash.split("/")[2]);
+    const s = await api.json("GET", `/v1/sandboxes/${imageSandboxId}`);
+    if (s.image !== IMAGE) throw new Error(`made from ${s.image}`);
+    const hi = await api.call("GET", `/v1/sandboxes/${imageSandboxId}/files?path=${encodeURIComponent("/hi")}`);
+    if (hi.body.toString("utf8") !== "hi\n") throw new Error(`/hi holds ${JSON.stringify(hi.body.toString("utf8"))}`);
+  });
+
+  await steps.step("removing the image is refused while the sandbox uses it, and goes after", async () => {
+    await page.getByRole("link", { name: "Images", exact: true }).click();
+    const row = page.getByRole("table", { name: "Images" }).locator(`tr[data-image="${IMAGE}"]`);
+    await row.getByLabel("Used by").getByRole("link", { name: "ui-image" }).waitFor();
+    await row.getByRole("button", { name: `Remove ${IMAGE}` }).click();
+    await page.getByRole("alert", { name: "Image action error" }).filter({ hasText: "conflict" }).waitFor();
+    if ((await api.json("GET", "/v1/images")).every((i) => i.name !== IMAGE)) throw new Error("removed while in use");
+    await api.call("DELETE", `/v1/sandboxes/${imageSandboxId}`);
+    imageSandboxId = null;
+    await row.getByLabel("Used by").getByRole("link", { name: "ui-image" }).waitFor({ state: "detached" });
+    await row.getByRole("button", { name: `Remove ${IMAGE}` }).click();
+    await row.waitFor({ state: "detached" });
+    if ((await api.json("GET", "/v1/images")).some((i) => i.name === IMAGE)) throw new Error("still listed");
+  });
+
+  await steps.step("prune the build cache, after a confirm, and see what it reclaimed", async () => {
+    await page.getByRole("button", { name: "Prune…" }).click();
+    const dialog = page.getByRole("dialog", { name: "Prune images" });
+    await dialog.getByLabel("Also the Dockerfile step cache").check();
+    await dialog.getByRole("button", { name: "Prune", exact: true }).click();
+    await page.getByRole("status", { name: "Prune result" }).filter({ hasText: /Removed \d+ images?, reclaimed|Nothing to prune/ }).waitFor({ timeout: 60_000 });
+  });
+
+  await steps.step("a pull from a registry that is not there shows its error code", async () => {
+    const form = page.getByRole("form", { name: "Pull an image" });
+    await form.getByLabel("Image reference").fill("127.0.0.1:1/none:1");
+    await form.getByRole("button", { name: "Pull" }).click();
+    await form.getByRole("alert", { name: "Pull error" }).filter({ hasText: "registry_unavailable" }).waitFor({ timeout: 60_000 });
+    await form.getByRole("button", { name: "Pull" }).waitFor();
+  });
 } finally {
   if (steps.failed && page) {
     const at = join(h.home, "failure.png");
@@ -441,6 +528,7 @@ try {
     console.log(`      page at the failure: ${at} (${page.url()})`);
   }
   if (sandboxId) await api.call("DELETE", `/v1/sandboxes/${sandboxId}`).catch(() => {});
+  if (imageSandboxId) await api.call("DELETE", `/v1/sandboxes/${imageSandboxId}`).catch(() => {});
   await context?.close().catch(() => {});
   await daemon?.stop();
   log.end();
