@@ -447,7 +447,7 @@ try {
     await table.waitFor();
     const listed = await api.json("GET", "/v1/images");
     for (const i of listed.filter((i) => i.status === "ready")) {
-      await table.locator(`tr[data-image="${i.name}"]`).getByText("ready").waitFor();
+      await table.locator(`tr[data-image="${i.name}"]`).locator(".badge.ready").waitFor();
     }
     await table.locator('tr[data-image="base"]').getByText("Belljar").waitFor();
   });
@@ -464,7 +464,7 @@ try {
     if (!built?.size_bytes) throw new Error(`the built image is not listed with a size: ${JSON.stringify(built)}`);
     const row = page.getByRole("table", { name: "Images" }).locator(`tr[data-image="${IMAGE}"]`);
     await row.getByLabel("Size").filter({ hasText: /\d+(\.\d)? (B|KiB|MiB|GiB)/ }).waitFor();
-    await row.getByText("ready").waitFor();
+    await row.locator(".badge.ready").waitFor();
     // The same Dockerfile again: every step comes from the step cache.
     await form.getByRole("button", { name: "Build" }).click();
     await form.getByRole("status", { name: "Build status" }).filter({ hasText: `Built ${IMAGE}` }).waitFor({ timeout: 60_000 });
