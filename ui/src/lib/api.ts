@@ -8,6 +8,7 @@ import type {
   DoctorReport,
   FileEntry,
   FileList,
+  Image,
   ImageBuildEvent,
   Info,
   LogLine,
@@ -26,7 +27,6 @@ import type {
   SnapshotList,
   TemplateList,
 } from "../generated/api";
-import type { ImageRow } from "./images";
 import { path, query } from "../../../sdk/typescript/src/routes";
 import { ApiError, check, client } from "./client";
 
@@ -58,7 +58,7 @@ export const api = {
   doctor: () => json<DoctorReport>(path("doctor")),
 
   /** Belljar's images and the user's, each name its own row (unnamed ones by their id). */
-  listImages: () => json<ImageRow[]>(path("images")),
+  listImages: () => json<Image[]>(path("images")),
   /** Pulls from a registry; `onEvent` sees its progress, then `done` or `error`. */
   pullImage: (req: PullImage, onEvent: (e: ImageBuildEvent) => void, signal?: AbortSignal) =>
     stream(path("images", "pull"), { ...body("POST", req), signal }, onEvent),

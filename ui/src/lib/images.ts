@@ -1,37 +1,13 @@
 // What the Images page reads out of the daemon's answers: a pull's progress from its NDJSON
-// messages (crates/daemon/src/images/oci.rs `progress_line`), the fields of `Image` that not
-// every daemon sends yet, and who an image belongs to.
+// messages (crates/daemon/src/images/oci.rs `progress_line`), whose an image is and who uses
+// it, and the build context as a tar.
 
-import type { Image, Sandbox, Template } from "../generated/api";
+import type { Image, ImageUsers, Sandbox, Template } from "../generated/api";
 import { tar, type TarEntry } from "./tar";
 
-/** Who uses an image (sandbox and snapshot ids, template names), as `GET /v1/images` says
- *  (`used_by`) or as the UI can tell. */
-export interface ImageUsers {
-  sandboxes: string[];
-  snapshots: string[];
-  templates: string[];
-}
-
-/**
- * `Image` with the fields newer daemons add; every one may be absent. Read through this type
- * so the page shows them where the daemon sends them and does without where it does not.
- */
-export type ImageRow = Image & {
-  /** `sha256:…`, the image's own id (`digest` on older daemons). */
-  id?: string;
-  /** Bytes of layers other images share. */
-  shared_bytes?: number;
-  /** When a sandbox last started from it, ms since the epoch. */
-  last_used_at?: number;
-  /** Where it came from: `belljar` (a recipe of ours), `pull`, `import`, `build`. */
-  source?: string;
-  used_by?: ImageUsers;
-};
-
 /** The `sha256:…` id of an image, if the daemon told it. */
-export function imageId(i: ImageRow): string | undefined {
-  return i.id ?? i.digest;
+export function imageId(i: Image): string | undefined {
+  return i.digest;
 }
 
 /** `sha256:0123456789ab` → `0123456789ab` (the first 12 hex digits, as Docker shows ids). */
@@ -43,18 +19,16 @@ export function shortId(id: string | undefined): string {
 
 /**
  * Whether an image is one of Belljar's own (built from a recipe, removed with the cache):
- * `source` says so where the daemon sends it; else its name does, since ours are plain
- * names (`base`, `python3.13`) and users' are references (`localhost/app:dev`) or ids.
+ * only a user's image has a `source`, and ours have plain names (`base`, `python3.13`) where
+ * users' are references (`localhost/app:dev`) or ids.
  */
-export function isOwn(i: ImageRow): boolean {
-  if (i.source) return i.source === "belljar";
-  return !i.name.includes("/") && !i.name.includes(":");
+export function isOwn(i: Image): boolean {
+  return !i.source && !i.name.includes("/") && !i.name.includes(":");
 }
 
-/** The words the page shows for an image's source. */
-export function sourceLabel(i: ImageRow): string {
-  if (i.source) return i.source === "belljar" ? "Belljar" : i.source;
-  return isOwn(i) ? "Belljar" : "yours";
+/** The words the page shows for an image's source: `pull REF`, `import FILE`, `build`. */
+export function sourceLabel(i: Image): string {
+  return i.source ?? (isOwn(i) ? "Belljar" : "yours");
 }
 
 /**
@@ -62,7 +36,7 @@ export function sourceLabel(i: ImageRow): string {
  * the live sandboxes made from the image (by id where recorded, else by name) and the
  * templates that name it. Snapshots are only known through `used_by`.
  */
-export function usersOf(i: ImageRow, sandboxes: Sandbox[], templates: Template[]): ImageUsers {
+export function usersOf(i: Image, sandboxes: Sandbox[], templates: Template[]): ImageUsers {
   if (i.used_by) return i.used_by;
   const id = imageId(i);
   return {
