@@ -122,10 +122,12 @@ pub fn start(
                 image: Box::new(image),
             },
             Err(e) => {
-                tracing::info!(tag = %req.tag, error = %e, "build failed");
+                // The whole chain: a sandbox that failed to launch says why.
+                let message = belljar_api::error_chain(&e);
+                tracing::info!(tag = %req.tag, error = %message, "build failed");
                 ImageBuildEvent::Error {
                     code: e.code(),
-                    message: e.to_string(),
+                    message,
                 }
             }
         };
