@@ -18,8 +18,8 @@
 //!
 //! A chain is made in a scratch directory and renamed into place complete, so its presence
 //! means it is whole. Chains nothing names are collected when an image goes, unless a pull,
-//! import or build (of any daemon sharing the store) is under way then; `prune` collects
-//! them too.
+//! import or build (of any daemon sharing the store) is unpacking then; `prune` waits for
+//! those and collects them too.
 
 use std::collections::HashSet;
 use std::os::fd::OwnedFd;
@@ -199,11 +199,21 @@ impl Store {
             .unwrap_or_default()
     }
 
-    /// Removes the chains no image names, unless a pull, import or build holds them now.
-    /// Returns the bytes of layer data removed. The files go on a thread of their own.
-    pub fn collect_chains(&self) -> Result<u64, Error> {
+    /// Removes the chains no image names, unless a pull, import or build holds them now
+    /// (or, with `wait`, once none does: those hold them only while they unpack, not while
+    /// they download). Returns the bytes of layer data removed. The files go on a thread of
+    /// their own.
+    pub fn collect_chains(&self, wait: bool) -> Result<u64, Error> {
         let fd = self.chains_lock_file()?;
-        if rustix::fs::flock(&fd, rustix::fs::FlockOperation::NonBlockingLockExclusive).is_err() {
+        let op = if wait {
+            rustix::fs::FlockOperation::LockExclusive
+        } else {
+            rustix::fs::FlockOperation::NonBlockingLockExclusive
+        };
+        if let Err(e) = rustix::fs::flock(&fd, op) {
+            if wait {
+                return Err(Error::io("Cannot lock the layer store")(e.into()));
+            }
             return Ok(0);
         }
         let named: HashSet<String> = self
@@ -281,10 +291,10 @@ mod tests {
             .unwrap();
         assert_eq!(store.chain_bytes(), 7);
         // Held by a pull under way: nothing is collected.
-        assert_eq!(store.collect_chains().unwrap(), 0);
+        assert_eq!(store.collect_chains(false).unwrap(), 0);
         assert!(store.chain(&a).is_some());
         drop(held);
-        assert_eq!(store.collect_chains().unwrap(), 7);
+        assert_eq!(store.collect_chains(true).unwrap(), 7);
         assert!(store.chain(&a).is_none() && store.chain(&cb_id).is_none());
     }
 }

@@ -303,7 +303,7 @@ impl Store {
             // [`Store::open`] removes it.
             remove_in_background(vec![trash]);
             if !image.chain.is_empty() {
-                self.collect_chains()?;
+                self.collect_chains(false)?;
             }
         }
         Ok(Some(image.id))
@@ -344,7 +344,6 @@ impl Store {
             return Ok(self.load(id.hex(), &self.names()).unwrap_or(existing));
         }
         check_layers(&config, manifest.layers.len())?;
-        let held = self.hold_chains()?;
         let chains = chain_ids(&config.rootfs.diff_ids);
         let have = self.chains_here(&chains);
         let total: u64 = manifest.layers[have..].iter().map(|l| l.size).sum();
@@ -356,12 +355,12 @@ impl Store {
             progress(Progress::Shared { index });
         }
         let work = self.scratch()?;
-        let mut used = 0u64;
-        let budget = self.cap_bytes.saturating_sub(self.used_bytes());
+        let blob_of = |index: usize| work.path().join(format!("layer-{index}"));
+        // The layers are fetched first, holding nothing: a prune does not wait for a
+        // download, only for the unpacking below.
         for (index, layer) in manifest.layers.iter().enumerate().skip(have) {
-            let blob = work.path().join(format!("layer-{index}"));
             registry
-                .blob_to_file(layer, &blob, &mut |done| {
+                .blob_to_file(layer, &blob_of(index), &mut |done| {
                     progress(Progress::Layer {
                         index,
                         done,
@@ -369,13 +368,28 @@ impl Store {
                     })
                 })
                 .await?;
+        }
+        let held = self.hold_chains()?;
+        // Layers removed since they were found here are fetched now.
+        let have_now = self.chains_here(&chains).min(have);
+        for (index, layer) in manifest.layers.iter().enumerate().take(have).skip(have_now) {
+            registry
+                .blob_to_file(layer, &blob_of(index), &mut |_| {})
+                .await?;
+        }
+        let mut used = 0u64;
+        let budget = self.cap_bytes.saturating_sub(self.used_bytes());
+        for index in have_now..manifest.layers.len() {
             let store = self.clone();
             let (diff_id, chains) = (config.rootfs.diff_ids[index].clone(), chains.clone());
-            let blob_path = blob.clone();
+            let blob_path = blob_of(index);
             let (stats, u) = tokio::task::spawn_blocking(move || {
                 let file = std::fs::File::open(&blob_path)
                     .map_err(Error::io(format!("Cannot open {}", blob_path.display())))?;
-                store.apply_chain(&chains, index, Box::new(file), &diff_id, budget, used)
+                let made =
+                    store.apply_chain(&chains, index, Box::new(file), &diff_id, budget, used);
+                let _ = std::fs::remove_file(&blob_path);
+                made
             })
             .await
             .map_err(|e| Error::Io {
@@ -383,7 +397,6 @@ impl Store {
                 source: std::io::Error::other(e),
             })??;
             used = u;
-            let _ = std::fs::remove_file(&blob);
             progress(Progress::Unpacked { index, stats });
         }
         let image = self.commit(

@@ -489,7 +489,7 @@ impl Images {
         }
         // Layers no image names: left by pulls and builds that failed, or by images removed
         // while a pull held the layers.
-        store.collect_chains()?;
+        store.collect_chains(true)?;
         out.reclaimed_bytes = before.saturating_sub(store.used_bytes());
         self.names_changed();
         Ok(out)
