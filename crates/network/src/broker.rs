@@ -221,6 +221,10 @@ impl std::fmt::Debug for Broker {
     }
 }
 
+#[allow(
+    deprecated,
+    reason = "ring's provider, deprecated from rustls 0.23.48 for lacking post-quantum key exchange; no lockfile is committed, so builds take either version"
+)]
 fn provider() -> Arc<rustls::crypto::CryptoProvider> {
     Arc::new(rustls::crypto::ring::default_provider())
 }
