@@ -222,7 +222,7 @@ mod tests {
                 }
             }
         }
-        assert_eq!(operations, 66);
+        assert_eq!(operations, 68);
         let create = &doc["components"]["schemas"]["CreateSandbox"]["properties"];
         assert_eq!(create["vcpus"]["maximum"], 32);
         assert_eq!(create["disk_mib"]["maximum"], 1_048_576);
