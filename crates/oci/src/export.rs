@@ -64,11 +64,7 @@ pub fn layer_diff<W: Write>(lower: Option<&Path>, upper: &Path, out: W) -> Resul
         let mut subdirs = Vec::new();
         for name in names {
             let p = dir.join(&name);
-            let mut r = rel.clone();
-            if !r.is_empty() {
-                r.push(b'/');
-            }
-            r.extend_from_slice(name.as_bytes());
+            let r = crate::build::copy::join(&rel, name.as_bytes());
             let m = fs::symlink_metadata(&p).map_err(read_err(&p))?;
             let old = below
                 .as_ref()

@@ -283,7 +283,8 @@ fn reopen(fd: &OwnedFd, shown: &str) -> Result<File, Error> {
     })
 }
 
-fn join(dir: &[u8], name: &[u8]) -> Vec<u8> {
+/// The tar path of entry `name` in directory `dir` (the root when empty).
+pub(crate) fn join(dir: &[u8], name: &[u8]) -> Vec<u8> {
     let mut p = dir.to_vec();
     if !p.is_empty() {
         p.push(b'/');

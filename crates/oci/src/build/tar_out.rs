@@ -272,11 +272,7 @@ pub fn overlay_layer<W: Write>(dir: &Path, out: W, skip: &[&str]) -> Result<W, E
         let mut subdirs = Vec::new();
         for name in names {
             let p = path.join(&name);
-            let mut r = rel.clone();
-            if !r.is_empty() {
-                r.push(b'/');
-            }
-            r.extend_from_slice(name.as_bytes());
+            let r = super::copy::join(&rel, name.as_bytes());
             if skip.iter().any(|s| s.as_bytes() == r.as_slice()) {
                 continue;
             }
