@@ -147,16 +147,22 @@ impl Store {
         self.root.join("images").join(id.hex())
     }
 
+    /// Where the files of the image in `dir` with layers `chain` are: its top layer's, or
+    /// (no layers) its own `rootfs/`.
+    fn files_of(&self, dir: &Path, chain: &[Digest]) -> PathBuf {
+        match chain.last() {
+            Some(top) => self.chain_rootfs(top),
+            None => dir.join("rootfs"),
+        }
+    }
+
     /// Image `hex` as stored, with its names from `names` (names.json, read once by the
     /// caller).
     fn load(&self, hex: &str, names: &BTreeMap<String, String>) -> Option<StoredImage> {
         let dir = self.root.join("images").join(hex);
         let bytes = std::fs::read(dir.join("image.json")).ok()?;
         let mut image: StoredImage = serde_json::from_slice(&bytes).ok()?;
-        image.rootfs = match image.chain.last() {
-            Some(top) => self.chain_rootfs(top),
-            None => dir.join("rootfs"),
-        };
+        image.rootfs = self.files_of(&dir, &image.chain);
         image.dir = dir;
         image.names = names
             .iter()
@@ -557,10 +563,7 @@ impl Store {
             size_bytes,
             created_ms: now_ms(),
             source,
-            rootfs: match chain.last() {
-                Some(top) => self.chain_rootfs(top),
-                None => dir.join("rootfs"),
-            },
+            rootfs: self.files_of(&dir, &chain),
             chain,
             dir,
         };
